@@ -1,0 +1,12 @@
+//! Compiles the `.proto` files with protox (pure Rust), so no system `protoc` is needed.
+fn main() {
+    let protos = ["proto/phalanx.proto"];
+    for p in protos {
+        println!("cargo:rerun-if-changed={p}");
+    }
+    let fds = protox::compile(protos, ["proto"]).expect("compile .proto files");
+    prost_build::Config::new()
+        .btree_map(["."])
+        .compile_fds(fds)
+        .expect("generate prost code");
+}

@@ -1,0 +1,67 @@
+//! Matching votes from distinct senders: each sender counts once, for the first content it
+//! sent; a sender that later votes for other content is reported as equivocating.
+
+use crate::NodeId;
+
+#[derive(Debug, Default)]
+pub struct Votes {
+    /// (sender, index into `contents`).
+    voters: Vec<(NodeId, u32)>,
+    /// Distinct contents and how many senders voted for each. At most one per sender.
+    contents: Vec<(Vec<u8>, usize)>,
+}
+
+/// The result of adding one vote.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Vote {
+    /// Counted: this many distinct senders now back that content.
+    Counted(usize),
+    /// The sender already voted for this content.
+    Duplicate,
+    /// The sender already voted for different content; not counted.
+    Equivocation,
+}
+
+impl Votes {
+    pub fn add(&mut self, sender: NodeId, content: &[u8]) -> Vote {
+        if let Some(&(_, idx)) = self.voters.iter().find(|(s, _)| *s == sender) {
+            return if self.contents[idx as usize].0 == content { Vote::Duplicate } else { Vote::Equivocation };
+        }
+        let idx = match self.contents.iter().position(|(c, _)| c == content) {
+            Some(i) => i,
+            None => {
+                self.contents.push((content.to_vec(), 0));
+                self.contents.len() - 1
+            }
+        };
+        self.voters.push((sender, idx as u32));
+        self.contents[idx].1 += 1;
+        Vote::Counted(self.contents[idx].1)
+    }
+
+    /// Adds a vote and tells whether it is the one that brings its content to
+    /// `threshold` (`Some(true)`: deliver now); `None` if `sender` equivocated.
+    pub fn reaches(&mut self, sender: NodeId, content: &[u8], threshold: usize) -> Option<bool> {
+        match self.add(sender, content) {
+            Vote::Counted(k) => Some(k == threshold),
+            Vote::Duplicate => Some(false),
+            Vote::Equivocation => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_distinct_senders_per_content() {
+        let mut v = Votes::default();
+        assert_eq!(v.add(1, b"m"), Vote::Counted(1));
+        assert_eq!(v.add(1, b"m"), Vote::Duplicate);
+        assert_eq!(v.add(2, b"x"), Vote::Counted(1));
+        assert_eq!(v.add(3, b"m"), Vote::Counted(2));
+        assert_eq!(v.add(2, b"m"), Vote::Equivocation);
+        assert_eq!(v.add(4, b"m"), Vote::Counted(3));
+    }
+}

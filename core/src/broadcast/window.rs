@@ -1,0 +1,190 @@
+//! Bounded instance tables. Each stream (publisher, topic, history?) keeps the instances
+//! with sequence numbers in `[low, low + cap)`; everything below `low` is finished and
+//! costs nothing, so a replayed or late message for it is dropped in O(1).
+//!
+//! The window moves forward when its lowest instances finish, or when an instance beyond
+//! it is vouched for: directly by the stream's own source (who can only hurt its own
+//! stream), or by f+1 distinct replicas (at least one of them correct). A Byzantine
+//! replica flooding distinct sequence numbers therefore moves nothing and allocates at
+//! most one attestation slot.
+
+use std::collections::BTreeMap;
+
+use crate::NodeId;
+
+#[derive(Debug)]
+enum Slot<T> {
+    Live(T),
+    Done,
+}
+
+/// Where a sequence number falls in a window.
+pub enum Entry<'a, T> {
+    Live(&'a mut T),
+    /// Finished (below the window or marked done): drop the message.
+    Done,
+    /// Beyond the window and not (yet) vouched for: drop the message.
+    Beyond,
+}
+
+#[derive(Debug)]
+pub struct Window<T> {
+    low: u64,
+    cap: u64,
+    slots: BTreeMap<u64, Slot<T>>,
+    /// Highest sequence number each replica sent beyond the window.
+    attested: BTreeMap<NodeId, u64>,
+}
+
+impl<T> Window<T> {
+    /// Sequence numbers start at 1.
+    pub fn new(cap: u32) -> Self {
+        Window { low: 1, cap: cap.max(1) as u64, slots: BTreeMap::new(), attested: BTreeMap::new() }
+    }
+
+    pub fn low(&self) -> u64 {
+        self.low
+    }
+
+    pub fn live(&self) -> usize {
+        self.slots.len()
+    }
+
+    pub fn is_beyond(&self, seq: u64) -> bool {
+        seq >= self.low && seq - self.low >= self.cap
+    }
+
+    /// The instance for `seq`, created by `make` if it is new and inside the window.
+    pub fn entry(&mut self, seq: u64, make: impl FnOnce() -> T) -> Entry<'_, T> {
+        if seq < self.low {
+            return Entry::Done;
+        }
+        if seq - self.low >= self.cap {
+            return Entry::Beyond;
+        }
+        match self.slots.entry(seq).or_insert_with(|| Slot::Live(make())) {
+            Slot::Live(t) => Entry::Live(t),
+            Slot::Done => Entry::Done,
+        }
+    }
+
+    /// Marks `seq` finished, freeing its state.
+    pub fn finish(&mut self, seq: u64) {
+        if seq >= self.low && seq - self.low < self.cap {
+            self.slots.insert(seq, Slot::Done);
+            self.advance();
+        }
+    }
+
+    fn advance(&mut self) {
+        while let Some(entry) = self.slots.first_entry() {
+            if *entry.key() != self.low || !matches!(entry.get(), Slot::Done) {
+                break;
+            }
+            entry.remove();
+            self.low += 1;
+        }
+    }
+
+    /// Moves the window so that `seq` is its last slot, abandoning what falls below.
+    pub fn slide_to(&mut self, seq: u64) {
+        let new_low = (seq + 1).saturating_sub(self.cap);
+        if new_low <= self.low {
+            return;
+        }
+        self.low = new_low;
+        self.slots = self.slots.split_off(&new_low);
+        self.attested.retain(|_, s| *s >= new_low + self.cap);
+        self.advance();
+    }
+
+    /// Records that replica `from` sent `seq` beyond the window; once `quorum` replicas
+    /// have, slides to the highest sequence number that `quorum` of them vouch for.
+    /// Returns whether the window moved.
+    pub fn attest(&mut self, from: NodeId, seq: u64, quorum: usize) -> bool {
+        let slot = self.attested.entry(from).or_insert(0);
+        *slot = (*slot).max(seq);
+        if self.attested.len() < quorum {
+            return false;
+        }
+        let mut seen: Vec<u64> = self.attested.values().copied().collect();
+        seen.sort_unstable_by(|a, b| b.cmp(a));
+        let before = self.low;
+        self.slide_to(seen[quorum - 1]);
+        self.low != before
+    }
+}
+
+/// Windows per stream, with a bound on streams per publisher.
+#[derive(Debug)]
+pub struct Streams<K, T> {
+    cap: u32,
+    max_per_publisher: u32,
+    windows: BTreeMap<(NodeId, K), Window<T>>,
+    per_publisher: BTreeMap<NodeId, u32>,
+}
+
+impl<K: Ord + Copy, T> Streams<K, T> {
+    pub fn new(cap: u32, max_per_publisher: u32) -> Self {
+        Streams { cap, max_per_publisher, windows: BTreeMap::new(), per_publisher: BTreeMap::new() }
+    }
+
+    /// The window of (publisher, key), created if the publisher is under its bound.
+    pub fn window(&mut self, publisher: NodeId, key: K) -> Option<&mut Window<T>> {
+        if !self.windows.contains_key(&(publisher, key)) {
+            let count = self.per_publisher.entry(publisher).or_insert(0);
+            if *count >= self.max_per_publisher {
+                return None;
+            }
+            *count += 1;
+            self.windows.insert((publisher, key), Window::new(self.cap));
+        }
+        self.windows.get_mut(&(publisher, key))
+    }
+
+    /// Live instances over all streams (for bounds checks in tests).
+    pub fn live(&self) -> usize {
+        self.windows.values().map(Window::live).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finished_prefix_is_forgotten_and_stays_done() {
+        let mut w: Window<u8> = Window::new(4);
+        assert!(matches!(w.entry(2, || 0), Entry::Live(_)));
+        w.finish(2);
+        assert_eq!(w.low(), 1);
+        assert!(matches!(w.entry(2, || 0), Entry::Done));
+        w.finish(1);
+        assert_eq!((w.low(), w.live()), (3, 0));
+        assert!(matches!(w.entry(1, || 0), Entry::Done));
+        assert!(matches!(w.entry(7, || 0), Entry::Beyond));
+    }
+
+    #[test]
+    fn one_replica_cannot_slide_but_f_plus_one_can() {
+        let mut w: Window<u8> = Window::new(4);
+        for seq in 100..1000 {
+            assert!(!w.attest(9, seq, 2));
+        }
+        assert_eq!(w.low(), 1);
+        assert!(w.attest(3, 20, 2));
+        // Both vouch for at least 20, so 20 becomes the last slot.
+        assert_eq!(w.low(), 17);
+        assert!(matches!(w.entry(20, || 0), Entry::Live(_)));
+    }
+
+    #[test]
+    fn streams_per_publisher_are_bounded() {
+        let mut s: Streams<u64, ()> = Streams::new(8, 2);
+        assert!(s.window(1, 10).is_some());
+        assert!(s.window(1, 11).is_some());
+        assert!(s.window(1, 12).is_none());
+        assert!(s.window(1, 10).is_some());
+        assert!(s.window(2, 12).is_some());
+    }
+}

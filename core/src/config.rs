@@ -1,0 +1,436 @@
+//! Cluster and node configuration: who the nodes are, their roles and public keys, the
+//! protocol parameters, and one node's own secrets. Validated once at construction so
+//! the protocol code can rely on it; every rejection names the problem.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use prost::Message;
+
+use crate::crypto::{
+    BlsPublicKey, BlsSecretKey, BlsSignature, CryptoMode, MacKey, bls_key_material,
+    pairwise_mac_key,
+};
+use crate::wire::pb;
+use crate::NodeId;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Role {
+    /// A replica of the service (seed 000's broker).
+    Broker,
+    /// A source of broadcasts (seed 000's publisher).
+    Publisher,
+    /// A destination of broadcasts (seed 000's subscriber).
+    Subscriber,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeInfo {
+    pub id: NodeId,
+    pub role: Role,
+    pub bls_public_key: BlsPublicKey,
+    pub bls_pop: BlsSignature,
+    /// A subscriber's initial topic filter.
+    pub topics: Vec<u64>,
+}
+
+/// Protocol parameters, with the defaults a fresh cluster gets.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Params {
+    /// Publications per (publisher, topic) between history publications; 0 disables
+    /// histories (and per-publisher ordering, which needs them to fill gaps).
+    pub alpha: u32,
+    /// Live broadcast instances per stream (publisher, topic, history?) at any node.
+    pub window: u32,
+    /// Frames larger than this are dropped unread.
+    pub max_message_bytes: u32,
+    /// A publisher sends a partial history when publications wait this long for one.
+    pub history_flush_ns: u64,
+    /// Streams a node tracks per publisher; more topics than this are refused.
+    pub max_topics_per_publisher: u32,
+    /// Publications a publisher holds back while 2α are outstanding without a history.
+    pub publish_queue: u32,
+}
+
+impl Default for Params {
+    fn default() -> Self {
+        Params {
+            alpha: 0,
+            window: 256,
+            max_message_bytes: 1 << 20,
+            history_flush_ns: 50_000_000,
+            max_topics_per_publisher: 64,
+            publish_queue: 1024,
+        }
+    }
+}
+
+/// The public view of a cluster, shared by every node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterConfig {
+    pub f: u32,
+    /// Sorted by id.
+    pub nodes: Vec<NodeInfo>,
+    pub params: Params,
+    pub crypto: CryptoMode,
+}
+
+/// One node's configuration: the cluster plus its own secrets.
+#[derive(Clone, Debug)]
+pub struct NodeConfig {
+    pub cluster: ClusterConfig,
+    pub id: NodeId,
+    pub mac_keys: BTreeMap<NodeId, MacKey>,
+    pub bls_secret: BlsSecretKey,
+}
+
+/// Why a configuration was rejected.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError(pub String);
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid configuration: {}", self.0)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+fn err<T>(msg: impl Into<String>) -> Result<T, ConfigError> {
+    Err(ConfigError(msg.into()))
+}
+
+impl ClusterConfig {
+    pub fn brokers(&self) -> impl Iterator<Item = &NodeInfo> {
+        self.nodes.iter().filter(|n| n.role == Role::Broker)
+    }
+
+    /// Number of broker replicas.
+    pub fn n(&self) -> usize {
+        self.brokers().count()
+    }
+
+    pub fn node(&self, id: NodeId) -> Option<&NodeInfo> {
+        self.nodes.binary_search_by_key(&id, |n| n.id).ok().map(|i| &self.nodes[i])
+    }
+
+    /// Checks n ≥ 3f+1, unique ids, known roles, valid parameters and every node's BLS
+    /// key with its proof of possession.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let mut seen = BTreeMap::new();
+        for node in &self.nodes {
+            if seen.insert(node.id, ()).is_some() {
+                return err(format!("duplicate node id {}", node.id));
+            }
+        }
+        if self.nodes.windows(2).any(|w| w[0].id > w[1].id) {
+            return err("nodes must be sorted by id");
+        }
+        let n = self.n() as u64;
+        let f = self.f as u64;
+        if n < 3 * f + 1 {
+            return err(format!(
+                "n = {n} brokers cannot tolerate f = {f}: Byzantine fault tolerance needs n >= 3f+1 = {}",
+                3 * f + 1
+            ));
+        }
+        let p = &self.params;
+        if p.window == 0 {
+            return err("params.window must be at least 1");
+        }
+        if p.max_message_bytes < 1024 {
+            return err("params.max_message_bytes must be at least 1024");
+        }
+        if p.max_topics_per_publisher == 0 {
+            return err("params.max_topics_per_publisher must be at least 1");
+        }
+        if p.alpha > 0 && (p.window as u64) < 4 * p.alpha as u64 {
+            return err(format!(
+                "params.window = {} must be at least 4 * alpha = {} so a history's span fits",
+                p.window,
+                4 * p.alpha as u64
+            ));
+        }
+        for node in &self.nodes {
+            if !node.bls_public_key.validate_with_pop(self.crypto, &node.bls_pop) {
+                return err(format!(
+                    "node {}: BLS public key is invalid or its proof of possession does not verify",
+                    node.id
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl NodeConfig {
+    /// Validates the cluster, the node's place in it and that it holds a MAC key for every
+    /// peer it talks to and the BLS secret matching its public key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.cluster.validate()?;
+        let Some(me) = self.cluster.node(self.id) else {
+            return err(format!("node id {} is not in the cluster", self.id));
+        };
+        for peer in &self.cluster.nodes {
+            let talks = peer.id != self.id && (peer.role == Role::Broker || me.role == Role::Broker);
+            if talks && !self.mac_keys.contains_key(&peer.id) {
+                return err(format!("node {}: missing MAC key for peer {}", self.id, peer.id));
+            }
+        }
+        if let Some(unknown) = self.mac_keys.keys().find(|k| self.cluster.node(**k).is_none()) {
+            return err(format!("node {}: MAC key for unknown node {unknown}", self.id));
+        }
+        if self.bls_secret.public_key() != me.bls_public_key {
+            return err(format!("node {}: BLS secret key does not match its public key", self.id));
+        }
+        Ok(())
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, ConfigError> {
+        let pb = pb::NodeConfig::decode(bytes)
+            .map_err(|e| ConfigError(format!("node configuration is not valid protobuf: {e}")))?;
+        let cluster = ClusterConfig::from_pb(pb.cluster.unwrap_or_default())?;
+        let mut mac_keys = BTreeMap::new();
+        for k in pb.mac_keys {
+            let key: [u8; 32] = k.key.as_slice().try_into().map_err(|_| {
+                ConfigError(format!("MAC key for peer {} must be 32 bytes, got {}", k.peer, k.key.len()))
+            })?;
+            if mac_keys.insert(k.peer, MacKey::from_bytes(key)).is_some() {
+                return err(format!("duplicate MAC key for peer {}", k.peer));
+            }
+        }
+        let material: [u8; 32] = pb
+            .bls_secret_key
+            .as_slice()
+            .try_into()
+            .map_err(|_| ConfigError("bls_secret_key must be 32 bytes".into()))?;
+        let cfg = NodeConfig {
+            bls_secret: BlsSecretKey::from_key_material(cluster.crypto, &material),
+            cluster,
+            id: pb.id,
+            mac_keys,
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        pb::NodeConfig {
+            cluster: Some(self.cluster.to_pb()),
+            id: self.id,
+            mac_keys: self
+                .mac_keys
+                .iter()
+                .map(|(peer, key)| pb::PeerKey { peer: *peer, key: key.as_bytes().to_vec() })
+                .collect(),
+            bls_secret_key: self.bls_secret.key_material().to_vec(),
+        }
+        .encode_to_vec()
+    }
+}
+
+impl ClusterConfig {
+    pub fn from_pb(pb: pb::ClusterConfig) -> Result<Self, ConfigError> {
+        let crypto = match pb::CryptoMode::try_from(pb.crypto) {
+            Ok(pb::CryptoMode::Real) => CryptoMode::Real,
+            Ok(pb::CryptoMode::InsecureTest) => CryptoMode::InsecureTest,
+            Err(_) => return err(format!("unknown crypto mode {}", pb.crypto)),
+        };
+        let mut nodes = Vec::with_capacity(pb.nodes.len());
+        for n in pb.nodes {
+            let role = match pb::Role::try_from(n.role) {
+                Ok(pb::Role::Broker) => Role::Broker,
+                Ok(pb::Role::Publisher) => Role::Publisher,
+                Ok(pb::Role::Subscriber) => Role::Subscriber,
+                _ => return err(format!("node {}: missing or unknown role {}", n.id, n.role)),
+            };
+            let pk: [u8; 48] = n.bls_public_key.as_slice().try_into().map_err(|_| {
+                ConfigError(format!("node {}: missing BLS public key (need 48 bytes, got {})", n.id, n.bls_public_key.len()))
+            })?;
+            let pop: [u8; 96] = n.bls_pop.as_slice().try_into().map_err(|_| {
+                ConfigError(format!("node {}: missing BLS proof of possession (need 96 bytes, got {})", n.id, n.bls_pop.len()))
+            })?;
+            nodes.push(NodeInfo {
+                id: n.id,
+                role,
+                bls_public_key: BlsPublicKey(pk),
+                bls_pop: BlsSignature(pop),
+                topics: n.topics,
+            });
+        }
+        nodes.sort_by_key(|n| n.id);
+        let d = Params::default();
+        let p = pb.params.unwrap_or_default();
+        let cfg = ClusterConfig {
+            f: pb.f,
+            nodes,
+            params: Params {
+                alpha: p.alpha.unwrap_or(d.alpha),
+                window: p.window.unwrap_or(d.window),
+                max_message_bytes: p.max_message_bytes.unwrap_or(d.max_message_bytes),
+                history_flush_ns: p.history_flush_ns.unwrap_or(d.history_flush_ns),
+                max_topics_per_publisher: p.max_topics_per_publisher.unwrap_or(d.max_topics_per_publisher),
+                publish_queue: p.publish_queue.unwrap_or(d.publish_queue),
+            },
+            crypto,
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    pub fn to_pb(&self) -> pb::ClusterConfig {
+        let p = &self.params;
+        pb::ClusterConfig {
+            f: self.f,
+            nodes: self
+                .nodes
+                .iter()
+                .map(|n| pb::NodeInfo {
+                    id: n.id,
+                    role: match n.role {
+                        Role::Broker => pb::Role::Broker,
+                        Role::Publisher => pb::Role::Publisher,
+                        Role::Subscriber => pb::Role::Subscriber,
+                    } as i32,
+                    bls_public_key: n.bls_public_key.0.to_vec(),
+                    bls_pop: n.bls_pop.0.to_vec(),
+                    topics: n.topics.clone(),
+                })
+                .collect(),
+            params: Some(pb::Params {
+                alpha: Some(p.alpha),
+                window: Some(p.window),
+                max_message_bytes: Some(p.max_message_bytes),
+                history_flush_ns: Some(p.history_flush_ns),
+                max_topics_per_publisher: Some(p.max_topics_per_publisher),
+                publish_queue: Some(p.publish_queue),
+            }),
+            crypto: match self.crypto {
+                CryptoMode::Real => pb::CryptoMode::Real,
+                CryptoMode::InsecureTest => pb::CryptoMode::InsecureTest,
+            } as i32,
+        }
+    }
+}
+
+/// The shape of a test or demo cluster: node ids are assigned brokers first (0..n), then
+/// publishers, then subscribers.
+#[derive(Clone, Debug)]
+pub struct ClusterSpec {
+    pub f: u32,
+    pub brokers: u32,
+    pub publishers: u32,
+    pub subscribers: u32,
+    /// Initial topic filter of every subscriber.
+    pub topics: Vec<u64>,
+    pub params: Params,
+    pub crypto: CryptoMode,
+}
+
+impl ClusterSpec {
+    pub fn new(f: u32) -> Self {
+        ClusterSpec {
+            f,
+            brokers: 3 * f + 1,
+            publishers: 1,
+            subscribers: 2,
+            topics: vec![0],
+            params: Params::default(),
+            crypto: CryptoMode::Real,
+        }
+    }
+}
+
+/// Generates every node's configuration deterministically from `seed`: pairwise MAC keys
+/// and BLS keys with proofs of possession. For tests, simulations and local clusters.
+pub fn generate_cluster(spec: &ClusterSpec, seed: [u8; 32]) -> Result<Vec<NodeConfig>, ConfigError> {
+    let total = spec.brokers + spec.publishers + spec.subscribers;
+    let role_of = |id: u32| {
+        if id < spec.brokers {
+            Role::Broker
+        } else if id < spec.brokers + spec.publishers {
+            Role::Publisher
+        } else {
+            Role::Subscriber
+        }
+    };
+    let secrets: Vec<BlsSecretKey> = (0..total)
+        .map(|id| BlsSecretKey::from_key_material(spec.crypto, &bls_key_material(&seed, id)))
+        .collect();
+    let nodes: Vec<NodeInfo> = (0..total)
+        .map(|id| NodeInfo {
+            id,
+            role: role_of(id),
+            bls_public_key: secrets[id as usize].public_key(),
+            bls_pop: secrets[id as usize].prove_possession(),
+            topics: if role_of(id) == Role::Subscriber { spec.topics.clone() } else { vec![] },
+        })
+        .collect();
+    let cluster = ClusterConfig { f: spec.f, nodes, params: spec.params.clone(), crypto: spec.crypto };
+    cluster.validate()?;
+    Ok((0..total)
+        .map(|id| NodeConfig {
+            cluster: cluster.clone(),
+            id,
+            mac_keys: (0..total)
+                .filter(|&p| p != id)
+                .map(|p| (p, pairwise_mac_key(&seed, id, p)))
+                .collect(),
+            bls_secret: secrets[id as usize].clone(),
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(f: u32) -> ClusterSpec {
+        ClusterSpec { crypto: CryptoMode::InsecureTest, ..ClusterSpec::new(f) }
+    }
+
+    #[test]
+    fn generated_configs_validate_and_roundtrip() {
+        let cfgs = generate_cluster(&spec(1), [3; 32]).unwrap();
+        assert_eq!(cfgs.len(), 4 + 1 + 2);
+        for c in &cfgs {
+            let back = NodeConfig::decode(&c.encode()).unwrap();
+            assert_eq!(back.cluster, c.cluster);
+            assert_eq!(back.mac_keys, c.mac_keys);
+        }
+    }
+
+    #[test]
+    fn too_few_brokers_is_rejected_with_the_rule() {
+        let mut s = spec(1);
+        s.brokers = 3;
+        let e = generate_cluster(&s, [0; 32]).unwrap_err();
+        assert!(e.0.contains("n >= 3f+1"), "{e}");
+    }
+
+    #[test]
+    fn duplicate_ids_and_missing_keys_are_named() {
+        let cfgs = generate_cluster(&spec(1), [3; 32]).unwrap();
+        let mut dup = cfgs[0].clone();
+        let copy = dup.cluster.nodes[1].clone();
+        dup.cluster.nodes.insert(1, copy);
+        assert!(dup.validate().unwrap_err().0.contains("duplicate node id 1"));
+
+        let mut missing = cfgs[4].clone();
+        missing.mac_keys.remove(&2);
+        assert!(missing.validate().unwrap_err().0.contains("missing MAC key for peer 2"));
+    }
+
+    #[test]
+    fn bad_proof_of_possession_is_rejected() {
+        let mut cfg = generate_cluster(&ClusterSpec::new(1), [3; 32]).unwrap()[0].clone();
+        cfg.cluster.nodes[2].bls_pop = cfg.cluster.nodes[1].bls_pop;
+        assert!(cfg.validate().unwrap_err().0.contains("node 2: BLS public key"));
+    }
+
+    #[test]
+    fn garbage_bytes_are_a_config_error() {
+        assert!(NodeConfig::decode(&[0xff, 0xff, 0xff]).is_err());
+        assert!(NodeConfig::decode(&[]).is_err());
+    }
+}

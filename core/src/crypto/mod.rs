@@ -1,0 +1,47 @@
+//! Cryptography (DESIGN §4): keyed-BLAKE3 MACs for point-to-point authentication,
+//! BLAKE3 digests, and BLS12-381 (`blst`, `min_pk`) signatures with proof of possession
+//! for transferable proofs.
+//!
+//! Every operation takes a [`CryptoMode`]. [`CryptoMode::InsecureTest`] replaces MACs and
+//! signatures with cheap checksums that anyone can forge; it exists only so that large
+//! simulations and benchmarks that say so run fast.
+
+mod bls;
+mod mac;
+
+pub use bls::{BlsPublicKey, BlsSecretKey, BlsSignature, aggregate, fast_aggregate_verify};
+pub use mac::{MAC_LEN, MacKey, MacTag};
+
+/// Which implementation backs MACs and signatures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum CryptoMode {
+    Real,
+    /// Forgeable checksums. Never for anything but tests and benchmarks that say so.
+    InsecureTest,
+}
+
+/// BLAKE3 digest.
+pub type Digest = [u8; 32];
+
+pub fn digest(data: &[u8]) -> Digest {
+    *blake3::hash(data).as_bytes()
+}
+
+/// Deterministic key material for tests and `keygen`: the pairwise MAC key of nodes `a`
+/// and `b` (symmetric in `a`, `b`) derived from a cluster seed.
+pub fn pairwise_mac_key(seed: &[u8; 32], a: u32, b: u32) -> MacKey {
+    let (lo, hi) = if a <= b { (a, b) } else { (b, a) };
+    let mut h = blake3::Hasher::new_derive_key("phalanx v1 pairwise mac key");
+    h.update(seed);
+    h.update(&lo.to_le_bytes());
+    h.update(&hi.to_le_bytes());
+    MacKey::from_bytes(*h.finalize().as_bytes())
+}
+
+/// Deterministic BLS secret key material of node `id` derived from a cluster seed.
+pub fn bls_key_material(seed: &[u8; 32], id: u32) -> [u8; 32] {
+    let mut h = blake3::Hasher::new_derive_key("phalanx v1 bls key material");
+    h.update(seed);
+    h.update(&id.to_le_bytes());
+    *h.finalize().as_bytes()
+}

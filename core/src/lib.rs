@@ -1,0 +1,26 @@
+//! # phalanx-core
+//!
+//! Sans-IO Byzantine-fault-tolerant broadcast and ordering. Every protocol is a pure
+//! state machine behind one shape ([`Node::handle`], [`Node::poll`],
+//! [`Node::poll_timeout`]); hosts own sockets, threads, clocks and disks. See
+//! `DESIGN.md` §2 for the contract: no IO, clocks, threads, OS randomness or hash-order
+//! iteration in this crate; persist before send; total decoders; bounded buffers.
+//!
+//! - [`broadcast`]: Authenticated Broadcast, Bracha's Reliable Broadcast and Chain.
+//! - [`pubsub`]: the publish/subscribe service with history publications built on them.
+//! - [`wire`]: protobuf messages and authenticated frames.
+//! - [`crypto`]: keyed-BLAKE3 MACs, BLAKE3 digests, BLS12-381 signatures.
+//! - [`sim`]: deterministic simulator with Byzantine adversaries and property checkers.
+//! - [`trace`]: recording and byte-for-byte replay of a node's inputs and outputs.
+
+pub mod broadcast;
+pub mod config;
+pub mod crypto;
+mod node;
+pub mod pubsub;
+pub mod sim;
+pub mod trace;
+pub mod wire;
+
+pub use config::{ClusterConfig, ClusterSpec, ConfigError, NodeConfig, Params, Role, generate_cluster};
+pub use node::{Algorithm, Delivery, FaultKind, HandleError, Input, Nanos, Node, NodeId, Output, Request, Stats};

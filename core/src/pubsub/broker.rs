@@ -1,0 +1,236 @@
+//! The broker: a replica of the three broadcasts that filters by topic and applies the
+//! α flow control of seed 000 §6.2.
+
+use std::collections::BTreeMap;
+
+use super::{MAX_SUBSCRIBED_TOPICS, StreamKey, at_step, check_publication, subscribers_of};
+use crate::broadcast::Thresholds;
+use crate::broadcast::bracha::{BrachaReplica, ReplicaStep};
+use crate::broadcast::chain::ChainPath;
+use crate::broadcast::window::{Entry, Streams};
+use crate::config::Role;
+use crate::node::Ctx;
+use crate::wire::{Opened, Sealer, pb};
+use crate::{Algorithm, FaultKind, NodeId};
+
+enum Instance {
+    /// AB and Chain need no state until they finish: the window remembers that.
+    Forward(Algorithm),
+    Bracha(BrachaReplica),
+}
+
+impl Instance {
+    fn new(alg: Algorithm) -> Self {
+        match alg {
+            Algorithm::Bracha => Instance::Bracha(BrachaReplica::default()),
+            other => Instance::Forward(other),
+        }
+    }
+
+    fn algorithm(&self) -> Algorithm {
+        match self {
+            Instance::Forward(a) => *a,
+            Instance::Bracha(_) => Algorithm::Bracha,
+        }
+    }
+}
+
+/// α accounting for one (publisher, topic).
+#[derive(Default)]
+struct Flow {
+    since_history: u32,
+    /// Highest history seq that reset the count: each history resets once, whether the
+    /// broker sees its SEND or only delivers it.
+    last_history: u64,
+}
+
+pub(crate) struct Broker {
+    t: Thresholds,
+    chain: ChainPath,
+    alpha: u32,
+    subscribers: BTreeMap<NodeId, Vec<u64>>,
+    streams: Streams<StreamKey, Instance>,
+    flows: BTreeMap<(NodeId, u64), Flow>,
+}
+
+impl Broker {
+    pub fn new(ctx: &Ctx) -> Self {
+        let cluster = &ctx.cfg.cluster;
+        let p = &cluster.params;
+        Broker {
+            t: Thresholds { n: ctx.n, f: ctx.f },
+            chain: ChainPath::new(&ctx.brokers, ctx.f),
+            alpha: p.alpha,
+            subscribers: cluster
+                .nodes
+                .iter()
+                .filter(|n| n.role == Role::Subscriber)
+                .map(|n| (n.id, n.topics.clone()))
+                .collect(),
+            streams: Streams::new(p.window, p.max_topics_per_publisher),
+            flows: BTreeMap::new(),
+        }
+    }
+
+    pub fn on_message(&mut self, ctx: &mut Ctx, msg: Opened) {
+        let from = msg.sender;
+        match msg.body {
+            pb::body::Kind::Subscribe(s)
+                if ctx.role_of(from) == Some(Role::Subscriber) && s.topics.len() <= MAX_SUBSCRIBED_TOPICS =>
+            {
+                self.subscribers.insert(from, s.topics);
+            }
+            pb::body::Kind::Publication(p) => self.on_publication(ctx, from, p, msg.raw_body, &msg.macs),
+            _ => ctx.fault(from, FaultKind::Unexpected),
+        }
+    }
+
+    fn on_publication(&mut self, ctx: &mut Ctx, from: NodeId, p: pb::Publication, raw: Vec<u8>, macs: &[pb::Mac]) {
+        let (alg, step) = match check_publication(ctx, &p) {
+            Ok(v) => v,
+            Err(kind) => return ctx.fault(from, kind),
+        };
+        let from_source = from == p.publisher;
+        let from_broker = ctx.role_of(from) == Some(Role::Broker);
+        let allowed = match (alg, step) {
+            (Algorithm::Ab | Algorithm::Bracha, pb::Step::Send) => from_source,
+            (Algorithm::Bracha, pb::Step::Echo | pb::Step::Ready) => from_broker,
+            (Algorithm::Chain, pb::Step::Hop) => {
+                self.chain.is_member(ctx.me()) && from == self.chain.predecessor(ctx.me(), p.publisher)
+            }
+            _ => false,
+        };
+        if !allowed {
+            return ctx.fault(from, FaultKind::Unexpected);
+        }
+        let Some(window) = self.streams.window(p.publisher, (p.topic, p.history)) else {
+            return ctx.fault(p.publisher, FaultKind::TooManyStreams);
+        };
+        if window.is_beyond(p.seq) {
+            if from_source {
+                window.slide_to(p.seq);
+            } else if from_broker {
+                window.attest(from, p.seq, ctx.f + 1);
+            }
+        }
+        let inst = match window.entry(p.seq, || Instance::new(alg)) {
+            Entry::Live(inst) => inst,
+            Entry::Done => return ctx.stats.stale += 1,
+            Entry::Beyond => return ctx.stats.beyond_window += 1,
+        };
+        if inst.algorithm() != alg {
+            return ctx.fault(from, FaultKind::Unexpected);
+        }
+        match (inst, step) {
+            (Instance::Forward(_), pb::Step::Send) => {
+                window.finish(p.seq);
+                if self.admit(ctx, &p) {
+                    let subs = subscribers_of(&self.subscribers, p.topic);
+                    ctx.send(&at_step(&p, pb::Step::Forward), subs);
+                }
+            }
+            (Instance::Forward(_), _) => {
+                if !self.chain.verify_upstream(&ctx.keys, p.publisher, &raw, macs) {
+                    return ctx.fault(from, FaultKind::BadChainMac);
+                }
+                window.finish(p.seq);
+                if self.admit(ctx, &p) {
+                    self.forward_chain(ctx, &p, raw, macs);
+                }
+            }
+            (Instance::Bracha(r), pb::Step::Send) => {
+                if p.history {
+                    Self::reset_flow(&mut self.flows, &p);
+                }
+                if r.on_send() {
+                    let others: Vec<NodeId> = ctx.brokers.iter().copied().filter(|&b| b != ctx.me()).collect();
+                    ctx.send(&at_step(&p, pb::Step::Echo), others);
+                    let step = r.on_echo(self.t, ctx.me(), &p.payload);
+                    self.bracha_progress(ctx, from, &p, step);
+                }
+            }
+            (Instance::Bracha(r), pb::Step::Echo) => {
+                let step = r.on_echo(self.t, from, &p.payload);
+                self.bracha_progress(ctx, from, &p, step);
+            }
+            (Instance::Bracha(r), _) => {
+                let step = r.on_ready(self.t, from, &p.payload);
+                self.bracha_progress(ctx, from, &p, step);
+            }
+        }
+    }
+
+    /// Acts on a Bracha step: sends READY (and feeds our own READY back in), records
+    /// delivery, and frees the instance when nothing is left to do.
+    fn bracha_progress(&mut self, ctx: &mut Ctx, from: NodeId, p: &pb::Publication, mut step: ReplicaStep) {
+        if step.equivocation {
+            ctx.fault(from, FaultKind::Equivocation);
+        }
+        let window = self.streams.window(p.publisher, (p.topic, p.history)).expect("stream exists");
+        loop {
+            let Entry::Live(Instance::Bracha(r)) = window.entry(p.seq, || unreachable!("instance exists")) else {
+                return;
+            };
+            if step.deliver.is_some() && p.history {
+                Self::reset_flow(&mut self.flows, p);
+            }
+            let Some(content) = step.ready.take() else {
+                if r.finished() {
+                    window.finish(p.seq);
+                }
+                return;
+            };
+            let ready = pb::Publication { payload: content, ..p.clone() };
+            let to: Vec<NodeId> = ctx
+                .brokers
+                .iter()
+                .copied()
+                .filter(|&b| b != ctx.me())
+                .chain(subscribers_of(&self.subscribers, p.topic))
+                .collect();
+            ctx.send(&at_step(&ready, pb::Step::Ready), to);
+            step = r.on_ready(self.t, ctx.me(), &ready.payload);
+        }
+    }
+
+    /// Forwards a Chain body verbatim to the next member, or from the last member to the
+    /// topic's subscribers.
+    fn forward_chain(&self, ctx: &mut Ctx, p: &pb::Publication, raw: Vec<u8>, upstream: &[pb::Mac]) {
+        let dests = subscribers_of(&self.subscribers, p.topic);
+        let to = match self.chain.successor(ctx.me(), p.publisher) {
+            Some(next) => vec![next],
+            None => dests.clone(),
+        };
+        let sealer = Sealer::from_raw(ctx.me(), raw);
+        let chain = &self.chain;
+        ctx.send_sealed(&sealer, to, |keys, t, body| chain.macs_for(keys, p.publisher, body, upstream, t, &dests));
+    }
+
+    /// α flow control for a regular publication seen for the first time: whether to pass
+    /// it on. Answers HISTORY at α and BLOCKED from 2α until a history arrives.
+    fn admit(&mut self, ctx: &mut Ctx, p: &pb::Publication) -> bool {
+        if self.alpha == 0 || p.history {
+            return true;
+        }
+        let flow = self.flows.entry((p.publisher, p.topic)).or_default();
+        let status = if flow.since_history >= 2 * self.alpha {
+            Some(pb::PubStatusKind::Blocked)
+        } else {
+            flow.since_history += 1;
+            (flow.since_history == self.alpha).then_some(pb::PubStatusKind::History)
+        };
+        if let Some(kind) = status {
+            let body = pb::body::Kind::Status(pb::PubStatus { kind: kind as i32, topic: p.topic, seq: p.seq });
+            ctx.send(&body, [p.publisher]);
+        }
+        status != Some(pb::PubStatusKind::Blocked)
+    }
+
+    fn reset_flow(flows: &mut BTreeMap<(NodeId, u64), Flow>, history: &pb::Publication) {
+        let flow = flows.entry((history.publisher, history.topic)).or_default();
+        if history.seq > flow.last_history {
+            flow.last_history = history.seq;
+            flow.since_history = 0;
+        }
+    }
+}

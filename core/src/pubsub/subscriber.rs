@@ -1,0 +1,170 @@
+//! The subscriber: the destination of the three broadcasts, and, with α > 0, the
+//! per-publisher ordering that fills gaps from history publications.
+
+use std::collections::BTreeMap;
+
+use prost::Message;
+
+use super::{MAX_SUBSCRIBED_TOPICS, StreamKey, check_publication};
+use crate::broadcast::Thresholds;
+use crate::broadcast::chain::ChainPath;
+use crate::broadcast::votes::Votes;
+use crate::broadcast::window::{Entry, Streams};
+use crate::config::Role;
+use crate::node::{Ctx, HandleError, Output};
+use crate::wire::{Opened, pb};
+use crate::{Algorithm, Delivery, FaultKind, NodeId};
+
+struct Instance {
+    algorithm: Algorithm,
+    /// AB copies or Bracha READYs per broker (unused by Chain, which needs one frame).
+    votes: Votes,
+}
+
+/// Per (publisher, topic) delivery order when histories are on.
+struct Order {
+    next: u64,
+    /// Publications known but not yet deliverable, at most `window` ahead of `next`.
+    pending: BTreeMap<u64, (Vec<u8>, Algorithm, bool)>,
+}
+
+pub(crate) struct Subscriber {
+    t: Thresholds,
+    chain: ChainPath,
+    alpha: u32,
+    window: u64,
+    topics: Vec<u64>,
+    streams: Streams<StreamKey, Instance>,
+    orders: BTreeMap<(NodeId, u64), Order>,
+}
+
+impl Subscriber {
+    pub fn new(ctx: &Ctx, topics: Vec<u64>) -> Self {
+        let p = &ctx.cfg.cluster.params;
+        Subscriber {
+            t: Thresholds { n: ctx.n, f: ctx.f },
+            chain: ChainPath::new(&ctx.brokers, ctx.f),
+            alpha: p.alpha,
+            window: p.window as u64,
+            topics,
+            streams: Streams::new(p.window, p.max_topics_per_publisher.saturating_mul(2)),
+            orders: BTreeMap::new(),
+        }
+    }
+
+    pub fn subscribe(&mut self, ctx: &mut Ctx, topics: Vec<u64>) -> Result<(), HandleError> {
+        if topics.len() > MAX_SUBSCRIBED_TOPICS {
+            return Err(HandleError::Invalid(format!("more than {MAX_SUBSCRIBED_TOPICS} topics")));
+        }
+        let body = pb::body::Kind::Subscribe(pb::Subscribe { topics: topics.clone() });
+        let brokers = ctx.brokers.clone();
+        ctx.send(&body, brokers);
+        self.topics = topics;
+        Ok(())
+    }
+
+    pub fn on_message(&mut self, ctx: &mut Ctx, msg: Opened) {
+        let from = msg.sender;
+        let pb::body::Kind::Publication(p) = msg.body else {
+            return ctx.fault(from, FaultKind::Unexpected);
+        };
+        let (alg, step) = match check_publication(ctx, &p) {
+            Ok(v) => v,
+            Err(kind) => return ctx.fault(from, kind),
+        };
+        let allowed = ctx.role_of(from) == Some(Role::Broker)
+            && match (alg, step) {
+                (Algorithm::Ab, pb::Step::Forward) | (Algorithm::Bracha, pb::Step::Ready) => true,
+                (Algorithm::Chain, pb::Step::Hop) => from == self.chain.last(),
+                _ => false,
+            };
+        if !allowed {
+            return ctx.fault(from, FaultKind::Unexpected);
+        }
+        if !self.topics.contains(&p.topic) {
+            return ctx.stats.unsubscribed += 1;
+        }
+        let Some(window) = self.streams.window(p.publisher, (p.topic, p.history)) else {
+            return ctx.fault(p.publisher, FaultKind::TooManyStreams);
+        };
+        if window.is_beyond(p.seq) {
+            window.attest(from, p.seq, ctx.f + 1);
+        }
+        let entry = window.entry(p.seq, || Instance { algorithm: alg, votes: Votes::default() });
+        let inst = match entry {
+            Entry::Live(inst) if inst.algorithm == alg => inst,
+            Entry::Live(_) => return ctx.fault(from, FaultKind::Unexpected),
+            Entry::Done => return ctx.stats.stale += 1,
+            Entry::Beyond => return ctx.stats.beyond_window += 1,
+        };
+        let deliver = match alg {
+            Algorithm::Ab => inst.votes.reaches(from, &p.payload, self.t.ab_deliver()),
+            Algorithm::Bracha => inst.votes.reaches(from, &p.payload, self.t.ready_deliver()),
+            Algorithm::Chain => {
+                if !self.chain.verify_upstream(&ctx.keys, p.publisher, &msg.raw_body, &msg.macs) {
+                    return ctx.fault(from, FaultKind::BadChainMac);
+                }
+                Some(true)
+            }
+        };
+        match deliver {
+            None => ctx.fault(from, FaultKind::Equivocation),
+            Some(false) => {}
+            Some(true) => {
+                window.finish(p.seq);
+                self.delivered(ctx, p, alg);
+            }
+        }
+    }
+
+    /// A broadcast instance delivered: pass it on, or order it, or unpack a history.
+    fn delivered(&mut self, ctx: &mut Ctx, p: pb::Publication, alg: Algorithm) {
+        if p.history {
+            let Ok(history) = pb::History::decode(p.payload.as_slice()) else {
+                return ctx.fault(p.publisher, FaultKind::Malformed);
+            };
+            for e in history.entries {
+                self.order(ctx, p.publisher, p.topic, e.seq, e.payload, alg, true);
+            }
+        } else if self.alpha == 0 {
+            ctx.push(Output::Deliver(Delivery {
+                publisher: p.publisher,
+                topic: p.topic,
+                seq: p.seq,
+                payload: p.payload,
+                algorithm: alg,
+                from_history: false,
+            }));
+        } else {
+            self.order(ctx, p.publisher, p.topic, p.seq, p.payload, alg, false);
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn order(
+        &mut self,
+        ctx: &mut Ctx,
+        publisher: NodeId,
+        topic: u64,
+        seq: u64,
+        payload: Vec<u8>,
+        alg: Algorithm,
+        from_history: bool,
+    ) {
+        let order = self.orders.entry((publisher, topic)).or_insert_with(|| Order { next: 1, pending: BTreeMap::new() });
+        if seq < order.next || seq - order.next >= self.window {
+            return;
+        }
+        match order.pending.get(&seq) {
+            Some((known, _, _)) if *known != payload => return ctx.fault(publisher, FaultKind::ConflictingHistory),
+            Some(_) => return,
+            None => {
+                order.pending.insert(seq, (payload, alg, from_history));
+            }
+        }
+        while let Some((payload, algorithm, from_history)) = order.pending.remove(&order.next) {
+            ctx.push(Output::Deliver(Delivery { publisher, topic, seq: order.next, payload, algorithm, from_history }));
+            order.next += 1;
+        }
+    }
+}
