@@ -1,1 +1,172 @@
-//! Traces.
+//! Traces (DESIGN §3): the exact sequence of `(now, Input)` one node received, with the
+//! outputs and next deadline it answered each with, so that the core alone can replay a
+//! run and check it byte for byte.
+//!
+//! # File format, version 1
+//!
+//! A sequence of length-delimited protobuf messages from `proto/phalanx.proto` (a varint
+//! length, then that many bytes): one `TraceHeader` (format `"phalanx-trace"`, version,
+//! the node's encoded `NodeConfig`, a free-form label), then one `TraceRecord` per input:
+//! `now`, the input, every output the node produced for it in order, the deadline
+//! `poll_timeout` gave afterwards, and the `HandleError` text if `handle` refused the
+//! input. Inputs and outputs use `InputRecord` / `OutputRecord`, the language-neutral
+//! encoding that bindings share ([`input_to_pb`], [`output_to_pb`]). No message may
+//! exceed [`MAX_RECORD_BYTES`]. There is no trailer: a file cut at a record boundary
+//! (a host that crashed while appending) is a valid, shorter trace.
+//!
+//! The header holds the node's secrets (MAC keys, BLS key): a trace is as sensitive as
+//! the node's configuration file.
+//!
+//! Hosts do the file IO: [`Recorder`] or [`TraceWriter`] build the file in memory,
+//! [`Trace::parse`] reads it, [`replay()`] checks it and [`dump()`] renders it.
+
+mod dump;
+mod file;
+mod recorder;
+mod replay;
+#[cfg(test)]
+mod tests;
+
+use std::fmt;
+
+pub use dump::dump;
+pub use file::{Trace, TraceWriter};
+pub use recorder::Recorder;
+pub use replay::{ReplaySummary, replay};
+
+use crate::wire::pb;
+use crate::{Algorithm, Delivery, FaultKind, Input, Output, Request};
+
+/// The `format` string of every trace header.
+pub const FORMAT: &str = "phalanx-trace";
+/// The file format version this build writes and reads.
+pub const VERSION: u32 = 1;
+/// Largest header or record [`Trace::parse`] accepts, so a corrupt length prefix cannot
+/// make it allocate without bound. Far above any frame (`max_message_bytes`).
+pub const MAX_RECORD_BYTES: usize = 64 << 20;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TraceError {
+    /// Not a well-formed trace (bad framing, protobuf or field values).
+    Malformed(String),
+    /// A trace format version this build does not read.
+    Version { found: u32, expected: u32 },
+    /// The header's node configuration was rejected (the `ConfigError` text).
+    Config(String),
+    /// Replay produced something other than what was recorded: a bug, or a trace from a
+    /// different build. `record` is the 0-based index of the first differing record.
+    Divergence { record: usize, detail: String },
+}
+
+impl TraceError {
+    /// Names the record a malformed input or output came from.
+    fn in_record(self, record: usize) -> Self {
+        match self {
+            TraceError::Malformed(why) => TraceError::Malformed(format!("record {record}: {why}")),
+            other => other,
+        }
+    }
+}
+
+fn malformed(why: impl Into<String>) -> TraceError {
+    TraceError::Malformed(why.into())
+}
+
+impl fmt::Display for TraceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TraceError::Malformed(why) => write!(f, "malformed trace: {why}"),
+            TraceError::Version { found, expected } if found > expected => {
+                write!(f, "trace format version {found} is newer than this build reads (version {expected})")
+            }
+            TraceError::Version { found, expected } => {
+                write!(f, "trace format version {found} is not supported (this build reads version {expected})")
+            }
+            TraceError::Config(why) => write!(f, "trace header: {why}"),
+            TraceError::Divergence { record, detail } => write!(f, "replay diverged at record {record}: {detail}"),
+        }
+    }
+}
+
+impl std::error::Error for TraceError {}
+
+fn algorithm_from_pb(v: i32) -> Result<Algorithm, TraceError> {
+    Algorithm::from_pb(v).ok_or_else(|| malformed(format!("unknown algorithm {v}")))
+}
+
+pub fn input_to_pb(input: &Input) -> pb::InputRecord {
+    use pb::input_record::Kind;
+    use pb::request_input::Kind as Req;
+    let request = |kind| Kind::Request(pb::RequestInput { kind: Some(kind) });
+    let kind = match input {
+        Input::Message { from, bytes } => Kind::Message(pb::MessageInput { from: *from, bytes: bytes.clone() }),
+        Input::Request(Request::Publish { topic, payload, algorithm }) => request(Req::Publish(pb::PublishRequest {
+            topic: *topic,
+            payload: payload.clone(),
+            algorithm: algorithm.to_pb() as i32,
+        })),
+        Input::Request(Request::Subscribe { topics }) => {
+            request(Req::Subscribe(pb::SubscribeRequest { topics: topics.clone() }))
+        }
+        Input::Timeout => Kind::Timeout(pb::TimeoutInput {}),
+        Input::Persisted { token } => Kind::Persisted(pb::PersistedInput { token: *token }),
+    };
+    pb::InputRecord { kind: Some(kind) }
+}
+
+/// The inverse of [`input_to_pb`]; rejects missing kinds and unknown algorithms.
+pub fn input_from_pb(record: pb::InputRecord) -> Result<Input, TraceError> {
+    use pb::input_record::Kind;
+    use pb::request_input::Kind as Req;
+    Ok(match record.kind.ok_or_else(|| malformed("input without a kind"))? {
+        Kind::Message(m) => Input::Message { from: m.from, bytes: m.bytes },
+        Kind::Request(r) => Input::Request(match r.kind.ok_or_else(|| malformed("request without a kind"))? {
+            Req::Publish(p) => {
+                Request::Publish { topic: p.topic, payload: p.payload, algorithm: algorithm_from_pb(p.algorithm)? }
+            }
+            Req::Subscribe(s) => Request::Subscribe { topics: s.topics },
+        }),
+        Kind::Timeout(_) => Input::Timeout,
+        Kind::Persisted(p) => Input::Persisted { token: p.token },
+    })
+}
+
+pub fn output_to_pb(output: &Output) -> pb::OutputRecord {
+    use pb::output_record::Kind;
+    let kind = match output {
+        Output::Send { to, bytes } => Kind::Send(pb::SendOutput { to: *to, bytes: bytes.clone() }),
+        Output::Deliver(d) => Kind::Deliver(pb::DeliverOutput {
+            publisher: d.publisher,
+            topic: d.topic,
+            seq: d.seq,
+            payload: d.payload.clone(),
+            algorithm: d.algorithm.to_pb() as i32,
+            from_history: d.from_history,
+        }),
+        Output::Persist { token, record } => Kind::Persist(pb::PersistOutput { token: *token, record: record.clone() }),
+        Output::Fault { node, kind } => Kind::Fault(pb::FaultOutput { node: *node, kind: kind.name().to_owned() }),
+    };
+    pb::OutputRecord { kind: Some(kind) }
+}
+
+/// The inverse of [`output_to_pb`]; rejects missing kinds, unknown algorithms and
+/// unknown fault names.
+pub fn output_from_pb(record: pb::OutputRecord) -> Result<Output, TraceError> {
+    use pb::output_record::Kind;
+    Ok(match record.kind.ok_or_else(|| malformed("output without a kind"))? {
+        Kind::Send(s) => Output::Send { to: s.to, bytes: s.bytes },
+        Kind::Deliver(d) => Output::Deliver(Delivery {
+            publisher: d.publisher,
+            topic: d.topic,
+            seq: d.seq,
+            payload: d.payload,
+            algorithm: algorithm_from_pb(d.algorithm)?,
+            from_history: d.from_history,
+        }),
+        Kind::Persist(p) => Output::Persist { token: p.token, record: p.record },
+        Kind::Fault(f) => Output::Fault {
+            node: f.node,
+            kind: FaultKind::from_name(&f.kind).ok_or_else(|| malformed(format!("unknown fault kind {:?}", f.kind)))?,
+        },
+    })
+}

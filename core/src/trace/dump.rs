@@ -1,0 +1,167 @@
+//! The human-readable rendering of a trace (`phalanxd trace show FILE`). Total: every
+//! field comes from an untrusted file, so anything that does not decode is shown as
+//! such, and free text is escaped to keep one line per record.
+
+use std::fmt;
+
+use prost::Message;
+
+use super::Trace;
+use crate::config::NodeConfig;
+use crate::wire::pb;
+
+/// Renders `trace`: a header block, then one line per record (index, time, input) with
+/// indented lines for the refusal, each output and the next timeout.
+pub fn dump(trace: &Trace) -> String {
+    Dump(trace).to_string()
+}
+
+struct Dump<'a>(&'a Trace);
+
+impl fmt::Display for Dump<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Trace { header, records } = self.0;
+        writeln!(
+            f,
+            "{} version {}, label \"{}\"",
+            header.format.escape_debug(),
+            header.version,
+            header.label.escape_debug()
+        )?;
+        match NodeConfig::decode(&header.node_config) {
+            Ok(cfg) => {
+                // Decoding validated that the node is in its cluster.
+                let role = cfg.cluster.node(cfg.id).map_or_else(String::new, |n| format!("{:?}", n.role));
+                let c = &cfg.cluster;
+                writeln!(
+                    f,
+                    "node {} ({role}) of {} nodes, {} brokers, f = {}, crypto {:?}",
+                    cfg.id,
+                    c.nodes.len(),
+                    c.n(),
+                    c.f,
+                    c.crypto
+                )?;
+            }
+            Err(e) => writeln!(f, "node configuration ({} bytes): {e}", header.node_config.len())?,
+        }
+        writeln!(f, "{} records", records.len())?;
+        for (i, r) in records.iter().enumerate() {
+            writeln!(f, "#{i} {} ms {}", ms(r.now), describe_input(r.input.as_ref()))?;
+            if !r.error.is_empty() {
+                writeln!(f, "    refused: {}", r.error.escape_debug())?;
+            }
+            for o in &r.outputs {
+                match &o.kind {
+                    Some(pb::output_record::Kind::Send(s)) => {
+                        writeln!(f, "    -> {}: {}", describe_output(o), frame(&s.bytes))?
+                    }
+                    _ => writeln!(f, "    -> {}", describe_output(o))?,
+                }
+            }
+            if r.next_timeout.is_some() {
+                writeln!(f, "    next timeout {}", show_timeout(r.next_timeout))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Milliseconds with microsecond precision.
+fn ms(ns: u64) -> String {
+    format!("{}.{:03}", ns / 1_000_000, ns / 1_000 % 1_000)
+}
+
+pub(super) fn show_timeout(t: Option<u64>) -> String {
+    t.map_or_else(|| "none".into(), |t| format!("at {} ms", ms(t)))
+}
+
+/// The name of a protobuf enum value, or the raw number if this build does not know it.
+fn name<E: TryFrom<i32>>(v: i32, as_str: fn(&E) -> &'static str) -> String {
+    E::try_from(v).map_or_else(|_| format!("?{v}"), |e| as_str(&e).to_owned())
+}
+
+fn undecodable(len: usize) -> String {
+    format!("<{len} undecodable bytes>")
+}
+
+/// A topic list, abbreviated: a subscription may name thousands.
+fn topics(t: &[u64]) -> String {
+    const SHOWN: usize = 8;
+    let head: Vec<String> = t.iter().take(SHOWN).map(u64::to_string).collect();
+    let more = if t.len() > SHOWN { format!(", … ({} in all)", t.len()) } else { String::new() };
+    format!("topics [{}{more}]", head.join(", "))
+}
+
+/// A frame decoded as far as it goes; MACs are counted, not checked (that needs keys).
+fn frame(bytes: &[u8]) -> String {
+    let Ok(frame) = pb::Frame::decode(bytes) else { return undecodable(bytes.len()) };
+    let body = match pb::Body::decode(frame.body.as_slice()) {
+        Ok(pb::Body { kind: Some(kind) }) => body(&kind),
+        Ok(pb::Body { kind: None }) => "empty body".into(),
+        Err(_) => format!("body {}", undecodable(frame.body.len())),
+    };
+    let macs = frame.macs.len();
+    format!("sender {} {body}, {macs} MAC{}", frame.sender, if macs == 1 { "" } else { "s" })
+}
+
+fn body(kind: &pb::body::Kind) -> String {
+    use pb::body::Kind;
+    match kind {
+        Kind::Publication(p) => format!(
+            "Publication {} {} publisher {} topic {} seq {}{} payload {} bytes",
+            name(p.algorithm, pb::Algorithm::as_str_name),
+            name(p.step, pb::Step::as_str_name),
+            p.publisher,
+            p.topic,
+            p.seq,
+            if p.history { " history" } else { "" },
+            p.payload.len()
+        ),
+        Kind::Status(s) => {
+            format!("PubStatus {} topic {} seq {}", name(s.kind, pb::PubStatusKind::as_str_name), s.topic, s.seq)
+        }
+        Kind::Subscribe(s) => format!("Subscribe {}", topics(&s.topics)),
+    }
+}
+
+fn describe_input(input: Option<&pb::InputRecord>) -> String {
+    use pb::input_record::Kind;
+    use pb::request_input::Kind as Req;
+    match input.and_then(|i| i.kind.as_ref()) {
+        Some(Kind::Message(m)) => format!("Message from {} ({} bytes): {}", m.from, m.bytes.len(), frame(&m.bytes)),
+        Some(Kind::Request(r)) => match &r.kind {
+            Some(Req::Publish(p)) => format!(
+                "Request Publish topic {} {} payload {} bytes",
+                p.topic,
+                name(p.algorithm, pb::Algorithm::as_str_name),
+                p.payload.len()
+            ),
+            Some(Req::Subscribe(s)) => format!("Request Subscribe {}", topics(&s.topics)),
+            None => "Request <no kind>".into(),
+        },
+        Some(Kind::Timeout(_)) => "Timeout".into(),
+        Some(Kind::Persisted(p)) => format!("Persisted token {}", p.token),
+        None => "<no input>".into(),
+    }
+}
+
+/// One line per output, without decoding frames (replay's divergence reports use it too).
+pub(super) fn describe_output(o: &pb::OutputRecord) -> String {
+    use pb::output_record::Kind;
+    match &o.kind {
+        Some(Kind::Send(s)) => format!("Send to {} ({} bytes)", s.to, s.bytes.len()),
+        Some(Kind::Deliver(d)) => format!(
+            "Deliver publisher {} topic {} seq {} payload {} bytes {}{}",
+            d.publisher,
+            d.topic,
+            d.seq,
+            d.payload.len(),
+            name(d.algorithm, pb::Algorithm::as_str_name),
+            if d.from_history { " from history" } else { "" }
+        ),
+        Some(Kind::Persist(p)) => format!("Persist token {} ({} bytes)", p.token, p.record.len()),
+        Some(Kind::Fault(x)) => format!("Fault node {} {}", x.node, x.kind.escape_debug()),
+        None => "<no output>".into(),
+    }
+}

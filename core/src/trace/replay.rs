@@ -1,0 +1,133 @@
+//! Byte-for-byte replay of a trace by the core alone.
+
+use std::fmt;
+
+use prost::Message;
+
+use super::dump::{describe_output, show_timeout};
+use super::{Trace, TraceError, input_from_pb, malformed, output_to_pb};
+use crate::crypto::Digest;
+use crate::wire::pb;
+use crate::{Node, Output};
+
+/// What a successful replay went through.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplaySummary {
+    pub records: usize,
+    /// Inputs `handle` refused (as recorded).
+    pub refused: usize,
+    pub outputs: usize,
+    pub sends: usize,
+    pub deliveries: usize,
+    pub persists: usize,
+    pub faults: usize,
+    /// BLAKE3 over every output's length-delimited `OutputRecord` encoding, in order: a
+    /// host that keeps only this digest can still compare runs.
+    pub digest: Digest,
+}
+
+impl fmt::Display for ReplaySummary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} records ({} refused), {} outputs ({} sends, {} deliveries, {} persists, {} faults), digest ",
+            self.records, self.refused, self.outputs, self.sends, self.deliveries, self.persists, self.faults
+        )?;
+        self.digest.iter().try_for_each(|b| write!(f, "{b:02x}"))
+    }
+}
+
+fn show_result(error: &str) -> String {
+    if error.is_empty() { "Ok".into() } else { format!("error {error:?}") }
+}
+
+/// The first index at which `a` and `b` differ, if they do.
+fn first_difference(a: &[u8], b: &[u8]) -> Option<usize> {
+    a.iter().zip(b).position(|(x, y)| x != y).or((a.len() != b.len()).then(|| a.len().min(b.len())))
+}
+
+/// The variable-length bytes of an output, to point at the first differing byte when
+/// both outputs are of one kind.
+fn output_bytes(o: &pb::OutputRecord) -> Option<(&'static str, &[u8])> {
+    use pb::output_record::Kind;
+    match o.kind.as_ref()? {
+        Kind::Send(s) => Some(("send", &s.bytes)),
+        Kind::Deliver(d) => Some(("deliver", &d.payload)),
+        Kind::Persist(p) => Some(("persist", &p.record)),
+        Kind::Fault(_) => None,
+    }
+}
+
+fn output_difference(expected: &pb::OutputRecord, got: &pb::OutputRecord) -> String {
+    let at = match (output_bytes(expected), output_bytes(got)) {
+        (Some((k1, a)), Some((k2, b))) if k1 == k2 => first_difference(a, b),
+        _ => None,
+    };
+    let at = at.map(|i| format!(" differing at byte {i}")).unwrap_or_default();
+    format!("expected {}, got {}{at}", describe_output(expected), describe_output(got))
+}
+
+/// Replays `trace` on a node built from its header and checks every record: the result
+/// of `handle`, each output's encoding byte for byte, the number of outputs and the next
+/// timeout. The first difference is a [`TraceError::Divergence`].
+pub fn replay(trace: &Trace) -> Result<ReplaySummary, TraceError> {
+    let mut node = Node::from_config_bytes(&trace.header.node_config).map_err(|e| TraceError::Config(e.to_string()))?;
+    let mut summary = ReplaySummary {
+        records: trace.records.len(),
+        refused: 0,
+        outputs: 0,
+        sends: 0,
+        deliveries: 0,
+        persists: 0,
+        faults: 0,
+        digest: Digest::default(),
+    };
+    let mut digest = blake3::Hasher::new();
+    for (i, record) in trace.records.iter().enumerate() {
+        let diverged = |detail: String| TraceError::Divergence { record: i, detail };
+        let input = record.input.clone().ok_or_else(|| malformed("no input")).and_then(input_from_pb);
+        let result = node.handle(record.now, input.map_err(|e| e.in_record(i))?);
+        let error = result.err().map(|e| e.to_string()).unwrap_or_default();
+        if error != record.error {
+            let (expected, got) = (show_result(&record.error), show_result(&error));
+            return Err(diverged(format!("handle: expected {expected}, got {got}")));
+        }
+        summary.refused += usize::from(!error.is_empty());
+        let mut produced = 0;
+        while let Some(output) = node.poll() {
+            let got = output_to_pb(&output);
+            let encoded = got.encode_length_delimited_to_vec();
+            match record.outputs.get(produced) {
+                None => {
+                    let (n, got) = (record.outputs.len(), describe_output(&got));
+                    return Err(diverged(format!("output {produced}: expected none ({n} recorded), got {got}")));
+                }
+                Some(expected) if expected.encode_length_delimited_to_vec() != encoded => {
+                    return Err(diverged(format!("output {produced}: {}", output_difference(expected, &got))));
+                }
+                Some(_) => {}
+            }
+            digest.update(&encoded);
+            produced += 1;
+            match output {
+                Output::Send { .. } => summary.sends += 1,
+                Output::Deliver(_) => summary.deliveries += 1,
+                Output::Persist { .. } => summary.persists += 1,
+                Output::Fault { .. } => summary.faults += 1,
+            }
+        }
+        if let Some(missing) = record.outputs.get(produced) {
+            let (n, missing) = (record.outputs.len(), describe_output(missing));
+            return Err(diverged(format!(
+                "{n} outputs recorded, {produced} produced; output {produced} missing: {missing}"
+            )));
+        }
+        summary.outputs += produced;
+        if node.poll_timeout() != record.next_timeout {
+            let (expected, got) = (show_timeout(record.next_timeout), show_timeout(node.poll_timeout()));
+            return Err(diverged(format!("next timeout: expected {expected}, got {got}")));
+        }
+    }
+    summary.digest = *digest.finalize().as_bytes();
+    Ok(summary)
+}

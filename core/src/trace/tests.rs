@@ -1,0 +1,307 @@
+use std::iter;
+
+use prost::Message;
+
+use super::*;
+use crate::crypto::CryptoMode;
+use crate::{ClusterSpec, HandleError, Nanos, Node, NodeConfig, generate_cluster};
+
+fn cluster() -> Vec<NodeConfig> {
+    generate_cluster(&ClusterSpec { crypto: CryptoMode::InsecureTest, ..ClusterSpec::new(1) }, [7; 32]).unwrap()
+}
+
+fn publish() -> Input {
+    Input::Request(Request::Publish { topic: 0, payload: b"hello".to_vec(), algorithm: Algorithm::Ab })
+}
+
+/// The inputs broker 0 gets: a real AB publication from publisher 4, garbage, a timeout
+/// and a request a broker refuses.
+fn broker_inputs() -> Vec<(Nanos, Input)> {
+    let mut publisher = Node::new(cluster()[4].clone()).unwrap();
+    publisher.handle(0, publish()).unwrap();
+    let frame = iter::from_fn(|| publisher.poll())
+        .find_map(|o| match o {
+            Output::Send { to: 0, bytes } => Some(bytes),
+            _ => None,
+        })
+        .expect("the publisher sends to broker 0");
+    vec![
+        (1_000_000, Input::Message { from: 4, bytes: frame }),
+        (1_500_000, Input::Message { from: 4, bytes: vec![0xff; 9] }),
+        (2_000_000, Input::Timeout),
+        (2_500_123, publish()),
+    ]
+}
+
+/// The node shape, so one driver runs a node and a recorder alike.
+trait Machine {
+    fn handle(&mut self, now: Nanos, input: Input) -> Result<(), HandleError>;
+    fn poll(&mut self) -> Option<Output>;
+}
+
+impl Machine for Node {
+    fn handle(&mut self, now: Nanos, input: Input) -> Result<(), HandleError> {
+        Node::handle(self, now, input)
+    }
+    fn poll(&mut self) -> Option<Output> {
+        Node::poll(self)
+    }
+}
+
+impl Machine for Recorder {
+    fn handle(&mut self, now: Nanos, input: Input) -> Result<(), HandleError> {
+        Recorder::handle(self, now, input)
+    }
+    fn poll(&mut self) -> Option<Output> {
+        Recorder::poll(self)
+    }
+}
+
+/// Feeds broker 0's inputs, draining outputs after each.
+fn drive(m: &mut impl Machine) -> (Vec<Result<(), HandleError>>, Vec<Output>) {
+    let mut outputs = Vec::new();
+    let results = broker_inputs()
+        .into_iter()
+        .map(|(now, input)| {
+            let r = m.handle(now, input);
+            outputs.extend(iter::from_fn(|| m.poll()));
+            r
+        })
+        .collect();
+    (results, outputs)
+}
+
+/// Broker 0's recorded trace and what the recorder handed out.
+fn recorded() -> (Vec<u8>, Vec<Result<(), HandleError>>, Vec<Output>) {
+    let mut recorder = Recorder::new(Node::new(cluster()[0].clone()).unwrap(), "broker-0");
+    let (results, outputs) = drive(&mut recorder);
+    assert_eq!(recorder.poll_timeout(), None);
+    assert_eq!(recorder.node().id(), 0);
+    let so_far = recorder.trace().to_vec();
+    let bytes = recorder.into_trace();
+    assert_eq!(bytes, so_far);
+    (bytes, results, outputs)
+}
+
+fn send_position(trace: &Trace) -> (usize, usize) {
+    trace
+        .records
+        .iter()
+        .enumerate()
+        .find_map(|(i, r)| {
+            r.outputs.iter().position(|o| matches!(o.kind, Some(pb::output_record::Kind::Send(_)))).map(|j| (i, j))
+        })
+        .expect("the broker forwarded the publication")
+}
+
+#[test]
+fn recorder_is_transparent_and_replay_reproduces_the_run() {
+    let plain = drive(&mut Node::new(cluster()[0].clone()).unwrap());
+    let (bytes, results, outputs) = recorded();
+    assert_eq!((results.clone(), outputs.clone()), plain);
+    assert!(matches!(results[3], Err(HandleError::WrongRole { .. })));
+    assert!(outputs.contains(&Output::Fault { node: 4, kind: FaultKind::Malformed }));
+
+    let trace = Trace::parse(&bytes).unwrap();
+    assert_eq!(trace.header.label, "broker-0");
+    assert_eq!(trace.records.len(), 4);
+    assert_eq!(trace.records[3].error, results[3].as_ref().unwrap_err().to_string());
+    assert_eq!(trace.to_bytes(), bytes);
+
+    let summary = replay(&trace).unwrap();
+    let sends = outputs.iter().filter(|o| matches!(o, Output::Send { .. })).count();
+    assert!(sends > 0);
+    let mut digest = blake3::Hasher::new();
+    for o in &outputs {
+        digest.update(&output_to_pb(o).encode_length_delimited_to_vec());
+    }
+    assert_eq!(
+        summary,
+        ReplaySummary {
+            records: 4,
+            refused: 1,
+            outputs: outputs.len(),
+            sends,
+            deliveries: 0,
+            persists: 0,
+            faults: outputs.len() - sends,
+            digest: *digest.finalize().as_bytes(),
+        }
+    );
+    assert!(summary.to_string().ends_with(&blake3::Hash::from(summary.digest).to_hex().to_string()));
+}
+
+#[test]
+fn any_difference_is_a_divergence_naming_the_record() {
+    let trace = Trace::parse(&recorded().0).unwrap();
+    let (i, j) = send_position(&trace);
+    let diverge = |edit: &dyn Fn(&mut Trace), record: usize, needle: &str| {
+        let mut t = trace.clone();
+        edit(&mut t);
+        match replay(&Trace::parse(&t.to_bytes()).unwrap()) {
+            Err(e @ TraceError::Divergence { record: r, .. }) => {
+                let text = e.to_string();
+                assert_eq!(r, record, "{text}");
+                assert!(text.contains(needle), "{text:?} lacks {needle:?}");
+            }
+            other => panic!("expected a divergence, got {other:?}"),
+        }
+    };
+    let flip = |t: &mut Trace| {
+        let Some(pb::output_record::Kind::Send(s)) = &mut t.records[i].outputs[j].kind else { unreachable!() };
+        s.bytes[7] ^= 1;
+    };
+    diverge(&flip, i, &format!("replay diverged at record {i}: output {j}: expected Send to "));
+    diverge(&flip, i, "differing at byte 7");
+    // The same flip made in the file itself.
+    let (mut bytes, ..) = recorded();
+    let Some(pb::output_record::Kind::Send(s)) = &trace.records[i].outputs[j].kind else { unreachable!() };
+    let at = bytes.windows(s.bytes.len()).position(|w| w == s.bytes).unwrap();
+    bytes[at + 7] ^= 1;
+    assert!(
+        matches!(replay(&Trace::parse(&bytes).unwrap()), Err(TraceError::Divergence { record, .. }) if record == i)
+    );
+    diverge(&|t| t.records[i].outputs[j] = output_to_pb(&Output::Persist { token: 1, record: vec![] }), i, "got Send");
+    diverge(&|t| t.records[i].outputs.truncate(j), i, &format!("output {j}: expected none ({j} recorded)"));
+    let extra = output_to_pb(&Output::Fault { node: 9, kind: FaultKind::BadMac });
+    diverge(
+        &|t| t.records[1].outputs.push(extra.clone()),
+        1,
+        "2 outputs recorded, 1 produced; output 1 missing: Fault node 9 bad_mac",
+    );
+    diverge(&|t| t.records[2].next_timeout = Some(5_000), 2, "next timeout: expected at 0.005 ms, got none");
+    diverge(&|t| t.records[3].error.clear(), 3, "handle: expected Ok, got error \"a Broker cannot");
+}
+
+#[test]
+fn truncation_and_garbage_are_errors_not_panics() {
+    let (bytes, ..) = recorded();
+    let full = Trace::parse(&bytes).unwrap();
+    for len in 0..bytes.len() {
+        // A cut at a record boundary is a valid shorter trace; anywhere else is an error.
+        if let Ok(t) = Trace::parse(&bytes[..len]) {
+            assert_eq!(t.records[..], full.records[..t.records.len()]);
+            assert_eq!(t.to_bytes(), &bytes[..len]);
+        }
+    }
+    assert!(Trace::parse(&bytes[..bytes.len() - 1]).unwrap_err().to_string().contains("record 3"));
+    assert!(Trace::parse(&[]).is_err());
+    let huge = Trace::parse(&[0xff, 0xff, 0xff, 0xff, 0x7f]).unwrap_err();
+    assert!(huge.to_string().contains("exceeds the limit"), "{huge}");
+
+    // xorshift64: deterministic garbage without depending on the simulator.
+    let mut x = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    for round in 0..2_000 {
+        let garbage: Vec<u8> = (0..next() % 64).map(|_| next() as u8).collect();
+        let _ = Trace::parse(&garbage);
+        // Corrupt one byte of the real trace: whatever still parses must replay and dump
+        // without panicking.
+        let mut corrupt = bytes.clone();
+        corrupt[round % bytes.len()] ^= 1 << (next() % 8);
+        if let Ok(t) = Trace::parse(&corrupt) {
+            let _ = replay(&t);
+            let _ = dump(&t);
+        }
+    }
+}
+
+#[test]
+fn header_checks_name_the_problem() {
+    let mut trace = Trace::parse(&recorded().0).unwrap();
+    trace.header.version = 2;
+    let err = Trace::parse(&trace.to_bytes()).unwrap_err();
+    assert_eq!(err, TraceError::Version { found: 2, expected: 1 });
+    assert_eq!(err.to_string(), "trace format version 2 is newer than this build reads (version 1)");
+
+    trace.header.version = VERSION;
+    trace.header.format = "pcap".into();
+    assert!(matches!(Trace::parse(&trace.to_bytes()), Err(TraceError::Malformed(m)) if m.contains("pcap")));
+
+    trace.header.format = FORMAT.into();
+    trace.header.node_config = vec![1, 2, 3];
+    assert!(matches!(replay(&trace), Err(TraceError::Config(_))));
+    assert!(dump(&trace).contains("node configuration (3 bytes)"));
+
+    let mut trace = Trace::parse(&recorded().0).unwrap();
+    trace.records[0].input = None;
+    assert_eq!(replay(&trace), Err(TraceError::Malformed("record 0: no input".into())));
+}
+
+#[test]
+fn dump_shows_every_record_decoded() {
+    let trace = Trace::parse(&recorded().0).unwrap();
+    let text = dump(&trace);
+    for needle in [
+        "phalanx-trace version 1, label \"broker-0\"",
+        "node 0 (Broker) of 7 nodes, 4 brokers, f = 1",
+        "4 records",
+        "#0 1.000 ms Message from 4",
+        "Publication AB SEND publisher 4 topic 0 seq",
+        "payload 5 bytes, 1 MAC",
+        "-> Send to",
+        "AB FORWARD",
+        "#1 1.500 ms Message from 4 (9 bytes): <9 undecodable bytes>",
+        "-> Fault node 4 malformed",
+        "#2 2.000 ms Timeout",
+        "#3 2.500 ms Request Publish topic 0 AB payload 5 bytes",
+        "refused: a Broker cannot handle a publish request",
+    ] {
+        assert!(text.contains(needle), "{needle:?} missing from\n{text}");
+    }
+    assert_eq!(text.lines().filter(|l| l.starts_with('#')).count(), 4);
+}
+
+#[test]
+fn pb_conversion_roundtrips_every_variant() {
+    let algorithms = [Algorithm::Ab, Algorithm::Bracha, Algorithm::Chain];
+    let mut inputs = vec![
+        Input::Message { from: 3, bytes: vec![1, 2, 3] },
+        Input::Message { from: 0, bytes: vec![] },
+        Input::Request(Request::Subscribe { topics: vec![1, u64::MAX] }),
+        Input::Request(Request::Subscribe { topics: vec![] }),
+        Input::Timeout,
+        Input::Persisted { token: 9 },
+    ];
+    inputs
+        .extend(algorithms.map(|algorithm| Input::Request(Request::Publish { topic: 5, payload: vec![7], algorithm })));
+    for input in inputs {
+        let wire = input_to_pb(&input).encode_to_vec();
+        assert_eq!(input_from_pb(pb::InputRecord::decode(wire.as_slice()).unwrap()).unwrap(), input);
+    }
+
+    let mut outputs = vec![Output::Send { to: 2, bytes: vec![4; 10] }, Output::Persist { token: 1, record: vec![5] }];
+    outputs.extend(FaultKind::ALL.map(|kind| Output::Fault { node: 6, kind }));
+    for algorithm in algorithms {
+        for from_history in [false, true] {
+            let d = Delivery { publisher: 4, topic: 1, seq: 2, payload: b"x".to_vec(), algorithm, from_history };
+            outputs.push(Output::Deliver(d));
+        }
+    }
+    for output in outputs {
+        let wire = output_to_pb(&output).encode_to_vec();
+        assert_eq!(output_from_pb(pb::OutputRecord::decode(wire.as_slice()).unwrap()).unwrap(), output);
+    }
+}
+
+#[test]
+fn pb_conversion_rejects_what_the_node_api_cannot_express() {
+    use pb::{input_record, output_record, request_input};
+    assert!(input_from_pb(pb::InputRecord::default()).is_err());
+    let request = |kind| pb::InputRecord { kind: Some(input_record::Kind::Request(pb::RequestInput { kind })) };
+    assert!(input_from_pb(request(None)).is_err());
+    for algorithm in [0, 4, -1] {
+        let publish = pb::PublishRequest { topic: 0, payload: vec![], algorithm };
+        let err = input_from_pb(request(Some(request_input::Kind::Publish(publish)))).unwrap_err();
+        assert_eq!(err, TraceError::Malformed(format!("unknown algorithm {algorithm}")));
+    }
+    assert!(output_from_pb(pb::OutputRecord::default()).is_err());
+    let fault = pb::FaultOutput { node: 1, kind: "rude".into() };
+    let err = output_from_pb(pb::OutputRecord { kind: Some(output_record::Kind::Fault(fault)) }).unwrap_err();
+    assert_eq!(err.to_string(), "malformed trace: unknown fault kind \"rude\"");
+}
