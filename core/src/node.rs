@@ -279,6 +279,16 @@ impl Node {
         &self.ctx.stats
     }
 
+    /// Broadcast instances and pending publications held in memory: bounded by the
+    /// window, the stream limits and the cluster size, whatever peers send.
+    pub fn live_instances(&self) -> usize {
+        match &self.role {
+            RoleMachine::Broker(b) => b.live_instances(),
+            RoleMachine::Publisher(_) => 0,
+            RoleMachine::Subscriber(s) => s.live_instances(),
+        }
+    }
+
     pub fn config(&self) -> &NodeConfig {
         &self.ctx.cfg
     }

@@ -1,1 +1,165 @@
-fn main() {}
+//! `phalanx-sim`: the simulator from the command line — the demo, adversarial seed
+//! sweeps, trace tools and the in-process benchmark.
+
+mod bench;
+mod demo;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use phalanx_core::crypto::CryptoMode;
+use phalanx_core::sim::scenario::{Protocol, Scenario, reference_traces};
+use phalanx_core::trace::{Trace, dump, replay};
+
+#[derive(Parser)]
+#[command(version, about = "Phalanx simulator: demo, adversarial seeds, traces, benchmarks")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// 4 brokers (one Byzantine), 2 publishers, 3 subscribers on one topic.
+    Demo {
+        /// Publications per publisher.
+        #[arg(long, default_value_t = 2000)]
+        publications: u32,
+    },
+    /// Runs adversarial scenarios over a range of seeds and checks every property.
+    Seeds {
+        /// ab, bracha, chain, pubsub or all.
+        #[arg(long, default_value = "all")]
+        protocol: String,
+        /// Faults tolerated: 1 (n=4) or 2 (n=7); 0 runs both.
+        #[arg(long, default_value_t = 0)]
+        f: u32,
+        #[arg(long, default_value_t = 0)]
+        from: u64,
+        #[arg(long, default_value_t = 1000)]
+        count: u64,
+        /// Real crypto on every K-th seed (1 = all).
+        #[arg(long, default_value_t = 25)]
+        real_every: u64,
+    },
+    /// Trace files: show, replay, or record the reference set.
+    Trace {
+        #[command(subcommand)]
+        command: TraceCommand,
+    },
+    /// In-process deliveries/s of AB, Bracha and Chain beside the crypto floor.
+    Bench {
+        /// Publications per measurement.
+        #[arg(long, default_value_t = 200_000)]
+        count: u64,
+    },
+}
+
+#[derive(Subcommand)]
+enum TraceCommand {
+    /// Prints a trace in human-readable form.
+    Show { file: PathBuf },
+    /// Replays traces through the core and checks every output byte.
+    Replay { files: Vec<PathBuf> },
+    /// Records the reference traces into a directory (tests/traces).
+    Record {
+        #[arg(long, default_value = "tests/traces")]
+        out_dir: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    match Cli::parse().command {
+        Command::Demo { publications } => demo::run(publications),
+        Command::Seeds { protocol, f, from, count, real_every } => seeds(&protocol, f, from, count, real_every),
+        Command::Trace { command } => trace(command),
+        Command::Bench { count } => {
+            bench::run(count);
+            ExitCode::SUCCESS
+        }
+    }
+}
+
+fn seeds(protocol: &str, f: u32, from: u64, count: u64, real_every: u64) -> ExitCode {
+    let protocols: Vec<Protocol> = match (protocol, Protocol::from_name(protocol)) {
+        ("all", _) => Protocol::ALL.to_vec(),
+        (_, Some(p)) => vec![p],
+        _ => {
+            eprintln!("unknown protocol {protocol:?}: use ab, bracha, chain, pubsub or all");
+            return ExitCode::from(2);
+        }
+    };
+    let fs = if f == 0 { vec![1, 2] } else { vec![f] };
+    let mut failed = 0;
+    for &p in &protocols {
+        for &f in &fs {
+            let mut delivered = 0;
+            for seed in from..from + count {
+                let crypto = if seed % real_every.max(1) == 0 { CryptoMode::Real } else { CryptoMode::InsecureTest };
+                let s = Scenario::adversarial(p, f, seed, crypto);
+                let outcome = s.run();
+                delivered += outcome.log.deliveries.len();
+                if !outcome.violations.is_empty() {
+                    failed += 1;
+                    println!("FAILED {s}");
+                    println!("  rerun: cargo run -p phalanx-sim -- seeds --protocol {} --f {f} --from {seed} --count 1", p.name());
+                    for v in &outcome.violations {
+                        println!("  {v}");
+                    }
+                }
+            }
+            println!("{} f={f}: {count} seeds from {from}, {delivered} deliveries checked", p.name());
+        }
+    }
+    let total = protocols.len() as u64 * fs.len() as u64 * count;
+    println!("{} passed, {failed} failed", total - failed);
+    if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+}
+
+fn trace(command: TraceCommand) -> ExitCode {
+    let read = |path: &PathBuf| -> Result<Trace, String> {
+        let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        Trace::parse(&bytes).map_err(|e| format!("{}: {e}", path.display()))
+    };
+    match command {
+        TraceCommand::Show { file } => match read(&file) {
+            Ok(t) => {
+                print!("{}", dump(&t));
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("{e}");
+                ExitCode::FAILURE
+            }
+        },
+        TraceCommand::Replay { files } => {
+            let mut ok = true;
+            for file in &files {
+                match read(file).and_then(|t| replay(&t).map_err(|e| format!("{}: {e}", file.display()))) {
+                    Ok(summary) => println!("{}: identical ({summary})", file.display()),
+                    Err(e) => {
+                        ok = false;
+                        println!("{e}");
+                    }
+                }
+            }
+            if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+        }
+        TraceCommand::Record { out_dir } => {
+            if let Err(e) = std::fs::create_dir_all(&out_dir) {
+                eprintln!("{}: {e}", out_dir.display());
+                return ExitCode::FAILURE;
+            }
+            for (name, bytes) in reference_traces() {
+                let path = out_dir.join(name);
+                if let Err(e) = std::fs::write(&path, &bytes) {
+                    eprintln!("{}: {e}", path.display());
+                    return ExitCode::FAILURE;
+                }
+                println!("{} ({} bytes)", path.display(), bytes.len());
+            }
+            ExitCode::SUCCESS
+        }
+    }
+}

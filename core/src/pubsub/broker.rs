@@ -13,28 +13,6 @@ use crate::node::Ctx;
 use crate::wire::{Opened, Sealer, pb};
 use crate::{Algorithm, FaultKind, NodeId};
 
-enum Instance {
-    /// AB and Chain need no state until they finish: the window remembers that.
-    Forward(Algorithm),
-    Bracha(BrachaReplica),
-}
-
-impl Instance {
-    fn new(alg: Algorithm) -> Self {
-        match alg {
-            Algorithm::Bracha => Instance::Bracha(BrachaReplica::default()),
-            other => Instance::Forward(other),
-        }
-    }
-
-    fn algorithm(&self) -> Algorithm {
-        match self {
-            Instance::Forward(a) => *a,
-            Instance::Bracha(_) => Algorithm::Bracha,
-        }
-    }
-}
-
 /// α accounting for one (publisher, topic).
 #[derive(Default)]
 struct Flow {
@@ -49,7 +27,10 @@ pub(crate) struct Broker {
     chain: ChainPath,
     alpha: u32,
     subscribers: BTreeMap<NodeId, Vec<u64>>,
-    streams: Streams<StreamKey, Instance>,
+    /// Bracha state per instance; AB and Chain need none until they finish, and the
+    /// window remembers that. Whatever algorithm a message names, it cannot lock an
+    /// instance against the one the publisher really used.
+    streams: Streams<StreamKey, BrachaReplica>,
     flows: BTreeMap<(NodeId, u64), Flow>,
 }
 
@@ -70,6 +51,10 @@ impl Broker {
             streams: Streams::new(p.window, p.max_topics_per_publisher),
             flows: BTreeMap::new(),
         }
+    }
+
+    pub fn live_instances(&self) -> usize {
+        self.streams.live()
     }
 
     pub fn on_message(&mut self, ctx: &mut Ctx, msg: Opened) {
@@ -113,23 +98,20 @@ impl Broker {
                 window.attest(from, p.seq, ctx.f + 1);
             }
         }
-        let inst = match window.entry(p.seq, || Instance::new(alg)) {
-            Entry::Live(inst) => inst,
+        let r = match window.entry(p.seq, BrachaReplica::default) {
+            Entry::Live(r) => r,
             Entry::Done => return ctx.stats.stale += 1,
             Entry::Beyond => return ctx.stats.beyond_window += 1,
         };
-        if inst.algorithm() != alg {
-            return ctx.fault(from, FaultKind::Unexpected);
-        }
-        match (inst, step) {
-            (Instance::Forward(_), pb::Step::Send) => {
+        match (alg, step) {
+            (Algorithm::Ab, _) => {
                 window.finish(p.seq);
                 if self.admit(ctx, &p) {
                     let subs = subscribers_of(&self.subscribers, p.topic);
                     ctx.send(&at_step(&p, pb::Step::Forward), subs);
                 }
             }
-            (Instance::Forward(_), _) => {
+            (Algorithm::Chain, _) => {
                 if !self.chain.verify_upstream(&ctx.keys, p.publisher, &raw, macs) {
                     return ctx.fault(from, FaultKind::BadChainMac);
                 }
@@ -138,7 +120,7 @@ impl Broker {
                     self.forward_chain(ctx, &p, raw, macs);
                 }
             }
-            (Instance::Bracha(r), pb::Step::Send) => {
+            (_, pb::Step::Send) => {
                 if p.history {
                     Self::reset_flow(&mut self.flows, &p);
                 }
@@ -149,11 +131,11 @@ impl Broker {
                     self.bracha_progress(ctx, from, &p, step);
                 }
             }
-            (Instance::Bracha(r), pb::Step::Echo) => {
+            (_, pb::Step::Echo) => {
                 let step = r.on_echo(self.t, from, &p.payload);
                 self.bracha_progress(ctx, from, &p, step);
             }
-            (Instance::Bracha(r), _) => {
+            _ => {
                 let step = r.on_ready(self.t, from, &p.payload);
                 self.bracha_progress(ctx, from, &p, step);
             }
@@ -168,7 +150,7 @@ impl Broker {
         }
         let window = self.streams.window(p.publisher, (p.topic, p.history)).expect("stream exists");
         loop {
-            let Entry::Live(Instance::Bracha(r)) = window.entry(p.seq, || unreachable!("instance exists")) else {
+            let Entry::Live(r) = window.entry(p.seq, BrachaReplica::default) else {
                 return;
             };
             if step.deliver.is_some() && p.history {

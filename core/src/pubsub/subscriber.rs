@@ -15,10 +15,12 @@ use crate::node::{Ctx, HandleError, Output};
 use crate::wire::{Opened, pb};
 use crate::{Algorithm, Delivery, FaultKind, NodeId};
 
+/// AB copies and Bracha READYs per broker, counted apart: a quorum is of one kind.
+/// Chain needs no state (one frame with the right MACs delivers).
+#[derive(Default)]
 struct Instance {
-    algorithm: Algorithm,
-    /// AB copies or Bracha READYs per broker (unused by Chain, which needs one frame).
-    votes: Votes,
+    copies: Votes,
+    readies: Votes,
 }
 
 /// Per (publisher, topic) delivery order when histories are on.
@@ -50,6 +52,10 @@ impl Subscriber {
             streams: Streams::new(p.window, p.max_topics_per_publisher.saturating_mul(2)),
             orders: BTreeMap::new(),
         }
+    }
+
+    pub fn live_instances(&self) -> usize {
+        self.streams.live() + self.orders.values().map(|o| o.pending.len()).sum::<usize>()
     }
 
     pub fn subscribe(&mut self, ctx: &mut Ctx, topics: Vec<u64>) -> Result<(), HandleError> {
@@ -90,16 +96,14 @@ impl Subscriber {
         if window.is_beyond(p.seq) {
             window.attest(from, p.seq, ctx.f + 1);
         }
-        let entry = window.entry(p.seq, || Instance { algorithm: alg, votes: Votes::default() });
-        let inst = match entry {
-            Entry::Live(inst) if inst.algorithm == alg => inst,
-            Entry::Live(_) => return ctx.fault(from, FaultKind::Unexpected),
+        let inst = match window.entry(p.seq, Instance::default) {
+            Entry::Live(inst) => inst,
             Entry::Done => return ctx.stats.stale += 1,
             Entry::Beyond => return ctx.stats.beyond_window += 1,
         };
         let deliver = match alg {
-            Algorithm::Ab => inst.votes.reaches(from, &p.payload, self.t.ab_deliver()),
-            Algorithm::Bracha => inst.votes.reaches(from, &p.payload, self.t.ready_deliver()),
+            Algorithm::Ab => inst.copies.reaches(from, &p.payload, self.t.ab_deliver()),
+            Algorithm::Bracha => inst.readies.reaches(from, &p.payload, self.t.ready_deliver()),
             Algorithm::Chain => {
                 if !self.chain.verify_upstream(&ctx.keys, p.publisher, &msg.raw_body, &msg.macs) {
                     return ctx.fault(from, FaultKind::BadChainMac);

@@ -1,1 +1,385 @@
-//! Simulator.
+//! Deterministic discrete-event simulator (DESIGN §7).
+//!
+//! Nodes are real [`Node`]s (optionally wrapped in a trace [`Recorder`]) driven through
+//! the public API. The network is seeded: per-message latency (and hence reordering),
+//! duplicates, drops, partitions that hold messages until they heal, and crash/restart.
+//! Byzantine nodes run the real protocol and an [`adversary::Behavior`] rewrites what
+//! they send. Everything is ordered by `BTreeMap`s and one seeded generator, so a seed
+//! reproduces a run bit for bit.
+
+pub mod adversary;
+pub mod check;
+pub mod scenario;
+
+use std::collections::BTreeMap;
+
+use crate::trace::Recorder;
+use crate::wire::Keyring;
+use crate::{Delivery, FaultKind, HandleError, Input, Nanos, Node, NodeConfig, NodeId, Output, Request};
+use adversary::Behavior;
+
+/// SplitMix64: small, fast, and the same on every platform.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed ^ 0x5DEE_CE66_D1CE_4E5B)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n` (n > 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n.max(1)
+    }
+
+    /// True with probability `per_million` / 1,000,000.
+    pub fn chance(&mut self, per_million: u32) -> bool {
+        self.below(1_000_000) < per_million as u64
+    }
+
+    pub fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[self.below(items.len() as u64) as usize]
+    }
+}
+
+/// Network behaviour between correct nodes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NetConfig {
+    pub min_latency: Nanos,
+    pub max_latency: Nanos,
+    /// Probability (per million) that a message is delivered twice.
+    pub duplicate_ppm: u32,
+    /// Probability (per million) that a message is lost. Runs with drops check safety only.
+    pub drop_ppm: u32,
+}
+
+impl Default for NetConfig {
+    fn default() -> Self {
+        NetConfig { min_latency: 100_000, max_latency: 2_000_000, duplicate_ppm: 0, drop_ppm: 0 }
+    }
+}
+
+/// What a simulated node is: a plain node or one recording its trace.
+enum Machine {
+    Plain(Node),
+    Recording(Recorder),
+}
+
+impl Machine {
+    fn handle(&mut self, now: Nanos, input: Input) -> Result<(), HandleError> {
+        match self {
+            Machine::Plain(n) => n.handle(now, input),
+            Machine::Recording(r) => r.handle(now, input),
+        }
+    }
+
+    fn poll(&mut self) -> Option<Output> {
+        match self {
+            Machine::Plain(n) => n.poll(),
+            Machine::Recording(r) => r.poll(),
+        }
+    }
+
+    fn poll_timeout(&self) -> Option<Nanos> {
+        match self {
+            Machine::Plain(n) => n.poll_timeout(),
+            Machine::Recording(r) => r.poll_timeout(),
+        }
+    }
+}
+
+struct Host {
+    id: NodeId,
+    config: NodeConfig,
+    machine: Machine,
+    behavior: Behavior,
+    keys: Keyring,
+    crashed: bool,
+    /// Bumped on crash and on every reschedule, so stale timer events are ignored.
+    timer_generation: u64,
+    timer_at: Option<Nanos>,
+    /// Frames seen, for the replay adversary (bounded).
+    seen: Vec<(NodeId, Vec<u8>)>,
+}
+
+enum Event {
+    Message { to: usize, from: NodeId, bytes: Vec<u8> },
+    Timer { host: usize, generation: u64 },
+    Request { host: usize, request: Request },
+    Persisted { host: usize, token: u64 },
+    Crash { host: usize },
+    Restart { host: usize },
+    Isolate { nodes: Vec<NodeId> },
+    Heal,
+}
+
+/// A delivery observed at a host.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Observed {
+    pub at: Nanos,
+    pub host: usize,
+    pub node: NodeId,
+    /// Incarnation of the host (bumped by each restart).
+    pub incarnation: u32,
+    pub delivery: Delivery,
+}
+
+/// Everything a run produced, for property checks and reports.
+#[derive(Debug, Default)]
+pub struct Log {
+    pub deliveries: Vec<Observed>,
+    pub faults: BTreeMap<(NodeId, FaultKind), u64>,
+    pub messages_sent: u64,
+    pub bytes_sent: u64,
+    pub rejected_requests: Vec<(NodeId, String)>,
+}
+
+pub struct Sim {
+    now: Nanos,
+    rng: Rng,
+    net: NetConfig,
+    hosts: Vec<Host>,
+    incarnations: Vec<u32>,
+    events: BTreeMap<(Nanos, u64), Event>,
+    next_event: u64,
+    /// Nodes cut off from the rest; messages across the cut wait for the heal.
+    isolated: Vec<NodeId>,
+    held: Vec<(usize, NodeId, Vec<u8>)>,
+    pub log: Log,
+}
+
+const SEEN_CAP: usize = 64;
+
+impl Sim {
+    pub fn new(seed: u64, net: NetConfig) -> Self {
+        Sim {
+            now: 0,
+            rng: Rng::new(seed),
+            net,
+            hosts: Vec::new(),
+            incarnations: Vec::new(),
+            events: BTreeMap::new(),
+            next_event: 0,
+            isolated: Vec::new(),
+            held: Vec::new(),
+            log: Log::default(),
+        }
+    }
+
+    pub fn now(&self) -> Nanos {
+        self.now
+    }
+
+    /// Adds a host running `config` with `behavior`; returns its index. Two hosts with the
+    /// same node id are twins: messages to that id reach one of them at random.
+    pub fn add(&mut self, config: NodeConfig, behavior: Behavior, record: Option<&str>) -> usize {
+        let node = Node::new(config.clone()).expect("simulated configs are generated valid");
+        let machine = match record {
+            Some(label) => Machine::Recording(Recorder::new(node, label)),
+            None => Machine::Plain(node),
+        };
+        let keys = Keyring::new(config.cluster.crypto, config.id, config.mac_keys.clone());
+        self.hosts.push(Host {
+            id: config.id,
+            config,
+            machine,
+            behavior,
+            keys,
+            crashed: false,
+            timer_generation: 0,
+            timer_at: None,
+            seen: Vec::new(),
+        });
+        self.incarnations.push(0);
+        self.hosts.len() - 1
+    }
+
+    pub fn host_id(&self, host: usize) -> NodeId {
+        self.hosts[host].id
+    }
+
+    /// The trace recorded by a host added with `record`.
+    pub fn trace(&self, host: usize) -> Option<&[u8]> {
+        match &self.hosts[host].machine {
+            Machine::Recording(r) => Some(r.trace()),
+            Machine::Plain(_) => None,
+        }
+    }
+
+    /// The node a host runs now (for inspecting bounds in tests).
+    pub fn node(&self, host: usize) -> &Node {
+        match &self.hosts[host].machine {
+            Machine::Plain(n) => n,
+            Machine::Recording(r) => r.node(),
+        }
+    }
+
+    fn schedule(&mut self, at: Nanos, event: Event) {
+        self.events.insert((at, self.next_event), event);
+        self.next_event += 1;
+    }
+
+    pub fn request_at(&mut self, at: Nanos, host: usize, request: Request) {
+        self.schedule(at, Event::Request { host, request });
+    }
+
+    pub fn crash_at(&mut self, at: Nanos, host: usize) {
+        self.schedule(at, Event::Crash { host });
+    }
+
+    pub fn restart_at(&mut self, at: Nanos, host: usize) {
+        self.schedule(at, Event::Restart { host });
+    }
+
+    /// Cuts `nodes` off from everyone else from `from` until `until`.
+    pub fn partition(&mut self, from: Nanos, until: Nanos, nodes: Vec<NodeId>) {
+        self.schedule(from, Event::Isolate { nodes });
+        self.schedule(until, Event::Heal);
+    }
+
+    /// Runs until no event is left or the clock passes `horizon`.
+    pub fn run(&mut self, horizon: Nanos) {
+        while let Some(entry) = self.events.first_entry() {
+            if entry.key().0 > horizon {
+                break;
+            }
+            let ((at, _), event) = entry.remove_entry();
+            self.now = at;
+            self.step(event);
+        }
+    }
+
+    fn step(&mut self, event: Event) {
+        match event {
+            Event::Message { to, from, bytes } => {
+                if !self.hosts[to].crashed {
+                    let h = &mut self.hosts[to];
+                    if matches!(h.behavior, Behavior::Replay) && h.seen.len() < SEEN_CAP {
+                        h.seen.push((from, bytes.clone()));
+                    }
+                    self.input(to, Input::Message { from, bytes });
+                }
+            }
+            Event::Timer { host, generation } => {
+                let h = &mut self.hosts[host];
+                if !h.crashed && h.timer_generation == generation {
+                    h.timer_at = None;
+                    self.input(host, Input::Timeout);
+                }
+            }
+            Event::Request { host, request } => {
+                if !self.hosts[host].crashed {
+                    self.input(host, Input::Request(request));
+                }
+            }
+            Event::Persisted { host, token } => {
+                if !self.hosts[host].crashed {
+                    self.input(host, Input::Persisted { token });
+                }
+            }
+            Event::Crash { host } => {
+                let h = &mut self.hosts[host];
+                h.crashed = true;
+                h.timer_generation += 1;
+                h.timer_at = None;
+            }
+            Event::Restart { host } => {
+                let h = &mut self.hosts[host];
+                // The broadcast family keeps nothing durable: a restart is a fresh node.
+                h.machine = Machine::Plain(Node::new(h.config.clone()).expect("valid config"));
+                h.crashed = false;
+                self.incarnations[host] += 1;
+                self.after_input(host);
+            }
+            Event::Isolate { nodes } => self.isolated = nodes,
+            Event::Heal => {
+                self.isolated.clear();
+                for (to, from, bytes) in std::mem::take(&mut self.held) {
+                    self.transmit(to, from, bytes);
+                }
+            }
+        }
+    }
+
+    fn input(&mut self, host: usize, input: Input) {
+        let id = self.hosts[host].id;
+        if let Err(e) = self.hosts[host].machine.handle(self.now, input) {
+            self.log.rejected_requests.push((id, e.to_string()));
+        }
+        self.after_input(host);
+    }
+
+    /// Drains a host's outputs into the network and the log, and re-arms its timer.
+    fn after_input(&mut self, host: usize) {
+        while let Some(out) = self.hosts[host].machine.poll() {
+            match out {
+                Output::Send { to, bytes } => self.send(host, to, bytes),
+                Output::Deliver(delivery) => self.log.deliveries.push(Observed {
+                    at: self.now,
+                    host,
+                    node: self.hosts[host].id,
+                    incarnation: self.incarnations[host],
+                    delivery,
+                }),
+                Output::Fault { node, kind } => *self.log.faults.entry((node, kind)).or_insert(0) += 1,
+                // No storage here: acknowledge at once, as DESIGN §2 allows.
+                Output::Persist { token, .. } => self.schedule(self.now, Event::Persisted { host, token }),
+            }
+        }
+        let h = &mut self.hosts[host];
+        let next = h.machine.poll_timeout();
+        if next != h.timer_at {
+            h.timer_generation += 1;
+            h.timer_at = next;
+            if let Some(at) = next {
+                let (generation, at) = (h.timer_generation, at.max(self.now));
+                self.schedule(at, Event::Timer { host, generation });
+            }
+        }
+    }
+
+    /// A send from `host`, through its adversary behaviour, onto the network.
+    fn send(&mut self, host: usize, to: NodeId, bytes: Vec<u8>) {
+        let h = &mut self.hosts[host];
+        let frames = adversary::tamper(&h.behavior, &h.keys, &mut self.rng, &mut h.seen, to, bytes);
+        for (to, claimed_from, bytes) in frames {
+            self.log.messages_sent += 1;
+            self.log.bytes_sent += bytes.len() as u64;
+            let receivers: Vec<usize> = (0..self.hosts.len()).filter(|&i| self.hosts[i].id == to).collect();
+            if receivers.is_empty() {
+                continue;
+            }
+            let target = receivers[self.rng.below(receivers.len() as u64) as usize];
+            self.transmit_from(target, claimed_from, self.hosts[host].id, bytes);
+        }
+    }
+
+    fn transmit_from(&mut self, to: usize, claimed_from: NodeId, real_from: NodeId, bytes: Vec<u8>) {
+        if self.rng.chance(self.net.drop_ppm) {
+            return;
+        }
+        let cut = |id| self.isolated.contains(&id);
+        if cut(real_from) != cut(self.hosts[to].id) {
+            self.held.push((to, claimed_from, bytes));
+            return;
+        }
+        if self.rng.chance(self.net.duplicate_ppm) {
+            self.transmit(to, claimed_from, bytes.clone());
+        }
+        self.transmit(to, claimed_from, bytes);
+    }
+
+    fn transmit(&mut self, to: usize, from: NodeId, bytes: Vec<u8>) {
+        let spread = self.net.max_latency.saturating_sub(self.net.min_latency);
+        let at = self.now + self.net.min_latency + self.rng.below(spread + 1);
+        self.schedule(at, Event::Message { to, from, bytes });
+    }
+}

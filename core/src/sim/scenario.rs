@@ -1,0 +1,382 @@
+//! Scenarios: a cluster, a workload, adversaries and network faults, run in the
+//! simulator and checked against the properties the protocol promises under them.
+//! [`Scenario::adversarial`] draws one from a seed; the same seed always draws and runs
+//! the same scenario.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use super::adversary::Behavior;
+use super::check::{Expectations, check};
+use super::{Log, NetConfig, Rng, Sim};
+use crate::crypto::CryptoMode;
+use crate::{Algorithm, ClusterSpec, Nanos, NodeId, Params, Request, generate_cluster};
+
+const MS: Nanos = 1_000_000;
+
+/// Which broadcast the workload uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Protocol {
+    Ab,
+    Bracha,
+    Chain,
+    /// Publish/subscribe with histories every α: publications pick AB, Bracha or Chain.
+    PubSub,
+}
+
+impl Protocol {
+    pub const ALL: [Protocol; 4] = [Protocol::Ab, Protocol::Bracha, Protocol::Chain, Protocol::PubSub];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Protocol::Ab => "ab",
+            Protocol::Bracha => "bracha",
+            Protocol::Chain => "chain",
+            Protocol::PubSub => "pubsub",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.name() == name)
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Scenario {
+    pub seed: u64,
+    pub f: u32,
+    pub protocol: Protocol,
+    pub alpha: u32,
+    pub publishers: u32,
+    pub subscribers: u32,
+    /// Publications per publisher, on topic 0.
+    pub publications: u32,
+    /// Time between a publisher's publications.
+    pub interval: Nanos,
+    pub crypto: CryptoMode,
+    pub net: NetConfig,
+    /// One behaviour per broker (ids 0..n).
+    pub brokers: Vec<Behavior>,
+    /// One behaviour per publisher.
+    pub publisher_behaviors: Vec<Behavior>,
+    /// A node run twice with one identity.
+    pub twin: Option<NodeId>,
+    /// A broker crashed at the first time and restarted (fresh) at the second.
+    pub crash: Option<(NodeId, Nanos, Nanos)>,
+    /// Nodes cut off from the rest between two times; held messages arrive at the heal.
+    pub partition: Option<(Nanos, Nanos, Vec<NodeId>)>,
+    /// Nodes whose traces are recorded.
+    pub record: Vec<NodeId>,
+}
+
+/// What a run produced and what it violated.
+pub struct Outcome {
+    pub log: Log,
+    pub violations: Vec<String>,
+    pub traces: BTreeMap<NodeId, Vec<u8>>,
+    /// Simulated time of the last event.
+    pub sim_time: Nanos,
+    pub expected_deliveries: usize,
+}
+
+impl Scenario {
+    /// All correct, reliable network, `publications` per publisher.
+    pub fn new(protocol: Protocol, f: u32, seed: u64) -> Self {
+        let n = 3 * f + 1;
+        Scenario {
+            seed,
+            f,
+            protocol,
+            alpha: if protocol == Protocol::PubSub { 4 } else { 0 },
+            publishers: 1,
+            subscribers: 2,
+            publications: 6,
+            interval: MS,
+            crypto: CryptoMode::InsecureTest,
+            net: NetConfig::default(),
+            brokers: vec![Behavior::Correct; n as usize],
+            publisher_behaviors: vec![Behavior::Correct],
+            twin: None,
+            crash: None,
+            partition: None,
+            record: vec![],
+        }
+    }
+
+    pub fn n(&self) -> u32 {
+        3 * self.f + 1
+    }
+
+    /// Node ids: brokers 0..n, then publishers, then subscribers.
+    pub fn publisher_ids(&self) -> impl Iterator<Item = NodeId> + use<> {
+        let n = self.n();
+        n..n + self.publishers
+    }
+
+    pub fn subscriber_ids(&self) -> impl Iterator<Item = NodeId> + use<> {
+        let first = self.n() + self.publishers;
+        first..first + self.subscribers
+    }
+
+    /// A scenario drawn from `seed`: up to f faulty brokers (Byzantine behaviours, a
+    /// crash and restart, or twins), sometimes a Byzantine publisher, a network with
+    /// random latency, duplicates and a partition that heals.
+    pub fn adversarial(protocol: Protocol, f: u32, seed: u64, crypto: CryptoMode) -> Self {
+        let mut rng = Rng::new(seed);
+        let mut s = Scenario::new(protocol, f, seed);
+        s.crypto = crypto;
+        s.publishers = 1 + rng.below(2) as u32;
+        s.subscribers = 2 + rng.below(2) as u32;
+        s.publications = 3 + rng.below(6) as u32;
+        s.interval = (1 + rng.below(3)) * MS;
+        s.alpha = if protocol == Protocol::PubSub { 2 + rng.below(3) as u32 } else { 0 };
+        s.net = NetConfig {
+            min_latency: 50_000,
+            max_latency: 200_000 + rng.below(10) * MS,
+            duplicate_ppm: if rng.chance(500_000) { 50_000 } else { 0 },
+            drop_ppm: if rng.chance(100_000) { 50_000 } else { 0 },
+        };
+        let n = s.n();
+        let everyone: Vec<NodeId> = (0..n + s.publishers + s.subscribers).collect();
+        let some = |rng: &mut Rng| -> Vec<NodeId> { everyone.iter().copied().filter(|_| rng.chance(500_000)).collect() };
+        let mut faulty: Vec<NodeId> = Vec::new();
+        let budget = rng.below(f as u64 + 1) as usize;
+        while faulty.len() < budget {
+            let b = rng.below(n as u64) as NodeId;
+            if !faulty.contains(&b) {
+                faulty.push(b);
+            }
+        }
+        for &b in &faulty {
+            s.brokers[b as usize] = match rng.below(9) {
+                0 => Behavior::Silent,
+                1 => Behavior::OnlyTo(some(&mut rng)),
+                2 => Behavior::DropTo(some(&mut rng)),
+                3 => Behavior::AlterTo(some(&mut rng)),
+                4 => Behavior::Equivocate,
+                5 => Behavior::CorruptMacs,
+                6 => Behavior::Replay,
+                7 => Behavior::ForgeSender(*rng.pick(&everyone)),
+                _ => Behavior::Correct,
+            };
+        }
+        // A correct-behaving faulty broker becomes a twin or a crash.
+        if let Some(&b) = faulty.iter().find(|&&b| s.brokers[b as usize] == Behavior::Correct) {
+            if rng.chance(500_000) {
+                s.twin = Some(b);
+            } else {
+                let at = rng.below(10) * MS;
+                s.crash = Some((b, at, at + (1 + rng.below(20)) * MS));
+            }
+        }
+        if rng.chance(250_000) {
+            let first = n;
+            s.publisher_behaviors[0] = match rng.below(3) {
+                0 => Behavior::Equivocate,
+                1 => Behavior::OnlyTo((0..n).filter(|_| rng.chance(600_000)).collect()),
+                _ if s.twin.is_none() => {
+                    s.twin = Some(first);
+                    Behavior::Correct
+                }
+                _ => Behavior::AlterTo((0..n).filter(|_| rng.chance(500_000)).collect()),
+            };
+        }
+        s.publisher_behaviors.resize(s.publishers as usize, Behavior::Correct);
+        if rng.chance(300_000) {
+            let at = rng.below(10) * MS;
+            s.partition = Some((at, at + (1 + rng.below(30)) * MS, vec![*rng.pick(&everyone)]));
+        }
+        s
+    }
+
+    /// Brokers that may misbehave: Byzantine, crashed or twinned.
+    fn faulty_brokers(&self) -> BTreeSet<NodeId> {
+        let mut faulty: BTreeSet<NodeId> =
+            (0..self.n()).filter(|&b| self.brokers[b as usize] != Behavior::Correct).collect();
+        faulty.extend(self.crash.map(|c| c.0));
+        faulty.extend(self.twin.filter(|&t| t < self.n()));
+        faulty
+    }
+
+    fn correct_publishers(&self) -> BTreeSet<NodeId> {
+        self.publisher_ids()
+            .filter(|&p| self.publisher_behaviors[(p - self.n()) as usize] == Behavior::Correct && self.twin != Some(p))
+            .collect()
+    }
+
+    /// The algorithm of a publisher's i-th publication.
+    fn algorithm(&self, publisher: NodeId, i: u32) -> Algorithm {
+        match self.protocol {
+            Protocol::Ab => Algorithm::Ab,
+            Protocol::Bracha => Algorithm::Bracha,
+            Protocol::Chain => Algorithm::Chain,
+            Protocol::PubSub => [Algorithm::Ab, Algorithm::Chain, Algorithm::Ab, Algorithm::Bracha]
+                [((publisher + i) % 4) as usize],
+        }
+    }
+
+    pub fn payload(publisher: NodeId, i: u32, twin: bool) -> Vec<u8> {
+        format!("{}publication {i} of {publisher}", if twin { "twin " } else { "" }).into_bytes()
+    }
+
+    pub fn run(&self) -> Outcome {
+        let mut spec = ClusterSpec::new(self.f);
+        spec.publishers = self.publishers;
+        spec.subscribers = self.subscribers;
+        spec.crypto = self.crypto;
+        spec.params = Params { alpha: self.alpha, history_flush_ns: 20 * MS, ..Params::default() };
+        let mut seed = [0u8; 32];
+        seed[..8].copy_from_slice(&self.seed.to_le_bytes());
+        let configs = generate_cluster(&spec, seed).expect("scenario clusters are valid");
+        let mut sim = Sim::new(self.seed, self.net.clone());
+        let mut hosts: BTreeMap<NodeId, usize> = BTreeMap::new();
+        for cfg in &configs {
+            let id = cfg.id;
+            let behavior = if id < self.n() {
+                self.brokers[id as usize].clone()
+            } else if id < self.n() + self.publishers {
+                self.publisher_behaviors[(id - self.n()) as usize].clone()
+            } else {
+                Behavior::Correct
+            };
+            let label = format!("{} f={} seed={} node {id}", self.protocol.name(), self.f, self.seed);
+            let record = self.record.contains(&id).then_some(label.as_str());
+            hosts.insert(id, sim.add(cfg.clone(), behavior, record));
+        }
+        let twin_host = self.twin.map(|t| sim.add(configs[t as usize].clone(), Behavior::Correct, None));
+        for p in self.publisher_ids() {
+            for i in 0..self.publications {
+                let at = i as Nanos * self.interval + (p - self.n()) as Nanos * 100_000;
+                let publish = |twin| Request::Publish {
+                    topic: 0,
+                    payload: Self::payload(p, i, twin),
+                    algorithm: self.algorithm(p, i),
+                };
+                sim.request_at(at, hosts[&p], publish(false));
+                if self.twin == Some(p) {
+                    sim.request_at(at, twin_host.expect("twin added"), publish(true));
+                }
+            }
+        }
+        if let Some((b, down, up)) = self.crash {
+            sim.crash_at(down, hosts[&b]);
+            sim.restart_at(up, hosts[&b]);
+        }
+        if let Some((from, until, nodes)) = &self.partition {
+            sim.partition(*from, *until, nodes.clone());
+        }
+        sim.run(600_000 * MS);
+        let exp = self.expectations(&hosts);
+        let violations = check(&sim.log, &exp);
+        let traces = self.record.iter().filter_map(|id| Some((*id, sim.trace(hosts[id])?.to_vec()))).collect();
+        Outcome {
+            sim_time: sim.now(),
+            expected_deliveries: exp.validity.len() * exp.correct_subscribers.len(),
+            log: std::mem::take(&mut sim.log),
+            violations,
+            traces,
+        }
+    }
+
+    /// What the protocol promises under this scenario's faults.
+    fn expectations(&self, hosts: &BTreeMap<NodeId, usize>) -> Expectations {
+        let correct = self.correct_publishers();
+        let faulty = self.faulty_brokers();
+        let chain_intact = faulty.iter().all(|&b| b >= 2 * self.f + 1);
+        let reliable = self.net.drop_ppm == 0;
+        let mut exp = Expectations {
+            correct_subscribers: self.subscriber_ids().map(|s| (hosts[&s], vec![0])).collect(),
+            totality: self.protocol == Protocol::Bracha && reliable,
+            ordered: self.alpha > 0,
+            ..Expectations::default()
+        };
+        for p in self.publisher_ids() {
+            // A Byzantine publisher can make the fast path and its own history disagree.
+            if self.alpha == 0 || correct.contains(&p) {
+                exp.agreement_publishers.insert(p);
+            }
+            if !correct.contains(&p) {
+                continue;
+            }
+            for i in 0..self.publications {
+                let key = (p, 0, i as u64 + 1);
+                exp.published.insert(key, Self::payload(p, i, false));
+                let promised = self.alpha > 0 || self.algorithm(p, i) != Algorithm::Chain || chain_intact;
+                if reliable && promised {
+                    exp.validity.insert(key);
+                }
+            }
+        }
+        exp
+    }
+}
+
+impl fmt::Display for Scenario {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} n={} f={} seed={} alpha={} publishers={} subscribers={} publications={} crypto={:?} net={:?}",
+            self.protocol.name(),
+            self.n(),
+            self.f,
+            self.seed,
+            self.alpha,
+            self.publishers,
+            self.subscribers,
+            self.publications,
+            self.crypto,
+            self.net
+        )?;
+        for (b, behavior) in self.brokers.iter().enumerate() {
+            if *behavior != Behavior::Correct {
+                write!(f, " broker{b}={}", behavior.label())?;
+            }
+        }
+        for (i, behavior) in self.publisher_behaviors.iter().enumerate() {
+            if *behavior != Behavior::Correct {
+                write!(f, " publisher{}={}", self.n() + i as u32, behavior.label())?;
+            }
+        }
+        if let Some(t) = self.twin {
+            write!(f, " twin={t}")?;
+        }
+        if let Some((b, down, up)) = self.crash {
+            write!(f, " crash=broker{b}@{}ms..{}ms", down / MS, up / MS)?;
+        }
+        if let Some((from, until, nodes)) = &self.partition {
+            write!(f, " partition={nodes:?}@{}ms..{}ms", from / MS, until / MS)?;
+        }
+        Ok(())
+    }
+}
+
+/// The traces checked into `tests/traces/`, recorded from fixed scenarios with real
+/// crypto: each protocol at f = 1 and f = 2, Byzantine brokers, and histories. Returns
+/// (file name, trace bytes); the same call always returns the same bytes.
+pub fn reference_traces() -> Vec<(String, Vec<u8>)> {
+    let mut cases: Vec<(&str, Scenario, NodeId)> = Vec::new();
+    let base = |protocol, f| Scenario { crypto: CryptoMode::Real, publications: 4, ..Scenario::new(protocol, f, 1) };
+    cases.push(("ab-n4f1-subscriber", base(Protocol::Ab, 1), 5));
+    cases.push(("ab-n7f2-broker", base(Protocol::Ab, 2), 3));
+    let mut s = base(Protocol::Bracha, 1);
+    s.brokers[0] = Behavior::Equivocate;
+    cases.push(("bracha-n4f1-equivocating-broker", s, 1));
+    cases.push(("bracha-n7f2-subscriber", base(Protocol::Bracha, 2), 9));
+    cases.push(("chain-n4f1-middle-member", base(Protocol::Chain, 1), 1));
+    let mut s = base(Protocol::Chain, 2);
+    s.brokers[6] = Behavior::CorruptMacs;
+    cases.push(("chain-n7f2-subscriber-byzantine-broker", s, 8));
+    let mut s = Scenario { alpha: 3, publications: 7, ..base(Protocol::Ab, 1) };
+    s.brokers[0] = Behavior::DropTo(vec![1, 5, 6]);
+    s.publisher_behaviors[0] = Behavior::DropTo(vec![3]);
+    cases.push(("pubsub-n4f1-history-recovery-subscriber", s.clone(), 5));
+    cases.push(("pubsub-n4f1-publisher", s, 4));
+    cases
+        .into_iter()
+        .map(|(name, mut s, node)| {
+            s.record = vec![node];
+            let mut traces = s.run().traces;
+            (format!("{name}.trace"), traces.remove(&node).expect("recorded"))
+        })
+        .collect()
+}
