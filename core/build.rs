@@ -7,6 +7,9 @@ fn main() {
     let fds = protox::compile(protos, ["proto"]).expect("compile .proto files");
     prost_build::Config::new()
         .btree_map(["."])
+        // Zero-copy decoding of the hot path: frame bodies, MAC tags and payloads share
+        // the received buffer.
+        .bytes([".phalanx.v1.Frame", ".phalanx.v1.Mac", ".phalanx.v1.Publication"])
         .compile_fds(fds)
         .expect("generate prost code");
 }

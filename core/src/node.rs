@@ -199,7 +199,7 @@ impl Ctx {
     }
 
     /// Sends one body to every receiver, each with its own hop MAC.
-    pub fn send(&mut self, body: &pb::body::Kind, to: impl IntoIterator<Item = NodeId>) {
+    pub fn send(&mut self, body: pb::body::Kind, to: impl IntoIterator<Item = NodeId>) {
         let sealer = Sealer::new(self.me(), body);
         self.send_sealed(&sealer, to, |keys, t, body| keys.mac_to(t, body).into_iter().collect());
     }
@@ -297,7 +297,7 @@ impl Node {
         match input {
             Input::Message { from, bytes } => {
                 let max = self.ctx.cfg.cluster.params.max_message_bytes;
-                match wire::open(&self.ctx.keys, from, &bytes, max) {
+                match wire::open(&self.ctx.keys, from, bytes, max) {
                     Ok(msg) => match &mut self.role {
                         RoleMachine::Broker(b) => b.on_message(&mut self.ctx, msg),
                         RoleMachine::Publisher(p) => p.on_message(&mut self.ctx, now, msg),

@@ -6,7 +6,7 @@ use phalanx_core::sim::scenario::Protocol;
 use phalanx_tests::{seed_count, sweep};
 
 fn assert_sweep(protocol: Protocol) {
-    let count = seed_count(500);
+    let count = seed_count(1000);
     let mut failures = sweep(protocol, 1, count, 25);
     failures.extend(sweep(protocol, 2, count, 25));
     assert!(failures.is_empty(), "{} of {} seeds failed:\n{}", failures.len(), 2 * count, failures.join("\n"));

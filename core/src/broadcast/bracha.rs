@@ -9,6 +9,8 @@
 //! as for AB, consistency, and totality: if one correct process delivers `m`, every
 //! correct process eventually delivers `m`, even when the source is Byzantine (Fig 3.4).
 
+use bytes::Bytes;
+
 use super::Thresholds;
 use super::votes::{Vote, Votes};
 use crate::NodeId;
@@ -17,9 +19,9 @@ use crate::NodeId;
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct ReplicaStep {
     /// Send READY for this content (to replicas and destinations).
-    pub ready: Option<Vec<u8>>,
+    pub ready: Option<Bytes>,
     /// Deliver this content.
-    pub deliver: Option<Vec<u8>>,
+    pub deliver: Option<Bytes>,
     /// The sender voted for two contents.
     pub equivocation: bool,
 }
@@ -40,12 +42,12 @@ impl BrachaReplica {
         !std::mem::replace(&mut self.echoed, true)
     }
 
-    pub fn on_echo(&mut self, t: Thresholds, from: NodeId, m: &[u8]) -> ReplicaStep {
+    pub fn on_echo(&mut self, t: Thresholds, from: NodeId, m: &Bytes) -> ReplicaStep {
         let mut step = ReplicaStep::default();
         match self.echoes.add(from, m) {
             Vote::Counted(k) if k >= t.echo() && !self.ready_sent => {
                 self.ready_sent = true;
-                step.ready = Some(m.to_vec());
+                step.ready = Some(m.clone());
             }
             Vote::Equivocation => step.equivocation = true,
             _ => {}
@@ -53,17 +55,17 @@ impl BrachaReplica {
         step
     }
 
-    pub fn on_ready(&mut self, t: Thresholds, from: NodeId, m: &[u8]) -> ReplicaStep {
+    pub fn on_ready(&mut self, t: Thresholds, from: NodeId, m: &Bytes) -> ReplicaStep {
         let mut step = ReplicaStep::default();
         match self.readies.add(from, m) {
             Vote::Counted(k) => {
                 if k >= t.ready_amplify() && !self.ready_sent {
                     self.ready_sent = true;
-                    step.ready = Some(m.to_vec());
+                    step.ready = Some(m.clone());
                 }
                 if k >= t.ready_deliver() && !self.delivered {
                     self.delivered = true;
-                    step.deliver = Some(m.to_vec());
+                    step.deliver = Some(m.clone());
                 }
             }
             Vote::Equivocation => step.equivocation = true,
@@ -91,26 +93,28 @@ mod tests {
     #[test]
     fn ready_amplification_without_an_echo_quorum() {
         let t = Thresholds { n: 4, f: 1 };
+        let m = &Bytes::from_static(b"m");
         let mut r4 = BrachaReplica::default();
-        assert_eq!(r4.on_echo(t, 2, b"m"), ReplicaStep::default());
-        assert_eq!(r4.on_echo(t, 3, b"m"), ReplicaStep::default());
-        assert_eq!(r4.on_ready(t, 2, b"m").ready, None);
-        assert_eq!(r4.on_ready(t, 3, b"m").ready, Some(b"m".to_vec()));
-        let s = r4.on_ready(t, 4, b"m");
-        assert_eq!((s.ready, s.deliver), (None, Some(b"m".to_vec())));
+        assert_eq!(r4.on_echo(t, 2, m), ReplicaStep::default());
+        assert_eq!(r4.on_echo(t, 3, m), ReplicaStep::default());
+        assert_eq!(r4.on_ready(t, 2, m).ready, None);
+        assert_eq!(r4.on_ready(t, 3, m).ready, Some(m.clone()));
+        let s = r4.on_ready(t, 4, m);
+        assert_eq!((s.ready, s.deliver), (None, Some(m.clone())));
         assert!(r4.finished());
     }
 
     #[test]
     fn echo_quorum_needs_matching_content() {
         let t = Thresholds { n: 4, f: 1 };
+        let (m, x) = (&Bytes::from_static(b"m"), &Bytes::from_static(b"x"));
         let mut r = BrachaReplica::default();
         assert!(r.on_send());
         assert!(!r.on_send());
-        r.on_echo(t, 1, b"m");
-        r.on_echo(t, 2, b"x");
-        assert!(r.on_echo(t, 2, b"m").equivocation);
-        assert_eq!(r.on_echo(t, 3, b"m").ready, None);
-        assert_eq!(r.on_echo(t, 4, b"m").ready, Some(b"m".to_vec()));
+        r.on_echo(t, 1, m);
+        r.on_echo(t, 2, x);
+        assert!(r.on_echo(t, 2, m).equivocation);
+        assert_eq!(r.on_echo(t, 3, m).ready, None);
+        assert_eq!(r.on_echo(t, 4, m).ready, Some(m.clone()));
     }
 }

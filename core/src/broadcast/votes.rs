@@ -1,6 +1,8 @@
 //! Matching votes from distinct senders: each sender counts once, for the first content it
 //! sent; a sender that later votes for other content is reported as equivocating.
 
+use bytes::Bytes;
+
 use crate::NodeId;
 
 #[derive(Debug, Default)]
@@ -8,7 +10,7 @@ pub struct Votes {
     /// (sender, index into `contents`).
     voters: Vec<(NodeId, u32)>,
     /// Distinct contents and how many senders voted for each. At most one per sender.
-    contents: Vec<(Vec<u8>, usize)>,
+    contents: Vec<(Bytes, usize)>,
 }
 
 /// The result of adding one vote.
@@ -23,14 +25,14 @@ pub enum Vote {
 }
 
 impl Votes {
-    pub fn add(&mut self, sender: NodeId, content: &[u8]) -> Vote {
+    pub fn add(&mut self, sender: NodeId, content: &Bytes) -> Vote {
         if let Some(&(_, idx)) = self.voters.iter().find(|(s, _)| *s == sender) {
             return if self.contents[idx as usize].0 == content { Vote::Duplicate } else { Vote::Equivocation };
         }
         let idx = match self.contents.iter().position(|(c, _)| c == content) {
             Some(i) => i,
             None => {
-                self.contents.push((content.to_vec(), 0));
+                self.contents.push((content.clone(), 0));
                 self.contents.len() - 1
             }
         };
@@ -41,7 +43,7 @@ impl Votes {
 
     /// Adds a vote and tells whether it is the one that brings its content to
     /// `threshold` (`Some(true)`: deliver now); `None` if `sender` equivocated.
-    pub fn reaches(&mut self, sender: NodeId, content: &[u8], threshold: usize) -> Option<bool> {
+    pub fn reaches(&mut self, sender: NodeId, content: &Bytes, threshold: usize) -> Option<bool> {
         match self.add(sender, content) {
             Vote::Counted(k) => Some(k == threshold),
             Vote::Duplicate => Some(false),
@@ -57,11 +59,12 @@ mod tests {
     #[test]
     fn counts_distinct_senders_per_content() {
         let mut v = Votes::default();
-        assert_eq!(v.add(1, b"m"), Vote::Counted(1));
-        assert_eq!(v.add(1, b"m"), Vote::Duplicate);
-        assert_eq!(v.add(2, b"x"), Vote::Counted(1));
-        assert_eq!(v.add(3, b"m"), Vote::Counted(2));
-        assert_eq!(v.add(2, b"m"), Vote::Equivocation);
-        assert_eq!(v.add(4, b"m"), Vote::Counted(3));
+        let (m, x) = (Bytes::from_static(b"m"), Bytes::from_static(b"x"));
+        assert_eq!(v.add(1, &m), Vote::Counted(1));
+        assert_eq!(v.add(1, &m), Vote::Duplicate);
+        assert_eq!(v.add(2, &x), Vote::Counted(1));
+        assert_eq!(v.add(3, &m), Vote::Counted(2));
+        assert_eq!(v.add(2, &m), Vote::Equivocation);
+        assert_eq!(v.add(4, &m), Vote::Counted(3));
     }
 }

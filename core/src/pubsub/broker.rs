@@ -3,6 +3,8 @@
 
 use std::collections::BTreeMap;
 
+use bytes::Bytes;
+
 use super::{MAX_SUBSCRIBED_TOPICS, StreamKey, at_step, check_publication, subscribers_of};
 use crate::broadcast::Thresholds;
 use crate::broadcast::bracha::{BrachaReplica, ReplicaStep};
@@ -70,7 +72,7 @@ impl Broker {
         }
     }
 
-    fn on_publication(&mut self, ctx: &mut Ctx, from: NodeId, p: pb::Publication, raw: Vec<u8>, macs: &[pb::Mac]) {
+    fn on_publication(&mut self, ctx: &mut Ctx, from: NodeId, p: pb::Publication, raw: Bytes, macs: &[pb::Mac]) {
         let (alg, step) = match check_publication(ctx, &p) {
             Ok(v) => v,
             Err(kind) => return ctx.fault(from, kind),
@@ -108,7 +110,7 @@ impl Broker {
                 window.finish(p.seq);
                 if self.admit(ctx, &p) {
                     let subs = subscribers_of(&self.subscribers, p.topic);
-                    ctx.send(&at_step(&p, pb::Step::Forward), subs);
+                    ctx.send(at_step(&p, pb::Step::Forward), subs);
                 }
             }
             (Algorithm::Chain, _) => {
@@ -126,7 +128,7 @@ impl Broker {
                 }
                 if r.on_send() {
                     let others: Vec<NodeId> = ctx.brokers.iter().copied().filter(|&b| b != ctx.me()).collect();
-                    ctx.send(&at_step(&p, pb::Step::Echo), others);
+                    ctx.send(at_step(&p, pb::Step::Echo), others);
                     let step = r.on_echo(self.t, ctx.me(), &p.payload);
                     self.bracha_progress(ctx, from, &p, step);
                 }
@@ -170,14 +172,14 @@ impl Broker {
                 .filter(|&b| b != ctx.me())
                 .chain(subscribers_of(&self.subscribers, p.topic))
                 .collect();
-            ctx.send(&at_step(&ready, pb::Step::Ready), to);
+            ctx.send(at_step(&ready, pb::Step::Ready), to);
             step = r.on_ready(self.t, ctx.me(), &ready.payload);
         }
     }
 
     /// Forwards a Chain body verbatim to the next member, or from the last member to the
     /// topic's subscribers.
-    fn forward_chain(&self, ctx: &mut Ctx, p: &pb::Publication, raw: Vec<u8>, upstream: &[pb::Mac]) {
+    fn forward_chain(&self, ctx: &mut Ctx, p: &pb::Publication, raw: Bytes, upstream: &[pb::Mac]) {
         let dests = subscribers_of(&self.subscribers, p.topic);
         let to = match self.chain.successor(ctx.me(), p.publisher) {
             Some(next) => vec![next],
@@ -203,7 +205,7 @@ impl Broker {
         };
         if let Some(kind) = status {
             let body = pb::body::Kind::Status(pb::PubStatus { kind: kind as i32, topic: p.topic, seq: p.seq });
-            ctx.send(&body, [p.publisher]);
+            ctx.send(body, [p.publisher]);
         }
         status != Some(pb::PubStatusKind::Blocked)
     }

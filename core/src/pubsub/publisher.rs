@@ -94,23 +94,23 @@ impl Publisher {
             topic,
             seq,
             history: false,
-            payload,
+            payload: payload.into(),
         };
         if alpha > 0 {
             t.since_history_bytes += p.payload.len() + ENTRY_OVERHEAD;
-            t.since_history.push(pb::HistoryEntry { seq, payload: p.payload.clone() });
+            t.since_history.push(pb::HistoryEntry { seq, payload: p.payload.to_vec() });
             t.flush_at.get_or_insert(now + flush);
         }
         let body = pb::body::Kind::Publication(p);
         match algorithm {
             Algorithm::Chain => {
-                let sealer = Sealer::new(ctx.me(), &body);
+                let sealer = Sealer::new(ctx.me(), body);
                 let (chain, me) = (&self.chain, ctx.me());
                 ctx.send_sealed(&sealer, [chain.head()], |keys, to, body| chain.macs_for(keys, me, body, &[], to, &[]));
             }
             _ => {
                 let brokers = ctx.brokers.clone();
-                ctx.send(&body, brokers);
+                ctx.send(body, brokers);
             }
         }
     }
@@ -135,10 +135,10 @@ impl Publisher {
             topic,
             seq,
             history: true,
-            payload: pb::History { entries }.encode_to_vec(),
+            payload: pb::History { entries }.encode_to_vec().into(),
         };
         let brokers = ctx.brokers.clone();
-        ctx.send(&pb::body::Kind::Publication(history), brokers);
+        ctx.send(pb::body::Kind::Publication(history), brokers);
     }
 
     fn release_queued(&mut self, ctx: &mut Ctx, now: Nanos, topic: u64) {

@@ -64,7 +64,7 @@ impl Subscriber {
         }
         let body = pb::body::Kind::Subscribe(pb::Subscribe { topics: topics.clone() });
         let brokers = ctx.brokers.clone();
-        ctx.send(&body, brokers);
+        ctx.send(body, brokers);
         self.topics = topics;
         Ok(())
     }
@@ -124,7 +124,7 @@ impl Subscriber {
     /// A broadcast instance delivered: pass it on, or order it, or unpack a history.
     fn delivered(&mut self, ctx: &mut Ctx, p: pb::Publication, alg: Algorithm) {
         if p.history {
-            let Ok(history) = pb::History::decode(p.payload.as_slice()) else {
+            let Ok(history) = pb::History::decode(p.payload) else {
                 return ctx.fault(p.publisher, FaultKind::Malformed);
             };
             for e in history.entries {
@@ -135,12 +135,12 @@ impl Subscriber {
                 publisher: p.publisher,
                 topic: p.topic,
                 seq: p.seq,
-                payload: p.payload,
+                payload: p.payload.to_vec(),
                 algorithm: alg,
                 from_history: false,
             }));
         } else {
-            self.order(ctx, p.publisher, p.topic, p.seq, p.payload, alg, false);
+            self.order(ctx, p.publisher, p.topic, p.seq, p.payload.to_vec(), alg, false);
         }
     }
 

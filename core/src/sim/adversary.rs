@@ -72,15 +72,17 @@ pub fn tamper(
         }
         Behavior::AlterTo(_) => vec![(to, me, bytes)],
         Behavior::Equivocate if to % 2 == 1 => {
-            vec![(to, me, rewrite(keys, &bytes, |p, _| p.payload.extend_from_slice(b"/equivocated")))]
+            vec![(to, me, rewrite(keys, &bytes, |p, _| p.payload = [&p.payload[..], b"/equivocated"].concat().into()))]
         }
         Behavior::Equivocate => vec![(to, me, bytes)],
         Behavior::CorruptMacs => {
             let Ok(mut frame) = pb::Frame::decode(bytes.as_slice()) else { return vec![(to, me, bytes)] };
             for m in &mut frame.macs {
-                if let Some(b) = m.tag.first_mut() {
+                let mut tag = m.tag.to_vec();
+                if let Some(b) = tag.first_mut() {
                     *b ^= 1;
                 }
+                m.tag = tag.into();
             }
             vec![(to, me, frame.encode_to_vec())]
         }
@@ -111,7 +113,7 @@ fn alter(p: &mut pb::Publication, macs: &mut Vec<pb::Mac>, field: u64, me: NodeI
         1 => p.publisher += 1,
         2 => p.topic += 1,
         4 if macs.iter().any(|m| m.from != me) => macs.retain(|m| m.from == me),
-        _ => p.payload = b"altered by a Byzantine node".to_vec(),
+        _ => p.payload = bytes::Bytes::from_static(b"altered by a Byzantine node"),
     }
 }
 
@@ -119,10 +121,10 @@ fn alter(p: &mut pb::Publication, macs: &mut Vec<pb::Mac>, field: u64, me: NodeI
 /// and MAC list, and re-MACs the new body with this node's own keys.
 fn rewrite(keys: &Keyring, bytes: &[u8], mutate: impl FnOnce(&mut pb::Publication, &mut Vec<pb::Mac>)) -> Vec<u8> {
     let Ok(mut frame) = pb::Frame::decode(bytes) else { return bytes.to_vec() };
-    let Ok(mut body) = pb::Body::decode(frame.body.as_slice()) else { return bytes.to_vec() };
+    let Ok(mut body) = pb::Body::decode(frame.body.clone()) else { return bytes.to_vec() };
     let Some(pb::body::Kind::Publication(p)) = &mut body.kind else { return bytes.to_vec() };
     mutate(p, &mut frame.macs);
-    frame.body = body.encode_to_vec();
+    frame.body = body.encode_to_vec().into();
     for m in &mut frame.macs {
         if m.from == keys.me
             && let Some(fresh) = keys.mac_to(m.to, &frame.body)

@@ -96,7 +96,7 @@ fn topics(t: &[u64]) -> String {
 /// A frame decoded as far as it goes; MACs are counted, not checked (that needs keys).
 fn frame(bytes: &[u8]) -> String {
     let Ok(frame) = pb::Frame::decode(bytes) else { return undecodable(bytes.len()) };
-    let body = match pb::Body::decode(frame.body.as_slice()) {
+    let body = match pb::Body::decode(frame.body.clone()) {
         Ok(pb::Body { kind: Some(kind) }) => body(&kind),
         Ok(pb::Body { kind: None }) => "empty body".into(),
         Err(_) => format!("body {}", undecodable(frame.body.len())),
