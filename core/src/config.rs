@@ -7,12 +7,9 @@ use std::fmt;
 
 use prost::Message;
 
-use crate::crypto::{
-    BlsPublicKey, BlsSecretKey, BlsSignature, CryptoMode, MacKey, bls_key_material,
-    pairwise_mac_key,
-};
-use crate::wire::pb;
 use crate::NodeId;
+use crate::crypto::{BlsPublicKey, BlsSecretKey, BlsSignature, CryptoMode, MacKey, bls_key_material, pairwise_mac_key};
+use crate::wire::pb;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Role {
@@ -245,10 +242,18 @@ impl ClusterConfig {
                 _ => return err(format!("node {}: missing or unknown role {}", n.id, n.role)),
             };
             let pk: [u8; 48] = n.bls_public_key.as_slice().try_into().map_err(|_| {
-                ConfigError(format!("node {}: missing BLS public key (need 48 bytes, got {})", n.id, n.bls_public_key.len()))
+                ConfigError(format!(
+                    "node {}: missing BLS public key (need 48 bytes, got {})",
+                    n.id,
+                    n.bls_public_key.len()
+                ))
             })?;
             let pop: [u8; 96] = n.bls_pop.as_slice().try_into().map_err(|_| {
-                ConfigError(format!("node {}: missing BLS proof of possession (need 96 bytes, got {})", n.id, n.bls_pop.len()))
+                ConfigError(format!(
+                    "node {}: missing BLS proof of possession (need 96 bytes, got {})",
+                    n.id,
+                    n.bls_pop.len()
+                ))
             })?;
             nodes.push(NodeInfo {
                 id: n.id,
@@ -354,9 +359,8 @@ pub fn generate_cluster(spec: &ClusterSpec, seed: [u8; 32]) -> Result<Vec<NodeCo
             Role::Subscriber
         }
     };
-    let secrets: Vec<BlsSecretKey> = (0..total)
-        .map(|id| BlsSecretKey::from_key_material(spec.crypto, &bls_key_material(&seed, id)))
-        .collect();
+    let secrets: Vec<BlsSecretKey> =
+        (0..total).map(|id| BlsSecretKey::from_key_material(spec.crypto, &bls_key_material(&seed, id))).collect();
     let nodes: Vec<NodeInfo> = (0..total)
         .map(|id| NodeInfo {
             id,
@@ -372,10 +376,7 @@ pub fn generate_cluster(spec: &ClusterSpec, seed: [u8; 32]) -> Result<Vec<NodeCo
         .map(|id| NodeConfig {
             cluster: cluster.clone(),
             id,
-            mac_keys: (0..total)
-                .filter(|&p| p != id)
-                .map(|p| (p, pairwise_mac_key(&seed, id, p)))
-                .collect(),
+            mac_keys: (0..total).filter(|&p| p != id).map(|p| (p, pairwise_mac_key(&seed, id, p))).collect(),
             bls_secret: secrets[id as usize].clone(),
         })
         .collect())

@@ -57,12 +57,17 @@ pub enum Request {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Input {
     /// Bytes the host received from peer `from` (untrusted).
-    Message { from: NodeId, bytes: Vec<u8> },
+    Message {
+        from: NodeId,
+        bytes: Vec<u8>,
+    },
     Request(Request),
     /// A deadline from `poll_timeout` has passed.
     Timeout,
     /// The host made the record of a `Persist` output durable.
-    Persisted { token: u64 },
+    Persisted {
+        token: u64,
+    },
 }
 
 /// A publication delivered to a subscriber.
@@ -138,12 +143,21 @@ impl FaultKind {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Output {
-    Send { to: NodeId, bytes: Vec<u8> },
+    Send {
+        to: NodeId,
+        bytes: Vec<u8>,
+    },
     Deliver(Delivery),
     /// Make `record` durable, then answer `Input::Persisted { token }`.
-    Persist { token: u64, record: Vec<u8> },
+    Persist {
+        token: u64,
+        record: Vec<u8>,
+    },
     /// Evidence that `node` misbehaved (or that the network corrupted its bytes).
-    Fault { node: NodeId, kind: FaultKind },
+    Fault {
+        node: NodeId,
+        kind: FaultKind,
+    },
 }
 
 /// Input the caller got wrong. Bytes from the network never produce one.
@@ -161,7 +175,9 @@ impl fmt::Display for HandleError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             HandleError::WrongRole { role, request } => write!(f, "a {role:?} cannot handle a {request} request"),
-            HandleError::Backpressure => write!(f, "publish queue full: too many publications outstanding without a history"),
+            HandleError::Backpressure => {
+                write!(f, "publish queue full: too many publications outstanding without a history")
+            }
             HandleError::Invalid(why) => write!(f, "invalid input: {why}"),
         }
     }
@@ -249,7 +265,15 @@ impl Node {
         let me = cfg.cluster.node(cfg.id).expect("validated").clone();
         let brokers: Vec<NodeId> = cfg.cluster.brokers().map(|b| b.id).collect();
         let keys = Keyring::new(cfg.cluster.crypto, cfg.id, cfg.mac_keys.clone());
-        let ctx = Ctx { n: brokers.len(), f: cfg.cluster.f as usize, brokers, keys, cfg, stats: Stats::default(), out: VecDeque::new() };
+        let ctx = Ctx {
+            n: brokers.len(),
+            f: cfg.cluster.f as usize,
+            brokers,
+            keys,
+            cfg,
+            stats: Stats::default(),
+            out: VecDeque::new(),
+        };
         let role = match me.role {
             Role::Broker => RoleMachine::Broker(Broker::new(&ctx)),
             Role::Publisher => RoleMachine::Publisher(Publisher::new(&ctx)),

@@ -112,10 +112,17 @@ fn blake3_mib_per_second() -> f64 {
 
 pub fn run(count: u64) {
     let mac_rate = macs_per_second();
-    println!("machine: {:.0} MAC/s (keyed BLAKE3, 106-byte input), BLAKE3 {:.0} MiB/s", mac_rate, blake3_mib_per_second());
+    println!(
+        "machine: {:.0} MAC/s (keyed BLAKE3, 106-byte input), BLAKE3 {:.0} MiB/s",
+        mac_rate,
+        blake3_mib_per_second()
+    );
     println!("seed 000 reached 11,000 (AB), 850 (Bracha), 1,750 (Chain) publications/s on a LAN");
     println!();
-    println!("{:<8} {:>3} {:>14} {:>12} {:>16} {:>9}", "protocol", "n", "deliveries/s", "MACs/deliv", "crypto floor/s", "of floor");
+    println!(
+        "{:<8} {:>3} {:>14} {:>12} {:>16} {:>9}",
+        "protocol", "n", "deliveries/s", "MACs/deliv", "crypto floor/s", "of floor"
+    );
     for (algorithm, name) in [(Algorithm::Ab, "AB"), (Algorithm::Bracha, "Bracha"), (Algorithm::Chain, "Chain")] {
         for f in [1u32, 2] {
             let (rate, macs) = deliveries_per_second(algorithm, f, count);

@@ -26,7 +26,9 @@ pub fn run(publications: u32) -> ExitCode {
     println!("Phalanx demo: simulated publish/subscribe with histories");
     println!("  4 brokers (f = 1), 2 publishers, 3 subscribers, topic 0, real crypto (keyed BLAKE3 MACs)");
     println!("  broker 0 is Byzantine: it alters every publication it sends to broker 1 and to the subscribers");
-    println!("  each publisher sends {publications} publications, cycling AB, Chain, AB, Bracha; a history every α = 10");
+    println!(
+        "  each publisher sends {publications} publications, cycling AB, Chain, AB, Bracha; a history every α = 10"
+    );
     println!();
     let start = Instant::now();
     let outcome = s.run();
@@ -42,7 +44,10 @@ pub fn run(publications: u32) -> ExitCode {
         };
         *per_sub.entry(o.node).or_default().entry(how).or_insert(0) += 1;
     }
-    println!("{:<12} {:>10} {:>8} {:>8} {:>8} {:>14}", "subscriber", "delivered", "AB", "Bracha", "Chain", "from history");
+    println!(
+        "{:<12} {:>10} {:>8} {:>8} {:>8} {:>14}",
+        "subscriber", "delivered", "AB", "Bracha", "Chain", "from history"
+    );
     for (sub, by) in &per_sub {
         let get = |k| by.get(k).copied().unwrap_or(0);
         let total: u64 = by.values().sum();

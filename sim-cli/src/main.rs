@@ -8,8 +8,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use phalanx_core::crypto::CryptoMode;
-use phalanx_core::sim::scenario::{Protocol, Scenario, reference_traces};
+use phalanx_core::sim::scenario::{Protocol, reference_traces, sweep};
 use phalanx_core::trace::{Trace, dump, replay};
 
 #[derive(Parser)]
@@ -94,22 +93,12 @@ fn seeds(protocol: &str, f: u32, from: u64, count: u64, real_every: u64) -> Exit
     let mut failed = 0;
     for &p in &protocols {
         for &f in &fs {
-            let mut delivered = 0;
-            for seed in from..from + count {
-                let crypto = if seed % real_every.max(1) == 0 { CryptoMode::Real } else { CryptoMode::InsecureTest };
-                let s = Scenario::adversarial(p, f, seed, crypto);
-                let outcome = s.run();
-                delivered += outcome.log.deliveries.len();
-                if !outcome.violations.is_empty() {
-                    failed += 1;
-                    println!("FAILED {s}");
-                    println!("  rerun: cargo run -p phalanx-sim -- seeds --protocol {} --f {f} --from {seed} --count 1", p.name());
-                    for v in &outcome.violations {
-                        println!("  {v}");
-                    }
-                }
+            let result = sweep(p, f, from..from + count, real_every);
+            for failure in &result.failures {
+                println!("{failure}");
             }
-            println!("{} f={f}: {count} seeds from {from}, {delivered} deliveries checked", p.name());
+            failed += result.failures.len() as u64;
+            println!("{} f={f}: {count} seeds from {from}, {} deliveries checked", p.name(), result.deliveries);
         }
     }
     let total = protocols.len() as u64 * fs.len() as u64 * count;

@@ -6,8 +6,8 @@ use std::collections::BTreeSet;
 
 use phalanx_core::FaultKind;
 use phalanx_core::crypto::CryptoMode;
-use phalanx_core::sim::scenario::Outcome;
 use phalanx_core::sim::adversary::Behavior;
+use phalanx_core::sim::scenario::Outcome;
 use phalanx_core::sim::scenario::{Protocol, Scenario};
 
 /// Brokers are 0..n; with one publisher and two subscribers, the publisher is n and the

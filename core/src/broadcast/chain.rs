@@ -44,11 +44,7 @@ impl ChainPath {
 
     /// Position of a member, or of a destination for anyone else but the source.
     fn pos(&self, id: NodeId, source: NodeId) -> usize {
-        if id == source {
-            0
-        } else {
-            self.members.iter().position(|&m| m == id).map_or(self.dest_pos(), |k| k + 1)
-        }
+        if id == source { 0 } else { self.members.iter().position(|&m| m == id).map_or(self.dest_pos(), |k| k + 1) }
     }
 
     /// The member at position `x`, if `x` is a member position.

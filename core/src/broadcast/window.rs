@@ -115,30 +115,37 @@ impl<T> Window<T> {
     }
 }
 
-/// Windows per stream, with a bound on streams per publisher.
+/// Windows per stream. Each stream is charged to the node whose message opened it, and
+/// each (publisher, opener) pair may open a bounded number: a Byzantine node can spend
+/// only its own budget, never a correct publisher's or a correct relay's.
 #[derive(Debug)]
 pub struct Streams<K, T> {
     cap: u32,
-    max_per_publisher: u32,
+    max_per_opener: u32,
     windows: BTreeMap<(NodeId, K), Window<T>>,
-    per_publisher: BTreeMap<NodeId, u32>,
+    opened: BTreeMap<(NodeId, NodeId), u32>,
 }
 
 impl<K: Ord + Copy, T> Streams<K, T> {
-    pub fn new(cap: u32, max_per_publisher: u32) -> Self {
-        Streams { cap, max_per_publisher, windows: BTreeMap::new(), per_publisher: BTreeMap::new() }
+    pub fn new(cap: u32, max_per_opener: u32) -> Self {
+        Streams { cap, max_per_opener, windows: BTreeMap::new(), opened: BTreeMap::new() }
     }
 
-    /// The window of (publisher, key), created if the publisher is under its bound.
-    pub fn window(&mut self, publisher: NodeId, key: K) -> Option<&mut Window<T>> {
+    /// The window of (publisher, key), opened on `opener`'s budget if it is new.
+    pub fn window(&mut self, publisher: NodeId, key: K, opener: NodeId) -> Option<&mut Window<T>> {
         if !self.windows.contains_key(&(publisher, key)) {
-            let count = self.per_publisher.entry(publisher).or_insert(0);
-            if *count >= self.max_per_publisher {
+            let count = self.opened.entry((publisher, opener)).or_insert(0);
+            if *count >= self.max_per_opener {
                 return None;
             }
             *count += 1;
             self.windows.insert((publisher, key), Window::new(self.cap));
         }
+        self.windows.get_mut(&(publisher, key))
+    }
+
+    /// The window of an existing stream.
+    pub fn existing(&mut self, publisher: NodeId, key: K) -> Option<&mut Window<T>> {
         self.windows.get_mut(&(publisher, key))
     }
 
@@ -179,12 +186,14 @@ mod tests {
     }
 
     #[test]
-    fn streams_per_publisher_are_bounded() {
+    fn streams_are_bounded_per_publisher_and_opener() {
         let mut s: Streams<u64, ()> = Streams::new(8, 2);
-        assert!(s.window(1, 10).is_some());
-        assert!(s.window(1, 11).is_some());
-        assert!(s.window(1, 12).is_none());
-        assert!(s.window(1, 10).is_some());
-        assert!(s.window(2, 12).is_some());
+        assert!(s.window(1, 10, 7).is_some());
+        assert!(s.window(1, 11, 7).is_some());
+        assert!(s.window(1, 12, 7).is_none());
+        // Existing streams stay reachable; another opener has its own budget.
+        assert!(s.window(1, 10, 7).is_some());
+        assert!(s.window(1, 12, 8).is_some());
+        assert!(s.window(2, 12, 7).is_some());
     }
 }

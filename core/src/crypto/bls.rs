@@ -21,15 +21,11 @@ struct Domain {
     insecure_context: &'static str,
 }
 
-const SIG: Domain = Domain {
-    dst: b"BLS_SIG_BLS12381G2_XMD:SHA-256_SSWU_RO_POP_",
-    insecure_context: "phalanx v1 insecure bls sig",
-};
+const SIG: Domain =
+    Domain { dst: b"BLS_SIG_BLS12381G2_XMD:SHA-256_SSWU_RO_POP_", insecure_context: "phalanx v1 insecure bls sig" };
 
-const POP: Domain = Domain {
-    dst: b"BLS_POP_BLS12381G2_XMD:SHA-256_SSWU_RO_POP_",
-    insecure_context: "phalanx v1 insecure bls pop",
-};
+const POP: Domain =
+    Domain { dst: b"BLS_POP_BLS12381G2_XMD:SHA-256_SSWU_RO_POP_", insecure_context: "phalanx v1 insecure bls pop" };
 
 const INSECURE_PK_CONTEXT: &str = "phalanx v1 insecure bls pk";
 
@@ -51,9 +47,7 @@ enum Backend {
 
 impl std::fmt::Debug for BlsSecretKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("BlsSecretKey")
-            .field("public_key", &self.public_key)
-            .finish_non_exhaustive()
+        f.debug_struct("BlsSecretKey").field("public_key", &self.public_key).finish_non_exhaustive()
     }
 }
 
@@ -75,16 +69,11 @@ impl BlsSecretKey {
                 let pk = BlsPublicKey(sk.sk_to_pk().compress());
                 (Backend::Real(sk), pk)
             }
-            CryptoMode::InsecureTest => (
-                Backend::InsecureTest,
-                BlsPublicKey(insecure_xof(INSECURE_PK_CONTEXT, &[ikm])),
-            ),
+            CryptoMode::InsecureTest => {
+                (Backend::InsecureTest, BlsPublicKey(insecure_xof(INSECURE_PK_CONTEXT, &[ikm])))
+            }
         };
-        BlsSecretKey {
-            key_material: *ikm,
-            backend,
-            public_key,
-        }
+        BlsSecretKey { key_material: *ikm, backend, public_key }
     }
 
     /// The 32 bytes the key was made from, for config files.
@@ -186,9 +175,8 @@ pub fn fast_aggregate_verify(mode: CryptoMode, pks: &[BlsPublicKey], msg: &[u8],
             pairing_check(&acc.to_public_key(), &sig, SIG.dst, msg)
         }
         CryptoMode::InsecureTest => {
-            let expected = rest.iter().fold(insecure_sign(&SIG, first, msg), |acc, pk| {
-                xor(&acc, &insecure_sign(&SIG, pk, msg))
-            });
+            let expected =
+                rest.iter().fold(insecure_sign(&SIG, first, msg), |acc, pk| xor(&acc, &insecure_sign(&SIG, pk, msg)));
             expected == *agg
         }
     }
@@ -305,11 +293,7 @@ mod tests {
         let fake_sig = fake.sign(b"m");
         assert!(!fake.public_key().verify(CryptoMode::Real, b"m", &fake_sig));
         assert!(!real.public_key().verify(CryptoMode::Real, b"m", &fake_sig));
-        assert!(
-            !real
-                .public_key()
-                .verify(CryptoMode::InsecureTest, b"m", &real.sign(b"m"))
-        );
+        assert!(!real.public_key().verify(CryptoMode::InsecureTest, b"m", &real.sign(b"m")));
     }
 
     #[test]
@@ -421,27 +405,16 @@ mod tests {
         assert!(PublicKey::uncompress(&neg.0).is_ok());
         let mut identity = [0u8; 96];
         identity[0] = 0xc0;
-        assert!(!fast_aggregate_verify(
-            CryptoMode::Real,
-            &[pk, neg],
-            b"m",
-            &BlsSignature(identity)
-        ));
+        assert!(!fast_aggregate_verify(CryptoMode::Real, &[pk, neg], b"m", &BlsSignature(identity)));
     }
 
     #[test]
     fn matches_ethereum_test_vector() {
         // ethereum/bls12-381-tests sign case: the standard PoP-scheme DST in `SIG`.
-        let sk = SecretKey::from_bytes(&hex::<32>(
-            "263dbd792f5b1be47ed85f8938c0f29586af0d3ac7b977f21c278fe1462040e3",
-        ))
-        .unwrap();
+        let sk = SecretKey::from_bytes(&hex::<32>("263dbd792f5b1be47ed85f8938c0f29586af0d3ac7b977f21c278fe1462040e3"))
+            .unwrap();
         let public_key = BlsPublicKey(sk.sk_to_pk().compress());
-        let k = BlsSecretKey {
-            key_material: [0; 32],
-            backend: Backend::Real(sk),
-            public_key,
-        };
+        let k = BlsSecretKey { key_material: [0; 32], backend: Backend::Real(sk), public_key };
         assert_eq!(
             public_key.0,
             hex::<48>(

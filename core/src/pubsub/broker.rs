@@ -90,8 +90,8 @@ impl Broker {
         if !allowed {
             return ctx.fault(from, FaultKind::Unexpected);
         }
-        let Some(window) = self.streams.window(p.publisher, (p.topic, p.history)) else {
-            return ctx.fault(p.publisher, FaultKind::TooManyStreams);
+        let Some(window) = self.streams.window(p.publisher, (p.topic, p.history), from) else {
+            return ctx.fault(from, FaultKind::TooManyStreams);
         };
         if window.is_beyond(p.seq) {
             if from_source {
@@ -108,7 +108,7 @@ impl Broker {
         match (alg, step) {
             (Algorithm::Ab, _) => {
                 window.finish(p.seq);
-                if self.admit(ctx, &p) {
+                if Self::admit(&mut self.flows, self.alpha, ctx, &p) {
                     let subs = subscribers_of(&self.subscribers, p.topic);
                     ctx.send(at_step(&p, pb::Step::Forward), subs);
                 }
@@ -118,7 +118,7 @@ impl Broker {
                     return ctx.fault(from, FaultKind::BadChainMac);
                 }
                 window.finish(p.seq);
-                if self.admit(ctx, &p) {
+                if Self::admit(&mut self.flows, self.alpha, ctx, &p) {
                     self.forward_chain(ctx, &p, raw, macs);
                 }
             }
@@ -126,7 +126,9 @@ impl Broker {
                 if p.history {
                     Self::reset_flow(&mut self.flows, &p);
                 }
-                if r.on_send() {
+                // Bracha publications count toward α like the others: the publisher counts
+                // them, and a refused one reaches subscribers through the next history.
+                if r.on_send() && (p.history || Self::admit(&mut self.flows, self.alpha, ctx, &p)) {
                     let others: Vec<NodeId> = ctx.brokers.iter().copied().filter(|&b| b != ctx.me()).collect();
                     ctx.send(at_step(&p, pb::Step::Echo), others);
                     let step = r.on_echo(self.t, ctx.me(), &p.payload);
@@ -150,7 +152,7 @@ impl Broker {
         if step.equivocation {
             ctx.fault(from, FaultKind::Equivocation);
         }
-        let window = self.streams.window(p.publisher, (p.topic, p.history)).expect("stream exists");
+        let window = self.streams.existing(p.publisher, (p.topic, p.history)).expect("stream exists");
         loop {
             let Entry::Live(r) = window.entry(p.seq, BrachaReplica::default) else {
                 return;
@@ -192,16 +194,16 @@ impl Broker {
 
     /// α flow control for a regular publication seen for the first time: whether to pass
     /// it on. Answers HISTORY at α and BLOCKED from 2α until a history arrives.
-    fn admit(&mut self, ctx: &mut Ctx, p: &pb::Publication) -> bool {
-        if self.alpha == 0 || p.history {
+    fn admit(flows: &mut BTreeMap<(NodeId, u64), Flow>, alpha: u32, ctx: &mut Ctx, p: &pb::Publication) -> bool {
+        if alpha == 0 || p.history {
             return true;
         }
-        let flow = self.flows.entry((p.publisher, p.topic)).or_default();
-        let status = if flow.since_history >= 2 * self.alpha {
+        let flow = flows.entry((p.publisher, p.topic)).or_default();
+        let status = if flow.since_history >= 2 * alpha {
             Some(pb::PubStatusKind::Blocked)
         } else {
             flow.since_history += 1;
-            (flow.since_history == self.alpha).then_some(pb::PubStatusKind::History)
+            (flow.since_history == alpha).then_some(pb::PubStatusKind::History)
         };
         if let Some(kind) = status {
             let body = pb::body::Kind::Status(pb::PubStatus { kind: kind as i32, topic: p.topic, seq: p.seq });

@@ -158,7 +158,8 @@ impl Publisher {
         let pb::body::Kind::Status(s) = msg.body else {
             return ctx.fault(from, FaultKind::Unexpected);
         };
-        let asks = matches!(pb::PubStatusKind::try_from(s.kind), Ok(pb::PubStatusKind::History | pb::PubStatusKind::Blocked));
+        let asks =
+            matches!(pb::PubStatusKind::try_from(s.kind), Ok(pb::PubStatusKind::History | pb::PubStatusKind::Blocked));
         let Some(t) = self.topics.get_mut(&s.topic) else {
             return ctx.fault(from, FaultKind::Unexpected);
         };

@@ -36,6 +36,9 @@ pub(crate) struct Subscriber {
     alpha: u32,
     window: u64,
     topics: Vec<u64>,
+    /// Topics followed since a runtime subscription: their order starts at the first
+    /// publication delivered, not at seq 1, which may be long gone.
+    joined_late: Vec<u64>,
     streams: Streams<StreamKey, Instance>,
     orders: BTreeMap<(NodeId, u64), Order>,
 }
@@ -49,7 +52,9 @@ impl Subscriber {
             alpha: p.alpha,
             window: p.window as u64,
             topics,
-            streams: Streams::new(p.window, p.max_topics_per_publisher.saturating_mul(2)),
+            joined_late: Vec::new(),
+            // Only followed topics open streams, so subscriptions bound them.
+            streams: Streams::new(p.window, 2 * MAX_SUBSCRIBED_TOPICS as u32),
             orders: BTreeMap::new(),
         }
     }
@@ -65,6 +70,14 @@ impl Subscriber {
         let body = pb::body::Kind::Subscribe(pb::Subscribe { topics: topics.clone() });
         let brokers = ctx.brokers.clone();
         ctx.send(body, brokers);
+        for t in &topics {
+            if !self.topics.contains(t) && !self.joined_late.contains(t) {
+                self.joined_late.push(*t);
+            }
+        }
+        // Leaving a topic forgets its order, so a later return starts afresh.
+        self.orders.retain(|(_, t), _| topics.contains(t));
+        self.joined_late.retain(|t| topics.contains(t));
         self.topics = topics;
         Ok(())
     }
@@ -90,8 +103,8 @@ impl Subscriber {
         if !self.topics.contains(&p.topic) {
             return ctx.stats.unsubscribed += 1;
         }
-        let Some(window) = self.streams.window(p.publisher, (p.topic, p.history)) else {
-            return ctx.fault(p.publisher, FaultKind::TooManyStreams);
+        let Some(window) = self.streams.window(p.publisher, (p.topic, p.history), from) else {
+            return ctx.fault(from, FaultKind::TooManyStreams);
         };
         if window.is_beyond(p.seq) {
             window.attest(from, p.seq, ctx.f + 1);
@@ -155,7 +168,9 @@ impl Subscriber {
         alg: Algorithm,
         from_history: bool,
     ) {
-        let order = self.orders.entry((publisher, topic)).or_insert_with(|| Order { next: 1, pending: BTreeMap::new() });
+        let first = if self.joined_late.contains(&topic) { seq } else { 1 };
+        let order =
+            self.orders.entry((publisher, topic)).or_insert_with(|| Order { next: first, pending: BTreeMap::new() });
         if seq < order.next || seq - order.next >= self.window {
             return;
         }

@@ -64,8 +64,20 @@ pub fn tamper(
     match behavior {
         Behavior::Correct => vec![(to, me, bytes)],
         Behavior::Silent => vec![],
-        Behavior::OnlyTo(set) => if set.contains(&to) { vec![(to, me, bytes)] } else { vec![] },
-        Behavior::DropTo(set) => if set.contains(&to) { vec![] } else { vec![(to, me, bytes)] },
+        Behavior::OnlyTo(set) => {
+            if set.contains(&to) {
+                vec![(to, me, bytes)]
+            } else {
+                vec![]
+            }
+        }
+        Behavior::DropTo(set) => {
+            if set.contains(&to) {
+                vec![]
+            } else {
+                vec![(to, me, bytes)]
+            }
+        }
         Behavior::AlterTo(set) if set.contains(&to) => {
             let field = rng.below(5);
             vec![(to, me, rewrite(keys, &bytes, |p, macs| alter(p, macs, field, me)))]

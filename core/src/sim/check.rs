@@ -53,7 +53,8 @@ pub fn check(log: &Log, exp: &Expectations) -> Vec<String> {
             ));
         }
         if correct_publishers.contains(&d.publisher) && !exp.published.contains_key(&key) {
-            violations.push(format!("integrity: host {} delivered {key:?}, which the correct publisher never sent", o.host));
+            violations
+                .push(format!("integrity: host {} delivered {key:?}, which the correct publisher never sent", o.host));
         }
         contents.entry(key).or_default().insert(o.host, &d.payload);
         if exp.ordered && correct_publishers.contains(&d.publisher) {
@@ -67,12 +68,16 @@ pub fn check(log: &Log, exp: &Expectations) -> Vec<String> {
     for (key, by_host) in &contents {
         let distinct: BTreeSet<&[u8]> = by_host.values().copied().collect();
         if distinct.len() > 1 && exp.agreement_publishers.contains(&key.0) {
-            violations.push(format!("agreement: correct subscribers delivered {} contents for {key:?}", distinct.len()));
+            violations
+                .push(format!("agreement: correct subscribers delivered {} contents for {key:?}", distinct.len()));
         }
         if exp.totality {
             for (host, topics) in &exp.correct_subscribers {
                 if topics.contains(&key.1) && !by_host.contains_key(host) {
-                    violations.push(format!("totality: {key:?} delivered by hosts {:?} but not by host {host}", by_host.keys().collect::<Vec<_>>()));
+                    violations.push(format!(
+                        "totality: {key:?} delivered by hosts {:?} but not by host {host}",
+                        by_host.keys().collect::<Vec<_>>()
+                    ));
                 }
             }
         }

@@ -138,7 +138,8 @@ impl Scenario {
         };
         let n = s.n();
         let everyone: Vec<NodeId> = (0..n + s.publishers + s.subscribers).collect();
-        let some = |rng: &mut Rng| -> Vec<NodeId> { everyone.iter().copied().filter(|_| rng.chance(500_000)).collect() };
+        let some =
+            |rng: &mut Rng| -> Vec<NodeId> { everyone.iter().copied().filter(|_| rng.chance(500_000)).collect() };
         let mut faulty: Vec<NodeId> = Vec::new();
         let budget = rng.below(f as u64 + 1) as usize;
         while faulty.len() < budget {
@@ -210,8 +211,9 @@ impl Scenario {
             Protocol::Ab => Algorithm::Ab,
             Protocol::Bracha => Algorithm::Bracha,
             Protocol::Chain => Algorithm::Chain,
-            Protocol::PubSub => [Algorithm::Ab, Algorithm::Chain, Algorithm::Ab, Algorithm::Bracha]
-                [((publisher + i) % 4) as usize],
+            Protocol::PubSub => {
+                [Algorithm::Ab, Algorithm::Chain, Algorithm::Ab, Algorithm::Bracha][((publisher + i) % 4) as usize]
+            }
         }
     }
 
@@ -282,7 +284,7 @@ impl Scenario {
     fn expectations(&self, hosts: &BTreeMap<NodeId, usize>) -> Expectations {
         let correct = self.correct_publishers();
         let faulty = self.faulty_brokers();
-        let chain_intact = faulty.iter().all(|&b| b >= 2 * self.f + 1);
+        let chain_intact = faulty.iter().all(|&b| b > 2 * self.f); // the chain is brokers 0..2f+1
         let reliable = self.net.drop_ppm == 0;
         let mut exp = Expectations {
             correct_subscribers: self.subscriber_ids().map(|s| (hosts[&s], vec![0])).collect(),
@@ -379,4 +381,34 @@ pub fn reference_traces() -> Vec<(String, Vec<u8>)> {
             (format!("{name}.trace"), traces.remove(&node).expect("recorded"))
         })
         .collect()
+}
+
+/// The result of running many adversarial seeds.
+#[derive(Debug, Default)]
+pub struct Sweep {
+    pub seeds: u64,
+    pub deliveries: usize,
+    /// One entry per failing seed: the scenario, how to rerun it, and its violations.
+    pub failures: Vec<String>,
+}
+
+/// Runs adversarial seeds `seeds` of `protocol` at `f`, with real crypto on every
+/// `real_every`-th seed and insecure test crypto on the others.
+pub fn sweep(protocol: Protocol, f: u32, seeds: std::ops::Range<u64>, real_every: u64) -> Sweep {
+    let mut out = Sweep::default();
+    for seed in seeds {
+        let crypto = if seed % real_every.max(1) == 0 { CryptoMode::Real } else { CryptoMode::InsecureTest };
+        let s = Scenario::adversarial(protocol, f, seed, crypto);
+        let outcome = s.run();
+        out.seeds += 1;
+        out.deliveries += outcome.log.deliveries.len();
+        if !outcome.violations.is_empty() {
+            out.failures.push(format!(
+                "FAILED {s}\n  rerun: cargo run -p phalanx-sim -- seeds --protocol {} --f {f} --from {seed} --count 1\n  {}",
+                protocol.name(),
+                outcome.violations.join("\n  ")
+            ));
+        }
+    }
+    out
 }

@@ -151,7 +151,10 @@ mod tests {
         let opened = open(&b, 1, bytes.clone(), 1 << 20).unwrap();
         assert_eq!(opened.body, subscribe());
         // The same tag does not authenticate the reverse direction.
-        assert_eq!(open(&a, 2, Sealer::new(2, subscribe()).seal(&[a.mac_to(2, &s.body).unwrap()]), 1 << 20).unwrap_err(), FaultKind::BadMac);
+        assert_eq!(
+            open(&a, 2, Sealer::new(2, subscribe()).seal(&[a.mac_to(2, &s.body).unwrap()]), 1 << 20).unwrap_err(),
+            FaultKind::BadMac
+        );
     }
 
     #[test]
