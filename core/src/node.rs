@@ -101,14 +101,12 @@ pub enum FaultKind {
     Equivocation,
     /// A history publication that contradicts a delivered or pending publication.
     ConflictingHistory,
-    /// Instance beyond the stream's window, not attested by enough peers.
-    OutOfWindow,
     /// More streams than `max_topics_per_publisher` for one publisher.
     TooManyStreams,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 10] = [
+    pub const ALL: [FaultKind; 9] = [
         FaultKind::Oversized,
         FaultKind::Malformed,
         FaultKind::ForgedSender,
@@ -117,7 +115,6 @@ impl FaultKind {
         FaultKind::BadChainMac,
         FaultKind::Equivocation,
         FaultKind::ConflictingHistory,
-        FaultKind::OutOfWindow,
         FaultKind::TooManyStreams,
     ];
 
@@ -131,7 +128,6 @@ impl FaultKind {
             FaultKind::BadChainMac => "bad_chain_mac",
             FaultKind::Equivocation => "equivocation",
             FaultKind::ConflictingHistory => "conflicting_history",
-            FaultKind::OutOfWindow => "out_of_window",
             FaultKind::TooManyStreams => "too_many_streams",
         }
     }

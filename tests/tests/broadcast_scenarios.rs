@@ -206,3 +206,27 @@ fn altered_relays_cannot_block_other_algorithms() {
         assert_eq!(outcome.log.deliveries.len(), 24, "{s}");
     }
 }
+
+/// Publications a subscriber learns from a history finish their fast-path instance too;
+/// otherwise the window stops moving after `window` publications and the fast path
+/// starves. With one altering broker, AB (which needs 2f+1 of the 3 honest copies) must
+/// keep delivering on the fast path over many windows.
+#[test]
+fn histories_do_not_starve_the_fast_path_over_many_windows() {
+    let mut s = Scenario { publications: 1200, alpha: 10, interval: 200_000, ..scenario(Protocol::PubSub, 1) };
+    s.brokers[0] = Behavior::AlterTo(vec![1, 5, 6]);
+    let outcome = assert_clean(&s);
+    assert_eq!(outcome.log.deliveries.len(), 2 * 1200);
+    let ab_published = (0..1200).filter(|i| i % 4 != 1 && i % 4 != 3).count() as f64;
+    for sub in [5, 6] {
+        let fast_ab = outcome
+            .log
+            .deliveries
+            .iter()
+            .filter(|o| {
+                o.node == sub && !o.delivery.from_history && o.delivery.algorithm == phalanx_core::Algorithm::Ab
+            })
+            .count() as f64;
+        assert!(fast_ab > 0.9 * ab_published, "subscriber {sub}: only {fast_ab} of {ab_published} AB on the fast path");
+    }
+}

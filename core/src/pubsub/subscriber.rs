@@ -181,7 +181,13 @@ impl Subscriber {
                 order.pending.insert(seq, (payload, alg, from_history));
             }
         }
+        let mut fast_path = self.streams.existing(publisher, (topic, false));
         while let Some((payload, algorithm, from_history)) = order.pending.remove(&order.next) {
+            // Delivered, whichever path brought it: the fast-path instance is done too, or
+            // its window would stop moving and starve the fast path.
+            if let Some(w) = fast_path.as_deref_mut() {
+                w.finish(order.next);
+            }
             ctx.push(Output::Deliver(Delivery { publisher, topic, seq: order.next, payload, algorithm, from_history }));
             order.next += 1;
         }
