@@ -187,6 +187,8 @@ pub(crate) struct Ctx {
     pub keys: Keyring,
     /// Broker ids in ascending order; the first 2f+1 form the Chain.
     pub brokers: Vec<NodeId>,
+    /// The brokers other than this node, for sending to all of them without a fresh list.
+    other_brokers: Vec<NodeId>,
     pub n: usize,
     pub f: usize,
     pub stats: Stats,
@@ -213,18 +215,28 @@ impl Ctx {
     /// Sends one body to every receiver, each with its own hop MAC.
     pub fn send(&mut self, body: pb::body::Kind, to: impl IntoIterator<Item = NodeId>) {
         let sealer = Sealer::new(self.me(), body);
-        self.send_sealed(&sealer, to, |keys, t, body| keys.mac_to(t, body).into_iter().collect());
+        self.send_sealed(&sealer, to, |keys, t, body, macs| macs.extend(keys.mac_to(t, body)));
     }
 
-    /// Sends a sealed body to every receiver with the MAC entries `macs` gives for it.
+    /// Sends one body to every broker but this node, then to `also`.
+    pub fn send_to_brokers(&mut self, body: pb::body::Kind, also: &[NodeId]) {
+        let peers = std::mem::take(&mut self.other_brokers);
+        self.send(body, peers.iter().chain(also).copied());
+        self.other_brokers = peers;
+    }
+
+    /// Sends a sealed body to every receiver with the MAC entries `macs` appends for it.
     pub fn send_sealed(
         &mut self,
         sealer: &Sealer,
         to: impl IntoIterator<Item = NodeId>,
-        macs: impl Fn(&Keyring, NodeId, &[u8]) -> Vec<pb::Mac>,
+        macs: impl Fn(&Keyring, NodeId, &[u8], &mut Vec<pb::Mac>),
     ) {
+        let mut entries = Vec::new();
         for t in to {
-            let bytes = sealer.seal(&macs(&self.keys, t, &sealer.body));
+            entries.clear();
+            macs(&self.keys, t, &sealer.body, &mut entries);
+            let bytes = sealer.seal(&entries);
             self.out.push_back(Output::Send { to: t, bytes });
         }
     }
@@ -261,10 +273,12 @@ impl Node {
         let me = cfg.cluster.node(cfg.id).expect("validated").clone();
         let brokers: Vec<NodeId> = cfg.cluster.brokers().map(|b| b.id).collect();
         let keys = Keyring::new(cfg.cluster.crypto, cfg.id, cfg.mac_keys.clone());
+        let other_brokers = brokers.iter().copied().filter(|&b| b != cfg.id).collect();
         let ctx = Ctx {
             n: brokers.len(),
             f: cfg.cluster.f as usize,
             brokers,
+            other_brokers,
             keys,
             cfg,
             stats: Stats::default(),

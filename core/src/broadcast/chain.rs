@@ -76,6 +76,8 @@ impl ChainPath {
     /// The MACs a frame from this node to `to` carries: the upstream ones still needed
     /// past this node, and this node's own to the next f+1 positions (for a destination
     /// position, to each of `destinations`). Frames to a destination carry only its own.
+    /// Appends them to `macs`.
+    #[allow(clippy::too_many_arguments)]
     pub fn macs_for(
         &self,
         keys: &Keyring,
@@ -84,17 +86,19 @@ impl ChainPath {
         upstream: &[pb::Mac],
         to: NodeId,
         destinations: &[NodeId],
-    ) -> Vec<pb::Mac> {
+        macs: &mut Vec<pb::Mac>,
+    ) {
         let x = self.pos(keys.me, source);
         let to_dest = self.pos(to, source) == self.dest_pos();
-        let mut macs: Vec<pb::Mac> = upstream
-            .iter()
-            .filter(|m| {
-                let (i, j) = (self.pos(m.from, source), self.pos(m.to, source));
-                i < x && j > x && j - i <= self.f + 1 && (!to_dest || m.to == to)
-            })
-            .cloned()
-            .collect();
+        macs.extend(
+            upstream
+                .iter()
+                .filter(|m| {
+                    let (i, j) = (self.pos(m.from, source), self.pos(m.to, source));
+                    i < x && j > x && j - i <= self.f + 1 && (!to_dest || m.to == to)
+                })
+                .cloned(),
+        );
         for j in x + 1..=(x + self.f + 1).min(self.dest_pos()) {
             match self.member_at(j) {
                 Some(member) => macs.extend(keys.mac_to(member, body)),
@@ -102,7 +106,6 @@ impl ChainPath {
                 None => macs.extend(destinations.iter().filter_map(|&d| keys.mac_to(d, body))),
             }
         }
-        macs
     }
 }
 
@@ -110,6 +113,21 @@ impl ChainPath {
 mod tests {
     use super::*;
     use crate::crypto::{CryptoMode, pairwise_mac_key};
+
+    /// The MACs node `keys.me` puts on a frame to `to`.
+    fn hop(
+        path: &ChainPath,
+        keys: &Keyring,
+        src: NodeId,
+        body: &[u8],
+        up: &[pb::Mac],
+        to: NodeId,
+        dests: &[NodeId],
+    ) -> Vec<pb::Mac> {
+        let mut macs = Vec::new();
+        path.macs_for(keys, src, body, up, to, dests, &mut macs);
+        macs
+    }
 
     fn ring(me: NodeId) -> Keyring {
         let keys = (0..10).filter(|&p| p != me).map(|p| (p, pairwise_mac_key(&[1; 32], me, p))).collect();
@@ -122,17 +140,17 @@ mod tests {
         let path = ChainPath::new(&[0, 1, 2, 3], 1);
         let (src, dests) = (4, [5, 6]);
         let body = b"publication".as_slice();
-        let m0 = path.macs_for(&ring(src), src, body, &[], 0, &dests);
+        let m0 = hop(&path, &ring(src), src, body, &[], 0, &dests);
         assert_eq!(m0.len(), 2); // source -> 0, 1
         assert!(path.verify_upstream(&ring(0), src, body, &m0));
-        let m1 = path.macs_for(&ring(0), src, body, &m0, 1, &dests);
+        let m1 = hop(&path, &ring(0), src, body, &m0, 1, &dests);
         assert!(path.verify_upstream(&ring(1), src, body, &m1));
-        let m2 = path.macs_for(&ring(1), src, body, &m1, 2, &dests);
+        let m2 = hop(&path, &ring(1), src, body, &m1, 2, &dests);
         // 1 -> 2 and 1 -> each destination, plus 0 -> 2 carried forward.
         assert_eq!(m2.len(), 4);
         assert!(path.verify_upstream(&ring(2), src, body, &m2));
         for d in dests {
-            let md = path.macs_for(&ring(2), src, body, &m2, d, &dests);
+            let md = hop(&path, &ring(2), src, body, &m2, d, &dests);
             assert_eq!(md.len(), 2);
             assert!(path.verify_upstream(&ring(d), src, body, &md));
         }
@@ -145,9 +163,9 @@ mod tests {
     #[test]
     fn an_altering_member_is_caught_by_the_next() {
         let path = ChainPath::new(&[0, 1, 2, 3], 1);
-        let m0 = path.macs_for(&ring(4), 4, b"m1", &[], 0, &[5]);
-        let m1 = path.macs_for(&ring(0), 4, b"m1", &m0, 1, &[5]);
-        let forged = path.macs_for(&ring(1), 4, b"m1'", &m1, 2, &[5]);
+        let m0 = hop(&path, &ring(4), 4, b"m1", &[], 0, &[5]);
+        let m1 = hop(&path, &ring(0), 4, b"m1", &m0, 1, &[5]);
+        let forged = hop(&path, &ring(1), 4, b"m1'", &m1, 2, &[5]);
         assert!(!path.verify_upstream(&ring(2), 4, b"m1'", &forged));
     }
 }

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use bytes::Bytes;
 
-use super::{MAX_SUBSCRIBED_TOPICS, StreamKey, at_step, check_publication, subscribers_of};
+use super::{MAX_SUBSCRIBED_TOPICS, StreamKey, at_step, check_publication};
 use crate::broadcast::Thresholds;
 use crate::broadcast::bracha::{BrachaReplica, ReplicaStep};
 use crate::broadcast::chain::ChainPath;
@@ -28,7 +28,10 @@ pub(crate) struct Broker {
     t: Thresholds,
     chain: ChainPath,
     alpha: u32,
-    subscribers: BTreeMap<NodeId, Vec<u64>>,
+    /// Each subscriber's topic filter, and its inverse kept for the hot path: the
+    /// followers of each topic, ascending by id.
+    subscriptions: BTreeMap<NodeId, Vec<u64>>,
+    followers: BTreeMap<u64, Vec<NodeId>>,
     /// Bracha state per instance; AB and Chain need none until they finish, and the
     /// window remembers that. Whatever algorithm a message names, it cannot lock an
     /// instance against the one the publisher really used.
@@ -40,19 +43,38 @@ impl Broker {
     pub fn new(ctx: &Ctx) -> Self {
         let cluster = &ctx.cfg.cluster;
         let p = &cluster.params;
-        Broker {
+        let mut broker = Broker {
             t: Thresholds { n: ctx.n, f: ctx.f },
             chain: ChainPath::new(&ctx.brokers, ctx.f),
             alpha: p.alpha,
-            subscribers: cluster
-                .nodes
-                .iter()
-                .filter(|n| n.role == Role::Subscriber)
-                .map(|n| (n.id, n.topics.clone()))
-                .collect(),
+            subscriptions: BTreeMap::new(),
+            followers: BTreeMap::new(),
             streams: Streams::new(p.window, p.max_topics_per_publisher),
             flows: BTreeMap::new(),
+        };
+        for n in cluster.nodes.iter().filter(|n| n.role == Role::Subscriber) {
+            broker.subscribe(n.id, n.topics.clone());
         }
+        broker
+    }
+
+    /// Replaces `subscriber`'s filter, updating the followers of the topics it leaves and joins.
+    fn subscribe(&mut self, subscriber: NodeId, topics: Vec<u64>) {
+        for t in self.subscriptions.remove(&subscriber).unwrap_or_default() {
+            if let Some(list) = self.followers.get_mut(&t) {
+                list.retain(|&s| s != subscriber);
+                if list.is_empty() {
+                    self.followers.remove(&t);
+                }
+            }
+        }
+        for &t in &topics {
+            let list = self.followers.entry(t).or_default();
+            if let Err(at) = list.binary_search(&subscriber) {
+                list.insert(at, subscriber);
+            }
+        }
+        self.subscriptions.insert(subscriber, topics);
     }
 
     pub fn live_instances(&self) -> usize {
@@ -65,7 +87,7 @@ impl Broker {
             pb::body::Kind::Subscribe(s)
                 if ctx.role_of(from) == Some(Role::Subscriber) && s.topics.len() <= MAX_SUBSCRIBED_TOPICS =>
             {
-                self.subscribers.insert(from, s.topics);
+                self.subscribe(from, s.topics);
             }
             pb::body::Kind::Publication(p) => self.on_publication(ctx, from, p, msg.raw_body, &msg.macs),
             _ => ctx.fault(from, FaultKind::Unexpected),
@@ -109,8 +131,8 @@ impl Broker {
             (Algorithm::Ab, _) => {
                 window.finish(p.seq);
                 if Self::admit(&mut self.flows, self.alpha, ctx, &p) {
-                    let subs = subscribers_of(&self.subscribers, p.topic);
-                    ctx.send(at_step(&p, pb::Step::Forward), subs);
+                    let subs = followers_of(&self.followers, p.topic);
+                    ctx.send(at_step(&p, pb::Step::Forward), subs.iter().copied());
                 }
             }
             (Algorithm::Chain, _) => {
@@ -129,8 +151,7 @@ impl Broker {
                 // Bracha publications count toward α like the others: the publisher counts
                 // them, and a refused one reaches subscribers through the next history.
                 if r.on_send() && (p.history || Self::admit(&mut self.flows, self.alpha, ctx, &p)) {
-                    let others: Vec<NodeId> = ctx.brokers.iter().copied().filter(|&b| b != ctx.me()).collect();
-                    ctx.send(at_step(&p, pb::Step::Echo), others);
+                    ctx.send_to_brokers(at_step(&p, pb::Step::Echo), &[]);
                     let step = r.on_echo(self.t, ctx.me(), &p.payload);
                     self.bracha_progress(ctx, from, &p, step);
                 }
@@ -167,14 +188,8 @@ impl Broker {
                 return;
             };
             let ready = pb::Publication { payload: content, ..p.clone() };
-            let to: Vec<NodeId> = ctx
-                .brokers
-                .iter()
-                .copied()
-                .filter(|&b| b != ctx.me())
-                .chain(subscribers_of(&self.subscribers, p.topic))
-                .collect();
-            ctx.send(at_step(&ready, pb::Step::Ready), to);
+            let subs = followers_of(&self.followers, p.topic);
+            ctx.send_to_brokers(at_step(&ready, pb::Step::Ready), subs);
             step = r.on_ready(self.t, ctx.me(), &ready.payload);
         }
     }
@@ -182,14 +197,17 @@ impl Broker {
     /// Forwards a Chain body verbatim to the next member, or from the last member to the
     /// topic's subscribers.
     fn forward_chain(&self, ctx: &mut Ctx, p: &pb::Publication, raw: Bytes, upstream: &[pb::Mac]) {
-        let dests = subscribers_of(&self.subscribers, p.topic);
-        let to = match self.chain.successor(ctx.me(), p.publisher) {
-            Some(next) => vec![next],
-            None => dests.clone(),
+        let dests = followers_of(&self.followers, p.topic);
+        let next = self.chain.successor(ctx.me(), p.publisher);
+        let to = match &next {
+            Some(next) => std::slice::from_ref(next),
+            None => dests,
         };
         let sealer = Sealer::from_raw(ctx.me(), raw);
         let chain = &self.chain;
-        ctx.send_sealed(&sealer, to, |keys, t, body| chain.macs_for(keys, p.publisher, body, upstream, t, &dests));
+        ctx.send_sealed(&sealer, to.iter().copied(), |keys, t, body, macs| {
+            chain.macs_for(keys, p.publisher, body, upstream, t, dests, macs)
+        });
     }
 
     /// α flow control for a regular publication seen for the first time: whether to pass
@@ -219,4 +237,9 @@ impl Broker {
             flow.since_history = 0;
         }
     }
+}
+
+/// The subscribers following `topic`, ascending by id.
+fn followers_of(followers: &BTreeMap<u64, Vec<NodeId>>, topic: u64) -> &[NodeId] {
+    followers.get(&topic).map_or(&[], Vec::as_slice)
 }

@@ -23,7 +23,7 @@ pub(crate) use subscriber::Subscriber;
 use crate::config::Role;
 use crate::node::Ctx;
 use crate::wire::pb;
-use crate::{Algorithm, FaultKind, NodeId};
+use crate::{Algorithm, FaultKind};
 
 /// A stream within a publisher: its topic, and whether it is the history stream.
 pub(crate) type StreamKey = (u64, bool);
@@ -45,8 +45,4 @@ pub(crate) fn check_publication(ctx: &Ctx, p: &pb::Publication) -> Result<(Algor
 /// The same publication at another step.
 pub(crate) fn at_step(p: &pb::Publication, step: pb::Step) -> pb::body::Kind {
     pb::body::Kind::Publication(pb::Publication { step: step as i32, ..p.clone() })
-}
-
-pub(crate) fn subscribers_of(subs: &std::collections::BTreeMap<NodeId, Vec<u64>>, topic: u64) -> Vec<NodeId> {
-    subs.iter().filter(|(_, topics)| topics.contains(&topic)).map(|(id, _)| *id).collect()
 }

@@ -106,12 +106,11 @@ impl Publisher {
             Algorithm::Chain => {
                 let sealer = Sealer::new(ctx.me(), body);
                 let (chain, me) = (&self.chain, ctx.me());
-                ctx.send_sealed(&sealer, [chain.head()], |keys, to, body| chain.macs_for(keys, me, body, &[], to, &[]));
+                ctx.send_sealed(&sealer, [chain.head()], |keys, to, body, macs| {
+                    chain.macs_for(keys, me, body, &[], to, &[], macs)
+                });
             }
-            _ => {
-                let brokers = ctx.brokers.clone();
-                ctx.send(body, brokers);
-            }
+            _ => ctx.send_to_brokers(body, &[]),
         }
     }
 
@@ -137,8 +136,7 @@ impl Publisher {
             history: true,
             payload: pb::History { entries }.encode_to_vec().into(),
         };
-        let brokers = ctx.brokers.clone();
-        ctx.send(pb::body::Kind::Publication(history), brokers);
+        ctx.send_to_brokers(pb::body::Kind::Publication(history), &[]);
     }
 
     fn release_queued(&mut self, ctx: &mut Ctx, now: Nanos, topic: u64) {

@@ -68,8 +68,7 @@ impl Subscriber {
             return Err(HandleError::Invalid(format!("more than {MAX_SUBSCRIBED_TOPICS} topics")));
         }
         let body = pb::body::Kind::Subscribe(pb::Subscribe { topics: topics.clone() });
-        let brokers = ctx.brokers.clone();
-        ctx.send(body, brokers);
+        ctx.send_to_brokers(body, &[]);
         for t in &topics {
             if !self.topics.contains(t) && !self.joined_late.contains(t) {
                 self.joined_late.push(*t);
