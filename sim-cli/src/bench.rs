@@ -110,7 +110,8 @@ fn blake3_mib_per_second() -> f64 {
     rounds as f64 / start.elapsed().as_secs_f64()
 }
 
-pub fn run(count: u64) {
+/// Measures every protocol, or only those whose name contains `only` (case-insensitive).
+pub fn run(count: u64, only: &str) {
     let mac_rate = macs_per_second();
     println!(
         "machine: {:.0} MAC/s (keyed BLAKE3, 106-byte input), BLAKE3 {:.0} MiB/s",
@@ -123,7 +124,8 @@ pub fn run(count: u64) {
         "{:<8} {:>3} {:>14} {:>12} {:>16} {:>9}",
         "protocol", "n", "deliveries/s", "MACs/deliv", "crypto floor/s", "of floor"
     );
-    for (algorithm, name) in [(Algorithm::Ab, "AB"), (Algorithm::Bracha, "Bracha"), (Algorithm::Chain, "Chain")] {
+    let all = [(Algorithm::Ab, "AB"), (Algorithm::Bracha, "Bracha"), (Algorithm::Chain, "Chain")];
+    for (algorithm, name) in all.into_iter().filter(|(_, name)| name.to_lowercase().contains(&only.to_lowercase())) {
         for f in [1u32, 2] {
             let (rate, macs) = deliveries_per_second(algorithm, f, count);
             // Each MAC sent is computed once and verified once.

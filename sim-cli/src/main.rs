@@ -52,6 +52,9 @@ enum Command {
         /// Publications per measurement.
         #[arg(long, default_value_t = 200_000)]
         count: u64,
+        /// Only the protocols whose name contains this (ab, bracha, chain).
+        #[arg(long, default_value = "")]
+        only: String,
     },
 }
 
@@ -73,8 +76,8 @@ fn main() -> ExitCode {
         Command::Demo { publications } => demo::run(publications),
         Command::Seeds { protocol, f, from, count, real_every } => seeds(&protocol, f, from, count, real_every),
         Command::Trace { command } => trace(command),
-        Command::Bench { count } => {
-            bench::run(count);
+        Command::Bench { count, only } => {
+            bench::run(count, &only);
             ExitCode::SUCCESS
         }
     }
