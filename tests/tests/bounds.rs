@@ -132,7 +132,7 @@ fn byzantine_histories_keep_pending_publications_bounded() {
     // Genuine-looking histories (complete Bracha through every broker) that never carry
     // seq 1: subscribers can deliver nothing and must hold what fits in the window only.
     for h in 1..=50u64 {
-        let entries = (h + 1..=h + 40).map(|seq| pb::HistoryEntry { seq, payload: seq.to_le_bytes().to_vec() });
+        let entries = (h + 1..=h + 40).map(|seq| pb::HistoryEntry { seq, payload: seq.to_le_bytes().to_vec().into() });
         let body = publication(
             PUBLISHER,
             0,

@@ -63,7 +63,7 @@ fn send_history(broker: &mut Node, publisher: &Forger, topic: u64, hseq: u64, en
     let history = pb::History {
         entries: entries
             .iter()
-            .map(|&seq| pb::HistoryEntry { seq, payload: format!("{topic}/{seq}").into_bytes() })
+            .map(|&seq| pb::HistoryEntry { seq, payload: format!("{topic}/{seq}").into_bytes().into() })
             .collect(),
     };
     let body = publication(PUBLISHER, topic, hseq, Algorithm::Bracha, pb::Step::Send, true, history.encode_to_vec());

@@ -98,7 +98,7 @@ impl Publisher {
         };
         if alpha > 0 {
             t.since_history_bytes += p.payload.len() + ENTRY_OVERHEAD;
-            t.since_history.push(pb::HistoryEntry { seq, payload: p.payload.to_vec() });
+            t.since_history.push(pb::HistoryEntry { seq, payload: p.payload.clone() });
             t.flush_at.get_or_insert(now + flush);
         }
         let body = pb::body::Kind::Publication(p);

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use bytes::Bytes;
 use prost::Message;
 
 use super::{MAX_SUBSCRIBED_TOPICS, StreamKey, check_publication};
@@ -27,7 +28,7 @@ struct Instance {
 struct Order {
     next: u64,
     /// Publications known but not yet deliverable, at most `window` ahead of `next`.
-    pending: BTreeMap<u64, (Vec<u8>, Algorithm, bool)>,
+    pending: BTreeMap<u64, (Bytes, Algorithm, bool)>,
 }
 
 pub(crate) struct Subscriber {
@@ -152,7 +153,7 @@ impl Subscriber {
                 from_history: false,
             }));
         } else {
-            self.order(ctx, p.publisher, p.topic, p.seq, p.payload.to_vec(), alg, false);
+            self.order(ctx, p.publisher, p.topic, p.seq, p.payload, alg, false);
         }
     }
 
@@ -163,7 +164,7 @@ impl Subscriber {
         publisher: NodeId,
         topic: u64,
         seq: u64,
-        payload: Vec<u8>,
+        payload: Bytes,
         alg: Algorithm,
         from_history: bool,
     ) {
@@ -187,6 +188,7 @@ impl Subscriber {
             if let Some(w) = fast_path.as_deref_mut() {
                 w.finish(order.next);
             }
+            let payload = payload.to_vec();
             ctx.push(Output::Deliver(Delivery { publisher, topic, seq: order.next, payload, algorithm, from_history }));
             order.next += 1;
         }
