@@ -9,7 +9,13 @@ fn main() {
         .btree_map(["."])
         // Zero-copy decoding of the hot path: frame bodies, MAC tags and payloads share
         // the received buffer.
-        .bytes([".phalanx.v1.Frame", ".phalanx.v1.Mac", ".phalanx.v1.Publication", ".phalanx.v1.HistoryEntry"])
+        .bytes([
+            ".phalanx.v1.Frame",
+            ".phalanx.v1.Mac",
+            ".phalanx.v1.Publication",
+            ".phalanx.v1.HistoryEntry",
+            ".phalanx.v1.Reply",
+        ])
         .compile_fds(fds)
         .expect("generate prost code");
 }

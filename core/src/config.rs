@@ -47,6 +47,31 @@ pub struct Params {
     pub max_topics_per_publisher: u32,
     /// Publications a publisher holds back while 2α are outstanding without a history.
     pub publish_queue: u32,
+    /// PBFT: most requests in one batch.
+    pub batch_max_count: u32,
+    /// PBFT: most operation bytes in one batch.
+    pub batch_max_bytes: u32,
+    /// PBFT: a partial batch is proposed when its oldest request waited this long.
+    pub batch_timeout_ns: u64,
+    /// PBFT: K, the distance between checkpoints.
+    pub checkpoint_interval: u32,
+    /// PBFT: instances in flight at once (bounded by the 2K watermark window).
+    pub pipeline: u32,
+    /// PBFT: a backup suspects the primary when a request waits this long.
+    pub request_timeout_ns: u64,
+    /// PBFT: pending requests a replica holds per client; more are refused.
+    pub client_queue: u32,
+    /// PBFT: a client retransmits a request unanswered for this long.
+    pub client_retry_ns: u64,
+}
+
+/// Which protocol family a cluster runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Protocol {
+    /// AB, Bracha and Chain with histories: brokers, publishers, subscribers.
+    PubSub,
+    /// PBFT total order: brokers are the replicas, publishers the clients.
+    Pbft,
 }
 
 impl Default for Params {
@@ -58,9 +83,50 @@ impl Default for Params {
             history_flush_ns: 50_000_000,
             max_topics_per_publisher: 64,
             publish_queue: 1024,
+            batch_max_count: 1000,
+            batch_max_bytes: 256 << 10,
+            batch_timeout_ns: 1_000_000,
+            checkpoint_interval: 128,
+            pipeline: 16,
+            request_timeout_ns: 500_000_000,
+            client_queue: 256,
+            client_retry_ns: 250_000_000,
         }
     }
 }
+
+/// Protobuf conversions, each field named once.
+macro_rules! params_pb {
+    ($($field:ident),* $(,)?) => {
+        impl Params {
+            fn from_pb(p: pb::Params) -> Self {
+                let d = Params::default();
+                Params { $($field: p.$field.unwrap_or(d.$field)),* }
+            }
+
+            fn to_pb(&self) -> pb::Params {
+                pb::Params { $($field: Some(self.$field)),* }
+            }
+        }
+    };
+}
+
+params_pb!(
+    alpha,
+    window,
+    max_message_bytes,
+    history_flush_ns,
+    max_topics_per_publisher,
+    publish_queue,
+    batch_max_count,
+    batch_max_bytes,
+    batch_timeout_ns,
+    checkpoint_interval,
+    pipeline,
+    request_timeout_ns,
+    client_queue,
+    client_retry_ns,
+);
 
 /// The public view of a cluster, shared by every node.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -70,6 +136,7 @@ pub struct ClusterConfig {
     pub nodes: Vec<NodeInfo>,
     pub params: Params,
     pub crypto: CryptoMode,
+    pub protocol: Protocol,
 }
 
 /// One node's configuration: the cluster plus its own secrets.
@@ -148,6 +215,9 @@ impl ClusterConfig {
                 4 * p.alpha as u64
             ));
         }
+        if self.protocol == Protocol::Pbft {
+            p.validate_pbft()?;
+        }
         for node in &self.nodes {
             if !node.bls_public_key.validate_with_pop(self.crypto, &node.bls_pop) {
                 return err(format!(
@@ -155,6 +225,33 @@ impl ClusterConfig {
                     node.id
                 ));
             }
+        }
+        Ok(())
+    }
+}
+
+impl Params {
+    fn validate_pbft(&self) -> Result<(), ConfigError> {
+        let p = self;
+        if p.checkpoint_interval == 0 || p.batch_max_count == 0 {
+            return err("params.checkpoint_interval and params.batch_max_count must be at least 1");
+        }
+        if p.pipeline == 0 || p.pipeline > 2 * p.checkpoint_interval {
+            return err(format!(
+                "params.pipeline = {} must be between 1 and 2 * checkpoint_interval = {}",
+                p.pipeline,
+                2 * p.checkpoint_interval as u64
+            ));
+        }
+        if p.batch_max_bytes == 0 || p.batch_max_bytes > p.max_message_bytes / 2 {
+            return err(format!(
+                "params.batch_max_bytes = {} must be between 1 and max_message_bytes / 2 = {}",
+                p.batch_max_bytes,
+                p.max_message_bytes / 2
+            ));
+        }
+        if p.request_timeout_ns == 0 || p.client_retry_ns == 0 {
+            return err("params.request_timeout_ns and params.client_retry_ns must be above 0");
         }
         Ok(())
     }
@@ -264,27 +361,18 @@ impl ClusterConfig {
             });
         }
         nodes.sort_by_key(|n| n.id);
-        let d = Params::default();
-        let p = pb.params.unwrap_or_default();
-        let cfg = ClusterConfig {
-            f: pb.f,
-            nodes,
-            params: Params {
-                alpha: p.alpha.unwrap_or(d.alpha),
-                window: p.window.unwrap_or(d.window),
-                max_message_bytes: p.max_message_bytes.unwrap_or(d.max_message_bytes),
-                history_flush_ns: p.history_flush_ns.unwrap_or(d.history_flush_ns),
-                max_topics_per_publisher: p.max_topics_per_publisher.unwrap_or(d.max_topics_per_publisher),
-                publish_queue: p.publish_queue.unwrap_or(d.publish_queue),
-            },
-            crypto,
+        let protocol = match pb::Protocol::try_from(pb.protocol) {
+            Ok(pb::Protocol::Pubsub) => Protocol::PubSub,
+            Ok(pb::Protocol::Pbft) => Protocol::Pbft,
+            Err(_) => return err(format!("unknown protocol {}", pb.protocol)),
         };
+        let cfg =
+            ClusterConfig { f: pb.f, nodes, params: Params::from_pb(pb.params.unwrap_or_default()), crypto, protocol };
         cfg.validate()?;
         Ok(cfg)
     }
 
     pub fn to_pb(&self) -> pb::ClusterConfig {
-        let p = &self.params;
         pb::ClusterConfig {
             f: self.f,
             nodes: self
@@ -302,17 +390,14 @@ impl ClusterConfig {
                     topics: n.topics.clone(),
                 })
                 .collect(),
-            params: Some(pb::Params {
-                alpha: Some(p.alpha),
-                window: Some(p.window),
-                max_message_bytes: Some(p.max_message_bytes),
-                history_flush_ns: Some(p.history_flush_ns),
-                max_topics_per_publisher: Some(p.max_topics_per_publisher),
-                publish_queue: Some(p.publish_queue),
-            }),
+            params: Some(self.params.to_pb()),
             crypto: match self.crypto {
                 CryptoMode::Real => pb::CryptoMode::Real,
                 CryptoMode::InsecureTest => pb::CryptoMode::InsecureTest,
+            } as i32,
+            protocol: match self.protocol {
+                Protocol::PubSub => pb::Protocol::Pubsub,
+                Protocol::Pbft => pb::Protocol::Pbft,
             } as i32,
         }
     }
@@ -330,6 +415,7 @@ pub struct ClusterSpec {
     pub topics: Vec<u64>,
     pub params: Params,
     pub crypto: CryptoMode,
+    pub protocol: Protocol,
 }
 
 impl ClusterSpec {
@@ -342,6 +428,7 @@ impl ClusterSpec {
             topics: vec![0],
             params: Params::default(),
             crypto: CryptoMode::Real,
+            protocol: Protocol::PubSub,
         }
     }
 }
@@ -370,7 +457,8 @@ pub fn generate_cluster(spec: &ClusterSpec, seed: [u8; 32]) -> Result<Vec<NodeCo
             topics: if role_of(id) == Role::Subscriber { spec.topics.clone() } else { vec![] },
         })
         .collect();
-    let cluster = ClusterConfig { f: spec.f, nodes, params: spec.params.clone(), crypto: spec.crypto };
+    let cluster =
+        ClusterConfig { f: spec.f, nodes, params: spec.params.clone(), crypto: spec.crypto, protocol: spec.protocol };
     cluster.validate()?;
     Ok((0..total)
         .map(|id| NodeConfig {

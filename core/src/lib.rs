@@ -8,6 +8,7 @@
 //!
 //! - [`broadcast`]: Authenticated Broadcast, Bracha's Reliable Broadcast and Chain.
 //! - [`pubsub`]: the publish/subscribe service with history publications built on them.
+//! - [`order`]: PBFT total-order state machine replication.
 //! - [`wire`]: protobuf messages and authenticated frames.
 //! - [`crypto`]: keyed-BLAKE3 MACs, BLAKE3 digests, BLS12-381 signatures.
 //! - [`sim`]: deterministic simulator with Byzantine adversaries and property checkers.
@@ -17,10 +18,13 @@ pub mod broadcast;
 pub mod config;
 pub mod crypto;
 mod node;
+pub mod order;
 pub mod pubsub;
 pub mod sim;
 pub mod trace;
 pub mod wire;
 
-pub use config::{ClusterConfig, ClusterSpec, ConfigError, NodeConfig, Params, Role, generate_cluster};
-pub use node::{Algorithm, Delivery, FaultKind, HandleError, Input, Nanos, Node, NodeId, Output, Request, Stats};
+pub use config::{ClusterConfig, ClusterSpec, ConfigError, NodeConfig, Params, Protocol, Role, generate_cluster};
+pub use node::{
+    Algorithm, Delivery, FaultKind, HandleError, Input, Nanos, Node, NodeId, Operation, Output, Request, Stats,
+};

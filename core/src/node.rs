@@ -7,7 +7,8 @@
 use std::collections::VecDeque;
 use std::fmt;
 
-use crate::config::{ConfigError, NodeConfig, Role};
+use crate::config::{ConfigError, NodeConfig, Protocol, Role};
+use crate::order::{Client, Replica};
 use crate::pubsub::{Broker, Publisher, Subscriber};
 use crate::wire::{self, Keyring, Sealer, pb};
 
@@ -52,6 +53,17 @@ pub enum Request {
     Publish { topic: u64, payload: Vec<u8>, algorithm: Algorithm },
     /// Subscriber: replace the topic filter.
     Subscribe { topics: Vec<u64> },
+    /// PBFT client: order `op` and return its result (`Output::Completed`).
+    Submit { op: Vec<u8> },
+}
+
+/// A client's operation, as ordered by PBFT.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Operation {
+    pub client: NodeId,
+    /// The client's request number: (client, request) executes at most once.
+    pub request: u64,
+    pub op: Vec<u8>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -67,6 +79,17 @@ pub enum Input {
     /// The host made the record of a `Persist` output durable.
     Persisted {
         token: u64,
+    },
+    /// PBFT replica: the host executed batch `seq` (one result per operation) and, when
+    /// `seq` is a multiple of the checkpoint interval, gives the application snapshot.
+    Executed {
+        seq: u64,
+        results: Vec<Vec<u8>>,
+        snapshot: Option<Vec<u8>>,
+    },
+    /// A record persisted before a crash, fed back in order before any other input.
+    Recover {
+        record: Vec<u8>,
     },
 }
 
@@ -103,10 +126,14 @@ pub enum FaultKind {
     ConflictingHistory,
     /// More streams than `max_topics_per_publisher` for one publisher.
     TooManyStreams,
+    /// A client with `client_queue` requests pending sent more; refused.
+    QueueFull,
+    /// A signature that does not verify (view change, checkpoint or state transfer).
+    BadSignature,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 9] = [
+    pub const ALL: [FaultKind; 11] = [
         FaultKind::Oversized,
         FaultKind::Malformed,
         FaultKind::ForgedSender,
@@ -116,6 +143,8 @@ impl FaultKind {
         FaultKind::Equivocation,
         FaultKind::ConflictingHistory,
         FaultKind::TooManyStreams,
+        FaultKind::QueueFull,
+        FaultKind::BadSignature,
     ];
 
     pub fn name(self) -> &'static str {
@@ -129,6 +158,8 @@ impl FaultKind {
             FaultKind::Equivocation => "equivocation",
             FaultKind::ConflictingHistory => "conflicting_history",
             FaultKind::TooManyStreams => "too_many_streams",
+            FaultKind::QueueFull => "queue_full",
+            FaultKind::BadSignature => "bad_signature",
         }
     }
 
@@ -153,6 +184,23 @@ pub enum Output {
     Fault {
         node: NodeId,
         kind: FaultKind,
+    },
+    /// PBFT replica: execute batch `seq` (in order, exactly once) and answer
+    /// `Input::Executed`.
+    Execute {
+        seq: u64,
+        ops: Vec<Operation>,
+    },
+    /// PBFT client: request `request` completed with `result` (f+1 replicas agree).
+    Completed {
+        request: u64,
+        result: Vec<u8>,
+    },
+    /// PBFT replica: state transfer — replace the application state with `snapshot`,
+    /// taken after batch `seq`.
+    Restore {
+        seq: u64,
+        snapshot: Vec<u8>,
     },
 }
 
@@ -193,6 +241,14 @@ pub(crate) struct Ctx {
     pub f: usize,
     pub stats: Stats,
     out: VecDeque<Output>,
+    /// Persist before send (DESIGN §2 rule 4): outputs produced after a `Persist` wait
+    /// here, tagged with its token, until the host acknowledges every token up to it.
+    held: VecDeque<(u64, Output)>,
+    next_token: u64,
+    /// Every token up to this one is acknowledged; `acked_ahead` holds later ones
+    /// acknowledged out of order.
+    acked: u64,
+    acked_ahead: std::collections::BTreeSet<u64>,
 }
 
 impl Ctx {
@@ -200,12 +256,40 @@ impl Ctx {
         self.cfg.id
     }
 
+    /// Queues an output, behind any persistence it depends on.
     pub fn push(&mut self, o: Output) {
-        self.out.push_back(o);
+        if self.next_token > self.acked + 1 {
+            self.held.push_back((self.next_token - 1, o));
+        } else {
+            self.out.push_back(o);
+        }
     }
 
     pub fn fault(&mut self, node: NodeId, kind: FaultKind) {
-        self.out.push_back(Output::Fault { node, kind });
+        self.push(Output::Fault { node, kind });
+    }
+
+    /// Asks the host to make `record` durable; every output pushed after this waits
+    /// for the acknowledgement.
+    pub fn persist(&mut self, record: Vec<u8>) {
+        let token = self.next_token;
+        self.next_token += 1;
+        self.out.push_back(Output::Persist { token, record });
+    }
+
+    /// The host made `token` durable: releases what waited on it and on earlier tokens.
+    pub fn persisted(&mut self, token: u64) {
+        if token <= self.acked || token >= self.next_token {
+            return;
+        }
+        self.acked_ahead.insert(token);
+        while self.acked_ahead.remove(&(self.acked + 1)) {
+            self.acked += 1;
+        }
+        while self.held.front().is_some_and(|(t, _)| *t <= self.acked) {
+            let (_, o) = self.held.pop_front().expect("front exists");
+            self.out.push_back(o);
+        }
     }
 
     pub fn role_of(&self, id: NodeId) -> Option<Role> {
@@ -237,7 +321,7 @@ impl Ctx {
             entries.clear();
             macs(&self.keys, t, &sealer.body, &mut entries);
             let bytes = sealer.seal(&entries);
-            self.out.push_back(Output::Send { to: t, bytes });
+            self.push(Output::Send { to: t, bytes });
         }
     }
 }
@@ -258,10 +342,13 @@ enum RoleMachine {
     Broker(Broker),
     Publisher(Publisher),
     Subscriber(Subscriber),
+    Replica(Replica),
+    Client(Client),
 }
 
-/// A Phalanx node: one role of the publish/subscribe family (broker, publisher or
-/// subscriber) behind the uniform sans-IO shape.
+/// A Phalanx node behind the uniform sans-IO shape: a broker, publisher or subscriber of
+/// the publish/subscribe family, or a PBFT replica or client (the cluster's protocol
+/// decides; PBFT's replicas are the brokers and its clients the publishers).
 pub struct Node {
     ctx: Ctx,
     role: RoleMachine,
@@ -283,11 +370,20 @@ impl Node {
             cfg,
             stats: Stats::default(),
             out: VecDeque::new(),
+            held: VecDeque::new(),
+            next_token: 1,
+            acked: 0,
+            acked_ahead: Default::default(),
         };
-        let role = match me.role {
-            Role::Broker => RoleMachine::Broker(Broker::new(&ctx)),
-            Role::Publisher => RoleMachine::Publisher(Publisher::new(&ctx)),
-            Role::Subscriber => RoleMachine::Subscriber(Subscriber::new(&ctx, me.topics.clone())),
+        let role = match (ctx.cfg.cluster.protocol, me.role) {
+            (Protocol::PubSub, Role::Broker) => RoleMachine::Broker(Broker::new(&ctx)),
+            (Protocol::PubSub, Role::Publisher) => RoleMachine::Publisher(Publisher::new(&ctx)),
+            (Protocol::PubSub, Role::Subscriber) => RoleMachine::Subscriber(Subscriber::new(&ctx, me.topics.clone())),
+            (Protocol::Pbft, Role::Broker) => RoleMachine::Replica(Replica::new(&ctx)),
+            (Protocol::Pbft, Role::Publisher) => RoleMachine::Client(Client::new(&ctx)),
+            (Protocol::Pbft, Role::Subscriber) => {
+                return Err(ConfigError(format!("node {}: PBFT has replicas and clients, no subscribers", me.id)));
+            }
         };
         Ok(Node { ctx, role })
     }
@@ -303,8 +399,8 @@ impl Node {
 
     pub fn role(&self) -> Role {
         match self.role {
-            RoleMachine::Broker(_) => Role::Broker,
-            RoleMachine::Publisher(_) => Role::Publisher,
+            RoleMachine::Broker(_) | RoleMachine::Replica(_) => Role::Broker,
+            RoleMachine::Publisher(_) | RoleMachine::Client(_) => Role::Publisher,
             RoleMachine::Subscriber(_) => Role::Subscriber,
         }
     }
@@ -313,13 +409,16 @@ impl Node {
         &self.ctx.stats
     }
 
-    /// Broadcast instances and pending publications held in memory: bounded by the
-    /// window, the stream limits and the cluster size, whatever peers send.
+    /// Protocol instances and pending items held in memory (broadcast instances and
+    /// pending publications; PBFT log slots and queued requests): bounded by windows,
+    /// stream and queue limits and the cluster size, whatever peers send.
     pub fn live_instances(&self) -> usize {
         match &self.role {
             RoleMachine::Broker(b) => b.live_instances(),
             RoleMachine::Publisher(_) => 0,
             RoleMachine::Subscriber(s) => s.live_instances(),
+            RoleMachine::Replica(r) => r.live_instances(),
+            RoleMachine::Client(c) => c.live_instances(),
         }
     }
 
@@ -336,6 +435,8 @@ impl Node {
                         RoleMachine::Broker(b) => b.on_message(&mut self.ctx, msg),
                         RoleMachine::Publisher(p) => p.on_message(&mut self.ctx, now, msg),
                         RoleMachine::Subscriber(s) => s.on_message(&mut self.ctx, msg),
+                        RoleMachine::Replica(r) => r.on_message(&mut self.ctx, now, msg),
+                        RoleMachine::Client(c) => c.on_message(&mut self.ctx, msg),
                     },
                     Err(kind) => self.ctx.fault(from, kind),
                 }
@@ -346,22 +447,37 @@ impl Node {
                     p.publish(&mut self.ctx, now, topic, payload, algorithm)
                 }
                 (RoleMachine::Subscriber(s), Request::Subscribe { topics }) => s.subscribe(&mut self.ctx, topics),
+                (RoleMachine::Client(c), Request::Submit { op }) => c.submit(&mut self.ctx, now, op),
                 (_, req) => Err(HandleError::WrongRole {
                     role: self.role(),
                     request: match req {
                         Request::Publish { .. } => "publish",
                         Request::Subscribe { .. } => "subscribe",
+                        Request::Submit { .. } => "submit",
                     },
                 }),
             },
             Input::Timeout => {
-                if let RoleMachine::Publisher(p) = &mut self.role {
-                    p.on_timeout(&mut self.ctx, now);
+                match &mut self.role {
+                    RoleMachine::Publisher(p) => p.on_timeout(&mut self.ctx, now),
+                    RoleMachine::Replica(r) => r.on_timeout(&mut self.ctx, now),
+                    RoleMachine::Client(c) => c.on_timeout(&mut self.ctx, now),
+                    _ => {}
                 }
                 Ok(())
             }
-            // The broadcast family keeps no durable state; nothing waits on a token.
-            Input::Persisted { .. } => Ok(()),
+            Input::Persisted { token } => {
+                self.ctx.persisted(token);
+                Ok(())
+            }
+            Input::Executed { seq, results, snapshot } => match &mut self.role {
+                RoleMachine::Replica(r) => r.on_executed(&mut self.ctx, now, seq, results, snapshot),
+                _ => Err(HandleError::WrongRole { role: self.role(), request: "executed" }),
+            },
+            Input::Recover { record } => match &mut self.role {
+                RoleMachine::Replica(r) => r.recover(&mut self.ctx, &record),
+                _ => Err(HandleError::WrongRole { role: self.role(), request: "recover" }),
+            },
         }
     }
 
@@ -372,6 +488,8 @@ impl Node {
     pub fn poll_timeout(&self) -> Option<Nanos> {
         match &self.role {
             RoleMachine::Publisher(p) => p.next_deadline(),
+            RoleMachine::Replica(r) => r.next_deadline(),
+            RoleMachine::Client(c) => c.next_deadline(),
             _ => None,
         }
     }

@@ -49,6 +49,9 @@ impl Bench {
                 Output::Deliver(_) => self.deliveries += 1,
                 Output::Fault { node, kind } => panic!("fault in a correct cluster: {node} {kind:?}"),
                 Output::Persist { .. } => {}
+                Output::Execute { .. } | Output::Restore { .. } | Output::Completed { .. } => {
+                    unreachable!("PBFT outputs from a publish/subscribe cluster")
+                }
             }
         }
     }

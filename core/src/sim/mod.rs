@@ -6,17 +6,24 @@
 //! Byzantine nodes run the real protocol and an [`adversary::Behavior`] rewrites what
 //! they send. Everything is ordered by `BTreeMap`s and one seeded generator, so a seed
 //! reproduces a run bit for bit.
+//!
+//! Each host is also the application host a PBFT replica needs: it executes ordered
+//! batches against a [`kv::Kv`], restores it from state-transfer snapshots, and keeps
+//! durable storage, the records it acknowledged, which a restarted replica gets back.
 
 pub mod adversary;
 pub mod check;
+pub mod kv;
+pub mod order_scenario;
 pub mod scenario;
 
 use std::collections::BTreeMap;
 
 use crate::trace::Recorder;
 use crate::wire::Keyring;
-use crate::{Delivery, FaultKind, HandleError, Input, Nanos, Node, NodeConfig, NodeId, Output, Request};
+use crate::{Delivery, FaultKind, HandleError, Input, Nanos, Node, NodeConfig, NodeId, Operation, Output, Request};
 use adversary::Behavior;
+use kv::Kv;
 
 /// SplitMix64: small, fast, and the same on every platform.
 #[derive(Clone, Debug)]
@@ -108,13 +115,21 @@ struct Host {
     timer_at: Option<Nanos>,
     /// Frames seen, for the replay adversary (bounded).
     seen: Vec<(NodeId, Vec<u8>)>,
+    /// The application a PBFT replica orders for; lost in a crash.
+    app: Kv,
+    /// Every record the host acknowledged as persisted, in order; survives a crash.
+    storage: Vec<Vec<u8>>,
 }
 
+/// What happens at a simulated time. Storage writes (`Persisted`) and executions
+/// (`Executed`) complete as events of their own, for the incarnation that started them:
+/// a crash in between loses them.
 enum Event {
     Message { to: usize, from: NodeId, bytes: Vec<u8> },
     Timer { host: usize, generation: u64 },
     Request { host: usize, request: Request },
-    Persisted { host: usize, token: u64 },
+    Persisted { host: usize, incarnation: u32, token: u64, record: Vec<u8> },
+    Executed { host: usize, incarnation: u32, seq: u64, results: Vec<Vec<u8>>, snapshot: Option<Vec<u8>> },
     Crash { host: usize },
     Restart { host: usize },
     Isolate { nodes: Vec<NodeId> },
@@ -132,6 +147,47 @@ pub struct Observed {
     pub delivery: Delivery,
 }
 
+/// What a PBFT replica host applied to its application.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Applied {
+    /// Executed this batch (`Output::Execute`).
+    Batch(Vec<Operation>),
+    /// Replaced the state with this snapshot (`Output::Restore`, state transfer).
+    Snapshot(Vec<u8>),
+}
+
+/// One step of a replica host's application, in the order the host took them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Execution {
+    pub at: Nanos,
+    pub host: usize,
+    pub node: NodeId,
+    pub incarnation: u32,
+    pub seq: u64,
+    pub applied: Applied,
+}
+
+/// A request a client host accepted (`Request::Submit` that `handle` did not refuse).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Submission {
+    pub at: Nanos,
+    pub host: usize,
+    pub node: NodeId,
+    pub incarnation: u32,
+    pub op: Vec<u8>,
+}
+
+/// A request a client host saw complete (`Output::Completed`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Completion {
+    pub at: Nanos,
+    pub host: usize,
+    pub node: NodeId,
+    pub incarnation: u32,
+    pub request: u64,
+    pub result: Vec<u8>,
+}
+
 /// Everything a run produced, for property checks and reports.
 #[derive(Debug, Default)]
 pub struct Log {
@@ -140,6 +196,9 @@ pub struct Log {
     pub messages_sent: u64,
     pub bytes_sent: u64,
     pub rejected_requests: Vec<(NodeId, String)>,
+    pub executed: Vec<Execution>,
+    pub submitted: Vec<Submission>,
+    pub completed: Vec<Completion>,
 }
 
 pub struct Sim {
@@ -197,6 +256,8 @@ impl Sim {
             timer_generation: 0,
             timer_at: None,
             seen: Vec::new(),
+            app: Kv::new(),
+            storage: Vec::new(),
         });
         self.incarnations.push(0);
         self.hosts.len() - 1
@@ -220,6 +281,20 @@ impl Sim {
             Machine::Plain(n) => n,
             Machine::Recording(r) => r.node(),
         }
+    }
+
+    pub fn hosts(&self) -> usize {
+        self.hosts.len()
+    }
+
+    /// A host's application state now.
+    pub fn app(&self, host: usize) -> &Kv {
+        &self.hosts[host].app
+    }
+
+    /// When the next event happens, if any is left.
+    pub fn next_event_at(&self) -> Option<Nanos> {
+        self.events.first_key_value().map(|((at, _), _)| *at)
     }
 
     fn schedule(&mut self, at: Nanos, event: Event) {
@@ -277,12 +352,27 @@ impl Sim {
             }
             Event::Request { host, request } => {
                 if !self.hosts[host].crashed {
-                    self.input(host, Input::Request(request));
+                    let op = match &request {
+                        Request::Submit { op } => Some(op.clone()),
+                        _ => None,
+                    };
+                    if self.input(host, Input::Request(request))
+                        && let Some(op) = op
+                    {
+                        let (node, incarnation) = (self.hosts[host].id, self.incarnations[host]);
+                        self.log.submitted.push(Submission { at: self.now, host, node, incarnation, op });
+                    }
                 }
             }
-            Event::Persisted { host, token } => {
-                if !self.hosts[host].crashed {
+            Event::Persisted { host, incarnation, token, record } => {
+                if self.alive(host, incarnation) {
+                    self.hosts[host].storage.push(record);
                     self.input(host, Input::Persisted { token });
+                }
+            }
+            Event::Executed { host, incarnation, seq, results, snapshot } => {
+                if self.alive(host, incarnation) {
+                    self.input(host, Input::Executed { seq, results, snapshot });
                 }
             }
             Event::Crash { host } => {
@@ -293,8 +383,16 @@ impl Sim {
             }
             Event::Restart { host } => {
                 let h = &mut self.hosts[host];
-                // The broadcast family keeps nothing durable: a restart is a fresh node.
-                h.machine = Machine::Plain(Node::new(h.config.clone()).expect("valid config"));
+                // A fresh node and an empty application; only what it persisted survives
+                // (the broadcast family persists nothing), handed back before any input.
+                let mut node = Node::new(h.config.clone()).expect("valid config");
+                for record in h.storage.clone() {
+                    if let Err(e) = node.handle(self.now, Input::Recover { record }) {
+                        self.log.rejected_requests.push((h.id, e.to_string()));
+                    }
+                }
+                h.machine = Machine::Plain(node);
+                h.app = Kv::new();
                 h.crashed = false;
                 self.incarnations[host] += 1;
                 self.after_input(host);
@@ -309,12 +407,21 @@ impl Sim {
         }
     }
 
-    fn input(&mut self, host: usize, input: Input) {
+    /// Whether `incarnation` of `host` is the one running: events it caused before a
+    /// crash die with it.
+    fn alive(&self, host: usize, incarnation: u32) -> bool {
+        !self.hosts[host].crashed && self.incarnations[host] == incarnation
+    }
+
+    /// Feeds one input and drains the outputs; false if the node refused it.
+    fn input(&mut self, host: usize, input: Input) -> bool {
         let id = self.hosts[host].id;
-        if let Err(e) = self.hosts[host].machine.handle(self.now, input) {
+        let result = self.hosts[host].machine.handle(self.now, input);
+        if let Err(e) = &result {
             self.log.rejected_requests.push((id, e.to_string()));
         }
         self.after_input(host);
+        result.is_ok()
     }
 
     /// Drains a host's outputs into the network and the log, and re-arms its timer.
@@ -330,8 +437,29 @@ impl Sim {
                     delivery,
                 }),
                 Output::Fault { node, kind } => *self.log.faults.entry((node, kind)).or_insert(0) += 1,
-                // No storage here: acknowledge at once, as DESIGN §2 allows.
-                Output::Persist { token, .. } => self.schedule(self.now, Event::Persisted { host, token }),
+                // Storage that completes at once, acknowledged as a separate event.
+                Output::Persist { token, record } => {
+                    let incarnation = self.incarnations[host];
+                    self.schedule(self.now, Event::Persisted { host, incarnation, token, record });
+                }
+                Output::Execute { seq, ops } => self.execute(host, seq, ops),
+                Output::Restore { seq, snapshot } => {
+                    // A replica restores only a snapshot whose digest 2f+1 replicas
+                    // certified; one that does not decode is left for the checker, which
+                    // compares every restored snapshot with the agreed state.
+                    if let Ok(app) = Kv::restore(&snapshot) {
+                        self.hosts[host].app = app;
+                    }
+                    self.record_execution(host, seq, Applied::Snapshot(snapshot));
+                }
+                Output::Completed { request, result } => self.log.completed.push(Completion {
+                    at: self.now,
+                    host,
+                    node: self.hosts[host].id,
+                    incarnation: self.incarnations[host],
+                    request,
+                    result,
+                }),
             }
         }
         let h = &mut self.hosts[host];
@@ -344,6 +472,23 @@ impl Sim {
                 self.schedule(at, Event::Timer { host, generation });
             }
         }
+    }
+
+    /// Executes a batch against the host's application and answers `Input::Executed` at
+    /// the same simulated time, with the snapshot every checkpoint interval.
+    fn execute(&mut self, host: usize, seq: u64, ops: Vec<Operation>) {
+        let h = &mut self.hosts[host];
+        let results = ops.iter().map(|o| h.app.execute(&o.op)).collect();
+        let interval = h.config.cluster.params.checkpoint_interval as u64;
+        let snapshot = (seq % interval == 0).then(|| h.app.snapshot());
+        let incarnation = self.incarnations[host];
+        self.schedule(self.now, Event::Executed { host, incarnation, seq, results, snapshot });
+        self.record_execution(host, seq, Applied::Batch(ops));
+    }
+
+    fn record_execution(&mut self, host: usize, seq: u64, applied: Applied) {
+        let (node, incarnation) = (self.hosts[host].id, self.incarnations[host]);
+        self.log.executed.push(Execution { at: self.now, host, node, incarnation, seq, applied });
     }
 
     /// A send from `host`, through its adversary behaviour, onto the network.

@@ -56,6 +56,10 @@ impl fmt::Display for Dump<'_> {
                     Some(pb::output_record::Kind::Send(s)) => {
                         writeln!(f, "    -> {}: {}", describe_output(o), frame(&s.bytes))?
                     }
+                    // Only PBFT replicas persist, and what they persist is a ReplicaRecord.
+                    Some(pb::output_record::Kind::Persist(p)) => {
+                        writeln!(f, "    -> {}: {}", describe_output(o), replica_record(&p.record))?
+                    }
                     _ => writeln!(f, "    -> {}", describe_output(o))?,
                 }
             }
@@ -85,12 +89,67 @@ fn undecodable(len: usize) -> String {
     format!("<{len} undecodable bytes>")
 }
 
-/// A topic list, abbreviated: a subscription may name thousands.
-fn topics(t: &[u64]) -> String {
+/// A list, abbreviated: a subscription may name thousands of topics, a view change
+/// hundreds of prepared slots.
+fn list<T: fmt::Display>(items: &[T]) -> String {
     const SHOWN: usize = 8;
-    let head: Vec<String> = t.iter().take(SHOWN).map(u64::to_string).collect();
-    let more = if t.len() > SHOWN { format!(", … ({} in all)", t.len()) } else { String::new() };
-    format!("topics [{}{more}]", head.join(", "))
+    let head: Vec<String> = items.iter().take(SHOWN).map(T::to_string).collect();
+    let more = if items.len() > SHOWN { format!(", … ({} in all)", items.len()) } else { String::new() };
+    format!("[{}{more}]", head.join(", "))
+}
+
+fn topics(t: &[u64]) -> String {
+    format!("topics {}", list(t))
+}
+
+/// The first 4 bytes of a digest in hex: enough to match votes to their proposal by eye.
+fn digest(d: &[u8]) -> String {
+    if d.is_empty() {
+        return "<none>".into();
+    }
+    d.iter().take(4).map(|b| format!("{b:02x}")).collect()
+}
+
+/// Operation count and total op bytes of a batch.
+fn ops(ops: &[pb::Operation]) -> String {
+    format!("{} ops ({} bytes)", ops.len(), ops.iter().map(|o| o.op.len()).sum::<usize>())
+}
+
+fn pre_prepare(p: &pb::PrePrepare) -> String {
+    let batch = match &p.batch {
+        // The digest votes carry, so a PREPARE or COMMIT can be matched to it.
+        Some(b) => format!("digest {} batch {}", digest(&crate::order::batch_digest(b)), ops(&b.ops)),
+        None => "no batch".into(),
+    };
+    format!("view {} seq {} {batch}", p.view, p.seq)
+}
+
+fn vote(v: &pb::Vote) -> String {
+    let signed = if v.signature.is_empty() { "" } else { " signed" };
+    format!("view {} seq {} digest {}{signed}", v.view, v.seq, digest(&v.digest))
+}
+
+fn certificate(c: Option<&pb::Certificate>) -> String {
+    match c {
+        Some(c) => format!("view {} seq {} digest {} signers {}", c.view, c.seq, digest(&c.digest), list(&c.signers)),
+        None => "<no certificate>".into(),
+    }
+}
+
+/// A replica's persisted record (what `Persist` outputs and `Recover` inputs carry).
+fn replica_record(bytes: &[u8]) -> String {
+    use pb::replica_record::Kind;
+    match pb::ReplicaRecord::decode(bytes) {
+        Ok(pb::ReplicaRecord { kind: Some(kind) }) => match kind {
+            Kind::View(v) => format!("view {v}"),
+            Kind::Accepted(p) => format!("accepted PrePrepare {}", pre_prepare(&p)),
+            Kind::Prepared(v) => format!("prepared {}", vote(&v)),
+            Kind::Committed(v) => format!("committed {}", vote(&v)),
+            Kind::Stable(c) => format!("stable checkpoint {}", certificate(Some(&c))),
+        },
+        Ok(pb::ReplicaRecord { kind: None }) => "empty record".into(),
+        Err(_) => undecodable(bytes.len()),
+    }
 }
 
 /// A frame decoded as far as it goes; MACs are counted, not checked (that needs keys).
@@ -122,6 +181,37 @@ fn body(kind: &pb::body::Kind) -> String {
             format!("PubStatus {} topic {} seq {}", name(s.kind, pb::PubStatusKind::as_str_name), s.topic, s.seq)
         }
         Kind::Subscribe(s) => format!("Subscribe {}", topics(&s.topics)),
+        Kind::Request(o) => format!("Request client {} request {} op {} bytes", o.client, o.request, o.op.len()),
+        Kind::PrePrepare(p) => format!("PrePrepare {}", pre_prepare(p)),
+        Kind::Prepare(v) => format!("Prepare {}", vote(v)),
+        Kind::Commit(v) => format!("Commit {}", vote(v)),
+        Kind::Reply(r) => format!("Reply view {} request {} result {} bytes", r.view, r.request, r.result.len()),
+        Kind::Checkpoint(c) => format!("Checkpoint seq {} digest {}", c.seq, digest(&c.digest)),
+        Kind::ViewChange(v) => {
+            let prepared: Vec<String> = v
+                .prepared
+                .iter()
+                .map(|e| e.certificate.as_ref().map_or_else(|| "?".into(), |c| c.seq.to_string()))
+                .collect();
+            format!(
+                "ViewChange to view {} stable {} prepared seqs {}",
+                v.view,
+                certificate(v.stable.as_ref()),
+                list(&prepared)
+            )
+        }
+        Kind::NewView(n) => {
+            let senders: Vec<u32> = n.view_changes.iter().map(|v| v.sender).collect();
+            format!("NewView view {} view changes from {}", n.view, list(&senders))
+        }
+        Kind::FetchState(x) => format!("FetchState seq {}", x.seq),
+        Kind::State(x) => {
+            let state = match pb::CheckpointState::decode(x.state.as_slice()) {
+                Ok(s) => format!("app {} bytes, {} clients", s.app.len(), s.clients.len()),
+                Err(_) => undecodable(x.state.len()),
+            };
+            format!("State checkpoint {} state {state}", certificate(x.checkpoint.as_ref()))
+        }
     }
 }
 
@@ -138,10 +228,19 @@ fn describe_input(input: Option<&pb::InputRecord>) -> String {
                 p.payload.len()
             ),
             Some(Req::Subscribe(s)) => format!("Request Subscribe {}", topics(&s.topics)),
+            Some(Req::Submit(s)) => format!("Request Submit op {} bytes", s.op.len()),
             None => "Request <no kind>".into(),
         },
         Some(Kind::Timeout(_)) => "Timeout".into(),
         Some(Kind::Persisted(p)) => format!("Persisted token {}", p.token),
+        Some(Kind::Executed(e)) => format!(
+            "Executed seq {}: {} results ({} bytes), {}",
+            e.seq,
+            e.results.len(),
+            e.results.iter().map(Vec::len).sum::<usize>(),
+            e.snapshot.as_ref().map_or_else(|| "no snapshot".into(), |s| format!("snapshot {} bytes", s.len()))
+        ),
+        Some(Kind::Recover(r)) => format!("Recover ({} bytes): {}", r.record.len(), replica_record(&r.record)),
         None => "<no input>".into(),
     }
 }
@@ -162,6 +261,9 @@ pub(super) fn describe_output(o: &pb::OutputRecord) -> String {
         ),
         Some(Kind::Persist(p)) => format!("Persist token {} ({} bytes)", p.token, p.record.len()),
         Some(Kind::Fault(x)) => format!("Fault node {} {}", x.node, x.kind.escape_debug()),
+        Some(Kind::Execute(e)) => format!("Execute seq {}: {}", e.seq, ops(&e.ops)),
+        Some(Kind::Completed(c)) => format!("Completed request {} result {} bytes", c.request, c.result.len()),
+        Some(Kind::Restore(r)) => format!("Restore seq {} snapshot {} bytes", r.seq, r.snapshot.len()),
         None => "<no output>".into(),
     }
 }

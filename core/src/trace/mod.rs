@@ -35,7 +35,7 @@ pub use recorder::Recorder;
 pub use replay::{ReplaySummary, replay};
 
 use crate::wire::pb;
-use crate::{Algorithm, Delivery, FaultKind, Input, Output, Request};
+use crate::{Algorithm, Delivery, FaultKind, Input, Operation, Output, Request};
 
 /// The `format` string of every trace header.
 pub const FORMAT: &str = "phalanx-trace";
@@ -108,8 +108,13 @@ pub fn input_to_pb(input: &Input) -> pb::InputRecord {
         Input::Request(Request::Subscribe { topics }) => {
             request(Req::Subscribe(pb::SubscribeRequest { topics: topics.clone() }))
         }
+        Input::Request(Request::Submit { op }) => request(Req::Submit(pb::SubmitRequest { op: op.clone() })),
         Input::Timeout => Kind::Timeout(pb::TimeoutInput {}),
         Input::Persisted { token } => Kind::Persisted(pb::PersistedInput { token: *token }),
+        Input::Executed { seq, results, snapshot } => {
+            Kind::Executed(pb::ExecutedInput { seq: *seq, results: results.clone(), snapshot: snapshot.clone() })
+        }
+        Input::Recover { record } => Kind::Recover(pb::RecoverInput { record: record.clone() }),
     };
     pb::InputRecord { kind: Some(kind) }
 }
@@ -125,9 +130,12 @@ pub fn input_from_pb(record: pb::InputRecord) -> Result<Input, TraceError> {
                 Request::Publish { topic: p.topic, payload: p.payload, algorithm: algorithm_from_pb(p.algorithm)? }
             }
             Req::Subscribe(s) => Request::Subscribe { topics: s.topics },
+            Req::Submit(s) => Request::Submit { op: s.op },
         }),
         Kind::Timeout(_) => Input::Timeout,
         Kind::Persisted(p) => Input::Persisted { token: p.token },
+        Kind::Executed(e) => Input::Executed { seq: e.seq, results: e.results, snapshot: e.snapshot },
+        Kind::Recover(r) => Input::Recover { record: r.record },
     })
 }
 
@@ -145,6 +153,13 @@ pub fn output_to_pb(output: &Output) -> pb::OutputRecord {
         }),
         Output::Persist { token, record } => Kind::Persist(pb::PersistOutput { token: *token, record: record.clone() }),
         Output::Fault { node, kind } => Kind::Fault(pb::FaultOutput { node: *node, kind: kind.name().to_owned() }),
+        Output::Execute { seq, ops } => {
+            Kind::Execute(pb::ExecuteOutput { seq: *seq, ops: ops.iter().map(pb::Operation::from).collect() })
+        }
+        Output::Completed { request, result } => {
+            Kind::Completed(pb::CompletedOutput { request: *request, result: result.clone() })
+        }
+        Output::Restore { seq, snapshot } => Kind::Restore(pb::RestoreOutput { seq: *seq, snapshot: snapshot.clone() }),
     };
     pb::OutputRecord { kind: Some(kind) }
 }
@@ -168,5 +183,8 @@ pub fn output_from_pb(record: pb::OutputRecord) -> Result<Output, TraceError> {
             node: f.node,
             kind: FaultKind::from_name(&f.kind).ok_or_else(|| malformed(format!("unknown fault kind {:?}", f.kind)))?,
         },
+        Kind::Execute(e) => Output::Execute { seq: e.seq, ops: e.ops.into_iter().map(Operation::from).collect() },
+        Kind::Completed(c) => Output::Completed { request: c.request, result: c.result },
+        Kind::Restore(r) => Output::Restore { seq: r.seq, snapshot: r.snapshot },
     })
 }

@@ -21,6 +21,10 @@ pub struct ReplaySummary {
     pub deliveries: usize,
     pub persists: usize,
     pub faults: usize,
+    /// PBFT: batches handed to the host, requests completed at a client, state transfers.
+    pub executes: usize,
+    pub completions: usize,
+    pub restores: usize,
     /// BLAKE3 over every output's length-delimited `OutputRecord` encoding, in order: a
     /// host that keeps only this digest can still compare runs.
     pub digest: Digest,
@@ -30,8 +34,18 @@ impl fmt::Display for ReplaySummary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} records ({} refused), {} outputs ({} sends, {} deliveries, {} persists, {} faults), digest ",
-            self.records, self.refused, self.outputs, self.sends, self.deliveries, self.persists, self.faults
+            "{} records ({} refused), {} outputs ({} sends, {} deliveries, {} persists, {} faults, {} executes, \
+             {} completions, {} restores), digest ",
+            self.records,
+            self.refused,
+            self.outputs,
+            self.sends,
+            self.deliveries,
+            self.persists,
+            self.faults,
+            self.executes,
+            self.completions,
+            self.restores
         )?;
         self.digest.iter().try_for_each(|b| write!(f, "{b:02x}"))
     }
@@ -54,7 +68,9 @@ fn output_bytes(o: &pb::OutputRecord) -> Option<(&'static str, &[u8])> {
         Kind::Send(s) => Some(("send", &s.bytes)),
         Kind::Deliver(d) => Some(("deliver", &d.payload)),
         Kind::Persist(p) => Some(("persist", &p.record)),
-        Kind::Fault(_) => None,
+        Kind::Completed(c) => Some(("completed", &c.result)),
+        Kind::Restore(r) => Some(("restore", &r.snapshot)),
+        Kind::Fault(_) | Kind::Execute(_) => None,
     }
 }
 
@@ -80,6 +96,9 @@ pub fn replay(trace: &Trace) -> Result<ReplaySummary, TraceError> {
         deliveries: 0,
         persists: 0,
         faults: 0,
+        executes: 0,
+        completions: 0,
+        restores: 0,
         digest: Digest::default(),
     };
     let mut digest = blake3::Hasher::new();
@@ -114,6 +133,9 @@ pub fn replay(trace: &Trace) -> Result<ReplaySummary, TraceError> {
                 Output::Deliver(_) => summary.deliveries += 1,
                 Output::Persist { .. } => summary.persists += 1,
                 Output::Fault { .. } => summary.faults += 1,
+                Output::Execute { .. } => summary.executes += 1,
+                Output::Completed { .. } => summary.completions += 1,
+                Output::Restore { .. } => summary.restores += 1,
             }
         }
         if let Some(missing) = record.outputs.get(produced) {

@@ -4,7 +4,8 @@ use prost::Message;
 
 use super::*;
 use crate::crypto::CryptoMode;
-use crate::{ClusterSpec, HandleError, Nanos, Node, NodeConfig, generate_cluster};
+use crate::wire::{Keyring, Sealer};
+use crate::{ClusterSpec, HandleError, Nanos, Node, NodeConfig, NodeId, Protocol, generate_cluster};
 
 fn cluster() -> Vec<NodeConfig> {
     generate_cluster(&ClusterSpec { crypto: CryptoMode::InsecureTest, ..ClusterSpec::new(1) }, [7; 32]).unwrap()
@@ -125,6 +126,9 @@ fn recorder_is_transparent_and_replay_reproduces_the_run() {
             deliveries: 0,
             persists: 0,
             faults: outputs.len() - sends,
+            executes: 0,
+            completions: 0,
+            restores: 0,
             digest: *digest.finalize().as_bytes(),
         }
     );
@@ -257,6 +261,160 @@ fn dump_shows_every_record_decoded() {
     assert_eq!(text.lines().filter(|l| l.starts_with('#')).count(), 4);
 }
 
+fn pbft_cluster() -> Vec<NodeConfig> {
+    let spec = ClusterSpec { protocol: Protocol::Pbft, crypto: CryptoMode::InsecureTest, ..ClusterSpec::new(1) };
+    generate_cluster(&spec, [7; 32]).unwrap()
+}
+
+/// `body` as node `from` sends it to `to`, authenticated with `from`'s own key.
+fn frame_from(cfgs: &[NodeConfig], from: NodeId, to: NodeId, body: pb::body::Kind) -> Input {
+    let cfg = &cfgs[from as usize];
+    let keys = Keyring::new(cfg.cluster.crypto, from, cfg.mac_keys.clone());
+    let s = Sealer::new(from, body);
+    Input::Message { from, bytes: s.seal(&[keys.mac_to(to, &s.body).unwrap()]) }
+}
+
+/// PBFT client 4 submits one op; replicas 1 and 3 answer it, which completes it.
+fn client_trace() -> Vec<u8> {
+    let cfgs = pbft_cluster();
+    let mut recorder = Recorder::new(Node::new(cfgs[4].clone()).unwrap(), "client-4");
+    let reply = |from| {
+        let reply = pb::Reply { view: 0, request: 1, result: bytes::Bytes::from_static(b"done") };
+        frame_from(&cfgs, from, 4, pb::body::Kind::Reply(reply))
+    };
+    let inputs =
+        [(1_000, Input::Request(Request::Submit { op: b"incr".to_vec() })), (2_000, reply(1)), (3_000, reply(3))];
+    for (now, input) in inputs {
+        recorder.handle(now, input).unwrap();
+        while recorder.poll().is_some() {}
+    }
+    recorder.into_trace()
+}
+
+#[test]
+fn pbft_client_trace_replays_and_dumps() {
+    let trace = Trace::parse(&client_trace()).unwrap();
+    let summary = replay(&trace).unwrap();
+    assert_eq!((summary.records, summary.sends, summary.completions, summary.outputs), (3, 4, 1, 5));
+    assert!(summary.to_string().contains("4 sends, 0 deliveries, 0 persists, 0 faults, 0 executes, 1 completions"));
+    let text = dump(&trace);
+    for needle in [
+        "node 4 (Publisher) of 7 nodes, 4 brokers, f = 1",
+        "#0 0.001 ms Request Submit op 4 bytes",
+        "-> Send to 0 (",
+        "sender 4 Request client 4 request 1 op 4 bytes, 1 MAC",
+        "#1 0.002 ms Message from 1",
+        "sender 1 Reply view 0 request 1 result 4 bytes, 1 MAC",
+        "-> Completed request 1 result 4 bytes",
+    ] {
+        assert!(text.contains(needle), "{needle:?} missing from\n{text}");
+    }
+
+    // A different result is a divergence that points at the byte.
+    let mut t = trace.clone();
+    let Some(pb::output_record::Kind::Completed(c)) = &mut t.records[2].outputs[0].kind else { unreachable!() };
+    c.result[2] ^= 1;
+    let err = replay(&t).unwrap_err().to_string();
+    assert!(
+        err.contains("expected Completed request 1 result 4 bytes, got Completed") && err.contains("byte 2"),
+        "{err}"
+    );
+}
+
+/// Every PBFT input, output and frame body, as a replica's trace would hold them.
+#[test]
+fn dump_shows_pbft_messages() {
+    use pb::body::Kind as B;
+    use pb::replica_record::Kind as R;
+    let cfgs = pbft_cluster();
+    let op = |client, request, op: &[u8]| pb::Operation { client, request, op: op.to_vec(), authenticator: vec![] };
+    let batch = pb::Batch { ops: vec![op(4, 1, b"abc"), op(4, 2, b"de")] };
+    let d = crate::order::batch_digest(&batch);
+    let hex: String = d[..4].iter().map(|b| format!("{b:02x}")).collect();
+    let vote = pb::Vote { view: 1, seq: 7, digest: d.to_vec(), signature: vec![] };
+    let cert = |seq, signers| pb::Certificate { view: 0, seq, digest: d.to_vec(), signers, signature: vec![1] };
+    let pre_prepare = pb::PrePrepare { view: 1, seq: 7, batch: Some(batch.clone()), signature: vec![1; 48] };
+    let view_change = pb::ViewChange {
+        view: 2,
+        stable: Some(cert(128, vec![0, 1, 3])),
+        prepared: vec![
+            pb::PreparedEntry { certificate: Some(cert(129, vec![0, 1, 2])), batch: Some(batch.clone()) },
+            pb::PreparedEntry { certificate: None, batch: None },
+        ],
+        signature: vec![],
+    };
+    let new_view = pb::NewView {
+        view: 2,
+        view_changes: [0, 2, 3].map(|sender| pb::SignedViewChange { sender, view_change: vec![] }).to_vec(),
+    };
+    let state = pb::CheckpointState { app: vec![5; 10], clients: vec![pb::ClientRecord::default()] };
+    let state = pb::State { checkpoint: Some(cert(128, vec![1, 2, 3])), state: state.encode_to_vec() };
+    let record = |kind| pb::ReplicaRecord { kind: Some(kind) }.encode_to_vec();
+    let bodies = [
+        B::PrePrepare(pre_prepare.clone()),
+        B::PrePrepare(pb::PrePrepare { batch: None, ..pre_prepare.clone() }),
+        B::Prepare(pb::Vote { signature: vec![1; 48], ..vote.clone() }),
+        B::Commit(vote.clone()),
+        B::Checkpoint(pb::CheckpointVote { seq: 128, digest: d.to_vec(), signature: vec![] }),
+        B::ViewChange(view_change),
+        B::NewView(new_view),
+        B::FetchState(pb::FetchState { seq: 256 }),
+        B::State(state),
+        B::State(pb::State { checkpoint: None, state: vec![0xff] }),
+    ];
+    let mut writer = TraceWriter::new(&cfgs[0].encode(), "replica-0");
+    for (i, body) in bodies.into_iter().enumerate() {
+        writer.record(i as Nanos, &frame_from(&cfgs, 1, 0, body), &Ok(()), &[], None);
+    }
+    let execute = Output::Execute { seq: 7, ops: batch.ops.iter().cloned().map(Operation::from).collect() };
+    let persists = [
+        R::View(2),
+        R::Accepted(pre_prepare),
+        R::Prepared(vote.clone()),
+        R::Committed(vote),
+        R::Stable(cert(128, vec![0, 1, 2])),
+    ]
+    .map(|kind| Output::Persist { token: 1, record: record(kind) });
+    writer.record(20, &Input::Timeout, &Ok(()), &[execute, Output::Restore { seq: 128, snapshot: vec![0; 9] }], None);
+    writer.record(21, &Input::Timeout, &Ok(()), &persists, None);
+    writer.record(
+        22,
+        &Input::Executed { seq: 7, results: vec![b"ok".to_vec(), vec![]], snapshot: None },
+        &Ok(()),
+        &[],
+        None,
+    );
+    writer.record(23, &Input::Executed { seq: 128, results: vec![], snapshot: Some(vec![1; 3]) }, &Ok(()), &[], None);
+    writer.record(24, &Input::Recover { record: record(R::View(3)) }, &Ok(()), &[], None);
+    writer.record(25, &Input::Recover { record: vec![0xff] }, &Ok(()), &[], None);
+    let text = dump(&Trace::parse(&writer.into_bytes()).unwrap());
+    for needle in [
+        format!("sender 1 PrePrepare view 1 seq 7 digest {hex} batch 2 ops (5 bytes), 1 MAC"),
+        "PrePrepare view 1 seq 7 no batch".into(),
+        format!("Prepare view 1 seq 7 digest {hex} signed, 1 MAC"),
+        format!("Commit view 1 seq 7 digest {hex}, 1 MAC"),
+        format!("Checkpoint seq 128 digest {hex}"),
+        format!("ViewChange to view 2 stable view 0 seq 128 digest {hex} signers [0, 1, 3] prepared seqs [129, ?]"),
+        "NewView view 2 view changes from [0, 2, 3]".into(),
+        "FetchState seq 256".into(),
+        format!("State checkpoint view 0 seq 128 digest {hex} signers [1, 2, 3] state app 10 bytes, 1 clients"),
+        "State checkpoint <no certificate> state <1 undecodable bytes>".into(),
+        "-> Execute seq 7: 2 ops (5 bytes)".into(),
+        "-> Restore seq 128 snapshot 9 bytes".into(),
+        "-> Persist token 1 (2 bytes): view 2".into(),
+        format!("accepted PrePrepare view 1 seq 7 digest {hex} batch 2 ops"),
+        format!("prepared view 1 seq 7 digest {hex}"),
+        format!("committed view 1 seq 7 digest {hex}"),
+        format!("stable checkpoint view 0 seq 128 digest {hex} signers [0, 1, 2]"),
+        "Executed seq 7: 2 results (2 bytes), no snapshot".into(),
+        "Executed seq 128: 0 results (0 bytes), snapshot 3 bytes".into(),
+        "Recover (2 bytes): view 3".into(),
+        "Recover (1 bytes): <1 undecodable bytes>".into(),
+    ] {
+        assert!(text.contains(&needle), "{needle:?} missing from\n{text}");
+    }
+}
+
 #[test]
 fn pb_conversion_roundtrips_every_variant() {
     let algorithms = [Algorithm::Ab, Algorithm::Bracha, Algorithm::Chain];
@@ -270,6 +428,16 @@ fn pb_conversion_roundtrips_every_variant() {
     ];
     inputs
         .extend(algorithms.map(|algorithm| Input::Request(Request::Publish { topic: 5, payload: vec![7], algorithm })));
+    inputs.extend([
+        Input::Request(Request::Submit { op: vec![1, 2] }),
+        Input::Request(Request::Submit { op: vec![] }),
+        Input::Executed { seq: 3, results: vec![vec![1], vec![]], snapshot: None },
+        // An empty snapshot is not a missing one.
+        Input::Executed { seq: 128, results: vec![], snapshot: Some(vec![]) },
+        Input::Executed { seq: u64::MAX, results: vec![vec![2; 3]], snapshot: Some(vec![9; 4]) },
+        Input::Recover { record: vec![8, 1] },
+        Input::Recover { record: vec![] },
+    ]);
     for input in inputs {
         let wire = input_to_pb(&input).encode_to_vec();
         assert_eq!(input_from_pb(pb::InputRecord::decode(wire.as_slice()).unwrap()).unwrap(), input);
@@ -283,6 +451,15 @@ fn pb_conversion_roundtrips_every_variant() {
             outputs.push(Output::Deliver(d));
         }
     }
+    let op = |client, request, op: &[u8]| Operation { client, request, op: op.to_vec() };
+    outputs.extend([
+        Output::Execute { seq: 1, ops: vec![] },
+        Output::Execute { seq: 2, ops: vec![op(4, 1, b"x"), op(5, u64::MAX, b""), op(4, 2, b"yz")] },
+        Output::Completed { request: 7, result: vec![] },
+        Output::Completed { request: 1, result: b"ok".to_vec() },
+        Output::Restore { seq: 128, snapshot: vec![3; 5] },
+        Output::Restore { seq: 0, snapshot: vec![] },
+    ]);
     for output in outputs {
         let wire = output_to_pb(&output).encode_to_vec();
         assert_eq!(output_from_pb(pb::OutputRecord::decode(wire.as_slice()).unwrap()).unwrap(), output);

@@ -1,0 +1,820 @@
+//! The PBFT replica: request intake, batching at the primary, the three-phase normal
+//! case with pipelining inside the watermark window, in-order execution through the
+//! host, exactly-once replies, and signed checkpoints that free the log.
+
+mod view_change;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use bytes::Bytes;
+use prost::Message;
+
+use super::{authenticated_bytes, batch_digest, primary, signed_message};
+use crate::config::Role;
+use crate::crypto::{BlsPublicKey, BlsSignature, Digest, aggregate, digest, fast_aggregate_verify};
+use crate::node::{Ctx, HandleError, Output};
+use crate::wire::{Opened, pb};
+use crate::{FaultKind, Nanos, NodeId, Operation};
+
+const PREPARE: &[u8; 4] = b"prep";
+const CHECKPOINT: &[u8; 4] = b"ckpt";
+
+/// A request received from its client and not yet executed.
+struct Pending {
+    op: Vec<u8>,
+    authenticator: Vec<pb::Mac>,
+    arrived: Nanos,
+}
+
+/// Per-client request state.
+#[derive(Default)]
+struct ClientState {
+    pending: BTreeMap<u64, Pending>,
+    /// Results of the latest executed requests (at most `client_queue`), for
+    /// retransmissions; every request at or below `floor` counts as executed. Both are
+    /// replicated state, covered by checkpoints.
+    replies: BTreeMap<u64, Bytes>,
+    floor: u64,
+    /// Handed to the host in a batch, result not back yet.
+    in_flight: BTreeSet<u64>,
+    /// Pending requests in no batch of the log yet: the primary may propose them.
+    unproposed: BTreeSet<u64>,
+}
+
+impl ClientState {
+    fn executed(&self, request: u64) -> bool {
+        request <= self.floor || self.replies.contains_key(&request) || self.in_flight.contains(&request)
+    }
+}
+
+/// One sequence number of the log in the current view.
+#[derive(Default)]
+struct Slot {
+    /// The batch accepted for this slot (from the primary's PRE-PREPARE), by digest.
+    proposal: Option<(Digest, Vec<pb::Operation>)>,
+    /// PREPARE votes (the primary's PRE-PREPARE counts as its vote): digest and the
+    /// signature kept for prepared certificates.
+    prepares: BTreeMap<NodeId, (Digest, Vec<u8>)>,
+    commits: BTreeMap<NodeId, Digest>,
+    commit_sent: bool,
+    committed: bool,
+}
+
+impl Slot {
+    fn votes_for(&self, d: &Digest) -> usize {
+        self.prepares.values().filter(|(x, _)| x == d).count()
+    }
+
+    fn prepared(&self, quorum: usize) -> Option<Digest> {
+        let (d, _) = self.proposal.as_ref()?;
+        (self.votes_for(d) >= quorum).then_some(*d)
+    }
+}
+
+pub(crate) struct Replica {
+    replicas: Vec<NodeId>,
+    quorum: usize,
+    view: u64,
+    clients: BTreeMap<NodeId, ClientState>,
+    log: BTreeMap<u64, Slot>,
+    /// PRE-PREPAREs whose requests have not all arrived yet, by seq.
+    parked: BTreeMap<u64, pb::PrePrepare>,
+    /// Stable checkpoint: the log starts after it.
+    low: u64,
+    stable: Option<pb::Certificate>,
+    stable_snapshot: Option<Vec<u8>>,
+    /// Primary: the next sequence number to propose.
+    next_seq: u64,
+    /// Last batch handed to the host, and last one it answered.
+    delivered: u64,
+    executed: u64,
+    /// Requests of each delivered batch awaiting their results.
+    executing: BTreeMap<u64, Vec<(NodeId, u64)>>,
+    /// Snapshots this replica took at checkpoints not yet stable.
+    snapshots: BTreeMap<u64, (Digest, Vec<u8>)>,
+    /// Checkpoint votes: per replica, its latest few (seq → digest, signature).
+    checkpoint_votes: BTreeMap<NodeId, BTreeMap<u64, (Digest, Vec<u8>)>>,
+    batch_deadline: Option<Nanos>,
+    /// Requests waiting for execution, oldest first.
+    waiting: BTreeSet<(Nanos, NodeId, u64)>,
+    /// The last time a batch executed, or requests started waiting after none did: the
+    /// request timer measures time without progress, not the age of a long queue.
+    progress_at: Nanos,
+    /// Pending requests in no batch yet, oldest first, and their bytes: the batch timer
+    /// and the batch size, without scanning every client.
+    unproposed: BTreeSet<(Nanos, NodeId, u64)>,
+    unproposed_bytes: usize,
+    /// When this replica next suspects the primary.
+    suspect: Option<Nanos>,
+    /// Prepared slots (the highest view each prepared in), with the votes that make
+    /// their certificate, for VIEW-CHANGE messages.
+    prepared: BTreeMap<u64, Prepared>,
+    /// A view change under way, if any.
+    changing: Option<view_change::Changing>,
+    /// Consecutive view changes without progress, for exponential back-off.
+    failed_views: u32,
+    /// PRE-PREPAREs, PREPAREs and COMMITs for a view this replica has not entered yet
+    /// (its NEW-VIEW may simply be slower than them), replayed when it enters that view.
+    early: BTreeMap<(u64, NodeId), Vec<Early>>,
+    /// Each replica's latest valid VIEW-CHANGE.
+    view_changes: BTreeMap<NodeId, view_change::Received>,
+}
+
+/// A normal-case message that overtook the NEW-VIEW of its view.
+enum Early {
+    PrePrepare(pb::PrePrepare),
+    Prepare(pb::Vote),
+    Commit(pb::Vote),
+}
+
+/// What a VIEW-CHANGE needs to prove a slot prepared: the view, batch and the 2f+1
+/// PREPARE signatures (verified only when the certificate is built).
+struct Prepared {
+    view: u64,
+    digest: Digest,
+    ops: Vec<pb::Operation>,
+    votes: Vec<(NodeId, Vec<u8>)>,
+}
+
+/// Checkpoint votes kept per replica: enough to see the latest ones become stable.
+const CHECKPOINT_VOTES_KEPT: usize = 4;
+
+impl Replica {
+    pub fn new(ctx: &Ctx) -> Self {
+        Replica {
+            replicas: ctx.brokers.clone(),
+            quorum: 2 * ctx.f + 1,
+            view: 0,
+            clients: BTreeMap::new(),
+            log: BTreeMap::new(),
+            parked: BTreeMap::new(),
+            low: 0,
+            stable: None,
+            stable_snapshot: None,
+            next_seq: 1,
+            delivered: 0,
+            executed: 0,
+            executing: BTreeMap::new(),
+            snapshots: BTreeMap::new(),
+            checkpoint_votes: BTreeMap::new(),
+            batch_deadline: None,
+            waiting: BTreeSet::new(),
+            progress_at: 0,
+            unproposed: BTreeSet::new(),
+            unproposed_bytes: 0,
+            suspect: None,
+            prepared: BTreeMap::new(),
+            changing: None,
+            failed_views: 0,
+            early: BTreeMap::new(),
+            view_changes: BTreeMap::new(),
+        }
+    }
+
+    pub fn live_instances(&self) -> usize {
+        self.log.len()
+            + self.parked.len()
+            + self.executing.len()
+            + self.snapshots.len()
+            + self.clients.values().map(|c| c.pending.len()).sum::<usize>()
+    }
+
+    fn is_primary(&self, ctx: &Ctx) -> bool {
+        primary(&self.replicas, self.view) == ctx.me()
+    }
+
+    /// The watermark window the primary proposes in: 2K above the stable checkpoint.
+    fn can_propose(&self, ctx: &Ctx, seq: u64) -> bool {
+        seq <= self.low + 2 * ctx.cfg.cluster.params.checkpoint_interval as u64
+    }
+
+    /// What a replica accepts messages for: twice the proposal window, so a replica
+    /// that has not yet seen the latest checkpoint become stable loses nothing.
+    fn in_window(&self, ctx: &Ctx, seq: u64) -> bool {
+        seq > self.low && seq <= self.low + 4 * ctx.cfg.cluster.params.checkpoint_interval as u64
+    }
+
+    pub fn on_message(&mut self, ctx: &mut Ctx, now: Nanos, msg: Opened) {
+        self.dispatch(ctx, now, msg);
+        self.rearm(ctx);
+    }
+
+    fn dispatch(&mut self, ctx: &mut Ctx, now: Nanos, msg: Opened) {
+        let from = msg.sender;
+        let from_replica = ctx.role_of(from) == Some(Role::Broker);
+        match msg.body {
+            pb::body::Kind::Request(op) if ctx.role_of(from) == Some(Role::Publisher) && op.client == from => {
+                self.on_request(ctx, now, op)
+            }
+            pb::body::Kind::PrePrepare(pp) if from_replica => self.on_pre_prepare(ctx, now, from, pp),
+            pb::body::Kind::PrePrepare(pp) if from_replica && self.is_early(ctx, pp.view, pp.seq) => {
+                self.keep_early(ctx, from, pp.view, Early::PrePrepare(pp))
+            }
+            pb::body::Kind::Prepare(v) if from_replica && self.is_early(ctx, v.view, v.seq) => {
+                self.keep_early(ctx, from, v.view, Early::Prepare(v))
+            }
+            pb::body::Kind::Commit(v) if from_replica && self.is_early(ctx, v.view, v.seq) => {
+                self.keep_early(ctx, from, v.view, Early::Commit(v))
+            }
+            pb::body::Kind::Prepare(v) if from_replica => self.on_prepare(ctx, now, from, v),
+            pb::body::Kind::Commit(v) if from_replica => self.on_commit(ctx, now, from, v),
+            pb::body::Kind::Checkpoint(c) if from_replica => self.on_checkpoint(ctx, now, from, c),
+            pb::body::Kind::ViewChange(vc) if from_replica => self.on_view_change(ctx, now, from, vc),
+            pb::body::Kind::NewView(nv) if from_replica => self.on_new_view(ctx, now, from, nv),
+            pb::body::Kind::FetchState(f) if from_replica => self.on_fetch_state(ctx, from, f),
+            pb::body::Kind::State(s) if from_replica => self.on_state(ctx, now, from, s),
+            _ => ctx.fault(from, FaultKind::Unexpected),
+        }
+    }
+
+    fn on_request(&mut self, ctx: &mut Ctx, now: Nanos, op: pb::Operation) {
+        let cap = ctx.cfg.cluster.params.client_queue as usize;
+        let client = self.clients.entry(op.client).or_default();
+        if let Some(result) = client.replies.get(&op.request) {
+            // A retransmission of an executed request: the cached reply, nothing re-executed.
+            let reply = pb::Reply { view: self.view, request: op.request, result: result.clone() };
+            return ctx.send(pb::body::Kind::Reply(reply), [op.client]);
+        }
+        if client.executed(op.request) || client.pending.contains_key(&op.request) {
+            return ctx.stats.stale += 1;
+        }
+        if client.pending.len() >= cap {
+            return ctx.fault(op.client, FaultKind::QueueFull);
+        }
+        if op.op.len() > ctx.cfg.cluster.params.batch_max_bytes as usize {
+            // It could never fit a batch within max_message_bytes.
+            return ctx.fault(op.client, FaultKind::Oversized);
+        }
+        if !ctx.keys.verify_from(op.client, &authenticated_bytes(&op), &op.authenticator) {
+            return ctx.fault(op.client, FaultKind::BadMac);
+        }
+        client.unproposed.insert(op.request);
+        self.unproposed.insert((now, op.client, op.request));
+        self.unproposed_bytes += op.op.len();
+        client.pending.insert(op.request, Pending { op: op.op, authenticator: op.authenticator, arrived: now });
+        if self.waiting.is_empty() {
+            self.progress_at = now;
+        }
+        self.waiting.insert((now, op.client, op.request));
+        self.unpark(ctx, now);
+        self.propose(ctx, now);
+    }
+
+    /// Primary: cuts batches while the pipeline has room and a batch is full or its
+    /// oldest request has waited `batch_timeout_ns`; otherwise arms the batch timer.
+    fn propose(&mut self, ctx: &mut Ctx, now: Nanos) {
+        if !self.is_primary(ctx) || self.changing.is_some() {
+            return;
+        }
+        let p = ctx.cfg.cluster.params.clone();
+        self.batch_deadline = None;
+        loop {
+            let in_flight = self.next_seq - 1 - self.delivered;
+            if in_flight >= p.pipeline as u64 || !self.can_propose(ctx, self.next_seq) {
+                return;
+            }
+            let (count, bytes, oldest) = self.unproposed_load();
+            if count == 0 {
+                return;
+            }
+            let full = count >= p.batch_max_count as usize || bytes >= p.batch_max_bytes as usize;
+            if !full && oldest + p.batch_timeout_ns > now {
+                self.batch_deadline = Some(oldest + p.batch_timeout_ns);
+                return;
+            }
+            let batch = self.cut_batch(p.batch_max_count as usize, p.batch_max_bytes as usize);
+            self.pre_prepare(ctx, now, batch);
+        }
+    }
+
+    /// Requests not yet in the log: how many, their bytes, and the oldest arrival.
+    fn unproposed_load(&self) -> (usize, usize, Nanos) {
+        let oldest = self.unproposed.first().map_or(Nanos::MAX, |(t, _, _)| *t);
+        (self.unproposed.len(), self.unproposed_bytes, oldest)
+    }
+
+    /// A pending request went into a batch of the log: not to be proposed again.
+    fn mark_in_log(&mut self, client: NodeId, request: u64) {
+        let Some(c) = self.clients.get_mut(&client) else { return };
+        if c.unproposed.remove(&request) {
+            let p = &c.pending[&request];
+            self.unproposed.remove(&(p.arrived, client, request));
+            self.unproposed_bytes -= p.op.len();
+        }
+    }
+
+    /// A pending request is done with (executed here or in a transferred state).
+    fn forget_pending(&mut self, client: NodeId, request: u64) {
+        self.mark_in_log(client, request);
+        if let Some(p) = self.clients.get_mut(&client).and_then(|c| c.pending.remove(&request)) {
+            self.waiting.remove(&(p.arrived, client, request));
+        }
+    }
+
+    /// Takes up to the caps from the unproposed requests, one per client per round so
+    /// no client crowds out the others, each client's in request order.
+    fn cut_batch(&mut self, max_count: usize, max_bytes: usize) -> pb::Batch {
+        let mut ops: Vec<pb::Operation> = Vec::new();
+        let mut bytes = 0;
+        let clients: Vec<NodeId> =
+            self.clients.iter().filter(|(_, c)| !c.unproposed.is_empty()).map(|(id, _)| *id).collect();
+        let mut cursors: BTreeMap<NodeId, u64> = BTreeMap::new();
+        loop {
+            let before = ops.len();
+            for &client in &clients {
+                let c = &self.clients[&client];
+                let after = cursors.get(&client).copied().unwrap_or(0);
+                let Some(&request) = c.unproposed.range(after + 1..).next() else { continue };
+                let p = &c.pending[&request];
+                if ops.len() >= max_count || (bytes > 0 && bytes + p.op.len() > max_bytes) {
+                    return self.take(ops);
+                }
+                bytes += p.op.len();
+                ops.push(pb::Operation { client, request, op: p.op.clone(), authenticator: p.authenticator.clone() });
+                cursors.insert(client, request);
+            }
+            if ops.len() == before {
+                return self.take(ops);
+            }
+        }
+    }
+
+    fn take(&mut self, ops: Vec<pb::Operation>) -> pb::Batch {
+        for o in &ops {
+            self.mark_in_log(o.client, o.request);
+        }
+        pb::Batch { ops }
+    }
+
+    /// Primary: proposes `batch` at the next sequence number.
+    fn pre_prepare(&mut self, ctx: &mut Ctx, now: Nanos, batch: pb::Batch) {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let d = batch_digest(&batch);
+        let signature = sign(ctx, PREPARE, self.view, seq, &d);
+        let pp = pb::PrePrepare { view: self.view, seq, batch: Some(batch), signature };
+        ctx.persist(record(pb::replica_record::Kind::Accepted(pp.clone())));
+        ctx.send_to_brokers(pb::body::Kind::PrePrepare(pp.clone()), &[]);
+        self.accept(ctx, now, ctx.me(), pp);
+    }
+
+    fn on_pre_prepare(&mut self, ctx: &mut Ctx, now: Nanos, from: NodeId, pp: pb::PrePrepare) {
+        if pp.view != self.view || from != primary(&self.replicas, pp.view) || from == ctx.me() {
+            return ctx.fault(from, FaultKind::Unexpected);
+        }
+        if self.changing.is_some() {
+            return ctx.stats.stale += 1;
+        }
+        if !self.in_window(ctx, pp.seq) {
+            return ctx.stats.beyond_window += 1;
+        }
+        let d = batch_digest(pp.batch.as_ref().unwrap_or(&pb::Batch::default()));
+        let known = self.log.get(&pp.seq).and_then(|s| s.proposal.as_ref()).map(|(d, _)| *d);
+        let parked = self.parked.get(&pp.seq).map(|p| batch_digest(p.batch.as_ref().unwrap_or(&pb::Batch::default())));
+        if let Some(known) = known.or(parked) {
+            if known != d {
+                ctx.fault(from, FaultKind::Equivocation);
+            }
+            return;
+        }
+        self.parked.insert(pp.seq, pp);
+        self.unpark(ctx, now);
+    }
+
+    /// Accepts parked PRE-PREPAREs whose every request a client sent (validity): one
+    /// this replica holds as is, or whose client's authenticator entry for this replica
+    /// verifies.
+    fn unpark(&mut self, ctx: &mut Ctx, now: Nanos) {
+        let sent_by_client = |o: &pb::Operation| {
+            let held =
+                self.clients.get(&o.client).and_then(|c| c.pending.get(&o.request)).is_some_and(|p| p.op == o.op);
+            held || (ctx.role_of(o.client) == Some(Role::Publisher)
+                && ctx.keys.verify_from(o.client, &authenticated_bytes(o), &o.authenticator))
+        };
+        let ready: Vec<u64> = self
+            .parked
+            .iter()
+            .filter(|(_, pp)| pp.batch.as_ref().is_some_and(|b| b.ops.iter().all(sent_by_client)))
+            .map(|(seq, _)| *seq)
+            .collect();
+        for seq in ready {
+            let pp = self.parked.remove(&seq).expect("parked");
+            if !unique_requests(pp.batch.as_ref().expect("checked")) {
+                ctx.fault(primary(&self.replicas, pp.view), FaultKind::Unexpected);
+                continue;
+            }
+            ctx.persist(record(pb::replica_record::Kind::Accepted(pp.clone())));
+            let d = batch_digest(pp.batch.as_ref().expect("checked"));
+            let signature = sign(ctx, PREPARE, self.view, seq, &d);
+            let vote = pb::Vote { view: self.view, seq, digest: d.to_vec(), signature };
+            ctx.send_to_brokers(pb::body::Kind::Prepare(vote.clone()), &[]);
+            let primary = primary(&self.replicas, pp.view);
+            self.accept(ctx, now, primary, pp);
+            self.on_prepare(ctx, now, ctx.me(), vote);
+        }
+    }
+
+    /// Records an accepted PRE-PREPARE (the primary's vote) and marks its requests.
+    fn accept(&mut self, ctx: &mut Ctx, now: Nanos, primary: NodeId, pp: pb::PrePrepare) {
+        let batch = pp.batch.unwrap_or_default();
+        let d = batch_digest(&batch);
+        for o in &batch.ops {
+            self.mark_in_log(o.client, o.request);
+        }
+        let slot = self.log.entry(pp.seq).or_default();
+        slot.proposal = Some((d, batch.ops));
+        slot.prepares.insert(primary, (d, pp.signature));
+        self.progress(ctx, now, pp.seq);
+    }
+
+    /// A message for a later view, within n views and the watermark window.
+    fn is_early(&self, ctx: &Ctx, view: u64, seq: u64) -> bool {
+        view > self.view && view <= self.view + self.replicas.len() as u64 && self.in_window(ctx, seq)
+    }
+
+    /// Bounded: per (view, sender), three messages per slot of the window.
+    fn keep_early(&mut self, ctx: &mut Ctx, from: NodeId, view: u64, m: Early) {
+        let cap = 12 * ctx.cfg.cluster.params.checkpoint_interval as usize;
+        let kept = self.early.entry((view, from)).or_default();
+        if kept.len() >= cap {
+            return ctx.stats.beyond_window += 1;
+        }
+        kept.push(m);
+    }
+
+    fn on_prepare(&mut self, ctx: &mut Ctx, now: Nanos, from: NodeId, v: pb::Vote) {
+        let Ok(d) = Digest::try_from(v.digest.as_slice()) else {
+            return ctx.fault(from, FaultKind::Malformed);
+        };
+        if v.view != self.view || self.changing.is_some() || !self.in_window(ctx, v.seq) {
+            return ctx.stats.stale += 1;
+        }
+        let slot = self.log.entry(v.seq).or_default();
+        if let Some((known, _)) = slot.prepares.get(&from) {
+            if *known != d {
+                ctx.fault(from, FaultKind::Equivocation);
+            }
+            return;
+        }
+        slot.prepares.insert(from, (d, v.signature));
+        self.progress(ctx, now, v.seq);
+    }
+
+    fn on_commit(&mut self, ctx: &mut Ctx, now: Nanos, from: NodeId, v: pb::Vote) {
+        let Ok(d) = Digest::try_from(v.digest.as_slice()) else {
+            return ctx.fault(from, FaultKind::Malformed);
+        };
+        if v.view != self.view || self.changing.is_some() || !self.in_window(ctx, v.seq) {
+            return ctx.stats.stale += 1;
+        }
+        let slot = self.log.entry(v.seq).or_default();
+        if let Some(known) = slot.commits.get(&from) {
+            if *known != d {
+                ctx.fault(from, FaultKind::Equivocation);
+            }
+            return;
+        }
+        slot.commits.insert(from, d);
+        self.progress(ctx, now, v.seq);
+    }
+
+    /// Moves a slot forward: COMMIT once prepared, committed on 2f+1 matching COMMITs,
+    /// then execution in order.
+    fn progress(&mut self, ctx: &mut Ctx, now: Nanos, seq: u64) {
+        let quorum = self.quorum;
+        let view = self.view;
+        let Some(slot) = self.log.get_mut(&seq) else { return };
+        if let Some(d) = slot.prepared(quorum).filter(|_| !slot.commit_sent) {
+            slot.commit_sent = true;
+            let (_, ops) = slot.proposal.as_ref().expect("prepared slots have a proposal");
+            let votes = slot.prepares.iter().filter(|(_, (x, _))| *x == d).map(|(r, (_, s))| (*r, s.clone())).collect();
+            self.prepared.insert(seq, Prepared { view, digest: d, ops: ops.clone(), votes });
+            let vote = pb::Vote { view, seq, digest: d.to_vec(), signature: Vec::new() };
+            ctx.persist(record(pb::replica_record::Kind::Prepared(vote.clone())));
+            ctx.send_to_brokers(pb::body::Kind::Commit(vote), &[]);
+            slot.commits.insert(ctx.me(), d);
+        }
+        if let Some(d) = slot.prepared(quorum).filter(|_| !slot.committed)
+            && slot.commits.values().filter(|x| **x == d).count() >= quorum
+        {
+            slot.committed = true;
+            self.execute_ready(ctx);
+            self.propose(ctx, now);
+        }
+    }
+
+    /// Hands committed batches to the host in sequence order, dropping requests already
+    /// executed (exactly once per client request).
+    fn execute_ready(&mut self, ctx: &mut Ctx) {
+        while let Some(slot) = self.log.get(&(self.delivered + 1)).filter(|s| s.committed) {
+            let seq = self.delivered + 1;
+            let (_, batch) = slot.proposal.as_ref().expect("committed slots have a proposal");
+            let mut ops = Vec::new();
+            let mut requests = Vec::new();
+            for o in batch {
+                let client = self.clients.entry(o.client).or_default();
+                if client.executed(o.request) || requests.contains(&(o.client, o.request)) {
+                    continue;
+                }
+                requests.push((o.client, o.request));
+                ops.push(Operation { client: o.client, request: o.request, op: o.op.clone() });
+            }
+            // Marked executed now so later batches skip them; results fill in on Executed.
+            for &(c, r) in &requests {
+                self.clients.get_mut(&c).expect("entry made").in_flight.insert(r);
+            }
+            self.executing.insert(seq, requests);
+            self.delivered = seq;
+            ctx.push(Output::Execute { seq, ops });
+        }
+    }
+
+    pub fn on_executed(
+        &mut self,
+        ctx: &mut Ctx,
+        now: Nanos,
+        seq: u64,
+        results: Vec<Vec<u8>>,
+        snapshot: Option<Vec<u8>>,
+    ) -> Result<(), HandleError> {
+        let k = ctx.cfg.cluster.params.checkpoint_interval as u64;
+        if seq != self.executed + 1 || seq > self.delivered {
+            return Err(HandleError::Invalid(format!("executed batch {seq}, but batch {} is next", self.executed + 1)));
+        }
+        let requests = &self.executing[&seq];
+        if results.len() != requests.len() {
+            return Err(HandleError::Invalid(format!(
+                "batch {seq} has {} operations but {} results",
+                requests.len(),
+                results.len()
+            )));
+        }
+        if (seq % k == 0) != snapshot.is_some() {
+            return Err(HandleError::Invalid(format!(
+                "a snapshot is required exactly at checkpoints (every {k} batches); batch {seq} {}",
+                if snapshot.is_some() { "is not one" } else { "is one" }
+            )));
+        }
+        let cap = ctx.cfg.cluster.params.client_queue as usize;
+        for ((client, request), result) in self.executing.remove(&seq).expect("checked").into_iter().zip(results) {
+            self.forget_pending(client, request);
+            let state = self.clients.get_mut(&client).expect("executing clients exist");
+            let result = Bytes::from(result);
+            state.in_flight.remove(&request);
+            state.replies.insert(request, result.clone());
+            while state.replies.len() > cap {
+                let (oldest, _) = state.replies.pop_first().expect("non-empty");
+                state.floor = state.floor.max(oldest);
+            }
+            let reply = pb::Reply { view: self.view, request, result };
+            ctx.send(pb::body::Kind::Reply(reply), [client]);
+        }
+        self.executed = seq;
+        self.progress_at = now;
+        if let Some(app) = snapshot {
+            let state = self.checkpoint_state(app);
+            let d = digest(&state);
+            self.snapshots.insert(seq, (d, state));
+            let signature = sign(ctx, CHECKPOINT, 0, seq, &d);
+            let vote = pb::CheckpointVote { seq, digest: d.to_vec(), signature };
+            ctx.send_to_brokers(pb::body::Kind::Checkpoint(vote.clone()), &[]);
+            self.on_checkpoint(ctx, now, ctx.me(), vote);
+        }
+        self.propose(ctx, now);
+        self.rearm(ctx);
+        Ok(())
+    }
+
+    fn on_checkpoint(&mut self, ctx: &mut Ctx, now: Nanos, from: NodeId, c: pb::CheckpointVote) {
+        let k = ctx.cfg.cluster.params.checkpoint_interval as u64;
+        let Ok(d) = Digest::try_from(c.digest.as_slice()) else {
+            return ctx.fault(from, FaultKind::Malformed);
+        };
+        if c.seq % k != 0 || c.seq <= self.low {
+            return ctx.stats.stale += 1;
+        }
+        let votes = self.checkpoint_votes.entry(from).or_default();
+        votes.insert(c.seq, (d, c.signature));
+        while votes.len() > CHECKPOINT_VOTES_KEPT {
+            votes.pop_first();
+        }
+        let matching: Vec<(NodeId, Vec<u8>)> = self
+            .checkpoint_votes
+            .iter()
+            .filter_map(|(r, v)| v.get(&c.seq).filter(|(x, _)| *x == d).map(|(_, s)| (*r, s.clone())))
+            .collect();
+        if matching.len() >= self.quorum {
+            self.make_stable(ctx, c.seq, d, &matching);
+            // The watermark window moved: the primary may have batches waiting for it.
+            self.propose(ctx, now);
+        }
+    }
+
+    /// 2f+1 replicas signed checkpoint (seq, digest): verifies and aggregates their
+    /// signatures into a certificate, and frees the log up to it.
+    fn make_stable(&mut self, ctx: &mut Ctx, seq: u64, d: Digest, votes: &[(NodeId, Vec<u8>)]) {
+        let message = signed_message(CHECKPOINT, 0, seq, &d);
+        let mut signers = Vec::new();
+        let mut signatures = Vec::new();
+        for (r, s) in votes {
+            let (Some(pk), Ok(sig)) = (public_key(ctx, *r), <[u8; 96]>::try_from(s.as_slice())) else { continue };
+            if pk.verify(ctx.cfg.cluster.crypto, &message, &BlsSignature(sig)) {
+                signers.push(*r);
+                signatures.push(BlsSignature(sig));
+            } else {
+                ctx.fault(*r, FaultKind::BadSignature);
+                if let Some(v) = self.checkpoint_votes.get_mut(r) {
+                    v.remove(&seq);
+                }
+            }
+        }
+        if signers.len() < self.quorum {
+            return;
+        }
+        let Some(agg) = aggregate(ctx.cfg.cluster.crypto, &signatures) else { return };
+        let cert = pb::Certificate { view: 0, seq, digest: d.to_vec(), signers, signature: agg.0.to_vec() };
+        self.adopt_stable(ctx, cert);
+    }
+
+    /// A checkpoint certificate newer than ours: frees the log below it, and fetches
+    /// the state if this replica has not executed that far.
+    fn adopt_stable(&mut self, ctx: &mut Ctx, cert: pb::Certificate) {
+        let seq = cert.seq;
+        ctx.persist(record(pb::replica_record::Kind::Stable(cert.clone())));
+        if let Some((_, state)) = self.snapshots.get(&seq) {
+            self.stable_snapshot = Some(state.clone());
+        }
+        if self.executed < seq {
+            ctx.send_to_brokers(pb::body::Kind::FetchState(pb::FetchState { seq }), &[]);
+        }
+        self.stable = Some(cert);
+        self.low = seq;
+        self.log = self.log.split_off(&(seq + 1));
+        self.parked = self.parked.split_off(&(seq + 1));
+        self.snapshots = self.snapshots.split_off(&(seq + 1));
+        self.prepared = self.prepared.split_off(&(seq + 1));
+        for votes in self.checkpoint_votes.values_mut() {
+            *votes = votes.split_off(&(seq + 1));
+        }
+        self.next_seq = self.next_seq.max(seq + 1);
+    }
+
+    /// The state a checkpoint certifies: the application snapshot and the exactly-once
+    /// table, encoded deterministically.
+    fn checkpoint_state(&self, app: Vec<u8>) -> Vec<u8> {
+        let clients = self
+            .clients
+            .iter()
+            .map(|(&client, c)| pb::ClientRecord {
+                client,
+                floor: c.floor,
+                replies: c
+                    .replies
+                    .iter()
+                    .map(|(&request, result)| pb::ExecutedRequest { request, result: result.to_vec() })
+                    .collect(),
+            })
+            .collect();
+        pb::CheckpointState { app, clients }.encode_to_vec()
+    }
+
+    fn on_fetch_state(&mut self, ctx: &mut Ctx, from: NodeId, f: pb::FetchState) {
+        match (&self.stable, &self.stable_snapshot) {
+            (Some(cert), Some(state)) if cert.seq >= f.seq => {
+                let msg = pb::State { checkpoint: Some(cert.clone()), state: state.clone() };
+                ctx.send(pb::body::Kind::State(msg), [from]);
+            }
+            _ => ctx.stats.stale += 1,
+        }
+    }
+
+    /// State transfer: a certified checkpoint beyond what this replica executed, with a
+    /// state whose digest the certificate names.
+    fn on_state(&mut self, ctx: &mut Ctx, now: Nanos, from: NodeId, s: pb::State) {
+        let Some(cert) = s.checkpoint else { return ctx.fault(from, FaultKind::Malformed) };
+        if cert.seq <= self.executed || cert.seq < self.low {
+            return ctx.stats.stale += 1;
+        }
+        if !verify_certificate(ctx, CHECKPOINT, &cert, self.quorum) || digest(&s.state).as_slice() != cert.digest {
+            return ctx.fault(from, FaultKind::BadSignature);
+        }
+        let Ok(state) = pb::CheckpointState::decode(s.state.as_slice()) else {
+            return ctx.fault(from, FaultKind::Malformed);
+        };
+        for c in state.clients {
+            let entry = self.clients.entry(c.client).or_default();
+            entry.floor = c.floor;
+            entry.replies = c.replies.into_iter().map(|e| (e.request, Bytes::from(e.result))).collect();
+            entry.in_flight.clear();
+            let executed: Vec<u64> = entry.pending.keys().copied().filter(|&r| entry.executed(r)).collect();
+            for r in executed {
+                self.forget_pending(c.client, r);
+            }
+        }
+        let seq = cert.seq;
+        ctx.push(Output::Restore { seq, snapshot: state.app });
+        self.executing.clear();
+        self.executed = seq;
+        self.delivered = self.delivered.max(seq);
+        self.stable_snapshot = Some(s.state);
+        if cert.seq > self.low {
+            self.adopt_stable(ctx, cert);
+        }
+        self.execute_ready(ctx);
+        self.propose(ctx, now);
+    }
+
+    pub fn on_timeout(&mut self, ctx: &mut Ctx, now: Nanos) {
+        if self.batch_deadline.is_some_and(|d| d <= now) {
+            self.propose(ctx, now);
+        }
+        if self.suspect.is_some_and(|d| d <= now) {
+            let target = self.changing.as_ref().map_or(self.view, |c| c.target) + 1;
+            if self.changing.is_some() {
+                self.failed_views += 1;
+            }
+            self.start_view_change(ctx, now, target);
+        }
+        self.rearm(ctx);
+    }
+
+    pub fn next_deadline(&self) -> Option<Nanos> {
+        self.batch_deadline.into_iter().chain(self.suspect).min()
+    }
+
+    /// Restores what was persisted before a crash: the accepted proposals and sent
+    /// votes, so the replica never votes differently for a slot, and the stable checkpoint.
+    pub fn recover(&mut self, ctx: &mut Ctx, bytes: &[u8]) -> Result<(), HandleError> {
+        let rec = pb::ReplicaRecord::decode(bytes)
+            .map_err(|e| HandleError::Invalid(format!("persisted record is not a ReplicaRecord: {e}")))?;
+        match rec.kind {
+            Some(pb::replica_record::Kind::View(v)) => self.view = self.view.max(v),
+            Some(pb::replica_record::Kind::Accepted(pp)) if pp.view == self.view && pp.seq > self.low => {
+                let primary = primary(&self.replicas, pp.view);
+                self.next_seq = self.next_seq.max(pp.seq + 1);
+                let batch = pp.batch.unwrap_or_default();
+                let d = batch_digest(&batch);
+                let slot = self.log.entry(pp.seq).or_default();
+                slot.proposal = Some((d, batch.ops));
+                slot.prepares.insert(primary, (d, pp.signature));
+            }
+            Some(pb::replica_record::Kind::Prepared(v)) if v.view == self.view && v.seq > self.low => {
+                if let (Some(slot), Ok(d)) = (self.log.get_mut(&v.seq), Digest::try_from(v.digest.as_slice())) {
+                    slot.commit_sent = true;
+                    slot.commits.insert(ctx.me(), d);
+                }
+            }
+            Some(pb::replica_record::Kind::Stable(cert)) if cert.seq > self.low => {
+                self.low = cert.seq;
+                self.log = self.log.split_off(&(cert.seq + 1));
+                self.next_seq = self.next_seq.max(cert.seq + 1);
+                self.stable = Some(cert);
+            }
+            Some(_) => {}
+            None => return Err(HandleError::Invalid("empty persisted record".into())),
+        }
+        Ok(())
+    }
+}
+
+/// This replica's signature on (kind, view, seq, digest).
+fn sign(ctx: &Ctx, kind: &[u8; 4], view: u64, seq: u64, d: &Digest) -> Vec<u8> {
+    ctx.cfg.bls_secret.sign(&signed_message(kind, view, seq, d)).0.to_vec()
+}
+
+fn record(kind: pb::replica_record::Kind) -> Vec<u8> {
+    pb::ReplicaRecord { kind: Some(kind) }.encode_to_vec()
+}
+
+fn public_key(ctx: &Ctx, id: NodeId) -> Option<BlsPublicKey> {
+    ctx.cfg.cluster.node(id).map(|n| n.bls_public_key)
+}
+
+/// No (client, request) twice in one batch: a primary that repeats one is faulty.
+fn unique_requests(batch: &pb::Batch) -> bool {
+    let mut seen = BTreeSet::new();
+    batch.ops.iter().all(|o| seen.insert((o.client, o.request)))
+}
+
+/// Verifies a certificate: 2f+1 distinct replicas' signatures on its message.
+#[allow(dead_code)]
+pub(crate) fn verify_certificate(ctx: &Ctx, kind: &[u8; 4], cert: &pb::Certificate, quorum: usize) -> bool {
+    let signers: BTreeSet<NodeId> = cert.signers.iter().copied().collect();
+    if signers.len() != cert.signers.len() || signers.len() < quorum {
+        return false;
+    }
+    let Some(pks) = signers
+        .iter()
+        .map(|&s| public_key(ctx, s).filter(|_| ctx.role_of(s) == Some(Role::Broker)))
+        .collect::<Option<Vec<_>>>()
+    else {
+        return false;
+    };
+    let Ok(sig) = <[u8; 96]>::try_from(cert.signature.as_slice()) else { return false };
+    fast_aggregate_verify(
+        ctx.cfg.cluster.crypto,
+        &pks,
+        &signed_message(kind, cert.view, cert.seq, &cert.digest),
+        &BlsSignature(sig),
+    )
+}
