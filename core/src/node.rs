@@ -342,7 +342,8 @@ enum RoleMachine {
     Broker(Broker),
     Publisher(Publisher),
     Subscriber(Subscriber),
-    Replica(Replica),
+    // Boxed: a replica's state is much larger than the other roles'.
+    Replica(Box<Replica>),
     Client(Client),
 }
 
@@ -379,7 +380,7 @@ impl Node {
             (Protocol::PubSub, Role::Broker) => RoleMachine::Broker(Broker::new(&ctx)),
             (Protocol::PubSub, Role::Publisher) => RoleMachine::Publisher(Publisher::new(&ctx)),
             (Protocol::PubSub, Role::Subscriber) => RoleMachine::Subscriber(Subscriber::new(&ctx, me.topics.clone())),
-            (Protocol::Pbft, Role::Broker) => RoleMachine::Replica(Replica::new(&ctx)),
+            (Protocol::Pbft, Role::Broker) => RoleMachine::Replica(Box::new(Replica::new(&ctx))),
             (Protocol::Pbft, Role::Publisher) => RoleMachine::Client(Client::new(&ctx)),
             (Protocol::Pbft, Role::Subscriber) => {
                 return Err(ConfigError(format!("node {}: PBFT has replicas and clients, no subscribers", me.id)));

@@ -206,6 +206,26 @@ fn backup_restarts_from_durable_storage() {
     }
 }
 
+/// A replica that falls just behind while the others make a checkpoint stable (its last
+/// COMMITs still in flight, or dropped once below the new low watermark) must still catch
+/// up, by state transfer or from its log. All-correct clusters over a network that
+/// duplicates and reorders, many seeds each: the checker's liveness includes every
+/// correct replica reaching the last agreed seq.
+#[test]
+fn every_correct_replica_catches_up() {
+    for f in [1, 2] {
+        let failures: Vec<String> = (0..200)
+            .filter_map(|seed| {
+                let mut s = Scenario { ops: 12, ..Scenario::new(f, seed) };
+                s.net.duplicate_ppm = 100_000;
+                let outcome = s.run();
+                (!outcome.violations.is_empty()).then(|| format!("{s}\n  {}", outcome.violations.join("\n  ")))
+            })
+            .collect();
+        assert!(failures.is_empty(), "{} seeds failed:\n{}", failures.len(), failures.join("\n"));
+    }
+}
+
 /// Many adversarial seeds per f (`PHALANX_SEEDS`, default 1000), real crypto on every
 /// 25th: zero violations.
 #[test]

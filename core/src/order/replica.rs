@@ -5,6 +5,7 @@
 mod view_change;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Bound;
 
 use bytes::Bytes;
 use prost::Message;
@@ -106,6 +107,14 @@ pub(crate) struct Replica {
     unproposed_bytes: usize,
     /// When this replica next suspects the primary.
     suspect: Option<Nanos>,
+    /// When to ask again for the state of a stable checkpoint not executed here.
+    fetch_at: Option<Nanos>,
+    /// The time of the latest input, for deadlines set where no time is passed in.
+    last_now: Nanos,
+    /// Catch-up answers: committed batches per seq by replica, and uncertified
+    /// checkpoint states by replica; f+1 matching ones are adopted.
+    catch_up: BTreeMap<u64, BTreeMap<NodeId, (Digest, Vec<pb::Operation>)>>,
+    offered_states: BTreeMap<NodeId, (u64, Digest, Vec<u8>)>,
     /// Prepared slots (the highest view each prepared in), with the votes that make
     /// their certificate, for VIEW-CHANGE messages.
     prepared: BTreeMap<u64, Prepared>,
@@ -127,13 +136,11 @@ enum Early {
     Commit(pb::Vote),
 }
 
-/// What a VIEW-CHANGE needs to prove a slot prepared: the view, batch and the 2f+1
-/// PREPARE signatures (verified only when the certificate is built).
+/// What a VIEW-CHANGE needs to prove a slot prepared: its certificate (2f+1 valid
+/// PREPARE signatures, aggregated) and batch.
 struct Prepared {
-    view: u64,
-    digest: Digest,
+    certificate: pb::Certificate,
     ops: Vec<pb::Operation>,
-    votes: Vec<(NodeId, Vec<u8>)>,
 }
 
 /// Checkpoint votes kept per replica: enough to see the latest ones become stable.
@@ -163,6 +170,10 @@ impl Replica {
             unproposed: BTreeSet::new(),
             unproposed_bytes: 0,
             suspect: None,
+            fetch_at: None,
+            last_now: 0,
+            catch_up: BTreeMap::new(),
+            offered_states: BTreeMap::new(),
             prepared: BTreeMap::new(),
             changing: None,
             failed_views: 0,
@@ -195,6 +206,7 @@ impl Replica {
     }
 
     pub fn on_message(&mut self, ctx: &mut Ctx, now: Nanos, msg: Opened) {
+        self.last_now = now;
         self.dispatch(ctx, now, msg);
         self.rearm(ctx);
     }
@@ -223,6 +235,7 @@ impl Replica {
             pb::body::Kind::NewView(nv) if from_replica => self.on_new_view(ctx, now, from, nv),
             pb::body::Kind::FetchState(f) if from_replica => self.on_fetch_state(ctx, from, f),
             pb::body::Kind::State(s) if from_replica => self.on_state(ctx, now, from, s),
+            pb::body::Kind::Committed(c) if from_replica => self.on_committed(ctx, now, from, c),
             _ => ctx.fault(from, FaultKind::Unexpected),
         }
     }
@@ -268,6 +281,8 @@ impl Replica {
         }
         let p = ctx.cfg.cluster.params.clone();
         self.batch_deadline = None;
+        // Catch-up or state transfer may have taken this replica past its own proposals.
+        self.next_seq = self.next_seq.max(self.delivered + 1);
         loop {
             let in_flight = self.next_seq - 1 - self.delivered;
             if in_flight >= p.pipeline as u64 || !self.can_propose(ctx, self.next_seq) {
@@ -323,8 +338,8 @@ impl Replica {
             let before = ops.len();
             for &client in &clients {
                 let c = &self.clients[&client];
-                let after = cursors.get(&client).copied().unwrap_or(0);
-                let Some(&request) = c.unproposed.range(after + 1..).next() else { continue };
+                let after = cursors.get(&client).map_or(Bound::Unbounded, |&r| Bound::Excluded(r));
+                let Some(&request) = c.unproposed.range((after, Bound::Unbounded)).next() else { continue };
                 let p = &c.pending[&request];
                 if ops.len() >= max_count || (bytes > 0 && bytes + p.op.len() > max_bytes) {
                     return self.take(ops);
@@ -485,10 +500,23 @@ impl Replica {
         let view = self.view;
         let Some(slot) = self.log.get_mut(&seq) else { return };
         if let Some(d) = slot.prepared(quorum).filter(|_| !slot.commit_sent) {
+            // COMMIT only holding a valid certificate: a batch committed anywhere then
+            // has f+1 correct replicas able to prove it prepared in any view change.
+            let votes: Vec<(NodeId, Vec<u8>)> =
+                slot.prepares.iter().filter(|(_, (x, _))| *x == d).map(|(r, (_, s))| (*r, s.clone())).collect();
+            let certificate = match certify(ctx, PREPARE, view, seq, &d, &votes, quorum) {
+                Ok(c) => c,
+                Err(bad) => {
+                    for r in bad {
+                        slot.prepares.remove(&r);
+                        ctx.fault(r, FaultKind::BadSignature);
+                    }
+                    return;
+                }
+            };
             slot.commit_sent = true;
             let (_, ops) = slot.proposal.as_ref().expect("prepared slots have a proposal");
-            let votes = slot.prepares.iter().filter(|(_, (x, _))| *x == d).map(|(r, (_, s))| (*r, s.clone())).collect();
-            self.prepared.insert(seq, Prepared { view, digest: d, ops: ops.clone(), votes });
+            self.prepared.insert(seq, Prepared { certificate, ops: ops.clone() });
             let vote = pb::Vote { view, seq, digest: d.to_vec(), signature: Vec::new() };
             ctx.persist(record(pb::replica_record::Kind::Prepared(vote.clone())));
             ctx.send_to_brokers(pb::body::Kind::Commit(vote), &[]);
@@ -537,6 +565,7 @@ impl Replica {
         results: Vec<Vec<u8>>,
         snapshot: Option<Vec<u8>>,
     ) -> Result<(), HandleError> {
+        self.last_now = now;
         let k = ctx.cfg.cluster.params.checkpoint_interval as u64;
         if seq != self.executed + 1 || seq > self.delivered {
             return Err(HandleError::Invalid(format!("executed batch {seq}, but batch {} is next", self.executed + 1)));
@@ -549,7 +578,7 @@ impl Replica {
                 results.len()
             )));
         }
-        if (seq % k == 0) != snapshot.is_some() {
+        if seq.is_multiple_of(k) != snapshot.is_some() {
             return Err(HandleError::Invalid(format!(
                 "a snapshot is required exactly at checkpoints (every {k} batches); batch {seq} {}",
                 if snapshot.is_some() { "is not one" } else { "is one" }
@@ -590,7 +619,7 @@ impl Replica {
         let Ok(d) = Digest::try_from(c.digest.as_slice()) else {
             return ctx.fault(from, FaultKind::Malformed);
         };
-        if c.seq % k != 0 || c.seq <= self.low {
+        if !c.seq.is_multiple_of(k) || c.seq <= self.low {
             return ctx.stats.stale += 1;
         }
         let votes = self.checkpoint_votes.entry(from).or_default();
@@ -644,11 +673,9 @@ impl Replica {
         if let Some((_, state)) = self.snapshots.get(&seq) {
             self.stable_snapshot = Some(state.clone());
         }
-        if self.executed < seq {
-            ctx.send_to_brokers(pb::body::Kind::FetchState(pb::FetchState { seq }), &[]);
-        }
         self.stable = Some(cert);
         self.low = seq;
+        self.fetch_state(ctx);
         self.log = self.log.split_off(&(seq + 1));
         self.parked = self.parked.split_off(&(seq + 1));
         self.snapshots = self.snapshots.split_off(&(seq + 1));
@@ -678,26 +705,115 @@ impl Replica {
         pb::CheckpointState { app, clients }.encode_to_vec()
     }
 
-    fn on_fetch_state(&mut self, ctx: &mut Ctx, from: NodeId, f: pb::FetchState) {
-        match (&self.stable, &self.stable_snapshot) {
-            (Some(cert), Some(state)) if cert.seq >= f.seq => {
-                let msg = pb::State { checkpoint: Some(cert.clone()), state: state.clone() };
-                ctx.send(pb::body::Kind::State(msg), [from]);
-            }
-            _ => ctx.stats.stale += 1,
+    /// Asks the other replicas for what this replica has not executed: the state of the
+    /// stable checkpoint if it is behind it, asked again every `request_timeout_ns / 4`
+    /// until done.
+    fn fetch_state(&mut self, ctx: &mut Ctx) {
+        self.fetch_at = None;
+        if self.executed < self.low {
+            self.catch_up_request(ctx);
+            self.fetch_at = Some(self.last_now.saturating_add(ctx.cfg.cluster.params.request_timeout_ns / 4));
         }
     }
 
-    /// State transfer: a certified checkpoint beyond what this replica executed, with a
-    /// state whose digest the certificate names.
-    fn on_state(&mut self, ctx: &mut Ctx, now: Nanos, from: NodeId, s: pb::State) {
-        let Some(cert) = s.checkpoint else { return ctx.fault(from, FaultKind::Malformed) };
-        if cert.seq <= self.executed || cert.seq < self.low {
+    fn catch_up_request(&mut self, ctx: &mut Ctx) {
+        let seq = self.executed + 1;
+        ctx.send_to_brokers(pb::body::Kind::FetchState(pb::FetchState { seq }), &[]);
+    }
+
+    /// Answers a replica that lacks `f.seq` onwards: the state at the newest checkpoint
+    /// at or after it (certified if stable here, else bare: the fetcher checks it against
+    /// its own certificate or f+1 matching offers), then the committed batches after.
+    fn on_fetch_state(&mut self, ctx: &mut Ctx, from: NodeId, f: pb::FetchState) {
+        let stable = match (&self.stable, &self.stable_snapshot) {
+            (Some(cert), Some(state)) if cert.seq >= f.seq => Some((cert.seq, Some(cert.clone()), state.clone())),
+            _ => None,
+        };
+        let own = self.snapshots.range(f.seq..).next_back().map(|(&seq, (_, state))| (seq, None, state.clone()));
+        let state = stable.into_iter().chain(own).max_by_key(|(seq, _, _)| *seq);
+        let after = state.as_ref().map_or(f.seq, |(seq, _, _)| seq + 1);
+        if let Some((seq, checkpoint, state)) = state {
+            ctx.send(pb::body::Kind::State(pb::State { seq, checkpoint, state }), [from]);
+        }
+        let committed: Vec<pb::Committed> = self
+            .log
+            .range(after..)
+            .take_while(|(seq, _)| **seq <= self.delivered)
+            .filter(|(_, s)| s.committed)
+            .filter_map(|(&seq, s)| {
+                s.proposal.as_ref().map(|(_, ops)| pb::Committed { seq, batch: Some(pb::Batch { ops: ops.clone() }) })
+            })
+            .collect();
+        for c in committed {
+            ctx.send(pb::body::Kind::Committed(c), [from]);
+        }
+    }
+
+    /// A committed batch offered in catch-up: adopted once f+1 replicas offer the same.
+    fn on_committed(&mut self, ctx: &mut Ctx, now: Nanos, from: NodeId, c: pb::Committed) {
+        if c.seq <= self.delivered || !self.in_window(ctx, c.seq) {
             return ctx.stats.stale += 1;
         }
-        if !verify_certificate(ctx, CHECKPOINT, &cert, self.quorum) || digest(&s.state).as_slice() != cert.digest {
+        let batch = c.batch.unwrap_or_default();
+        let d = batch_digest(&batch);
+        let offers = self.catch_up.entry(c.seq).or_default();
+        offers.insert(from, (d, batch.ops));
+        if offers.values().filter(|(x, _)| *x == d).count() <= ctx.f {
+            return;
+        }
+        let (_, ops) = offers.remove(&from).expect("just inserted");
+        self.catch_up.remove(&c.seq);
+        let slot = self.log.entry(c.seq).or_default();
+        slot.proposal = Some((d, ops));
+        slot.committed = true;
+        self.caught_up(ctx, now);
+    }
+
+    /// Progress through catch-up: execute, and drop a view change nobody else joined
+    /// (the primary was only keeping this replica in the dark).
+    fn caught_up(&mut self, ctx: &mut Ctx, now: Nanos) {
+        let before = self.executed.max(self.delivered);
+        self.execute_ready(ctx);
+        if self.delivered > before
+            && let Some(c) = &self.changing
+            && self.view_changes.values().filter(|r| r.view >= c.target).count() <= ctx.f
+        {
+            self.changing = None;
+            self.failed_views = 0;
+            self.progress_at = now;
+        }
+        self.catch_up = self.catch_up.split_off(&(self.delivered + 1));
+        self.propose(ctx, now);
+    }
+
+    /// State transfer: a state beyond what this replica executed whose digest a
+    /// checkpoint certificate names (the one sent along, or our own stable one).
+    fn on_state(&mut self, ctx: &mut Ctx, now: Nanos, from: NodeId, s: pb::State) {
+        if s.seq <= self.executed {
+            return ctx.stats.stale += 1;
+        }
+        let d = digest(&s.state);
+        let certified = match &s.checkpoint {
+            Some(cert) if cert.seq == s.seq && verify_certificate(ctx, CHECKPOINT, cert, self.quorum) => {
+                Some(cert.clone())
+            }
+            Some(_) => return ctx.fault(from, FaultKind::BadSignature),
+            None => self.stable.clone().filter(|c| c.seq == s.seq),
+        };
+        if let Some(cert) = &certified
+            && d.as_slice() != cert.digest
+        {
             return ctx.fault(from, FaultKind::BadSignature);
         }
+        // Without a certificate, f+1 replicas offering the same state include a correct one.
+        if certified.is_none() {
+            self.offered_states.insert(from, (s.seq, d, s.state.clone()));
+            let matching = self.offered_states.values().filter(|(seq, x, _)| *seq == s.seq && *x == d).count();
+            if matching <= ctx.f {
+                return;
+            }
+        }
+        self.offered_states.clear();
         let Ok(state) = pb::CheckpointState::decode(s.state.as_slice()) else {
             return ctx.fault(from, FaultKind::Malformed);
         };
@@ -711,24 +827,36 @@ impl Replica {
                 self.forget_pending(c.client, r);
             }
         }
-        let seq = cert.seq;
+        let seq = s.seq;
         ctx.push(Output::Restore { seq, snapshot: state.app });
         self.executing.clear();
         self.executed = seq;
         self.delivered = self.delivered.max(seq);
         self.stable_snapshot = Some(s.state);
-        if cert.seq > self.low {
-            self.adopt_stable(ctx, cert);
+        match certified {
+            Some(cert) if cert.seq > self.low => self.adopt_stable(ctx, cert),
+            // Executed by a correct replica: the log below is settled, whether or not
+            // this replica has seen the certificate.
+            _ => {
+                self.low = self.low.max(seq);
+                self.log = self.log.split_off(&(seq + 1));
+            }
         }
-        self.execute_ready(ctx);
-        self.propose(ctx, now);
+        self.fetch_at = None;
+        self.caught_up(ctx, now);
     }
 
     pub fn on_timeout(&mut self, ctx: &mut Ctx, now: Nanos) {
+        self.last_now = now;
+        if self.fetch_at.is_some_and(|d| d <= now) {
+            self.fetch_state(ctx);
+        }
         if self.batch_deadline.is_some_and(|d| d <= now) {
             self.propose(ctx, now);
         }
         if self.suspect.is_some_and(|d| d <= now) {
+            // Maybe only this replica is behind: ask the others, and suspect the primary.
+            self.catch_up_request(ctx);
             let target = self.changing.as_ref().map_or(self.view, |c| c.target) + 1;
             if self.changing.is_some() {
                 self.failed_views += 1;
@@ -739,7 +867,7 @@ impl Replica {
     }
 
     pub fn next_deadline(&self) -> Option<Nanos> {
-        self.batch_deadline.into_iter().chain(self.suspect).min()
+        self.batch_deadline.into_iter().chain(self.suspect).chain(self.fetch_at).min()
     }
 
     /// Restores what was persisted before a crash: the accepted proposals and sent
@@ -782,6 +910,51 @@ fn sign(ctx: &Ctx, kind: &[u8; 4], view: u64, seq: u64, d: &Digest) -> Vec<u8> {
     ctx.cfg.bls_secret.sign(&signed_message(kind, view, seq, d)).0.to_vec()
 }
 
+/// Aggregates signatures on one (kind, view, seq, digest) into a certificate: a single
+/// aggregate check when all are valid; otherwise each is checked, and if fewer than
+/// `quorum` remain valid the invalid signers are returned as evidence.
+fn certify(
+    ctx: &Ctx,
+    kind: &[u8; 4],
+    view: u64,
+    seq: u64,
+    d: &Digest,
+    votes: &[(NodeId, Vec<u8>)],
+    quorum: usize,
+) -> Result<pb::Certificate, Vec<NodeId>> {
+    let mode = ctx.cfg.cluster.crypto;
+    let message = signed_message(kind, view, seq, d);
+    let parsed: Vec<(NodeId, Option<(BlsPublicKey, BlsSignature)>)> = votes
+        .iter()
+        .map(|(r, s)| (*r, public_key(ctx, *r).zip(<[u8; 96]>::try_from(s.as_slice()).ok().map(BlsSignature))))
+        .collect();
+    let all_valid = || {
+        let keys: Option<Vec<(BlsPublicKey, BlsSignature)>> = parsed.iter().map(|(_, k)| *k).collect();
+        let keys = keys?;
+        let (pks, sigs): (Vec<BlsPublicKey>, Vec<BlsSignature>) = keys.into_iter().unzip();
+        let agg = aggregate(mode, &sigs)?;
+        fast_aggregate_verify(mode, &pks, &message, &agg).then_some(agg)
+    };
+    let (signers, agg) = match all_valid() {
+        Some(agg) => (parsed.iter().map(|(r, _)| *r).collect::<Vec<_>>(), agg),
+        None => {
+            let (good, bad): (Vec<_>, Vec<_>) =
+                parsed.iter().partition(|(_, k)| k.is_some_and(|(pk, sig)| pk.verify(mode, &message, &sig)));
+            let bad: Vec<NodeId> = bad.into_iter().map(|(r, _)| r).collect();
+            if good.len() < quorum {
+                return Err(bad);
+            }
+            let sigs: Vec<BlsSignature> = good.iter().map(|(_, k)| k.expect("valid").1).collect();
+            let agg = aggregate(mode, &sigs).ok_or_else(|| bad.clone())?;
+            (good.iter().map(|(r, _)| *r).collect(), agg)
+        }
+    };
+    if signers.len() < quorum {
+        return Err(vec![]);
+    }
+    Ok(pb::Certificate { view, seq, digest: d.to_vec(), signers, signature: agg.0.to_vec() })
+}
+
 fn record(kind: pb::replica_record::Kind) -> Vec<u8> {
     pb::ReplicaRecord { kind: Some(kind) }.encode_to_vec()
 }
@@ -797,8 +970,7 @@ fn unique_requests(batch: &pb::Batch) -> bool {
 }
 
 /// Verifies a certificate: 2f+1 distinct replicas' signatures on its message.
-#[allow(dead_code)]
-pub(crate) fn verify_certificate(ctx: &Ctx, kind: &[u8; 4], cert: &pb::Certificate, quorum: usize) -> bool {
+fn verify_certificate(ctx: &Ctx, kind: &[u8; 4], cert: &pb::Certificate, quorum: usize) -> bool {
     let signers: BTreeSet<NodeId> = cert.signers.iter().copied().collect();
     if signers.len() != cert.signers.len() || signers.len() < quorum {
         return false;

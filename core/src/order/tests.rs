@@ -8,12 +8,15 @@ use crate::config::{ClusterSpec, Params, Protocol};
 use crate::crypto::CryptoMode;
 use crate::{Input, Node, NodeId, Output, Request, generate_cluster};
 
+/// Each batch a replica executed: its seq and (client, request) pairs.
+type Executed = Vec<(u64, Vec<(NodeId, u64)>)>;
+
 struct Net {
     nodes: Vec<Node>,
     apps: Vec<Vec<Vec<u8>>>,
     queue: VecDeque<(NodeId, NodeId, Vec<u8>)>,
     completed: Vec<(NodeId, u64, Vec<u8>)>,
-    executed: Vec<Vec<(u64, Vec<(NodeId, u64)>)>>,
+    executed: Vec<Executed>,
     /// Replicas whose outgoing frames are dropped.
     silent: Vec<NodeId>,
     now: u64,

@@ -1,12 +1,15 @@
 //! Byzantine behaviours. A Byzantine node runs the real protocol with its real keys; its
 //! behaviour rewrites each frame it sends. Rewritten frames are re-MACed with the node's
-//! own keys, so they authenticate as coming from it: the protocols, not the MACs, must
-//! catch the lie. MACs of other nodes (Chain's upstream MACs) cannot be forged.
+//! own keys (and what it signs, re-signed), so they authenticate as coming from it: the
+//! protocols, not the MACs, must catch the lie. Other nodes' MACs and signatures (Chain's
+//! upstream MACs, certificates) cannot be forged.
 
 use prost::Message;
 
 use super::Rng;
 use crate::NodeId;
+use crate::crypto::BlsSecretKey;
+use crate::order::{authenticated_bytes, batch_digest, signed_message};
 use crate::wire::{Keyring, pb};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -55,6 +58,7 @@ pub type Frame = (NodeId, NodeId, Vec<u8>);
 pub fn tamper(
     behavior: &Behavior,
     keys: &Keyring,
+    bls: &BlsSecretKey,
     rng: &mut Rng,
     seen: &mut Vec<(NodeId, Vec<u8>)>,
     to: NodeId,
@@ -80,11 +84,11 @@ pub fn tamper(
         }
         Behavior::AlterTo(set) if set.contains(&to) => {
             let field = rng.below(5);
-            vec![(to, me, rewrite(keys, &bytes, |p, macs| alter(p, macs, field, me)))]
+            vec![(to, me, rewrite(keys, bls, &bytes, |kind, macs| alter(kind, macs, field, me)))]
         }
         Behavior::AlterTo(_) => vec![(to, me, bytes)],
         Behavior::Equivocate if to % 2 == 1 => {
-            vec![(to, me, rewrite(keys, &bytes, |p, _| p.payload = [&p.payload[..], b"/equivocated"].concat().into()))]
+            vec![(to, me, rewrite(keys, bls, &bytes, |kind, _| equivocate(kind)))]
         }
         Behavior::Equivocate => vec![(to, me, bytes)],
         Behavior::CorruptMacs => {
@@ -117,9 +121,11 @@ pub fn tamper(
     }
 }
 
-/// Seed 000 §6.7's alterations: seq+1, publisher+1, topic+1, contents replaced, or the
-/// upstream (Chain) MACs dropped (contents replaced where there are none).
-fn alter(p: &mut pb::Publication, macs: &mut Vec<pb::Mac>, field: u64, me: NodeId) {
+/// Seed 000 §6.7's alterations of a publication: seq+1, publisher+1, topic+1, contents
+/// replaced, or the upstream (Chain) MACs dropped (contents replaced where there are
+/// none). Other messages get their content changed as by [`equivocate`].
+fn alter(kind: &mut pb::body::Kind, macs: &mut Vec<pb::Mac>, field: u64, me: NodeId) {
+    let pb::body::Kind::Publication(p) = kind else { return equivocate(kind) };
     match field {
         0 => p.seq += 1,
         1 => p.publisher += 1,
@@ -129,13 +135,59 @@ fn alter(p: &mut pb::Publication, macs: &mut Vec<pb::Mac>, field: u64, me: NodeI
     }
 }
 
-/// Decodes a frame, lets `mutate` change its publication (other bodies pass unchanged)
-/// and MAC list, and re-MACs the new body with this node's own keys.
-fn rewrite(keys: &Keyring, bytes: &[u8], mutate: impl FnOnce(&mut pb::Publication, &mut Vec<pb::Mac>)) -> Vec<u8> {
+/// The other content an equivocating node sends some receivers: a different payload,
+/// op, result or digest, or for a PRE-PREPARE another batch of the same requests.
+fn equivocate(kind: &mut pb::body::Kind) {
+    fn flip(digest: &mut [u8]) {
+        if let Some(b) = digest.first_mut() {
+            *b ^= 0xff;
+        }
+    }
+    match kind {
+        pb::body::Kind::Publication(p) => p.payload = [&p.payload[..], b"/equivocated"].concat().into(),
+        pb::body::Kind::Request(op) => op.op.extend_from_slice(b"/equivocated"),
+        pb::body::Kind::PrePrepare(pp) => {
+            let ops = &mut pp.batch.get_or_insert_default().ops;
+            if ops.len() > 1 {
+                ops.reverse();
+            } else {
+                ops.clear();
+            }
+        }
+        pb::body::Kind::Prepare(v) | pb::body::Kind::Commit(v) => flip(&mut v.digest),
+        pb::body::Kind::Checkpoint(c) => flip(&mut c.digest),
+        pb::body::Kind::Reply(r) => r.result = [&r.result[..], b"/equivocated"].concat().into(),
+        _ => {}
+    }
+}
+
+/// Decodes a frame, lets `mutate` change its body and MAC list, and makes what the node
+/// itself authenticates valid again with its own keys: the frame MACs, a client's
+/// authenticator, a primary's PRE-PREPARE signature and a replica's PREPARE signature.
+fn rewrite(
+    keys: &Keyring,
+    bls: &BlsSecretKey,
+    bytes: &[u8],
+    mutate: impl FnOnce(&mut pb::body::Kind, &mut Vec<pb::Mac>),
+) -> Vec<u8> {
     let Ok(mut frame) = pb::Frame::decode(bytes) else { return bytes.to_vec() };
     let Ok(mut body) = pb::Body::decode(frame.body.clone()) else { return bytes.to_vec() };
-    let Some(pb::body::Kind::Publication(p)) = &mut body.kind else { return bytes.to_vec() };
-    mutate(p, &mut frame.macs);
+    let Some(kind) = &mut body.kind else { return bytes.to_vec() };
+    mutate(kind, &mut frame.macs);
+    match kind {
+        pb::body::Kind::Request(op) if op.client == keys.me => {
+            let covered = authenticated_bytes(op);
+            op.authenticator = op.authenticator.iter().filter_map(|m| keys.mac_to(m.to, &covered)).collect();
+        }
+        pb::body::Kind::PrePrepare(pp) => {
+            let d = batch_digest(pp.batch.as_ref().unwrap_or(&pb::Batch::default()));
+            pp.signature = bls.sign(&signed_message(b"prep", pp.view, pp.seq, &d)).0.to_vec();
+        }
+        pb::body::Kind::Prepare(v) => {
+            v.signature = bls.sign(&signed_message(b"prep", v.view, v.seq, &v.digest)).0.to_vec()
+        }
+        _ => {}
+    }
     frame.body = body.encode_to_vec().into();
     for m in &mut frame.macs {
         if m.from == keys.me

@@ -480,7 +480,7 @@ impl Sim {
         let h = &mut self.hosts[host];
         let results = ops.iter().map(|o| h.app.execute(&o.op)).collect();
         let interval = h.config.cluster.params.checkpoint_interval as u64;
-        let snapshot = (seq % interval == 0).then(|| h.app.snapshot());
+        let snapshot = seq.is_multiple_of(interval).then(|| h.app.snapshot());
         let incarnation = self.incarnations[host];
         self.schedule(self.now, Event::Executed { host, incarnation, seq, results, snapshot });
         self.record_execution(host, seq, Applied::Batch(ops));
@@ -494,7 +494,8 @@ impl Sim {
     /// A send from `host`, through its adversary behaviour, onto the network.
     fn send(&mut self, host: usize, to: NodeId, bytes: Vec<u8>) {
         let h = &mut self.hosts[host];
-        let frames = adversary::tamper(&h.behavior, &h.keys, &mut self.rng, &mut h.seen, to, bytes);
+        let frames =
+            adversary::tamper(&h.behavior, &h.keys, &h.config.bls_secret, &mut self.rng, &mut h.seen, to, bytes);
         for (to, claimed_from, bytes) in frames {
             self.log.messages_sent += 1;
             self.log.bytes_sent += bytes.len() as u64;

@@ -205,6 +205,10 @@ fn body(kind: &pb::body::Kind) -> String {
             format!("NewView view {} view changes from {}", n.view, list(&senders))
         }
         Kind::FetchState(x) => format!("FetchState seq {}", x.seq),
+        Kind::Committed(x) => {
+            let ops = x.batch.as_ref().map_or(0, |b| b.ops.len());
+            format!("Committed seq {} batch {ops} ops", x.seq)
+        }
         Kind::State(x) => {
             let state = match pb::CheckpointState::decode(x.state.as_slice()) {
                 Ok(s) => format!("app {} bytes, {} clients", s.app.len(), s.clients.len()),

@@ -348,7 +348,7 @@ fn dump_shows_pbft_messages() {
         view_changes: [0, 2, 3].map(|sender| pb::SignedViewChange { sender, view_change: vec![] }).to_vec(),
     };
     let state = pb::CheckpointState { app: vec![5; 10], clients: vec![pb::ClientRecord::default()] };
-    let state = pb::State { checkpoint: Some(cert(128, vec![1, 2, 3])), state: state.encode_to_vec() };
+    let state = pb::State { seq: 128, checkpoint: Some(cert(128, vec![1, 2, 3])), state: state.encode_to_vec() };
     let record = |kind| pb::ReplicaRecord { kind: Some(kind) }.encode_to_vec();
     let bodies = [
         B::PrePrepare(pre_prepare.clone()),
@@ -360,7 +360,7 @@ fn dump_shows_pbft_messages() {
         B::NewView(new_view),
         B::FetchState(pb::FetchState { seq: 256 }),
         B::State(state),
-        B::State(pb::State { checkpoint: None, state: vec![0xff] }),
+        B::State(pb::State { seq: 0, checkpoint: None, state: vec![0xff] }),
     ];
     let mut writer = TraceWriter::new(&cfgs[0].encode(), "replica-0");
     for (i, body) in bodies.into_iter().enumerate() {

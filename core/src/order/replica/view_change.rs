@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use prost::Message;
 
 use super::{CHECKPOINT, Early, PREPARE, Replica, Slot, public_key, record, sign, verify_certificate};
-use crate::crypto::{BlsSignature, aggregate, digest};
+use crate::crypto::{BlsSignature, digest};
 use crate::node::Ctx;
 use crate::order::{batch_digest, primary, signed_message};
 use crate::wire::pb;
@@ -29,7 +29,7 @@ pub(super) struct Changing {
 
 /// A verified VIEW-CHANGE: its view and the signed bytes to relay in a NEW-VIEW.
 pub(super) struct Received {
-    view: u64,
+    pub view: u64,
     signed: pb::SignedViewChange,
 }
 
@@ -57,7 +57,7 @@ impl Replica {
         let mut vc = pb::ViewChange {
             view: target,
             stable: self.stable.clone(),
-            prepared: self.prepared_certificates(ctx),
+            prepared: self.prepared_certificates(),
             signature: vec![],
         };
         vc.signature = sign(ctx, VIEW_CHANGE, target, 0, &digest(&vc.encode_to_vec()));
@@ -66,36 +66,15 @@ impl Replica {
         self.record_view_change(ctx, now, me, vc);
     }
 
-    /// Certificates for the prepared slots above the stable checkpoint. Each PREPARE
-    /// signature is checked here, the first time it matters; a bad one is evidence.
-    fn prepared_certificates(&mut self, ctx: &mut Ctx) -> Vec<pb::PreparedEntry> {
-        let mut entries = Vec::new();
-        for (&seq, p) in self.prepared.range(self.low + 1..) {
-            let message = signed_message(PREPARE, p.view, seq, &p.digest);
-            let mut signers = Vec::new();
-            let mut signatures = Vec::new();
-            for (r, s) in &p.votes {
-                let sig = <[u8; 96]>::try_from(s.as_slice()).ok().map(BlsSignature);
-                match (public_key(ctx, *r), sig) {
-                    (Some(pk), Some(sig)) if pk.verify(ctx.cfg.cluster.crypto, &message, &sig) => {
-                        signers.push(*r);
-                        signatures.push(sig);
-                    }
-                    _ => ctx.fault(*r, FaultKind::BadSignature),
-                }
-            }
-            if signers.len() < self.quorum {
-                continue;
-            }
-            let Some(agg) = aggregate(ctx.cfg.cluster.crypto, &signatures) else { continue };
-            let certificate =
-                pb::Certificate { view: p.view, seq, digest: p.digest.to_vec(), signers, signature: agg.0.to_vec() };
-            entries.push(pb::PreparedEntry {
-                certificate: Some(certificate),
+    /// Certificates for the prepared slots above the stable checkpoint.
+    fn prepared_certificates(&self) -> Vec<pb::PreparedEntry> {
+        self.prepared
+            .range(self.low + 1..)
+            .map(|(_, p)| pb::PreparedEntry {
+                certificate: Some(p.certificate.clone()),
                 batch: Some(pb::Batch { ops: p.ops.clone() }),
-            });
-        }
-        entries
+            })
+            .collect()
     }
 
     pub(super) fn on_view_change(&mut self, ctx: &mut Ctx, now: Nanos, from: NodeId, vc: pb::ViewChange) {
