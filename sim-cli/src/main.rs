@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use phalanx_core::sim::order_scenario;
 use phalanx_core::sim::scenario::{Protocol, reference_traces, sweep};
 use phalanx_core::trace::{Trace, dump, replay};
 
@@ -28,7 +29,7 @@ enum Command {
     },
     /// Runs adversarial scenarios over a range of seeds and checks every property.
     Seeds {
-        /// ab, bracha, chain, pubsub or all.
+        /// ab, bracha, chain, pubsub, pbft or all.
         #[arg(long, default_value = "all")]
         protocol: String,
         /// Faults tolerated: 1 (n=4) or 2 (n=7); 0 runs both.
@@ -84,29 +85,40 @@ fn main() -> ExitCode {
 }
 
 fn seeds(protocol: &str, f: u32, from: u64, count: u64, real_every: u64) -> ExitCode {
-    let protocols: Vec<Protocol> = match (protocol, Protocol::from_name(protocol)) {
-        ("all", _) => Protocol::ALL.to_vec(),
-        (_, Some(p)) => vec![p],
+    let (protocols, pbft): (Vec<Protocol>, bool) = match (protocol, Protocol::from_name(protocol)) {
+        ("all", _) => (Protocol::ALL.to_vec(), true),
+        ("pbft", _) => (vec![], true),
+        (_, Some(p)) => (vec![p], false),
         _ => {
-            eprintln!("unknown protocol {protocol:?}: use ab, bracha, chain, pubsub or all");
+            eprintln!("unknown protocol {protocol:?}: use ab, bracha, chain, pubsub, pbft or all");
             return ExitCode::from(2);
         }
     };
     let fs = if f == 0 { vec![1, 2] } else { vec![f] };
     let mut failed = 0;
-    for &p in &protocols {
-        for &f in &fs {
+    for &f in &fs {
+        for &p in &protocols {
             let result = sweep(p, f, from..from + count, real_every);
-            for failure in &result.failures {
-                println!("{failure}");
-            }
-            failed += result.failures.len() as u64;
+            failed += report(&result.failures);
             println!("{} f={f}: {count} seeds from {from}, {} deliveries checked", p.name(), result.deliveries);
         }
+        if pbft {
+            let result = order_scenario::sweep(f, from..from + count, real_every);
+            failed += report(&result.failures);
+            println!("pbft f={f}: {count} seeds from {from}, {} completions checked", result.completions);
+        }
     }
-    let total = protocols.len() as u64 * fs.len() as u64 * count;
+    let total = (protocols.len() + pbft as usize) as u64 * fs.len() as u64 * count;
     println!("{} passed, {failed} failed", total - failed);
     if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+}
+
+/// Prints failing seeds; returns how many.
+fn report(failures: &[String]) -> u64 {
+    for failure in failures {
+        println!("{failure}");
+    }
+    failures.len() as u64
 }
 
 fn trace(command: TraceCommand) -> ExitCode {

@@ -218,10 +218,10 @@ impl Replica {
             pb::body::Kind::Request(op) if ctx.role_of(from) == Some(Role::Publisher) && op.client == from => {
                 self.on_request(ctx, now, op)
             }
-            pb::body::Kind::PrePrepare(pp) if from_replica => self.on_pre_prepare(ctx, now, from, pp),
             pb::body::Kind::PrePrepare(pp) if from_replica && self.is_early(ctx, pp.view, pp.seq) => {
                 self.keep_early(ctx, from, pp.view, Early::PrePrepare(pp))
             }
+            pb::body::Kind::PrePrepare(pp) if from_replica => self.on_pre_prepare(ctx, now, from, pp),
             pb::body::Kind::Prepare(v) if from_replica && self.is_early(ctx, v.view, v.seq) => {
                 self.keep_early(ctx, from, v.view, Early::Prepare(v))
             }

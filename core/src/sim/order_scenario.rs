@@ -551,7 +551,7 @@ pub fn sweep(f: u32, seeds: std::ops::Range<u64>, real_every: u64) -> Sweep {
         out.completions += outcome.log.completed.iter().filter(|c| exp.correct_clients.contains(&c.host)).count();
         if !outcome.violations.is_empty() {
             out.failures.push(format!(
-                "FAILED {s}\n  rerun: order_scenario::Scenario::adversarial({f}, {seed}, CryptoMode::{crypto:?}).run()\n  {}",
+                "FAILED {s}\n  rerun: cargo run -p phalanx-sim -- seeds --protocol pbft --f {f} --from {seed} --count 1 --real-every {real_every}\n  {}",
                 outcome.violations.join("\n  ")
             ));
         }

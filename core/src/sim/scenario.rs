@@ -8,6 +8,7 @@ use std::fmt;
 
 use super::adversary::Behavior;
 use super::check::{Expectations, check};
+use super::order_scenario;
 use super::{Log, NetConfig, Rng, Sim};
 use crate::crypto::CryptoMode;
 use crate::{Algorithm, ClusterSpec, Nanos, NodeId, Params, Request, generate_cluster};
@@ -353,8 +354,9 @@ impl fmt::Display for Scenario {
 }
 
 /// The traces checked into `tests/traces/`, recorded from fixed scenarios with real
-/// crypto: each protocol at f = 1 and f = 2, Byzantine brokers, and histories. Returns
-/// (file name, trace bytes); the same call always returns the same bytes.
+/// crypto: each broadcast at f = 1 and f = 2, Byzantine brokers, histories, and PBFT's
+/// normal case, view change and state transfer. Returns (file name, trace bytes); the
+/// same call always returns the same bytes.
 pub fn reference_traces() -> Vec<(String, Vec<u8>)> {
     let mut cases: Vec<(&str, Scenario, NodeId)> = Vec::new();
     let base = |protocol, f| Scenario { crypto: CryptoMode::Real, publications: 4, ..Scenario::new(protocol, f, 1) };
@@ -373,14 +375,36 @@ pub fn reference_traces() -> Vec<(String, Vec<u8>)> {
     s.publisher_behaviors[0] = Behavior::DropTo(vec![3]);
     cases.push(("pubsub-n4f1-history-recovery-subscriber", s.clone(), 5));
     cases.push(("pubsub-n4f1-publisher", s, 4));
-    cases
-        .into_iter()
-        .map(|(name, mut s, node)| {
-            s.record = vec![node];
-            let mut traces = s.run().traces;
-            (format!("{name}.trace"), traces.remove(&node).expect("recorded"))
-        })
-        .collect()
+    let broadcast = cases.into_iter().map(|(name, mut s, node)| {
+        s.record = vec![node];
+        (name.to_string(), s.run().traces.remove(&node).expect("recorded"))
+    });
+    let pbft = pbft_reference_cases().into_iter().map(|(name, mut s, node)| {
+        s.record = vec![node];
+        (name.to_string(), s.run().traces.remove(&node).expect("recorded"))
+    });
+    broadcast.chain(pbft).map(|(name, trace)| (format!("{name}.trace"), trace)).collect()
+}
+
+fn pbft_reference_cases() -> Vec<(&'static str, order_scenario::Scenario, NodeId)> {
+    let base = |f| order_scenario::Scenario {
+        crypto: CryptoMode::Real,
+        clients: 2,
+        ops: 6,
+        ..order_scenario::Scenario::new(f, 1)
+    };
+    let mut view_change = base(1);
+    view_change.replicas[0] = Behavior::Silent;
+    let mut state_transfer = base(2);
+    state_transfer.ops = 12;
+    state_transfer.params.checkpoint_interval = 2;
+    state_transfer.partition = Some((0, 40 * MS, vec![6]));
+    vec![
+        ("pbft-n4f1-normal-backup", base(1), 1),
+        ("pbft-n4f1-client", base(1), 4),
+        ("pbft-n4f1-view-change-backup", view_change, 2),
+        ("pbft-n7f2-state-transfer-replica", state_transfer, 6),
+    ]
 }
 
 /// The result of running many adversarial seeds.
