@@ -1,16 +1,20 @@
-//! `phalanx-sim bench`: in-process deliveries/s of AB, Bracha and Chain on one core,
-//! beside the machine's raw MAC/s and BLAKE3 throughput, so the distance to the
-//! crypto floor is visible. Figures are ratios within one run; the machine is shared.
+//! `phalanx-sim bench`: in-process deliveries/s of AB, Bracha and Chain, and ordered
+//! requests/s of PBFT, all nodes on one core, beside the machine's raw MAC/s and BLAKE3
+//! throughput, so the distance to the crypto floor is visible. Figures are ratios within
+//! one run; the machine is shared.
 
 use std::collections::VecDeque;
 use std::time::Instant;
 
 use phalanx_core::crypto::CryptoMode;
+use phalanx_core::sim::adversary::Behavior;
+use phalanx_core::sim::order_scenario;
 use phalanx_core::wire::{Keyring, pb};
-use phalanx_core::{Algorithm, ClusterSpec, Input, Node, NodeId, Output, Params, Request, generate_cluster};
+use phalanx_core::{Algorithm, ClusterSpec, Input, Node, NodeId, Output, Params, Protocol, Request, generate_cluster};
 use prost::Message;
 
-/// A cluster wired directly: a FIFO of frames, no latency, one subscriber.
+/// A cluster wired directly: a FIFO of frames, no latency, a host that acknowledges
+/// persistence at once and executes batches with a trivial application.
 struct Bench {
     nodes: Vec<Node>,
     queue: VecDeque<(NodeId, NodeId, Vec<u8>)>,
@@ -19,21 +23,42 @@ struct Bench {
     messages: u64,
     macs: u64,
     count_macs: bool,
+    /// PBFT clients whose requests completed, in order.
+    completed: Vec<usize>,
+    now: u64,
 }
 
 impl Bench {
-    fn new(f: u32) -> Self {
-        let mut spec = ClusterSpec::new(f);
-        spec.subscribers = 1;
-        spec.crypto = CryptoMode::Real;
-        spec.params = Params { window: 4096, ..Params::default() };
-        let nodes = generate_cluster(&spec, [42; 32])
+    fn new(spec: &ClusterSpec) -> Self {
+        let nodes = generate_cluster(spec, [42; 32])
             .expect("bench cluster")
             .into_iter()
             .map(|c| Node::new(c).expect("valid"))
             .collect();
-        let publisher = spec.brokers as usize;
-        Bench { nodes, queue: VecDeque::new(), publisher, deliveries: 0, messages: 0, macs: 0, count_macs: false }
+        Bench {
+            nodes,
+            queue: VecDeque::new(),
+            publisher: spec.brokers as usize,
+            deliveries: 0,
+            messages: 0,
+            macs: 0,
+            count_macs: false,
+            completed: Vec::new(),
+            now: 0,
+        }
+    }
+
+    fn pubsub(f: u32) -> Self {
+        let mut spec = ClusterSpec::new(f);
+        spec.subscribers = 1;
+        spec.crypto = CryptoMode::Real;
+        spec.params = Params { window: 4096, ..Params::default() };
+        Bench::new(&spec)
+    }
+
+    fn input(&mut self, at: usize, input: Input) {
+        self.nodes[at].handle(self.now, input).expect("valid input");
+        self.drain(at);
     }
 
     fn drain(&mut self, at: usize) {
@@ -48,10 +73,34 @@ impl Bench {
                 }
                 Output::Deliver(_) => self.deliveries += 1,
                 Output::Fault { node, kind } => panic!("fault in a correct cluster: {node} {kind:?}"),
-                Output::Persist { .. } => {}
-                Output::Execute { .. } | Output::Restore { .. } | Output::Completed { .. } => {
-                    unreachable!("PBFT outputs from a publish/subscribe cluster")
+                Output::Persist { token, .. } => self.input(at, Input::Persisted { token }),
+                Output::Execute { seq, ops } => {
+                    let k = self.nodes[at].config().cluster.params.checkpoint_interval as u64;
+                    let snapshot = seq.is_multiple_of(k).then(|| seq.to_le_bytes().to_vec());
+                    let results = ops.iter().map(|o| o.op.clone()).collect();
+                    self.input(at, Input::Executed { seq, results, snapshot });
                 }
+                Output::Completed { .. } => self.completed.push(at),
+                Output::Restore { .. } => {}
+            }
+        }
+    }
+
+    /// Routes every queued frame, firing due timers when the network is quiet.
+    fn settle(&mut self) {
+        loop {
+            while let Some((from, to, bytes)) = self.queue.pop_front() {
+                self.input(to as usize, Input::Message { from, bytes });
+            }
+            let Some(next) = self.nodes.iter().filter_map(Node::poll_timeout).min() else { return };
+            self.now = self.now.max(next);
+            for at in 0..self.nodes.len() {
+                if self.nodes[at].poll_timeout().is_some_and(|t| t <= self.now) {
+                    self.input(at, Input::Timeout);
+                }
+            }
+            if self.queue.is_empty() && self.completed.is_empty() {
+                return;
             }
         }
     }
@@ -75,11 +124,11 @@ impl Bench {
 /// Deliveries per second, and MAC computations (sent tags; each is verified once too)
 /// per delivery.
 fn deliveries_per_second(algorithm: Algorithm, f: u32, count: u64) -> (f64, f64) {
-    let mut probe = Bench::new(f);
+    let mut probe = Bench::pubsub(f);
     probe.count_macs = true;
     probe.run(algorithm, 100, 1);
     let macs_per_delivery = probe.macs as f64 / probe.deliveries as f64;
-    let mut bench = Bench::new(f);
+    let mut bench = Bench::pubsub(f);
     bench.run(algorithm, count / 10, 1);
     bench.deliveries = 0;
     let start = Instant::now();
@@ -87,6 +136,66 @@ fn deliveries_per_second(algorithm: Algorithm, f: u32, count: u64) -> (f64, f64)
     let rate = bench.deliveries as f64 / start.elapsed().as_secs_f64();
     assert_eq!(bench.deliveries, count, "every publication must be delivered");
     (rate, macs_per_delivery)
+}
+
+/// Ordered requests per second through PBFT: `clients` clients keep `outstanding`
+/// 8-byte operations each in flight until `count` complete.
+fn ordered_per_second(f: u32, batch: u32, count: u64) -> f64 {
+    let clients = 4u32;
+    let outstanding = (2 * batch).div_ceil(clients).clamp(8, 8192);
+    let mut spec = ClusterSpec::new(f);
+    spec.protocol = Protocol::Pbft;
+    spec.crypto = CryptoMode::Real;
+    spec.publishers = clients;
+    spec.subscribers = 0;
+    spec.params = Params {
+        batch_max_count: batch,
+        batch_timeout_ns: 1_000_000,
+        client_queue: outstanding,
+        checkpoint_interval: 128,
+        pipeline: 16,
+        ..Params::default()
+    };
+    let mut bench = Bench::new(&spec);
+    let first_client = spec.brokers as usize;
+    let mut submitted = 0u64;
+    let submit = |bench: &mut Bench, client: usize, submitted: &mut u64| {
+        *submitted += 1;
+        let op = submitted.to_le_bytes().to_vec();
+        bench.input(client, Input::Request(Request::Submit { op }));
+    };
+    let start = Instant::now();
+    for c in 0..clients as usize {
+        for _ in 0..outstanding {
+            submit(&mut bench, first_client + c, &mut submitted);
+        }
+    }
+    let mut done = 0u64;
+    while done < count {
+        bench.settle();
+        let finished = std::mem::take(&mut bench.completed);
+        assert!(!finished.is_empty(), "the cluster stopped making progress");
+        done += finished.len() as u64;
+        for client in finished {
+            if submitted < count {
+                submit(&mut bench, client, &mut submitted);
+            }
+        }
+    }
+    done as f64 / start.elapsed().as_secs_f64()
+}
+
+/// View-change time in simulated milliseconds: the primary is silent from the start,
+/// and the first request completes once the backups' request timers expire and a new
+/// view is installed. Reported beyond the request timeout.
+fn view_change_ms(f: u32) -> (f64, f64) {
+    let mut s = order_scenario::Scenario { clients: 1, ops: 1, ..order_scenario::Scenario::new(f, 7) };
+    s.replicas[0] = Behavior::Silent;
+    let outcome = s.run();
+    assert!(outcome.violations.is_empty(), "{:?}", outcome.violations);
+    let first = outcome.log.completed.iter().map(|c| c.at).min().expect("a request completes") as f64 / 1e6;
+    let timeout = s.params.request_timeout_ns as f64 / 1e6;
+    (first - timeout, timeout)
 }
 
 /// MACs per second over a frame body the size of a 64-byte publication.
@@ -146,4 +255,20 @@ pub fn run(count: u64, only: &str) {
     }
     println!();
     println!("targets (n=4, one core): AB >= 300,000, Chain >= 200,000, Bracha >= 50,000 deliveries/s");
+    if "pbft".contains(&only.to_lowercase()) {
+        println!();
+        println!("PBFT: ordered 8-byte requests/s, all replicas and 4 clients on one core, real crypto");
+        println!("{:>10} {:>14} {:>14}", "max batch", "n=4", "n=7");
+        for batch in [1u32, 10, 100, 1_000, 10_000] {
+            // Enough requests for many batches, few enough that batch 1 finishes.
+            let requests = (count / 4).clamp(2_000, 200_000).min(batch as u64 * 200);
+            let rates: Vec<f64> = [1u32, 2].iter().map(|&f| ordered_per_second(f, batch, requests)).collect();
+            println!("{batch:>10} {:>14.0} {:>14.0}", rates[0], rates[1]);
+        }
+        for f in [1u32, 2] {
+            let (vc, timeout) = view_change_ms(f);
+            println!("view change, n={}: {vc:.1} simulated ms after the {timeout:.0} ms request timeout", 3 * f + 1);
+        }
+        println!("target: >= 1,000,000 ordered requests/s at n=4 with batches of 1,000");
+    }
 }

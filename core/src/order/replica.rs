@@ -25,6 +25,8 @@ struct Pending {
     op: Vec<u8>,
     authenticator: Vec<pb::Mac>,
     arrived: Nanos,
+    /// Its encoded size in a batch, authenticator included.
+    size: usize,
 }
 
 /// Per-client request state.
@@ -254,7 +256,8 @@ impl Replica {
         if client.pending.len() >= cap {
             return ctx.fault(op.client, FaultKind::QueueFull);
         }
-        if op.op.len() > ctx.cfg.cluster.params.batch_max_bytes as usize {
+        let size = op.encoded_len();
+        if size > ctx.cfg.cluster.params.batch_max_bytes as usize {
             // It could never fit a batch within max_message_bytes.
             return ctx.fault(op.client, FaultKind::Oversized);
         }
@@ -263,8 +266,8 @@ impl Replica {
         }
         client.unproposed.insert(op.request);
         self.unproposed.insert((now, op.client, op.request));
-        self.unproposed_bytes += op.op.len();
-        client.pending.insert(op.request, Pending { op: op.op, authenticator: op.authenticator, arrived: now });
+        self.unproposed_bytes += size;
+        client.pending.insert(op.request, Pending { op: op.op, authenticator: op.authenticator, arrived: now, size });
         if self.waiting.is_empty() {
             self.progress_at = now;
         }
@@ -314,7 +317,7 @@ impl Replica {
         if c.unproposed.remove(&request) {
             let p = &c.pending[&request];
             self.unproposed.remove(&(p.arrived, client, request));
-            self.unproposed_bytes -= p.op.len();
+            self.unproposed_bytes -= p.size;
         }
     }
 
@@ -341,10 +344,10 @@ impl Replica {
                 let after = cursors.get(&client).map_or(Bound::Unbounded, |&r| Bound::Excluded(r));
                 let Some(&request) = c.unproposed.range((after, Bound::Unbounded)).next() else { continue };
                 let p = &c.pending[&request];
-                if ops.len() >= max_count || (bytes > 0 && bytes + p.op.len() > max_bytes) {
+                if ops.len() >= max_count || (bytes > 0 && bytes + p.size > max_bytes) {
                     return self.take(ops);
                 }
-                bytes += p.op.len();
+                bytes += p.size;
                 ops.push(pb::Operation { client, request, op: p.op.clone(), authenticator: p.authenticator.clone() });
                 cursors.insert(client, request);
             }
@@ -539,9 +542,10 @@ impl Replica {
             let (_, batch) = slot.proposal.as_ref().expect("committed slots have a proposal");
             let mut ops = Vec::new();
             let mut requests = Vec::new();
+            let mut in_batch = BTreeSet::new();
             for o in batch {
                 let client = self.clients.entry(o.client).or_default();
-                if client.executed(o.request) || requests.contains(&(o.client, o.request)) {
+                if client.executed(o.request) || !in_batch.insert((o.client, o.request)) {
                     continue;
                 }
                 requests.push((o.client, o.request));

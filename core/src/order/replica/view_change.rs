@@ -185,7 +185,7 @@ impl Replica {
             c.unproposed = c.pending.keys().copied().collect();
             for p in c.pending.values_mut() {
                 p.arrived = now;
-                self.unproposed_bytes += p.op.len();
+                self.unproposed_bytes += p.size;
             }
         }
         self.waiting = self.clients.iter().flat_map(|(&c, s)| s.pending.keys().map(move |&r| (now, c, r))).collect();
