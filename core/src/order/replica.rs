@@ -256,8 +256,10 @@ impl Replica {
         if client.pending.len() >= cap {
             return ctx.fault(op.client, FaultKind::QueueFull);
         }
+        // The client's rule: an op alone must fit a batch (its MAC vector rides along
+        // within the max_message_bytes / 2 headroom); batches are cut by encoded size.
         let size = op.encoded_len();
-        if size > ctx.cfg.cluster.params.batch_max_bytes as usize {
+        if op.op.len() > ctx.cfg.cluster.params.batch_max_bytes as usize {
             // It could never fit a batch within max_message_bytes.
             return ctx.fault(op.client, FaultKind::Oversized);
         }
