@@ -6,11 +6,11 @@
 
 use prost::Message;
 
-use super::Rng;
-use crate::NodeId;
+use super::{NetConfig, Rng};
 use crate::crypto::BlsSecretKey;
 use crate::order::{authenticated_bytes, batch_digest, signed_message};
 use crate::wire::{Keyring, pb};
+use crate::{Nanos, NodeId};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Behavior {
@@ -48,6 +48,63 @@ impl Behavior {
             Behavior::Replay => "replay".into(),
             Behavior::ForgeSender(id) => format!("forge-sender-as-{id}"),
         }
+    }
+}
+
+/// Replica faults drawn for one adversarial run: up to f faulty replicas among `n`, each
+/// with a random behaviour; a faulty one that behaves correctly becomes a twin or
+/// crashes and restarts instead.
+pub struct ReplicaFaults {
+    pub behaviors: Vec<Behavior>,
+    pub twin: Option<NodeId>,
+    pub crash: Option<(NodeId, Nanos, Nanos)>,
+}
+
+/// Draws [`ReplicaFaults`]; `everyone` lists every node, for selective behaviours.
+pub fn draw_replica_faults(rng: &mut Rng, n: u32, f: u32, everyone: &[NodeId]) -> ReplicaFaults {
+    const MS: Nanos = 1_000_000;
+    let some = |rng: &mut Rng| -> Vec<NodeId> { everyone.iter().copied().filter(|_| rng.chance(500_000)).collect() };
+    let mut faulty: Vec<NodeId> = Vec::new();
+    let budget = rng.below(f as u64 + 1) as usize;
+    while faulty.len() < budget {
+        let b = rng.below(n as u64) as NodeId;
+        if !faulty.contains(&b) {
+            faulty.push(b);
+        }
+    }
+    let mut out = ReplicaFaults { behaviors: vec![Behavior::Correct; n as usize], twin: None, crash: None };
+    for &b in &faulty {
+        out.behaviors[b as usize] = match rng.below(9) {
+            0 => Behavior::Silent,
+            1 => Behavior::OnlyTo(some(rng)),
+            2 => Behavior::DropTo(some(rng)),
+            3 => Behavior::AlterTo(some(rng)),
+            4 => Behavior::Equivocate,
+            5 => Behavior::CorruptMacs,
+            6 => Behavior::Replay,
+            7 => Behavior::ForgeSender(*rng.pick(everyone)),
+            _ => Behavior::Correct,
+        };
+    }
+    if let Some(&b) = faulty.iter().find(|&&b| out.behaviors[b as usize] == Behavior::Correct) {
+        if rng.chance(500_000) {
+            out.twin = Some(b);
+        } else {
+            let at = rng.below(20) * MS;
+            out.crash = Some((b, at, at + (1 + rng.below(40)) * MS));
+        }
+    }
+    out
+}
+
+/// A network drawn for one adversarial run: latency spread, and sometimes duplicates
+/// or drops (runs with drops check safety only).
+pub fn draw_net(rng: &mut Rng) -> NetConfig {
+    NetConfig {
+        min_latency: 50_000,
+        max_latency: 200_000 + rng.below(10) * 1_000_000,
+        duplicate_ppm: if rng.chance(500_000) { 50_000 } else { 0 },
+        drop_ppm: if rng.chance(100_000) { 50_000 } else { 0 },
     }
 }
 

@@ -11,7 +11,7 @@ use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
-use super::adversary::Behavior;
+use super::adversary::{self, Behavior};
 use super::kv::{self, Kv};
 use super::{Applied, Log, NetConfig, Rng, Sim};
 use crate::crypto::CryptoMode;
@@ -146,46 +146,13 @@ impl Scenario {
             client_retry_ns: if rng.chance(300_000) { (2 + rng.below(20)) * MS } else { 100 * MS },
             ..Params::default()
         };
-        s.net = NetConfig {
-            min_latency: 50_000,
-            max_latency: 200_000 + rng.below(10) * MS,
-            duplicate_ppm: if rng.chance(500_000) { 50_000 } else { 0 },
-            drop_ppm: if rng.chance(100_000) { 50_000 } else { 0 },
-        };
+        s.net = adversary::draw_net(&mut rng);
         let n = s.n();
         let everyone: Vec<NodeId> = (0..n + s.clients).collect();
-        let some =
-            |rng: &mut Rng| -> Vec<NodeId> { everyone.iter().copied().filter(|_| rng.chance(500_000)).collect() };
-        let mut faulty: Vec<NodeId> = Vec::new();
-        let budget = rng.below(f as u64 + 1) as usize;
-        while faulty.len() < budget {
-            let b = rng.below(n as u64) as NodeId;
-            if !faulty.contains(&b) {
-                faulty.push(b);
-            }
-        }
-        for &b in &faulty {
-            s.replicas[b as usize] = match rng.below(9) {
-                0 => Behavior::Silent,
-                1 => Behavior::OnlyTo(some(&mut rng)),
-                2 => Behavior::DropTo(some(&mut rng)),
-                3 => Behavior::AlterTo(some(&mut rng)),
-                4 => Behavior::Equivocate,
-                5 => Behavior::CorruptMacs,
-                6 => Behavior::Replay,
-                7 => Behavior::ForgeSender(*rng.pick(&everyone)),
-                _ => Behavior::Correct,
-            };
-        }
-        // A correct-behaving faulty backup becomes a twin or crashes and restarts.
-        if let Some(&b) = faulty.iter().find(|&&b| s.replicas[b as usize] == Behavior::Correct) {
-            if rng.chance(400_000) {
-                s.twin = Some(b);
-            } else {
-                let at = rng.below(20) * MS;
-                s.crash = Some((b, at, at + (1 + rng.below(40)) * MS));
-            }
-        }
+        let faults = adversary::draw_replica_faults(&mut rng, n, f, &everyone);
+        s.replicas = faults.behaviors;
+        s.twin = faults.twin;
+        s.crash = faults.crash;
         s.client_behaviors = vec![Behavior::Correct; s.clients as usize];
         if rng.chance(250_000) {
             s.client_behaviors[0] = match rng.below(4) {

@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
-use super::adversary::Behavior;
+use super::adversary::{self, Behavior};
 use super::check::{Expectations, check};
 use super::order_scenario;
 use super::{Log, NetConfig, Rng, Sim};
@@ -131,46 +131,13 @@ impl Scenario {
         s.publications = 3 + rng.below(6) as u32;
         s.interval = (1 + rng.below(3)) * MS;
         s.alpha = if protocol == Protocol::PubSub { 2 + rng.below(3) as u32 } else { 0 };
-        s.net = NetConfig {
-            min_latency: 50_000,
-            max_latency: 200_000 + rng.below(10) * MS,
-            duplicate_ppm: if rng.chance(500_000) { 50_000 } else { 0 },
-            drop_ppm: if rng.chance(100_000) { 50_000 } else { 0 },
-        };
+        s.net = adversary::draw_net(&mut rng);
         let n = s.n();
         let everyone: Vec<NodeId> = (0..n + s.publishers + s.subscribers).collect();
-        let some =
-            |rng: &mut Rng| -> Vec<NodeId> { everyone.iter().copied().filter(|_| rng.chance(500_000)).collect() };
-        let mut faulty: Vec<NodeId> = Vec::new();
-        let budget = rng.below(f as u64 + 1) as usize;
-        while faulty.len() < budget {
-            let b = rng.below(n as u64) as NodeId;
-            if !faulty.contains(&b) {
-                faulty.push(b);
-            }
-        }
-        for &b in &faulty {
-            s.brokers[b as usize] = match rng.below(9) {
-                0 => Behavior::Silent,
-                1 => Behavior::OnlyTo(some(&mut rng)),
-                2 => Behavior::DropTo(some(&mut rng)),
-                3 => Behavior::AlterTo(some(&mut rng)),
-                4 => Behavior::Equivocate,
-                5 => Behavior::CorruptMacs,
-                6 => Behavior::Replay,
-                7 => Behavior::ForgeSender(*rng.pick(&everyone)),
-                _ => Behavior::Correct,
-            };
-        }
-        // A correct-behaving faulty broker becomes a twin or a crash.
-        if let Some(&b) = faulty.iter().find(|&&b| s.brokers[b as usize] == Behavior::Correct) {
-            if rng.chance(500_000) {
-                s.twin = Some(b);
-            } else {
-                let at = rng.below(10) * MS;
-                s.crash = Some((b, at, at + (1 + rng.below(20)) * MS));
-            }
-        }
+        let faults = adversary::draw_replica_faults(&mut rng, n, f, &everyone);
+        s.brokers = faults.behaviors;
+        s.twin = faults.twin;
+        s.crash = faults.crash;
         if rng.chance(250_000) {
             let first = n;
             s.publisher_behaviors[0] = match rng.below(3) {
