@@ -5,6 +5,10 @@
 //! `order_scenario::check` (agreement, total order, exactly-once, validity, client
 //! results, liveness and convergence); each test then asserts its own outcome.
 
+use std::sync::mpsc;
+use std::thread;
+use std::time::Duration;
+
 use phalanx_core::crypto::CryptoMode;
 use phalanx_core::sim::adversary::Behavior;
 use phalanx_core::sim::order_scenario::{Outcome, Scenario};
@@ -13,9 +17,21 @@ use phalanx_core::trace::{Trace, dump};
 use phalanx_core::{FaultKind, Nanos, NodeId};
 
 const MS: Nanos = 1_000_000;
+const WALL_LIMIT: Duration = Duration::from_secs(20);
+/// The backups' request timer in the crash scenarios.
+const REQUEST_TIMEOUT: Nanos = 50 * MS;
 
+/// Runs `s` on its own thread, failing after `WALL_LIMIT` instead of hanging: a node
+/// whose deadline stays in the past makes the simulator spin at one simulated instant,
+/// which no horizon stops.
 fn assert_clean(s: &Scenario) -> Outcome {
-    let outcome = s.run();
+    let (tx, rx) = mpsc::channel();
+    let run = s.clone();
+    // The receiver is gone only if it gave up waiting.
+    thread::spawn(move || tx.send(run.run()).ok());
+    let outcome = rx
+        .recv_timeout(WALL_LIMIT)
+        .unwrap_or_else(|_| panic!("{s}: no end after {WALL_LIMIT:?} of wall time (simulated time stuck?)"));
     assert!(outcome.violations.is_empty(), "{s}\n{}", outcome.violations.join("\n"));
     outcome
 }
@@ -102,24 +118,42 @@ fn backup_voting_two_ways_changes_nothing() {
     }
 }
 
-/// The primary is cut off from everyone for longer than the request timeout: the others
-/// move to view 1 and go on; after the heal the old primary catches up (the checker's
-/// convergence) and requests submitted after the heal complete too.
+/// The primary is cut off from everyone (seed `seed`) for longer than the request
+/// timeout: the others move to view 1 and go on; after the heal the old primary catches
+/// up (the checker's convergence) and requests submitted after the heal complete too.
+fn partitioned_primary(f: u32, seed: u64) {
+    let heal = 400 * MS;
+    let mut s = Scenario { ops: 12, interval: 50 * MS, record: vec![1], ..Scenario::new(f, seed) };
+    s.params.request_timeout_ns = 100 * MS;
+    s.partition = Some((5 * MS, heal, vec![0]));
+    let outcome = assert_clean(&s);
+    assert_completed(&s, &outcome, &all_clients(&s));
+    assert!(highest_new_view(&s, &outcome, 1) >= 1, "{s}: no view change");
+    let after = outcome.log.submitted.iter().filter(|x| x.at > heal).count();
+    assert!(after > 0, "{s}: nothing submitted after the heal");
+    let executed_after = outcome.log.executed.iter().filter(|e| e.host == 0 && e.at > heal).count();
+    assert!(executed_after > 0, "{s}: the old primary executed nothing after the heal");
+    assert_eq!(last_applied(&outcome, 0), last_applied(&outcome, 1), "{s}");
+}
+
 #[test]
 fn partitioned_primary_is_replaced_and_catches_up_after_the_heal() {
     for f in [1, 2] {
-        let heal = 400 * MS;
-        let mut s = Scenario { ops: 12, interval: 50 * MS, record: vec![1], ..Scenario::new(f, 24) };
-        s.params.request_timeout_ns = 100 * MS;
-        s.partition = Some((5 * MS, heal, vec![0]));
-        let outcome = assert_clean(&s);
-        assert_completed(&s, &outcome, &all_clients(&s));
-        assert!(highest_new_view(&s, &outcome, 1) >= 1, "{s}: no view change");
-        let after = outcome.log.submitted.iter().filter(|x| x.at > heal).count();
-        assert!(after > 0, "{s}: nothing submitted after the heal");
-        let executed_after = outcome.log.executed.iter().filter(|e| e.host == 0 && e.at > heal).count();
-        assert!(executed_after > 0, "{s}: the old primary executed nothing after the heal");
-        assert_eq!(last_applied(&outcome, 0), last_applied(&outcome, 1), "{s}");
+        partitioned_primary(f, 24);
+    }
+}
+
+/// A client request held by the partition reaches the old primary, still in view 0, just
+/// before the NEW-VIEW (seed 0 at f = 1, and 16 more of seeds 0..=40): it arms its batch
+/// timer, then enters view 1 as a backup. That timer must die with its primaryship; it
+/// once stayed armed in the past, and the replica asked for a timeout at the same instant
+/// forever.
+#[test]
+fn partitioned_primary_with_a_request_held_until_the_heal() {
+    for seed in 0..10 {
+        for f in [1, 2] {
+            partitioned_primary(f, seed);
+        }
     }
 }
 
@@ -140,8 +174,6 @@ fn crash_and_restart(f: u32, r: NodeId, down: Nanos, up: Nanos) -> u64 {
     assert_eq!(outcome.states[&host], outcome.states[&other], "{s}: replica {r}'s state differs");
     highest_new_view(&s, &outcome, 1)
 }
-
-const REQUEST_TIMEOUT: Nanos = 50 * MS;
 
 #[test]
 fn backup_crashes_and_restarts_from_storage() {
@@ -213,8 +245,8 @@ fn twin_client_breaks_nothing_for_the_others() {
     }
 }
 
-/// Two clients over a network slower than `retry_ns`, client n replaying old frames if
-/// `replay`: each request executes once (the checker's exactly-once; here also one batch
+/// Two clients over a slow network (2 to 5 ms a hop) that retransmit after `retry_ns`,
+/// client n also replaying old frames if `replay`: each request executes once (the checker's exactly-once; here also one batch
 /// entry per request at replica 1) and completes, the replayer's included.
 fn clients_resend(f: u32, retry_ns: Nanos, replay: bool) -> Outcome {
     let mut s = Scenario { clients: 2, ops: 16, ..Scenario::new(f, 29) };
@@ -239,7 +271,7 @@ fn clients_resend(f: u32, retry_ns: Nanos, replay: bool) -> Outcome {
     outcome
 }
 
-/// Every millisecond, against a round trip of 4 to 10: replicas see each request many
+/// Every millisecond, against a round trip of 4 to 10 ms: replicas see each request many
 /// times, before and after executing it.
 #[test]
 fn retransmitting_client_executes_once() {

@@ -281,11 +281,13 @@ impl Replica {
     /// Primary: cuts batches while the pipeline has room and a batch is full or its
     /// oldest request has waited `batch_timeout_ns`; otherwise arms the batch timer.
     fn propose(&mut self, ctx: &mut Ctx, now: Nanos) {
+        // Cleared first: a timer armed in an earlier view must not outlive primaryship,
+        // or it would fire at once, forever.
+        self.batch_deadline = None;
         if !self.is_primary(ctx) || self.changing.is_some() {
             return;
         }
         let p = ctx.cfg.cluster.params.clone();
-        self.batch_deadline = None;
         // Catch-up or state transfer may have taken this replica past its own proposals.
         self.next_seq = self.next_seq.max(self.delivered + 1);
         loop {
