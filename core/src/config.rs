@@ -190,6 +190,21 @@ impl ClusterConfig {
         if self.nodes.windows(2).any(|w| w[0].id > w[1].id) {
             return err("nodes must be sorted by id");
         }
+        self.validate_params()?;
+        for node in &self.nodes {
+            if !node.bls_public_key.validate_with_pop(self.crypto, &node.bls_pop) {
+                return err(format!(
+                    "node {}: BLS public key is invalid or its proof of possession does not verify",
+                    node.id
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The rules on f, the number of brokers and the parameters, without the keys: what a
+    /// host can check of a configuration file before it reads any key.
+    pub fn validate_params(&self) -> Result<(), ConfigError> {
         let n = self.n() as u64;
         let f = self.f as u64;
         if n < 3 * f + 1 {
@@ -217,14 +232,6 @@ impl ClusterConfig {
         }
         if self.protocol == Protocol::Pbft {
             p.validate_pbft()?;
-        }
-        for node in &self.nodes {
-            if !node.bls_public_key.validate_with_pop(self.crypto, &node.bls_pop) {
-                return err(format!(
-                    "node {}: BLS public key is invalid or its proof of possession does not verify",
-                    node.id
-                ));
-            }
         }
         Ok(())
     }

@@ -196,11 +196,18 @@ pub enum Output {
         request: u64,
         result: Vec<u8>,
     },
-    /// PBFT replica: state transfer — replace the application state with `snapshot`,
-    /// taken after batch `seq`.
+    /// PBFT replica: state transfer, or a restart from a persisted stable checkpoint —
+    /// replace the application state with `snapshot`, taken after batch `seq`.
     Restore {
         seq: u64,
         snapshot: Vec<u8>,
+    },
+    /// PBFT replica: the records persisted before the one with `token` are obsolete (that
+    /// record and the later ones suffice to recover), so the host may delete them. Tokens
+    /// restart at 1 with each run of a node: after a restart, "before" includes every
+    /// record of the earlier runs. Released only once all of them are acknowledged.
+    Compact {
+        token: u64,
     },
 }
 
@@ -240,6 +247,8 @@ pub(crate) struct Ctx {
     pub n: usize,
     pub f: usize,
     pub stats: Stats,
+    /// The counters of [`Status`], bumped where they happen; `Node::status` adds the gauges.
+    pub counters: Status,
     out: VecDeque<Output>,
     /// Persist before send (DESIGN §2 rule 4): outputs produced after a `Persist` wait
     /// here, tagged with its token, until the host acknowledges every token up to it.
@@ -270,11 +279,12 @@ impl Ctx {
     }
 
     /// Asks the host to make `record` durable; every output pushed after this waits
-    /// for the acknowledgement.
-    pub fn persist(&mut self, record: Vec<u8>) {
+    /// for the acknowledgement. Returns the record's token.
+    pub fn persist(&mut self, record: Vec<u8>) -> u64 {
         let token = self.next_token;
         self.next_token += 1;
         self.out.push_back(Output::Persist { token, record });
+        token
     }
 
     /// The host made `token` durable: releases what waited on it and on earlier tokens.
@@ -338,6 +348,40 @@ pub struct Stats {
     pub unsubscribed: u64,
 }
 
+/// What a host exports as metrics (BFT-SMaRt's operator set), from [`Node::status`].
+/// Deterministic: durations are differences of the `now` values passed to `handle`.
+/// Counters start at 0 with each run of a node; the PBFT fields stay 0 for other roles.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Status {
+    /// PBFT replica: the current view, whether this replica is its primary, and whether a
+    /// view change is under way.
+    pub view: u64,
+    pub primary: bool,
+    pub changing_view: bool,
+    /// New views entered.
+    pub view_changes: u64,
+    /// The last batch executed, and the stable checkpoint.
+    pub executed: u64,
+    pub stable: u64,
+    /// Client requests received and not yet executed.
+    pub pending_requests: u64,
+    /// Batches this replica saw commit (through PREPARE and COMMIT quorums, not catch-up)
+    /// and the requests they held: their ratio is the average batch size.
+    pub batches: u64,
+    pub batched_requests: u64,
+    /// Over those batches, the time from this replica first seeing the batch (its
+    /// PRE-PREPARE, or the NEW-VIEW that re-proposed it) to its commit.
+    pub consensus_ns_total: u64,
+    /// For requests put in a batch this replica accepted: the time from the request's
+    /// arrival (or from the view change that returned it to the queue) to that batch.
+    pub queue_wait_ns_total: u64,
+    pub queue_waits: u64,
+    /// Every MAC check (a received frame's hop MAC, a client's request authenticator, a
+    /// Chain upstream MAC) and every BLS verification, individual or aggregate.
+    pub macs_verified: u64,
+    pub signatures_verified: u64,
+}
+
 enum RoleMachine {
     Broker(Broker),
     Publisher(Publisher),
@@ -370,6 +414,7 @@ impl Node {
             keys,
             cfg,
             stats: Stats::default(),
+            counters: Status::default(),
             out: VecDeque::new(),
             held: VecDeque::new(),
             next_token: 1,
@@ -410,6 +455,14 @@ impl Node {
         &self.ctx.stats
     }
 
+    /// Gauges and counters for metrics; cheap enough to call at every scrape.
+    pub fn status(&self) -> Status {
+        match &self.role {
+            RoleMachine::Replica(r) => r.status(&self.ctx),
+            _ => self.ctx.counters,
+        }
+    }
+
     /// Protocol instances and pending items held in memory (broadcast instances and
     /// pending publications; PBFT log slots and queued requests): bounded by windows,
     /// stream and queue limits and the cluster size, whatever peers send.
@@ -431,7 +484,12 @@ impl Node {
         match input {
             Input::Message { from, bytes } => {
                 let max = self.ctx.cfg.cluster.params.max_message_bytes;
-                match wire::open(&self.ctx.keys, from, bytes, max) {
+                let opened = wire::open(&self.ctx.keys, from, bytes, max);
+                // The hop MAC was checked unless the frame failed before (size, decoding, sender).
+                if matches!(opened, Ok(_) | Err(FaultKind::BadMac)) {
+                    self.ctx.counters.macs_verified += 1;
+                }
+                match opened {
                     Ok(msg) => match &mut self.role {
                         RoleMachine::Broker(b) => b.on_message(&mut self.ctx, msg),
                         RoleMachine::Publisher(p) => p.on_message(&mut self.ctx, now, msg),
@@ -476,7 +534,7 @@ impl Node {
                 _ => Err(HandleError::WrongRole { role: self.role(), request: "executed" }),
             },
             Input::Recover { record } => match &mut self.role {
-                RoleMachine::Replica(r) => r.recover(&mut self.ctx, &record),
+                RoleMachine::Replica(r) => r.recover(&mut self.ctx, now, &record),
                 _ => Err(HandleError::WrongRole { role: self.role(), request: "recover" }),
             },
         }

@@ -10,7 +10,7 @@ use phalanx_core::crypto::CryptoMode;
 use phalanx_core::sim::adversary::Behavior;
 use phalanx_core::sim::order_scenario::{Outcome, Scenario, sweep};
 use phalanx_core::sim::{Applied, NetConfig};
-use phalanx_core::{FaultKind, Nanos, Operation};
+use phalanx_core::{FaultKind, Nanos, Operation, Status};
 use phalanx_tests::seed_count;
 
 const MS: Nanos = 1_000_000;
@@ -63,6 +63,33 @@ fn assert_replicas_agree(s: &Scenario, outcome: &Outcome, replicas: &[usize]) {
     }
 }
 
+/// What `Node::status` reports after a normal-case run: replica 0 stays the primary of
+/// view 0, every replica saw every batch commit and each request in one of them, nothing
+/// is left pending, the primary timed each request's wait for a batch, and every node
+/// counted its MAC checks (replicas their signature checks too).
+fn assert_normal_case_status(s: &Scenario, outcome: &Outcome) {
+    let requests = (s.clients * s.ops) as u64;
+    let k = s.params.checkpoint_interval as u64;
+    for r in 0..s.n() as usize {
+        let st = outcome.status[&r];
+        assert_eq!((st.view, st.primary, st.changing_view, st.view_changes), (0, r == 0, false, 0), "{s}: {r}");
+        assert_eq!(st.executed, last_applied(outcome, r), "{s}: replica {r}");
+        assert_eq!(st.stable, st.executed / k * k, "{s}: replica {r}");
+        assert_eq!(st.pending_requests, 0, "{s}: replica {r}");
+        assert_eq!((st.batches, st.batched_requests), (st.executed, requests), "{s}: replica {r}");
+        assert!(st.consensus_ns_total > 0, "{s}: replica {r}: {st:?}");
+        assert!(st.macs_verified > 0 && st.signatures_verified > 0, "{s}: replica {r}: {st:?}");
+    }
+    let primary = outcome.status[&0];
+    assert_eq!(primary.queue_waits, requests, "{s}");
+    assert!(primary.queue_wait_ns_total > 0, "{s}");
+    for c in s.client_ids() {
+        let st = outcome.status[&(c as usize)];
+        assert!(st.macs_verified > 0, "{s}: client {c}");
+        assert_eq!(Status { macs_verified: 0, ..st }, Status::default(), "{s}: client {c}");
+    }
+}
+
 fn last_completion(outcome: &Outcome) -> Nanos {
     outcome.log.completed.iter().map(|c| c.at).max().unwrap_or(0)
 }
@@ -84,6 +111,7 @@ fn normal_case_with_several_clients_and_pipelining() {
             assert!(executed.len() < (s.clients * s.ops) as usize, "{s}: no batching");
             assert!(executed.values().all(|b| b.len() <= s.params.batch_max_count as usize), "{s}");
             assert!(outcome.log.faults.is_empty(), "{s}: {:?}", outcome.log.faults);
+            assert_normal_case_status(&s, &outcome);
 
             // One instance at a time takes longer for the same load.
             let mut serial = s.clone();

@@ -64,11 +64,19 @@ impl ChainPath {
     }
 
     /// Whether `macs` holds a valid MAC to this node (`keys.me`) over `body` from each
-    /// of the f+1 positions before it.
-    pub fn verify_upstream(&self, keys: &Keyring, source: NodeId, body: &[u8], macs: &[pb::Mac]) -> bool {
+    /// of the f+1 positions before it. Adds the MACs it checked to `checked`.
+    pub fn verify_upstream(
+        &self,
+        keys: &Keyring,
+        source: NodeId,
+        body: &[u8],
+        macs: &[pb::Mac],
+        checked: &mut u64,
+    ) -> bool {
         let x = self.pos(keys.me, source);
         (x.saturating_sub(self.f + 1)..x).all(|i| {
             let from = if i == 0 { source } else { self.member_at(i).expect("upstream positions are members") };
+            *checked += 1;
             keys.verify_from(from, body, macs)
         })
     }
@@ -142,17 +150,17 @@ mod tests {
         let body = b"publication".as_slice();
         let m0 = hop(&path, &ring(src), src, body, &[], 0, &dests);
         assert_eq!(m0.len(), 2); // source -> 0, 1
-        assert!(path.verify_upstream(&ring(0), src, body, &m0));
+        assert!(path.verify_upstream(&ring(0), src, body, &m0, &mut 0));
         let m1 = hop(&path, &ring(0), src, body, &m0, 1, &dests);
-        assert!(path.verify_upstream(&ring(1), src, body, &m1));
+        assert!(path.verify_upstream(&ring(1), src, body, &m1, &mut 0));
         let m2 = hop(&path, &ring(1), src, body, &m1, 2, &dests);
         // 1 -> 2 and 1 -> each destination, plus 0 -> 2 carried forward.
         assert_eq!(m2.len(), 4);
-        assert!(path.verify_upstream(&ring(2), src, body, &m2));
+        assert!(path.verify_upstream(&ring(2), src, body, &m2, &mut 0));
         for d in dests {
             let md = hop(&path, &ring(2), src, body, &m2, d, &dests);
             assert_eq!(md.len(), 2);
-            assert!(path.verify_upstream(&ring(d), src, body, &md));
+            assert!(path.verify_upstream(&ring(d), src, body, &md, &mut 0));
         }
         assert_eq!(path.successor(2, src), None);
         assert_eq!(path.predecessor(0, src), src);
@@ -166,6 +174,6 @@ mod tests {
         let m0 = hop(&path, &ring(4), 4, b"m1", &[], 0, &[5]);
         let m1 = hop(&path, &ring(0), 4, b"m1", &m0, 1, &[5]);
         let forged = hop(&path, &ring(1), 4, b"m1'", &m1, 2, &[5]);
-        assert!(!path.verify_upstream(&ring(2), 4, b"m1'", &forged));
+        assert!(!path.verify_upstream(&ring(2), 4, b"m1'", &forged, &mut 0));
     }
 }

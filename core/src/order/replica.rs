@@ -13,7 +13,8 @@ use prost::Message;
 use super::{authenticated_bytes, batch_digest, primary, signed_message};
 use crate::config::Role;
 use crate::crypto::{BlsPublicKey, BlsSignature, Digest, aggregate, digest, fast_aggregate_verify};
-use crate::node::{Ctx, HandleError, Output};
+use crate::node::{Ctx, HandleError, Output, Status};
+use crate::wire::pb::replica_record::Kind as Record;
 use crate::wire::{Opened, pb};
 use crate::{FaultKind, Nanos, NodeId, Operation};
 
@@ -61,6 +62,12 @@ struct Slot {
     commits: BTreeMap<NodeId, Digest>,
     commit_sent: bool,
     committed: bool,
+    /// When this replica first saw the proposal (its PRE-PREPARE, or the NEW-VIEW that
+    /// re-proposed it), for the consensus time in `Status`.
+    seen_at: Nanos,
+    /// The view and primary's signature of the PRE-PREPARE persisted as accepted, to
+    /// persist it again when storage is compacted.
+    accepted: Option<(u64, Vec<u8>)>,
 }
 
 impl Slot {
@@ -80,8 +87,8 @@ pub(crate) struct Replica {
     view: u64,
     clients: BTreeMap<NodeId, ClientState>,
     log: BTreeMap<u64, Slot>,
-    /// PRE-PREPAREs whose requests have not all arrived yet, by seq.
-    parked: BTreeMap<u64, pb::PrePrepare>,
+    /// PRE-PREPAREs whose requests have not all arrived yet, by seq, with when they came.
+    parked: BTreeMap<u64, (Nanos, pb::PrePrepare)>,
     /// Stable checkpoint: the log starts after it.
     low: u64,
     stable: Option<pb::Certificate>,
@@ -122,6 +129,8 @@ pub(crate) struct Replica {
     prepared: BTreeMap<u64, Prepared>,
     /// A view change under way, if any.
     changing: Option<view_change::Changing>,
+    /// The highest view persisted: a restart resumes in it.
+    durable_view: u64,
     /// Consecutive view changes without progress, for exponential back-off.
     failed_views: u32,
     /// PRE-PREPAREs, PREPAREs and COMMITs for a view this replica has not entered yet
@@ -143,6 +152,15 @@ enum Early {
 struct Prepared {
     certificate: pb::Certificate,
     ops: Vec<pb::Operation>,
+}
+
+impl Prepared {
+    /// Persisted before this replica COMMITs: a restart keeps the proof, so a batch
+    /// committed anywhere survives even a whole-cluster restart (through a view change).
+    fn record(&self) -> Vec<u8> {
+        let batch = pb::Batch { ops: self.ops.clone() };
+        record(Record::Prepared(pb::PreparedEntry { certificate: Some(self.certificate.clone()), batch: Some(batch) }))
+    }
 }
 
 /// Checkpoint votes kept per replica: enough to see the latest ones become stable.
@@ -178,9 +196,22 @@ impl Replica {
             offered_states: BTreeMap::new(),
             prepared: BTreeMap::new(),
             changing: None,
+            durable_view: 0,
             failed_views: 0,
             early: BTreeMap::new(),
             view_changes: BTreeMap::new(),
+        }
+    }
+
+    pub fn status(&self, ctx: &Ctx) -> Status {
+        Status {
+            view: self.view,
+            primary: self.is_primary(ctx),
+            changing_view: self.changing.is_some(),
+            executed: self.executed,
+            stable: self.stable.as_ref().map_or(0, |c| c.seq),
+            pending_requests: self.waiting.len() as u64,
+            ..ctx.counters
         }
     }
 
@@ -263,6 +294,7 @@ impl Replica {
             // It could never fit a batch within max_message_bytes.
             return ctx.fault(op.client, FaultKind::Oversized);
         }
+        ctx.counters.macs_verified += 1;
         if !ctx.keys.verify_from(op.client, &authenticated_bytes(&op), &op.authenticator) {
             return ctx.fault(op.client, FaultKind::BadMac);
         }
@@ -315,14 +347,17 @@ impl Replica {
         (self.unproposed.len(), self.unproposed_bytes, oldest)
     }
 
-    /// A pending request went into a batch of the log: not to be proposed again.
-    fn mark_in_log(&mut self, client: NodeId, request: u64) {
-        let Some(c) = self.clients.get_mut(&client) else { return };
-        if c.unproposed.remove(&request) {
-            let p = &c.pending[&request];
-            self.unproposed.remove(&(p.arrived, client, request));
-            self.unproposed_bytes -= p.size;
+    /// A pending request went into a batch of the log: not to be proposed again. Returns
+    /// when it started waiting for one, if it was.
+    fn mark_in_log(&mut self, client: NodeId, request: u64) -> Option<Nanos> {
+        let c = self.clients.get_mut(&client)?;
+        if !c.unproposed.remove(&request) {
+            return None;
         }
+        let p = &c.pending[&request];
+        self.unproposed.remove(&(p.arrived, client, request));
+        self.unproposed_bytes -= p.size;
+        Some(p.arrived)
     }
 
     /// A pending request is done with (executed here or in a transferred state).
@@ -349,23 +384,16 @@ impl Replica {
                 let Some(&request) = c.unproposed.range((after, Bound::Unbounded)).next() else { continue };
                 let p = &c.pending[&request];
                 if ops.len() >= max_count || (bytes > 0 && bytes + p.size > max_bytes) {
-                    return self.take(ops);
+                    return pb::Batch { ops };
                 }
                 bytes += p.size;
                 ops.push(pb::Operation { client, request, op: p.op.clone(), authenticator: p.authenticator.clone() });
                 cursors.insert(client, request);
             }
             if ops.len() == before {
-                return self.take(ops);
+                return pb::Batch { ops };
             }
         }
-    }
-
-    fn take(&mut self, ops: Vec<pb::Operation>) -> pb::Batch {
-        for o in &ops {
-            self.mark_in_log(o.client, o.request);
-        }
-        pb::Batch { ops }
     }
 
     /// Primary: proposes `batch` at the next sequence number.
@@ -375,9 +403,9 @@ impl Replica {
         let d = batch_digest(&batch);
         let signature = sign(ctx, PREPARE, self.view, seq, &d);
         let pp = pb::PrePrepare { view: self.view, seq, batch: Some(batch), signature };
-        ctx.persist(record(pb::replica_record::Kind::Accepted(pp.clone())));
+        ctx.persist(record(Record::Accepted(pp.clone())));
         ctx.send_to_brokers(pb::body::Kind::PrePrepare(pp.clone()), &[]);
-        self.accept(ctx, now, ctx.me(), pp);
+        self.accept(ctx, now, now, ctx.me(), pp);
     }
 
     fn on_pre_prepare(&mut self, ctx: &mut Ctx, now: Nanos, from: NodeId, pp: pb::PrePrepare) {
@@ -392,14 +420,15 @@ impl Replica {
         }
         let d = batch_digest(pp.batch.as_ref().unwrap_or(&pb::Batch::default()));
         let known = self.log.get(&pp.seq).and_then(|s| s.proposal.as_ref()).map(|(d, _)| *d);
-        let parked = self.parked.get(&pp.seq).map(|p| batch_digest(p.batch.as_ref().unwrap_or(&pb::Batch::default())));
+        let parked =
+            self.parked.get(&pp.seq).map(|(_, p)| batch_digest(p.batch.as_ref().unwrap_or(&pb::Batch::default())));
         if let Some(known) = known.or(parked) {
             if known != d {
                 ctx.fault(from, FaultKind::Equivocation);
             }
             return;
         }
-        self.parked.insert(pp.seq, pp);
+        self.parked.insert(pp.seq, (now, pp));
         self.unpark(ctx, now);
     }
 
@@ -407,45 +436,55 @@ impl Replica {
     /// this replica holds as is, or whose client's authenticator entry for this replica
     /// verifies.
     fn unpark(&mut self, ctx: &mut Ctx, now: Nanos) {
-        let sent_by_client = |o: &pb::Operation| {
+        let mut macs_verified = 0;
+        let mut sent_by_client = |o: &pb::Operation| {
             let held =
                 self.clients.get(&o.client).and_then(|c| c.pending.get(&o.request)).is_some_and(|p| p.op == o.op);
-            held || (ctx.role_of(o.client) == Some(Role::Publisher)
-                && ctx.keys.verify_from(o.client, &authenticated_bytes(o), &o.authenticator))
+            held || (ctx.role_of(o.client) == Some(Role::Publisher) && {
+                macs_verified += 1;
+                ctx.keys.verify_from(o.client, &authenticated_bytes(o), &o.authenticator)
+            })
         };
         let ready: Vec<u64> = self
             .parked
             .iter()
-            .filter(|(_, pp)| pp.batch.as_ref().is_some_and(|b| b.ops.iter().all(sent_by_client)))
+            .filter(|(_, (_, pp))| pp.batch.as_ref().is_some_and(|b| b.ops.iter().all(&mut sent_by_client)))
             .map(|(seq, _)| *seq)
             .collect();
+        ctx.counters.macs_verified += macs_verified;
         for seq in ready {
-            let pp = self.parked.remove(&seq).expect("parked");
+            let (seen_at, pp) = self.parked.remove(&seq).expect("parked");
             if !unique_requests(pp.batch.as_ref().expect("checked")) {
                 ctx.fault(primary(&self.replicas, pp.view), FaultKind::Unexpected);
                 continue;
             }
-            ctx.persist(record(pb::replica_record::Kind::Accepted(pp.clone())));
+            ctx.persist(record(Record::Accepted(pp.clone())));
             let d = batch_digest(pp.batch.as_ref().expect("checked"));
             let signature = sign(ctx, PREPARE, self.view, seq, &d);
             let vote = pb::Vote { view: self.view, seq, digest: d.to_vec(), signature };
             ctx.send_to_brokers(pb::body::Kind::Prepare(vote.clone()), &[]);
             let primary = primary(&self.replicas, pp.view);
-            self.accept(ctx, now, primary, pp);
+            self.accept(ctx, now, seen_at, primary, pp);
             self.on_prepare(ctx, now, ctx.me(), vote);
         }
     }
 
-    /// Records an accepted PRE-PREPARE (the primary's vote) and marks its requests.
-    fn accept(&mut self, ctx: &mut Ctx, now: Nanos, primary: NodeId, pp: pb::PrePrepare) {
+    /// Records a PRE-PREPARE accepted (and persisted) at `seen_at`, the primary's vote,
+    /// and marks its requests.
+    fn accept(&mut self, ctx: &mut Ctx, now: Nanos, seen_at: Nanos, primary: NodeId, pp: pb::PrePrepare) {
         let batch = pp.batch.unwrap_or_default();
         let d = batch_digest(&batch);
         for o in &batch.ops {
-            self.mark_in_log(o.client, o.request);
+            if let Some(arrived) = self.mark_in_log(o.client, o.request) {
+                ctx.counters.queue_wait_ns_total += now.saturating_sub(arrived);
+                ctx.counters.queue_waits += 1;
+            }
         }
         let slot = self.log.entry(pp.seq).or_default();
         slot.proposal = Some((d, batch.ops));
-        slot.prepares.insert(primary, (d, pp.signature));
+        slot.prepares.insert(primary, (d, pp.signature.clone()));
+        slot.seen_at = seen_at;
+        slot.accepted = Some((pp.view, pp.signature));
         self.progress(ctx, now, pp.seq);
     }
 
@@ -523,9 +562,10 @@ impl Replica {
             };
             slot.commit_sent = true;
             let (_, ops) = slot.proposal.as_ref().expect("prepared slots have a proposal");
-            self.prepared.insert(seq, Prepared { certificate, ops: ops.clone() });
+            let prepared = Prepared { certificate, ops: ops.clone() };
+            ctx.persist(prepared.record());
+            self.prepared.insert(seq, prepared);
             let vote = pb::Vote { view, seq, digest: d.to_vec(), signature: Vec::new() };
-            ctx.persist(record(pb::replica_record::Kind::Prepared(vote.clone())));
             ctx.send_to_brokers(pb::body::Kind::Commit(vote), &[]);
             slot.commits.insert(ctx.me(), d);
         }
@@ -533,6 +573,9 @@ impl Replica {
             && slot.commits.values().filter(|x| **x == d).count() >= quorum
         {
             slot.committed = true;
+            ctx.counters.batches += 1;
+            ctx.counters.batched_requests += slot.proposal.as_ref().map_or(0, |(_, ops)| ops.len() as u64);
+            ctx.counters.consensus_ns_total += now.saturating_sub(slot.seen_at);
             self.execute_ready(ctx);
             self.propose(ctx, now);
         }
@@ -655,6 +698,7 @@ impl Replica {
         let mut signatures = Vec::new();
         for (r, s) in votes {
             let (Some(pk), Ok(sig)) = (public_key(ctx, *r), <[u8; 96]>::try_from(s.as_slice())) else { continue };
+            ctx.counters.signatures_verified += 1;
             if pk.verify(ctx.cfg.cluster.crypto, &message, &BlsSignature(sig)) {
                 signers.push(*r);
                 signatures.push(BlsSignature(sig));
@@ -670,20 +714,18 @@ impl Replica {
         }
         let Some(agg) = aggregate(ctx.cfg.cluster.crypto, &signatures) else { return };
         let cert = pb::Certificate { view: 0, seq, digest: d.to_vec(), signers, signature: agg.0.to_vec() };
-        self.adopt_stable(ctx, cert);
+        self.adopt_stable(ctx, cert, None);
     }
 
-    /// A checkpoint certificate newer than ours: frees the log below it, and fetches
-    /// the state if this replica has not executed that far.
-    fn adopt_stable(&mut self, ctx: &mut Ctx, cert: pb::Certificate) {
+    /// A checkpoint certificate newer than ours: frees the log below it, persists it with
+    /// its state if known (`state`, or this replica's own snapshot), and fetches the state
+    /// if this replica has not executed that far.
+    fn adopt_stable(&mut self, ctx: &mut Ctx, cert: pb::Certificate, state: Option<Vec<u8>>) {
         let seq = cert.seq;
-        ctx.persist(record(pb::replica_record::Kind::Stable(cert.clone())));
-        if let Some((_, state)) = self.snapshots.get(&seq) {
-            self.stable_snapshot = Some(state.clone());
-        }
+        // Never an older checkpoint's state: it would be served with this certificate.
+        self.stable_snapshot = state.or_else(|| self.snapshots.get(&seq).map(|(_, state)| state.clone()));
         self.stable = Some(cert);
         self.low = seq;
-        self.fetch_state(ctx);
         self.log = self.log.split_off(&(seq + 1));
         self.parked = self.parked.split_off(&(seq + 1));
         self.snapshots = self.snapshots.split_off(&(seq + 1));
@@ -692,6 +734,36 @@ impl Replica {
             *votes = votes.split_off(&(seq + 1));
         }
         self.next_seq = self.next_seq.max(seq + 1);
+        self.persist_stable(ctx);
+        self.fetch_state(ctx);
+    }
+
+    /// Persists the stable checkpoint. With its state, it is a point to restart from: the
+    /// records before it become obsolete once everything else a restart needs follows it
+    /// (the view, the slots above the checkpoint accepted in that view, and the prepared
+    /// ones), so the host is told it may compact its storage.
+    fn persist_stable(&self, ctx: &mut Ctx) {
+        let Some(cert) = self.stable.clone() else { return };
+        let Some(state) = self.stable_snapshot.clone() else {
+            ctx.persist(record(Record::Stable(cert)));
+            return;
+        };
+        let token = ctx.persist(record(Record::StableState(pb::StableState { certificate: Some(cert), state })));
+        ctx.persist(record(Record::View(self.durable_view)));
+        // A restart ignores slots accepted in an older view than the one it resumes in.
+        for (&seq, slot) in &self.log {
+            if let (Some((view, signature)), Some((_, ops))) = (&slot.accepted, &slot.proposal)
+                && *view == self.durable_view
+            {
+                let batch = Some(pb::Batch { ops: ops.clone() });
+                let pp = pb::PrePrepare { view: *view, seq, batch, signature: signature.clone() };
+                ctx.persist(record(Record::Accepted(pp)));
+            }
+        }
+        for p in self.prepared.values() {
+            ctx.persist(p.record());
+        }
+        ctx.push(Output::Compact { token });
     }
 
     /// The state a checkpoint certifies: the application snapshot and the exactly-once
@@ -825,6 +897,25 @@ impl Replica {
         let Ok(state) = pb::CheckpointState::decode(s.state.as_slice()) else {
             return ctx.fault(from, FaultKind::Malformed);
         };
+        let newer = certified.filter(|c| c.seq > self.low);
+        self.install_state(ctx, s.seq, state);
+        match newer {
+            Some(cert) => self.adopt_stable(ctx, cert, Some(s.state)),
+            // The state of the checkpoint this replica saw become stable without it.
+            None if self.stable.as_ref().is_some_and(|c| c.seq == s.seq) => {
+                self.stable_snapshot = Some(s.state);
+                self.persist_stable(ctx);
+            }
+            None => {}
+        }
+        self.fetch_at = None;
+        self.caught_up(ctx, now);
+    }
+
+    /// Replaces what this replica executed with the state of checkpoint `seq`: the
+    /// exactly-once table, the application (the host restores it) and the execution point.
+    /// State transfer and a restart from a persisted stable checkpoint both install so.
+    fn install_state(&mut self, ctx: &mut Ctx, seq: u64, state: pb::CheckpointState) {
         for c in state.clients {
             let entry = self.clients.entry(c.client).or_default();
             entry.floor = c.floor;
@@ -835,23 +926,14 @@ impl Replica {
                 self.forget_pending(c.client, r);
             }
         }
-        let seq = s.seq;
         ctx.push(Output::Restore { seq, snapshot: state.app });
         self.executing.clear();
         self.executed = seq;
         self.delivered = self.delivered.max(seq);
-        self.stable_snapshot = Some(s.state);
-        match certified {
-            Some(cert) if cert.seq > self.low => self.adopt_stable(ctx, cert),
-            // Executed by a correct replica: the log below is settled, whether or not
-            // this replica has seen the certificate.
-            _ => {
-                self.low = self.low.max(seq);
-                self.log = self.log.split_off(&(seq + 1));
-            }
-        }
-        self.fetch_at = None;
-        self.caught_up(ctx, now);
+        // Executed by a correct replica: the log below is settled, whether or not this
+        // replica has seen the certificate.
+        self.low = self.low.max(seq);
+        self.log = self.log.split_off(&(seq + 1));
     }
 
     pub fn on_timeout(&mut self, ctx: &mut Ctx, now: Nanos) {
@@ -878,36 +960,71 @@ impl Replica {
         self.batch_deadline.into_iter().chain(self.suspect).chain(self.fetch_at).min()
     }
 
-    /// Restores what was persisted before a crash: the accepted proposals and sent
-    /// votes, so the replica never votes differently for a slot, and the stable checkpoint.
-    pub fn recover(&mut self, ctx: &mut Ctx, bytes: &[u8]) -> Result<(), HandleError> {
-        let rec = pb::ReplicaRecord::decode(bytes)
-            .map_err(|e| HandleError::Invalid(format!("persisted record is not a ReplicaRecord: {e}")))?;
+    /// Restores what was persisted before a crash: the accepted proposals, sent votes and
+    /// prepared certificates, so the replica never votes differently for a slot and can
+    /// prove what prepared, and the stable checkpoint, with its state when persisted.
+    pub fn recover(&mut self, ctx: &mut Ctx, now: Nanos, bytes: &[u8]) -> Result<(), HandleError> {
+        let invalid = |why: String| HandleError::Invalid(format!("persisted record: {why}"));
+        let rec = pb::ReplicaRecord::decode(bytes).map_err(|e| invalid(format!("not a ReplicaRecord: {e}")))?;
         match rec.kind {
-            Some(pb::replica_record::Kind::View(v)) => self.view = self.view.max(v),
-            Some(pb::replica_record::Kind::Accepted(pp)) if pp.view == self.view && pp.seq > self.low => {
+            Some(Record::View(v)) => {
+                self.view = self.view.max(v);
+                self.durable_view = self.view;
+            }
+            Some(Record::Accepted(pp)) if pp.view == self.view && pp.seq > self.low => {
                 let primary = primary(&self.replicas, pp.view);
                 self.next_seq = self.next_seq.max(pp.seq + 1);
                 let batch = pp.batch.unwrap_or_default();
                 let d = batch_digest(&batch);
                 let slot = self.log.entry(pp.seq).or_default();
                 slot.proposal = Some((d, batch.ops));
-                slot.prepares.insert(primary, (d, pp.signature));
+                slot.prepares.insert(primary, (d, pp.signature.clone()));
+                slot.seen_at = now;
+                slot.accepted = Some((pp.view, pp.signature));
             }
-            Some(pb::replica_record::Kind::Prepared(v)) if v.view == self.view && v.seq > self.low => {
-                if let (Some(slot), Ok(d)) = (self.log.get_mut(&v.seq), Digest::try_from(v.digest.as_slice())) {
+            Some(Record::Prepared(e)) => {
+                let (Some(certificate), Some(batch)) = (e.certificate, e.batch) else {
+                    return Err(invalid("a prepared slot without its certificate or batch".into()));
+                };
+                let seq = certificate.seq;
+                if seq <= self.low {
+                    return Ok(());
+                }
+                if certificate.view == self.view
+                    && let (Some(slot), Ok(d)) =
+                        (self.log.get_mut(&seq), Digest::try_from(certificate.digest.as_slice()))
+                {
                     slot.commit_sent = true;
                     slot.commits.insert(ctx.me(), d);
                 }
+                if self.prepared.get(&seq).is_none_or(|p| p.certificate.view <= certificate.view) {
+                    self.prepared.insert(seq, Prepared { certificate, ops: batch.ops });
+                }
             }
-            Some(pb::replica_record::Kind::Stable(cert)) if cert.seq > self.low => {
+            Some(Record::Stable(cert)) if cert.seq > self.low => {
                 self.low = cert.seq;
                 self.log = self.log.split_off(&(cert.seq + 1));
+                self.prepared = self.prepared.split_off(&(cert.seq + 1));
                 self.next_seq = self.next_seq.max(cert.seq + 1);
                 self.stable = Some(cert);
+                self.stable_snapshot = None;
+            }
+            Some(Record::StableState(s)) => {
+                let cert = s.certificate.ok_or_else(|| invalid("a stable state without its certificate".into()))?;
+                // The same checkpoint may have been persisted first without its state.
+                if cert.seq < self.low || cert.seq <= self.executed {
+                    return Ok(());
+                }
+                let state = pb::CheckpointState::decode(s.state.as_slice())
+                    .map_err(|e| invalid(format!("a stable state that does not decode: {e}")))?;
+                self.install_state(ctx, cert.seq, state);
+                self.prepared = self.prepared.split_off(&(cert.seq + 1));
+                self.next_seq = self.next_seq.max(cert.seq + 1);
+                self.stable = Some(cert);
+                self.stable_snapshot = Some(s.state);
             }
             Some(_) => {}
-            None => return Err(HandleError::Invalid("empty persisted record".into())),
+            None => return Err(invalid("empty".into())),
         }
         Ok(())
     }
@@ -922,7 +1039,7 @@ fn sign(ctx: &Ctx, kind: &[u8; 4], view: u64, seq: u64, d: &Digest) -> Vec<u8> {
 /// aggregate check when all are valid; otherwise each is checked, and if fewer than
 /// `quorum` remain valid the invalid signers are returned as evidence.
 fn certify(
-    ctx: &Ctx,
+    ctx: &mut Ctx,
     kind: &[u8; 4],
     view: u64,
     seq: u64,
@@ -936,16 +1053,18 @@ fn certify(
         .iter()
         .map(|(r, s)| (*r, public_key(ctx, *r).zip(<[u8; 96]>::try_from(s.as_slice()).ok().map(BlsSignature))))
         .collect();
-    let all_valid = || {
+    let mut all_valid = || {
         let keys: Option<Vec<(BlsPublicKey, BlsSignature)>> = parsed.iter().map(|(_, k)| *k).collect();
         let keys = keys?;
         let (pks, sigs): (Vec<BlsPublicKey>, Vec<BlsSignature>) = keys.into_iter().unzip();
         let agg = aggregate(mode, &sigs)?;
+        ctx.counters.signatures_verified += 1;
         fast_aggregate_verify(mode, &pks, &message, &agg).then_some(agg)
     };
     let (signers, agg) = match all_valid() {
         Some(agg) => (parsed.iter().map(|(r, _)| *r).collect::<Vec<_>>(), agg),
         None => {
+            ctx.counters.signatures_verified += parsed.iter().filter(|(_, k)| k.is_some()).count() as u64;
             let (good, bad): (Vec<_>, Vec<_>) =
                 parsed.iter().partition(|(_, k)| k.is_some_and(|(pk, sig)| pk.verify(mode, &message, &sig)));
             let bad: Vec<NodeId> = bad.into_iter().map(|(r, _)| r).collect();
@@ -978,7 +1097,7 @@ fn unique_requests(batch: &pb::Batch) -> bool {
 }
 
 /// Verifies a certificate: 2f+1 distinct replicas' signatures on its message.
-fn verify_certificate(ctx: &Ctx, kind: &[u8; 4], cert: &pb::Certificate, quorum: usize) -> bool {
+fn verify_certificate(ctx: &mut Ctx, kind: &[u8; 4], cert: &pb::Certificate, quorum: usize) -> bool {
     let signers: BTreeSet<NodeId> = cert.signers.iter().copied().collect();
     if signers.len() != cert.signers.len() || signers.len() < quorum {
         return false;
@@ -991,6 +1110,7 @@ fn verify_certificate(ctx: &Ctx, kind: &[u8; 4], cert: &pb::Certificate, quorum:
         return false;
     };
     let Ok(sig) = <[u8; 96]>::try_from(cert.signature.as_slice()) else { return false };
+    ctx.counters.signatures_verified += 1;
     fast_aggregate_verify(
         ctx.cfg.cluster.crypto,
         &pks,

@@ -17,6 +17,8 @@ struct Net {
     queue: VecDeque<(NodeId, NodeId, Vec<u8>)>,
     completed: Vec<(NodeId, u64, Vec<u8>)>,
     executed: Vec<Executed>,
+    /// Frames each node received.
+    received: Vec<u64>,
     /// Replicas whose outgoing frames are dropped.
     silent: Vec<NodeId>,
     now: u64,
@@ -41,6 +43,7 @@ impl Net {
             queue: VecDeque::new(),
             completed: vec![],
             executed: vec![vec![]; n],
+            received: vec![0; n],
             silent: vec![],
             now: 0,
         }
@@ -51,7 +54,7 @@ impl Net {
         while let Some(out) = self.nodes[id as usize].poll() {
             match out {
                 Output::Send { to, bytes } if !self.silent.contains(&id) => self.queue.push_back((id, to, bytes)),
-                Output::Send { .. } | Output::Fault { .. } | Output::Deliver(_) => {}
+                Output::Send { .. } | Output::Fault { .. } | Output::Deliver(_) | Output::Compact { .. } => {}
                 Output::Persist { token, .. } => self.input(id, Input::Persisted { token }),
                 Output::Execute { seq, ops } => {
                     let k = self.nodes[id as usize].config().cluster.params.checkpoint_interval as u64;
@@ -69,6 +72,7 @@ impl Net {
 
     fn run(&mut self) {
         while let Some((from, to, bytes)) = self.queue.pop_front() {
+            self.received[to as usize] += 1;
             self.input(to, Input::Message { from, bytes });
         }
     }
@@ -125,6 +129,27 @@ fn every_replica_executes_the_same_batches_and_clients_complete() {
         for r in 0..n as usize {
             assert!(net.nodes[r].live_instances() <= 2 * 4 + 2, "replica {r}: {}", net.nodes[r].live_instances());
         }
+    }
+}
+
+/// Every frame's hop MAC is counted; a replica also checks the client authenticator of a
+/// request (when it arrives, or inside a batch that came first), and BLS signatures.
+#[test]
+fn status_counts_every_mac_and_signature_check() {
+    let mut net = Net::new(1, 1, params());
+    for i in 0..12u32 {
+        net.submit(4, format!("op{i}").as_bytes());
+    }
+    net.run_timers(1_000_000);
+    assert_eq!(net.completed.len(), 12);
+    let client = net.nodes[4].status();
+    assert_eq!(client.macs_verified, net.received[4]);
+    assert_eq!(client.signatures_verified, 0);
+    for r in 0..4 {
+        let status = net.nodes[r].status();
+        let macs = status.macs_verified - net.received[r];
+        assert!((12..=24).contains(&macs), "replica {r}: {macs} authenticators checked for 12 requests");
+        assert!(status.signatures_verified > 0, "replica {r}");
     }
 }
 

@@ -136,7 +136,7 @@ impl Broker {
                 }
             }
             (Algorithm::Chain, _) => {
-                if !self.chain.verify_upstream(&ctx.keys, p.publisher, &raw, macs) {
+                if !self.chain.verify_upstream(&ctx.keys, p.publisher, &raw, macs, &mut ctx.counters.macs_verified) {
                     return ctx.fault(from, FaultKind::BadChainMac);
                 }
                 window.finish(p.seq);

@@ -118,7 +118,13 @@ impl Subscriber {
             Algorithm::Ab => inst.copies.reaches(from, &p.payload, self.t.ab_deliver()),
             Algorithm::Bracha => inst.readies.reaches(from, &p.payload, self.t.ready_deliver()),
             Algorithm::Chain => {
-                if !self.chain.verify_upstream(&ctx.keys, p.publisher, &msg.raw_body, &msg.macs) {
+                if !self.chain.verify_upstream(
+                    &ctx.keys,
+                    p.publisher,
+                    &msg.raw_body,
+                    &msg.macs,
+                    &mut ctx.counters.macs_verified,
+                ) {
                     return ctx.fault(from, FaultKind::BadChainMac);
                 }
                 Some(true)

@@ -8,8 +8,9 @@
 //! reproduces a run bit for bit.
 //!
 //! Each host is also the application host a PBFT replica needs: it executes ordered
-//! batches against a [`kv::Kv`], restores it from state-transfer snapshots, and keeps
-//! durable storage, the records it acknowledged, which a restarted replica gets back.
+//! batches against a [`kv::Kv`], restores it from snapshots (state transfer, or a restart
+//! from a persisted checkpoint), and keeps durable storage, the records it acknowledged,
+//! which a restarted replica gets back, compacted as the replica allows.
 
 pub mod adversary;
 pub mod check;
@@ -117,8 +118,9 @@ struct Host {
     seen: Vec<(NodeId, Vec<u8>)>,
     /// The application a PBFT replica orders for; lost in a crash.
     app: Kv,
-    /// Every record the host acknowledged as persisted, in order; survives a crash.
-    storage: Vec<Vec<u8>>,
+    /// Every record the host acknowledged as persisted and has not compacted away, in
+    /// order, with the incarnation and token it was persisted under; survives a crash.
+    storage: Vec<(u32, u64, Vec<u8>)>,
 }
 
 /// What happens at a simulated time. Storage writes (`Persisted`) and executions
@@ -152,7 +154,8 @@ pub struct Observed {
 pub enum Applied {
     /// Executed this batch (`Output::Execute`).
     Batch(Vec<Operation>),
-    /// Replaced the state with this snapshot (`Output::Restore`, state transfer).
+    /// Replaced the state with this snapshot (`Output::Restore`: state transfer, or a
+    /// restart from a persisted checkpoint).
     Snapshot(Vec<u8>),
 }
 
@@ -292,6 +295,11 @@ impl Sim {
         &self.hosts[host].app
     }
 
+    /// How many records a host's storage holds now.
+    pub fn stored_records(&self, host: usize) -> usize {
+        self.hosts[host].storage.len()
+    }
+
     /// When the next event happens, if any is left.
     pub fn next_event_at(&self) -> Option<Nanos> {
         self.events.first_key_value().map(|((at, _), _)| *at)
@@ -366,7 +374,7 @@ impl Sim {
             }
             Event::Persisted { host, incarnation, token, record } => {
                 if self.alive(host, incarnation) {
-                    self.hosts[host].storage.push(record);
+                    self.hosts[host].storage.push((incarnation, token, record));
                     self.input(host, Input::Persisted { token });
                 }
             }
@@ -386,7 +394,7 @@ impl Sim {
                 // A fresh node and an empty application; only what it persisted survives
                 // (the broadcast family persists nothing), handed back before any input.
                 let mut node = Node::new(h.config.clone()).expect("valid config");
-                for record in h.storage.clone() {
+                for (_, _, record) in h.storage.clone() {
                     if let Err(e) = node.handle(self.now, Input::Recover { record }) {
                         self.log.rejected_requests.push((h.id, e.to_string()));
                     }
@@ -441,6 +449,10 @@ impl Sim {
                 Output::Persist { token, record } => {
                     let incarnation = self.incarnations[host];
                     self.schedule(self.now, Event::Persisted { host, incarnation, token, record });
+                }
+                Output::Compact { token } => {
+                    let incarnation = self.incarnations[host];
+                    self.hosts[host].storage.retain(|(i, t, _)| *i == incarnation && *t >= token);
                 }
                 Output::Execute { seq, ops } => self.execute(host, seq, ops),
                 Output::Restore { seq, snapshot } => {

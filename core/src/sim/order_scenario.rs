@@ -15,7 +15,7 @@ use super::adversary::{self, Behavior};
 use super::kv::{self, Kv};
 use super::{Applied, Log, NetConfig, Rng, Sim};
 use crate::crypto::CryptoMode;
-use crate::{ClusterSpec, Nanos, NodeId, Operation, Params, Protocol, Request, Stats, generate_cluster};
+use crate::{ClusterSpec, Nanos, NodeId, Operation, Params, Protocol, Request, Stats, Status, generate_cluster};
 
 const MS: Nanos = 1_000_000;
 
@@ -64,6 +64,8 @@ pub struct Outcome {
     /// Each host's counters of benign drops at the end (a client's `stale` counts the
     /// replies that came after its request completed).
     pub stats: BTreeMap<usize, Stats>,
+    /// Each host's `Node::status` at the end.
+    pub status: BTreeMap<usize, Status>,
     /// Each replica host's application state at the end.
     pub states: BTreeMap<usize, Kv>,
 }
@@ -257,6 +259,7 @@ impl Scenario {
             peak_live_instances: peak,
             final_live_instances: (0..sim.hosts()).map(|h| (h, sim.node(h).live_instances())).collect(),
             stats: (0..sim.hosts()).map(|h| (h, sim.node(h).stats().clone())).collect(),
+            status: (0..sim.hosts()).map(|h| (h, sim.node(h).status())).collect(),
             states: replica_hosts.into_iter().map(|h| (h, sim.app(h).clone())).collect(),
             traces: self.record.iter().filter_map(|&id| Some((id, sim.trace(id as usize)?.to_vec()))).collect(),
             log: std::mem::take(&mut sim.log),

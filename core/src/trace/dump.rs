@@ -143,9 +143,16 @@ fn replica_record(bytes: &[u8]) -> String {
         Ok(pb::ReplicaRecord { kind: Some(kind) }) => match kind {
             Kind::View(v) => format!("view {v}"),
             Kind::Accepted(p) => format!("accepted PrePrepare {}", pre_prepare(&p)),
-            Kind::Prepared(v) => format!("prepared {}", vote(&v)),
+            Kind::Prepared(e) => format!(
+                "prepared {} batch {}",
+                certificate(e.certificate.as_ref()),
+                e.batch.map_or_else(|| "<none>".into(), |b| ops(&b.ops))
+            ),
             Kind::Committed(v) => format!("committed {}", vote(&v)),
             Kind::Stable(c) => format!("stable checkpoint {}", certificate(Some(&c))),
+            Kind::StableState(s) => {
+                format!("stable checkpoint {} state {} bytes", certificate(s.certificate.as_ref()), s.state.len())
+            }
         },
         Ok(pb::ReplicaRecord { kind: None }) => "empty record".into(),
         Err(_) => undecodable(bytes.len()),
@@ -268,6 +275,7 @@ pub(super) fn describe_output(o: &pb::OutputRecord) -> String {
         Some(Kind::Execute(e)) => format!("Execute seq {}: {}", e.seq, ops(&e.ops)),
         Some(Kind::Completed(c)) => format!("Completed request {} result {} bytes", c.request, c.result.len()),
         Some(Kind::Restore(r)) => format!("Restore seq {} snapshot {} bytes", r.seq, r.snapshot.len()),
+        Some(Kind::Compact(c)) => format!("Compact: records before token {} are obsolete", c.token),
         None => "<no output>".into(),
     }
 }

@@ -57,6 +57,12 @@ impl TraceWriter {
         &self.buf
     }
 
+    /// Takes what was recorded since the last call (the header first): for hosts that
+    /// append to a file as they go instead of holding the whole trace in memory.
+    pub fn drain(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.buf)
+    }
+
     pub fn into_bytes(self) -> Vec<u8> {
         self.buf
     }

@@ -160,6 +160,7 @@ pub fn output_to_pb(output: &Output) -> pb::OutputRecord {
             Kind::Completed(pb::CompletedOutput { request: *request, result: result.clone() })
         }
         Output::Restore { seq, snapshot } => Kind::Restore(pb::RestoreOutput { seq: *seq, snapshot: snapshot.clone() }),
+        Output::Compact { token } => Kind::Compact(pb::CompactOutput { token: *token }),
     };
     pb::OutputRecord { kind: Some(kind) }
 }
@@ -186,5 +187,6 @@ pub fn output_from_pb(record: pb::OutputRecord) -> Result<Output, TraceError> {
         Kind::Execute(e) => Output::Execute { seq: e.seq, ops: e.ops.into_iter().map(Operation::from).collect() },
         Kind::Completed(c) => Output::Completed { request: c.request, result: c.result },
         Kind::Restore(r) => Output::Restore { seq: r.seq, snapshot: r.snapshot },
+        Kind::Compact(c) => Output::Compact { token: c.token },
     })
 }

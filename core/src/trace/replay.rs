@@ -21,10 +21,12 @@ pub struct ReplaySummary {
     pub deliveries: usize,
     pub persists: usize,
     pub faults: usize,
-    /// PBFT: batches handed to the host, requests completed at a client, state transfers.
+    /// PBFT: batches handed to the host, requests completed at a client, state transfers
+    /// (and restarts from a stable checkpoint), storage compactions.
     pub executes: usize,
     pub completions: usize,
     pub restores: usize,
+    pub compactions: usize,
     /// BLAKE3 over every output's length-delimited `OutputRecord` encoding, in order: a
     /// host that keeps only this digest can still compare runs.
     pub digest: Digest,
@@ -35,7 +37,7 @@ impl fmt::Display for ReplaySummary {
         write!(
             f,
             "{} records ({} refused), {} outputs ({} sends, {} deliveries, {} persists, {} faults, {} executes, \
-             {} completions, {} restores), digest ",
+             {} completions, {} restores, {} compactions), digest ",
             self.records,
             self.refused,
             self.outputs,
@@ -45,7 +47,8 @@ impl fmt::Display for ReplaySummary {
             self.faults,
             self.executes,
             self.completions,
-            self.restores
+            self.restores,
+            self.compactions
         )?;
         self.digest.iter().try_for_each(|b| write!(f, "{b:02x}"))
     }
@@ -70,7 +73,7 @@ fn output_bytes(o: &pb::OutputRecord) -> Option<(&'static str, &[u8])> {
         Kind::Persist(p) => Some(("persist", &p.record)),
         Kind::Completed(c) => Some(("completed", &c.result)),
         Kind::Restore(r) => Some(("restore", &r.snapshot)),
-        Kind::Fault(_) | Kind::Execute(_) => None,
+        Kind::Fault(_) | Kind::Execute(_) | Kind::Compact(_) => None,
     }
 }
 
@@ -99,6 +102,7 @@ pub fn replay(trace: &Trace) -> Result<ReplaySummary, TraceError> {
         executes: 0,
         completions: 0,
         restores: 0,
+        compactions: 0,
         digest: Digest::default(),
     };
     let mut digest = blake3::Hasher::new();
@@ -136,6 +140,7 @@ pub fn replay(trace: &Trace) -> Result<ReplaySummary, TraceError> {
                 Output::Execute { .. } => summary.executes += 1,
                 Output::Completed { .. } => summary.completions += 1,
                 Output::Restore { .. } => summary.restores += 1,
+                Output::Compact { .. } => summary.compactions += 1,
             }
         }
         if let Some(missing) = record.outputs.get(produced) {

@@ -129,6 +129,7 @@ fn recorder_is_transparent_and_replay_reproduces_the_run() {
             executes: 0,
             completions: 0,
             restores: 0,
+            compactions: 0,
             digest: *digest.finalize().as_bytes(),
         }
     );
@@ -367,14 +368,22 @@ fn dump_shows_pbft_messages() {
         writer.record(i as Nanos, &frame_from(&cfgs, 1, 0, body), &Ok(()), &[], None);
     }
     let execute = Output::Execute { seq: 7, ops: batch.ops.iter().cloned().map(Operation::from).collect() };
-    let persists = [
+    let prepared = pb::PreparedEntry {
+        certificate: Some(pb::Certificate { view: 1, ..cert(7, vec![0, 2, 3]) }),
+        batch: Some(batch.clone()),
+    };
+    let stable_state = pb::StableState { certificate: Some(cert(128, vec![0, 1, 2])), state: vec![0; 12] };
+    let mut persists = [
         R::View(2),
         R::Accepted(pre_prepare),
-        R::Prepared(vote.clone()),
+        R::Prepared(prepared),
         R::Committed(vote),
         R::Stable(cert(128, vec![0, 1, 2])),
+        R::StableState(stable_state),
     ]
-    .map(|kind| Output::Persist { token: 1, record: record(kind) });
+    .map(|kind| Output::Persist { token: 1, record: record(kind) })
+    .to_vec();
+    persists.push(Output::Compact { token: 1 });
     writer.record(20, &Input::Timeout, &Ok(()), &[execute, Output::Restore { seq: 128, snapshot: vec![0; 9] }], None);
     writer.record(21, &Input::Timeout, &Ok(()), &persists, None);
     writer.record(
@@ -403,9 +412,11 @@ fn dump_shows_pbft_messages() {
         "-> Restore seq 128 snapshot 9 bytes".into(),
         "-> Persist token 1 (2 bytes): view 2".into(),
         format!("accepted PrePrepare view 1 seq 7 digest {hex} batch 2 ops"),
-        format!("prepared view 1 seq 7 digest {hex}"),
+        format!("prepared view 1 seq 7 digest {hex} signers [0, 2, 3] batch 2 ops (5 bytes)"),
         format!("committed view 1 seq 7 digest {hex}"),
         format!("stable checkpoint view 0 seq 128 digest {hex} signers [0, 1, 2]"),
+        format!("stable checkpoint view 0 seq 128 digest {hex} signers [0, 1, 2] state 12 bytes"),
+        "-> Compact: records before token 1 are obsolete".into(),
         "Executed seq 7: 2 results (2 bytes), no snapshot".into(),
         "Executed seq 128: 0 results (0 bytes), snapshot 3 bytes".into(),
         "Recover (2 bytes): view 3".into(),
@@ -459,6 +470,7 @@ fn pb_conversion_roundtrips_every_variant() {
         Output::Completed { request: 1, result: b"ok".to_vec() },
         Output::Restore { seq: 128, snapshot: vec![3; 5] },
         Output::Restore { seq: 0, snapshot: vec![] },
+        Output::Compact { token: 3 },
     ]);
     for output in outputs {
         let wire = output_to_pb(&output).encode_to_vec();

@@ -199,7 +199,11 @@ impl Net {
                 Output::Send { to, bytes } => self.queue.push_back((id, to, bytes)),
                 Output::Deliver(d) => self.delivered.push((id, d)),
                 Output::Fault { node, kind } => self.faults.push((id, node, kind)),
-                Output::Persist { .. } | Output::Execute { .. } | Output::Completed { .. } | Output::Restore { .. } => {
+                Output::Persist { .. }
+                | Output::Execute { .. }
+                | Output::Completed { .. }
+                | Output::Restore { .. }
+                | Output::Compact { .. } => {
                     panic!("the pub/sub family persists, executes and restores nothing")
                 }
             }

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 
 use prost::Message;
 
-use super::{CHECKPOINT, Early, PREPARE, Replica, Slot, public_key, record, sign, verify_certificate};
+use super::{CHECKPOINT, Early, PREPARE, Record, Replica, Slot, public_key, record, sign, verify_certificate};
 use crate::crypto::{BlsSignature, digest};
 use crate::node::Ctx;
 use crate::order::{batch_digest, primary, signed_message};
@@ -53,7 +53,7 @@ impl Replica {
         let timeout = ctx.cfg.cluster.params.request_timeout_ns.saturating_mul(1 << self.failed_views.min(16));
         self.changing = Some(Changing { target, deadline: now.saturating_add(timeout) });
         self.batch_deadline = None;
-        ctx.persist(record(pb::replica_record::Kind::View(target)));
+        self.persist_view(ctx, target);
         let mut vc = pb::ViewChange {
             view: target,
             stable: self.stable.clone(),
@@ -64,6 +64,13 @@ impl Replica {
         ctx.send_to_brokers(pb::body::Kind::ViewChange(vc.clone()), &[]);
         let me = ctx.me();
         self.record_view_change(ctx, now, me, vc);
+    }
+
+    /// Persists a view before anything is sent in (or for) it: a restart resumes in the
+    /// highest one.
+    fn persist_view(&mut self, ctx: &mut Ctx, view: u64) {
+        ctx.persist(record(Record::View(view)));
+        self.durable_view = self.durable_view.max(view);
     }
 
     /// Certificates for the prepared slots above the stable checkpoint.
@@ -88,12 +95,16 @@ impl Replica {
     }
 
     /// Signature, stable certificate, and every prepared certificate with its batch.
-    fn valid_view_change(&self, ctx: &Ctx, from: NodeId, vc: &pb::ViewChange) -> bool {
+    fn valid_view_change(&self, ctx: &mut Ctx, from: NodeId, vc: &pb::ViewChange) -> bool {
         let unsigned = pb::ViewChange { signature: vec![], ..vc.clone() };
         let message = signed_message(VIEW_CHANGE, vc.view, 0, &digest(&unsigned.encode_to_vec()));
-        let signed = <[u8; 96]>::try_from(vc.signature.as_slice()).is_ok_and(|s| {
-            public_key(ctx, from).is_some_and(|pk| pk.verify(ctx.cfg.cluster.crypto, &message, &BlsSignature(s)))
-        });
+        let signed = match (<[u8; 96]>::try_from(vc.signature.as_slice()), public_key(ctx, from)) {
+            (Ok(s), Some(pk)) => {
+                ctx.counters.signatures_verified += 1;
+                pk.verify(ctx.cfg.cluster.crypto, &message, &BlsSignature(s))
+            }
+            _ => false,
+        };
         let stable_seq = vc.stable.as_ref().map_or(0, |c| c.seq);
         let stable_ok = vc.stable.as_ref().is_none_or(|c| verify_certificate(ctx, CHECKPOINT, c, self.quorum));
         let prepared_ok = vc.prepared.iter().all(|e| {
@@ -157,7 +168,8 @@ impl Replica {
     /// checkpoint among them and re-proposes, for each later sequence number, the batch
     /// of the highest-view prepared certificate, or an empty batch.
     fn enter_view(&mut self, ctx: &mut Ctx, now: Nanos, view: u64, proofs: Vec<pb::ViewChange>) {
-        ctx.persist(record(pb::replica_record::Kind::View(view)));
+        self.persist_view(ctx, view);
+        ctx.counters.view_changes += 1;
         let stable = proofs.iter().filter_map(|vc| vc.stable.clone()).max_by_key(|c| c.seq);
         let stable_seq = stable.as_ref().map_or(0, |c| c.seq).max(self.low);
         let mut chosen: BTreeMap<u64, (u64, Vec<pb::Operation>)> = BTreeMap::new();
@@ -176,7 +188,7 @@ impl Replica {
         self.log.clear();
         self.parked.clear();
         if let Some(cert) = stable.filter(|c| c.seq > self.low) {
-            self.adopt_stable(ctx, cert);
+            self.adopt_stable(ctx, cert, None);
         }
         self.next_seq = last + 1;
         // Requests not re-proposed may be proposed afresh; every waiting timer restarts.
@@ -197,7 +209,7 @@ impl Replica {
             for o in &batch.ops {
                 self.mark_in_log(o.client, o.request);
             }
-            self.log.insert(seq, Slot { proposal: Some((d, batch.ops)), ..Slot::default() });
+            self.log.insert(seq, Slot { proposal: Some((d, batch.ops)), seen_at: now, ..Slot::default() });
             let vote = pb::Vote { view, seq, digest: d.to_vec(), signature: sign(ctx, PREPARE, view, seq, &d) };
             ctx.send_to_brokers(pb::body::Kind::Prepare(vote.clone()), &[]);
             let me = ctx.me();
