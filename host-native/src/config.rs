@@ -1,0 +1,629 @@
+//! The files an operator edits and `phalanxd keygen` writes.
+//!
+//! A cluster is described by one TOML file (public: protocol, f, parameters, addresses,
+//! data directories) and one key file per node (secret: its BLS key and pairwise MAC
+//! keys, plus everyone's public keys). Paths inside the cluster file are relative to it.
+//!
+//! ```toml
+//! protocol = "pbft"          # or "pubsub"
+//! f = 1
+//! crypto = "real"            # or "insecure-test" (tests only: no real signatures)
+//! keys = "keys"              # directory holding node-<id>.toml
+//!
+//! [params]                   # optional: protocol parameters (see phalanx_core::Params)
+//! batch_max_count = 1000
+//!
+//! [runtime]                  # optional: host settings
+//! pin_threads = true
+//!
+//! [[replica]]
+//! id = 0
+//! address = "127.0.0.1:7100"
+//! metrics = "127.0.0.1:9100" # optional Prometheus endpoint
+//! data_dir = "data/replica-0"
+//!
+//! [[client]]                 # PBFT clients, or pub/sub publishers
+//! id = 4
+//!
+//! [[subscriber]]             # pub/sub only
+//! id = 5
+//! topics = [0]
+//! ```
+//!
+//! Every error names the file, the field and the problem.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::fs;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use phalanx_core::config::NodeInfo;
+use phalanx_core::crypto::{BlsPublicKey, BlsSecretKey, BlsSignature, CryptoMode, MacKey};
+use phalanx_core::{ClusterConfig, ClusterSpec, NodeConfig, NodeId, Params, Protocol, Role, generate_cluster};
+use serde::{Deserialize, Serialize};
+
+/// A configuration problem: which file, which field, what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub file: PathBuf,
+    pub field: Option<String>,
+    pub problem: String,
+}
+
+impl ConfigError {
+    fn new(file: &Path, field: Option<&str>, problem: impl Into<String>) -> Self {
+        ConfigError { file: file.to_path_buf(), field: field.map(str::to_string), problem: problem.into() }
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.field {
+            Some(field) => write!(f, "{}: field `{field}`: {}", self.file.display(), self.problem),
+            None => write!(f, "{}: {}", self.file.display(), self.problem),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Host settings that do not change the protocol.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Runtime {
+    /// Pin the network and protocol threads to separate cores when there are enough.
+    pub pin_threads: bool,
+    /// First core to pin to (replicas on one machine spread themselves out with it).
+    pub first_core: usize,
+    /// Bytes queued for one peer before further frames to it are dropped.
+    pub send_queue_bytes: usize,
+    /// Events buffered between the network and protocol threads.
+    pub event_queue: usize,
+    /// Reconnect back-off bounds, milliseconds.
+    pub reconnect_min_ms: u64,
+    pub reconnect_max_ms: u64,
+}
+
+impl Default for Runtime {
+    fn default() -> Self {
+        Runtime {
+            pin_threads: true,
+            first_core: 0,
+            send_queue_bytes: 64 << 20,
+            event_queue: 65_536,
+            reconnect_min_ms: 50,
+            reconnect_max_ms: 2_000,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+struct ReplicaToml {
+    id: NodeId,
+    address: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    metrics: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    data_dir: Option<String>,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+struct ClientToml {
+    id: NodeId,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+struct SubscriberToml {
+    id: NodeId,
+    #[serde(default)]
+    topics: Vec<u64>,
+}
+
+/// Protocol parameter overrides: each field optional, named as in `phalanx_core::Params`.
+macro_rules! params_toml {
+    ($($field:ident: $ty:ty),* $(,)?) => {
+        #[derive(Clone, Debug, Default, Deserialize, Serialize)]
+        #[serde(deny_unknown_fields)]
+        struct ParamsToml { $(#[serde(default, skip_serializing_if = "Option::is_none")] $field: Option<$ty>),* }
+
+        impl ParamsToml {
+            fn apply(&self, p: &mut Params) {
+                $(if let Some(v) = self.$field { p.$field = v; })*
+            }
+        }
+    };
+}
+
+params_toml!(
+    alpha: u32,
+    window: u32,
+    max_message_bytes: u32,
+    history_flush_ns: u64,
+    max_topics_per_publisher: u32,
+    publish_queue: u32,
+    batch_max_count: u32,
+    batch_max_bytes: u32,
+    batch_timeout_ns: u64,
+    checkpoint_interval: u32,
+    pipeline: u32,
+    request_timeout_ns: u64,
+    client_queue: u32,
+    client_retry_ns: u64,
+);
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+struct ClusterToml {
+    protocol: String,
+    f: u32,
+    #[serde(default = "default_crypto")]
+    crypto: String,
+    #[serde(default = "default_keys")]
+    keys: String,
+    #[serde(default)]
+    params: ParamsToml,
+    #[serde(default)]
+    runtime: Runtime,
+    #[serde(default)]
+    replica: Vec<ReplicaToml>,
+    #[serde(default)]
+    client: Vec<ClientToml>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    subscriber: Vec<SubscriberToml>,
+}
+
+fn default_crypto() -> String {
+    "real".into()
+}
+
+fn default_keys() -> String {
+    "keys".into()
+}
+
+/// One replica's place in the cluster.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplicaEntry {
+    pub id: NodeId,
+    pub address: SocketAddr,
+    pub metrics: Option<SocketAddr>,
+    pub data_dir: PathBuf,
+}
+
+/// A validated cluster file.
+#[derive(Clone, Debug)]
+pub struct ClusterFile {
+    pub path: PathBuf,
+    pub protocol: Protocol,
+    pub f: u32,
+    pub crypto: CryptoMode,
+    pub keys_dir: PathBuf,
+    pub params: Params,
+    pub runtime: Runtime,
+    pub replicas: Vec<ReplicaEntry>,
+    pub clients: Vec<NodeId>,
+    pub subscribers: Vec<(NodeId, Vec<u64>)>,
+}
+
+fn parse_protocol(s: &str) -> Option<Protocol> {
+    match s {
+        "pbft" => Some(Protocol::Pbft),
+        "pubsub" => Some(Protocol::PubSub),
+        _ => None,
+    }
+}
+
+fn protocol_name(p: Protocol) -> &'static str {
+    match p {
+        Protocol::Pbft => "pbft",
+        Protocol::PubSub => "pubsub",
+    }
+}
+
+fn parse_crypto(s: &str) -> Option<CryptoMode> {
+    match s {
+        "real" => Some(CryptoMode::Real),
+        "insecure-test" => Some(CryptoMode::InsecureTest),
+        _ => None,
+    }
+}
+
+fn crypto_name(c: CryptoMode) -> &'static str {
+    match c {
+        CryptoMode::Real => "real",
+        CryptoMode::InsecureTest => "insecure-test",
+    }
+}
+
+fn read(path: &Path) -> Result<String, ConfigError> {
+    fs::read_to_string(path).map_err(|e| ConfigError::new(path, None, format!("cannot read: {e}")))
+}
+
+/// TOML syntax and type errors already name the key and the line; the file is added.
+fn parse_toml<T: for<'de> Deserialize<'de>>(path: &Path, text: &str) -> Result<T, ConfigError> {
+    toml::from_str(text).map_err(|e| ConfigError::new(path, None, e.to_string().trim_end().to_string()))
+}
+
+impl ClusterFile {
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let raw: ClusterToml = parse_toml(path, &read(path)?)?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        let bad = |field: &str, problem: String| ConfigError::new(path, Some(field), problem);
+        let protocol = parse_protocol(&raw.protocol)
+            .ok_or_else(|| bad("protocol", format!("{:?} is not one of \"pbft\", \"pubsub\"", raw.protocol)))?;
+        let crypto = parse_crypto(&raw.crypto)
+            .ok_or_else(|| bad("crypto", format!("{:?} is not one of \"real\", \"insecure-test\"", raw.crypto)))?;
+        let mut params = Params::default();
+        raw.params.apply(&mut params);
+        let mut seen = BTreeMap::new();
+        let mut replicas = Vec::new();
+        for (i, r) in raw.replica.iter().enumerate() {
+            let field = |name: &str| format!("replica[{i}].{name}");
+            if let Some(other) = seen.insert(r.id, field("id")) {
+                return Err(bad(&field("id"), format!("id {} is also used by {other}", r.id)));
+            }
+            let address = r
+                .address
+                .parse()
+                .map_err(|_| bad(&field("address"), format!("{:?} is not a socket address (ip:port)", r.address)))?;
+            let metrics = r
+                .metrics
+                .as_ref()
+                .map(|m| m.parse().map_err(|_| bad(&field("metrics"), format!("{m:?} is not a socket address"))))
+                .transpose()?;
+            let data_dir = base.join(r.data_dir.clone().unwrap_or_else(|| format!("data/replica-{}", r.id)));
+            replicas.push(ReplicaEntry { id: r.id, address, metrics, data_dir });
+        }
+        let n = replicas.len() as u32;
+        if n < 3 * raw.f + 1 {
+            return Err(bad("replica", format!("{n} replicas cannot tolerate f = {}: n >= 3f+1 is required", raw.f)));
+        }
+        for (i, c) in raw.client.iter().enumerate() {
+            if let Some(other) = seen.insert(c.id, format!("client[{i}].id")) {
+                return Err(bad(&format!("client[{i}].id"), format!("id {} is also used by {other}", c.id)));
+            }
+        }
+        for (i, s) in raw.subscriber.iter().enumerate() {
+            let field = format!("subscriber[{i}].id");
+            if protocol == Protocol::Pbft {
+                return Err(bad(&field, "a pbft cluster has no subscribers".into()));
+            }
+            if let Some(other) = seen.insert(s.id, field.clone()) {
+                return Err(bad(&field, format!("id {} is also used by {other}", s.id)));
+            }
+        }
+        let file = ClusterFile {
+            path: path.to_path_buf(),
+            protocol,
+            f: raw.f,
+            crypto,
+            keys_dir: base.join(&raw.keys),
+            params,
+            runtime: raw.runtime,
+            replicas,
+            clients: raw.client.iter().map(|c| c.id).collect(),
+            subscribers: raw.subscriber.iter().map(|s| (s.id, s.topics.clone())).collect(),
+        };
+        // The core's own rules (parameter ranges and the like), reported against this file.
+        let cluster = file.public_cluster(|_| (BlsPublicKey([0; 48]), BlsSignature([0; 96])));
+        cluster.validate_params().map_err(|e| ConfigError::new(path, Some("params"), e.0))?;
+        Ok(file)
+    }
+
+    pub fn replica(&self, id: NodeId) -> Option<&ReplicaEntry> {
+        self.replicas.iter().find(|r| r.id == id)
+    }
+
+    pub fn role_of(&self, id: NodeId) -> Option<Role> {
+        if self.replica(id).is_some() {
+            Some(Role::Broker)
+        } else if self.clients.contains(&id) {
+            Some(Role::Publisher)
+        } else if self.subscribers.iter().any(|(s, _)| *s == id) {
+            Some(Role::Subscriber)
+        } else {
+            None
+        }
+    }
+
+    /// Every node id, ascending.
+    pub fn node_ids(&self) -> Vec<NodeId> {
+        let mut ids: Vec<NodeId> = self
+            .replicas
+            .iter()
+            .map(|r| r.id)
+            .chain(self.clients.iter().copied())
+            .chain(self.subscribers.iter().map(|s| s.0))
+            .collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    fn public_cluster(&self, keys: impl Fn(NodeId) -> (BlsPublicKey, BlsSignature)) -> ClusterConfig {
+        let nodes = self
+            .node_ids()
+            .into_iter()
+            .map(|id| {
+                let (bls_public_key, bls_pop) = keys(id);
+                let topics = self.subscribers.iter().find(|s| s.0 == id).map(|s| s.1.clone()).unwrap_or_default();
+                NodeInfo { id, role: self.role_of(id).expect("listed"), bls_public_key, bls_pop, topics }
+            })
+            .collect();
+        ClusterConfig { f: self.f, nodes, params: self.params.clone(), crypto: self.crypto, protocol: self.protocol }
+    }
+
+    pub fn key_file(&self, id: NodeId) -> PathBuf {
+        self.keys_dir.join(format!("node-{id}.toml"))
+    }
+
+    /// The full configuration of node `id`: this file plus its key file.
+    pub fn node_config(&self, id: NodeId) -> Result<NodeConfig, ConfigError> {
+        if self.role_of(id).is_none() {
+            return Err(ConfigError::new(&self.path, None, format!("node {id} is not in this cluster")));
+        }
+        let path = self.key_file(id);
+        let keys = KeyFile::load(&path)?;
+        let bad = |field: &str, problem: String| ConfigError::new(&path, Some(field), problem);
+        if keys.id != id {
+            return Err(bad("id", format!("this is node {}'s key file, not node {id}'s", keys.id)));
+        }
+        let mut public = BTreeMap::new();
+        for (i, node) in keys.node.iter().enumerate() {
+            let pk = hex_array(&node.bls_public_key).map_err(|e| bad(&format!("node[{i}].bls_public_key"), e))?;
+            let pop = hex_array(&node.bls_pop).map_err(|e| bad(&format!("node[{i}].bls_pop"), e))?;
+            public.insert(node.id, (BlsPublicKey(pk), BlsSignature(pop)));
+        }
+        for want in self.node_ids() {
+            if !public.contains_key(&want) {
+                return Err(bad("node", format!("no public key for node {want}, which the cluster file lists")));
+            }
+        }
+        let mut mac_keys = BTreeMap::new();
+        for (peer, key) in &keys.mac_keys {
+            let field = format!("mac_keys.{peer}");
+            let peer: NodeId = peer.parse().map_err(|_| bad(&field, "not a node id".into()))?;
+            mac_keys.insert(peer, MacKey::from_bytes(hex_array(key).map_err(|e| bad(&field, e))?));
+        }
+        let secret = hex_array(&keys.bls_secret).map_err(|e| bad("bls_secret", e))?;
+        let cfg = NodeConfig {
+            cluster: self.public_cluster(|id| public[&id]),
+            id,
+            mac_keys,
+            bls_secret: BlsSecretKey::from_key_material(self.crypto, &secret),
+        };
+        cfg.validate().map_err(|e| ConfigError::new(&path, None, e.0))?;
+        Ok(cfg)
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+struct PublicKeyToml {
+    id: NodeId,
+    bls_public_key: String,
+    bls_pop: String,
+}
+
+/// A node's secrets and everyone's public keys.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+struct KeyFile {
+    id: NodeId,
+    bls_secret: String,
+    mac_keys: BTreeMap<String, String>,
+    node: Vec<PublicKeyToml>,
+}
+
+impl KeyFile {
+    fn load(path: &Path) -> Result<Self, ConfigError> {
+        parse_toml(path, &read(path)?)
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn hex_array<const N: usize>(s: &str) -> Result<[u8; N], String> {
+    if s.len() != 2 * N {
+        return Err(format!("expected {} hex digits, got {}", 2 * N, s.len()));
+    }
+    let mut out = [0u8; N];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(s.get(2 * i..2 * i + 2).unwrap_or("zz"), 16)
+            .map_err(|_| format!("{s:?} is not hexadecimal"))?;
+    }
+    Ok(out)
+}
+
+/// What `phalanxd keygen` generates.
+#[derive(Clone, Debug)]
+pub struct KeygenOptions {
+    pub dir: PathBuf,
+    pub protocol: Protocol,
+    pub f: u32,
+    /// Replicas; 3f+1 when `None`.
+    pub replicas: Option<u32>,
+    pub clients: u32,
+    pub subscribers: u32,
+    pub crypto: CryptoMode,
+    pub host: String,
+    pub base_port: u16,
+    pub metrics_base_port: Option<u16>,
+    pub params: Params,
+    pub runtime: Runtime,
+    pub force: bool,
+}
+
+/// Writes `cluster.toml` and `keys/node-<id>.toml` into `dir`: ids are replicas first,
+/// then clients, then subscribers; replica i listens on `host:base_port+i`. Keys come
+/// from the operating system's randomness. Refuses to overwrite unless `force`.
+pub fn keygen(opts: &KeygenOptions) -> Result<PathBuf, ConfigError> {
+    let cluster_path = opts.dir.join("cluster.toml");
+    let io = |path: &Path, e: std::io::Error| ConfigError::new(path, None, e.to_string());
+    if cluster_path.exists() && !opts.force {
+        return Err(ConfigError::new(&cluster_path, None, "already exists (pass --force to overwrite)"));
+    }
+    let replicas = opts.replicas.unwrap_or(3 * opts.f + 1);
+    let spec = ClusterSpec {
+        f: opts.f,
+        brokers: replicas,
+        publishers: opts.clients,
+        subscribers: opts.subscribers,
+        topics: vec![0],
+        params: opts.params.clone(),
+        crypto: opts.crypto,
+        protocol: opts.protocol,
+    };
+    let mut seed = [0u8; 32];
+    getrandom::fill(&mut seed).map_err(|e| ConfigError::new(&cluster_path, None, format!("no randomness: {e}")))?;
+    let configs = generate_cluster(&spec, seed).map_err(|e| ConfigError::new(&cluster_path, None, e.0))?;
+    let keys_dir = opts.dir.join("keys");
+    fs::create_dir_all(&keys_dir).map_err(|e| io(&keys_dir, e))?;
+    let public: Vec<PublicKeyToml> = configs[0]
+        .cluster
+        .nodes
+        .iter()
+        .map(|n| PublicKeyToml { id: n.id, bls_public_key: hex(&n.bls_public_key.0), bls_pop: hex(&n.bls_pop.0) })
+        .collect();
+    for cfg in &configs {
+        let file = KeyFile {
+            id: cfg.id,
+            bls_secret: hex(cfg.bls_secret.key_material()),
+            mac_keys: cfg.mac_keys.iter().map(|(p, k)| (p.to_string(), hex(k.as_bytes()))).collect(),
+            node: public.clone(),
+        };
+        let path = keys_dir.join(format!("node-{}.toml", cfg.id));
+        let text = format!(
+            "# Phalanx node {}: secret keys. Keep this file private to the node.\n{}",
+            cfg.id,
+            toml::to_string(&file).expect("serialisable")
+        );
+        write_private(&path, &text).map_err(|e| io(&path, e))?;
+    }
+    let defaults = Params::default();
+    let mut params = ParamsToml::default();
+    macro_rules! changed {
+        ($($field:ident),*) => { $(if opts.params.$field != defaults.$field { params.$field = Some(opts.params.$field); })* };
+    }
+    changed!(batch_max_count, batch_max_bytes, batch_timeout_ns, checkpoint_interval, pipeline, request_timeout_ns);
+    changed!(client_queue, client_retry_ns, max_message_bytes);
+    let toml = ClusterToml {
+        protocol: protocol_name(opts.protocol).into(),
+        f: opts.f,
+        crypto: crypto_name(opts.crypto).into(),
+        keys: "keys".into(),
+        params,
+        runtime: opts.runtime.clone(),
+        replica: (0..replicas)
+            .map(|i| ReplicaToml {
+                id: i,
+                address: format!("{}:{}", opts.host, opts.base_port as u32 + i),
+                metrics: opts.metrics_base_port.map(|p| format!("{}:{}", opts.host, p as u32 + i)),
+                data_dir: Some(format!("data/replica-{i}")),
+            })
+            .collect(),
+        client: (replicas..replicas + opts.clients).map(|id| ClientToml { id }).collect(),
+        subscriber: (replicas + opts.clients..replicas + opts.clients + opts.subscribers)
+            .map(|id| SubscriberToml { id, topics: vec![0] })
+            .collect(),
+    };
+    let text = format!(
+        "# Phalanx cluster configuration, written by `phalanxd keygen`.\n{}",
+        toml::to_string(&toml).expect("serialisable")
+    );
+    fs::write(&cluster_path, text).map_err(|e| io(&cluster_path, e))?;
+    Ok(cluster_path)
+}
+
+fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    #[cfg(unix)]
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut options = fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    options.mode(0o600);
+    options.open(path)?.write_all(text.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp_dir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("phalanx-config-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        dir
+    }
+
+    fn options(dir: &Path) -> KeygenOptions {
+        KeygenOptions {
+            dir: dir.to_path_buf(),
+            protocol: Protocol::Pbft,
+            f: 1,
+            replicas: None,
+            clients: 2,
+            subscribers: 0,
+            crypto: CryptoMode::InsecureTest,
+            host: "127.0.0.1".into(),
+            base_port: 7100,
+            metrics_base_port: Some(9100),
+            params: Params { batch_max_count: 64, ..Params::default() },
+            runtime: Runtime::default(),
+            force: false,
+        }
+    }
+
+    #[test]
+    fn keygen_writes_files_that_load_for_every_node() {
+        let dir = temp_dir("roundtrip");
+        let path = keygen(&options(&dir)).unwrap();
+        let file = ClusterFile::load(&path).unwrap();
+        assert_eq!(file.replicas.len(), 4);
+        assert_eq!(file.clients, vec![4, 5]);
+        assert_eq!(file.params.batch_max_count, 64);
+        assert_eq!(file.replicas[2].address, "127.0.0.1:7102".parse().unwrap());
+        for id in file.node_ids() {
+            let cfg = file.node_config(id).unwrap();
+            assert_eq!(cfg.id, id);
+        }
+        let again = keygen(&options(&dir)).unwrap_err();
+        assert!(again.to_string().contains("--force"), "{again}");
+        keygen(&KeygenOptions { force: true, ..options(&dir) }).unwrap();
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn errors_name_the_file_and_field() {
+        let dir = temp_dir("errors");
+        let path = keygen(&options(&dir)).unwrap();
+        let good = fs::read_to_string(&path).unwrap();
+        let check = |text: String, wants: &[&str]| {
+            fs::write(&path, text).unwrap();
+            let e = ClusterFile::load(&path).unwrap_err().to_string();
+            assert!(e.contains("cluster.toml"), "{e}");
+            for w in wants {
+                assert!(e.contains(w), "{e} lacks {w}");
+            }
+        };
+        check(good.replace("127.0.0.1:7101", "nowhere"), &["replica[1].address", "not a socket address"]);
+        check(good.replace("protocol = \"pbft\"", "protocol = \"raft\""), &["protocol", "raft"]);
+        check(good.replace("f = 1", "f = 2"), &["n >= 3f+1"]);
+        check(good.replace("batch_max_count = 64", "batch_size = 64"), &["unknown field", "batch_size"]);
+        check(good.replace("f = 1", "f = \"one\""), &["line 3", "f = \"one\"", "expected u32"]);
+        fs::write(&path, good).unwrap();
+
+        let file = ClusterFile::load(&path).unwrap();
+        let key = file.key_file(1);
+        let text = fs::read_to_string(&key).unwrap();
+        let secret = text.lines().find(|l| l.starts_with("bls_secret")).unwrap().to_string();
+        fs::write(&key, text.replace(&secret, "bls_secret = \"abc\"")).unwrap();
+        let e = file.node_config(1).unwrap_err().to_string();
+        assert!(e.contains("node-1.toml") && e.contains("bls_secret") && e.contains("hex digits"), "{e}");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}

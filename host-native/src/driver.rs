@@ -1,0 +1,325 @@
+//! The protocol thread: owns one core [`Node`] and gives it a world — frames from the
+//! network thread, requests from the local application, a monotonic clock, durable
+//! storage and, on a PBFT replica, the key-value application it orders operations for.
+//!
+//! Each round takes every event waiting (up to [`ROUND_EVENTS`]), feeds them to the core,
+//! and then settles: frames go to the network thread in one batch, records the core
+//! asked to persist are synced with one `fdatasync` (group commit), and only then is
+//! `Persisted` fed back — which is what releases the votes that depended on them.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fs::File;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::time::{Duration, Instant};
+
+use phalanx_core::sim::kv::Kv;
+use phalanx_core::trace::TraceWriter;
+use phalanx_core::{Delivery, HandleError, Input, Nanos, Node, NodeId, Output, Request};
+
+use crate::metrics::Metrics;
+use crate::net::Outbox;
+use crate::storage::{StorageError, Wal};
+
+/// Most events taken in one round before outputs are settled.
+pub const ROUND_EVENTS: usize = 4096;
+
+/// What reaches the protocol thread.
+#[derive(Debug)]
+pub enum Event {
+    Message { from: NodeId, bytes: Vec<u8> },
+    Request(Request),
+    Stop,
+}
+
+/// What the protocol thread tells the local application (clients, subscribers).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AppEvent {
+    /// A `Submit` was accepted and numbered `request`.
+    Submitted {
+        request: u64,
+    },
+    /// A request was refused (`Backpressure`: retry after a completion).
+    Refused(HandleError),
+    Completed {
+        request: u64,
+        result: Vec<u8>,
+    },
+    Delivered(Delivery),
+}
+
+/// Records every input of the node to a trace file, appended after each round.
+pub struct TraceSink {
+    pub writer: TraceWriter,
+    pub file: File,
+    pub path: PathBuf,
+}
+
+pub struct Driver {
+    node: Node,
+    start: Instant,
+    wal: Option<Wal>,
+    /// The PBFT replica's application.
+    app: Option<Kv>,
+    checkpoint_interval: u64,
+    trace: Option<TraceSink>,
+    outbox: Arc<Outbox>,
+    metrics: Arc<Metrics>,
+    app_events: Option<Sender<AppEvent>>,
+    sends: Vec<(NodeId, Vec<u8>)>,
+    tokens: Vec<u64>,
+    followups: VecDeque<Input>,
+    submitted: u64,
+    /// A storage failure met while handling outputs, reported at the end of the round.
+    failed: Option<StorageError>,
+    /// The log position of each record persisted in this run, by token, for compaction.
+    positions: BTreeMap<u64, u64>,
+}
+
+/// Why the protocol thread stopped.
+#[derive(Debug)]
+pub enum DriverError {
+    Storage(StorageError),
+    Trace(std::io::Error),
+    /// The core refused a record it persisted itself: the storage holds something else.
+    Recover(HandleError),
+}
+
+impl std::fmt::Display for DriverError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DriverError::Storage(e) => write!(f, "storage: {e}"),
+            DriverError::Trace(e) => write!(f, "writing the trace: {e}"),
+            DriverError::Recover(e) => write!(f, "recovering from storage: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for DriverError {}
+
+impl From<StorageError> for DriverError {
+    fn from(e: StorageError) -> Self {
+        DriverError::Storage(e)
+    }
+}
+
+pub struct DriverParts {
+    pub node: Node,
+    pub wal: Option<Wal>,
+    pub app: Option<Kv>,
+    pub trace: Option<TraceSink>,
+    pub outbox: Arc<Outbox>,
+    pub metrics: Arc<Metrics>,
+    pub app_events: Option<Sender<AppEvent>>,
+}
+
+impl Driver {
+    pub fn new(parts: DriverParts) -> Self {
+        let checkpoint_interval = parts.node.config().cluster.params.checkpoint_interval as u64;
+        Driver {
+            node: parts.node,
+            start: Instant::now(),
+            wal: parts.wal,
+            app: parts.app,
+            checkpoint_interval,
+            trace: parts.trace,
+            outbox: parts.outbox,
+            metrics: parts.metrics,
+            app_events: parts.app_events,
+            sends: Vec::new(),
+            tokens: Vec::new(),
+            followups: VecDeque::new(),
+            submitted: 0,
+            failed: None,
+            positions: BTreeMap::new(),
+        }
+    }
+
+    fn now(&self) -> Nanos {
+        self.start.elapsed().as_nanos() as Nanos
+    }
+
+    /// Feeds back what storage kept, then serves events until `Stop` or every sender is gone.
+    pub fn run(mut self, recovered: Vec<Vec<u8>>, inbox: Receiver<Event>) -> Result<(), DriverError> {
+        for record in recovered {
+            if let Err(e) = self.input(Input::Recover { record }) {
+                return Err(DriverError::Recover(e));
+            }
+        }
+        self.settle()?;
+        loop {
+            let wait = match self.node.poll_timeout() {
+                Some(at) => Duration::from_nanos(at.saturating_sub(self.now())),
+                None => Duration::from_secs(1),
+            };
+            let first = match inbox.recv_timeout(wait) {
+                Ok(ev) => Some(ev),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => return Ok(()),
+            };
+            let mut stop = false;
+            for ev in first.into_iter().chain(std::iter::from_fn(|| inbox.try_recv().ok()).take(ROUND_EVENTS)) {
+                match ev {
+                    Event::Message { from, bytes } => {
+                        let _ = self.input(Input::Message { from, bytes });
+                    }
+                    Event::Request(request) => {
+                        let accepted = self.input(Input::Request(request.clone()));
+                        self.answer_request(&request, accepted);
+                    }
+                    Event::Stop => stop = true,
+                }
+            }
+            if self.node.poll_timeout().is_some_and(|at| at <= self.now()) {
+                let _ = self.input(Input::Timeout);
+            }
+            self.settle()?;
+            self.export_gauges();
+            if stop {
+                return Ok(());
+            }
+        }
+    }
+
+    fn answer_request(&mut self, request: &Request, accepted: Result<(), HandleError>) {
+        let event = match (request, accepted) {
+            (Request::Submit { .. }, Ok(())) => {
+                // The core numbers a client's accepted requests 1, 2, 3, …
+                self.submitted += 1;
+                AppEvent::Submitted { request: self.submitted }
+            }
+            (_, Ok(())) => return,
+            (_, Err(e)) => AppEvent::Refused(e),
+        };
+        self.tell_app(event);
+    }
+
+    fn tell_app(&mut self, event: AppEvent) {
+        if let Some(tx) = &self.app_events
+            && tx.send(event).is_err()
+        {
+            // The application went away; nobody is listening any more.
+            self.app_events = None;
+        }
+    }
+
+    /// One `handle` call and its outputs (recorded when tracing).
+    fn input(&mut self, input: Input) -> Result<(), HandleError> {
+        let now = self.now();
+        match self.trace.as_mut() {
+            None => {
+                let result = self.node.handle(now, input);
+                while let Some(out) = self.node.poll() {
+                    self.output(out);
+                }
+                result
+            }
+            Some(_) => {
+                let result = self.node.handle(now, input.clone());
+                let outputs: Vec<Output> = std::iter::from_fn(|| self.node.poll()).collect();
+                let next = self.node.poll_timeout();
+                let sink = self.trace.as_mut().expect("tracing");
+                sink.writer.record(now, &input, &result, &outputs, next);
+                for out in outputs {
+                    self.output(out);
+                }
+                result
+            }
+        }
+    }
+
+    fn output(&mut self, out: Output) {
+        match out {
+            Output::Send { to, bytes } => self.sends.push((to, bytes)),
+            Output::Persist { token, record } => match self.wal.as_mut() {
+                Some(wal) => match wal.append(&record) {
+                    Ok(()) => {
+                        self.positions.insert(token, wal.records() - 1);
+                        self.tokens.push(token);
+                    }
+                    // Never acknowledged; the replica stops rather than run without storage.
+                    Err(e) => {
+                        self.failed.get_or_insert(e);
+                    }
+                },
+                None => self.followups.push_back(Input::Persisted { token }),
+            },
+            Output::Compact { token } => {
+                let (Some(wal), Some(&position)) = (self.wal.as_mut(), self.positions.get(&token)) else { return };
+                self.positions = self.positions.split_off(&token);
+                match wal.compact_before(position) {
+                    // Positions count from the start of the file, which just moved.
+                    Ok(()) => self.positions.values_mut().for_each(|p| *p -= position),
+                    Err(e) => {
+                        self.failed.get_or_insert(e);
+                    }
+                }
+            }
+            Output::Fault { node, kind } => {
+                self.metrics.fault(kind);
+                tracing::debug!("fault: node {node}: {}", kind.name());
+            }
+            Output::Execute { seq, ops } => {
+                let Some(app) = self.app.as_mut() else {
+                    return tracing::error!("batch {seq} to execute, but this node has no application");
+                };
+                let started = Instant::now();
+                let results = ops.iter().map(|o| app.execute(&o.op)).collect();
+                let snapshot = seq.is_multiple_of(self.checkpoint_interval).then(|| app.snapshot());
+                self.metrics.execution_time(started.elapsed(), ops.len());
+                self.metrics.batch_size(ops.len());
+                self.followups.push_back(Input::Executed { seq, results, snapshot });
+            }
+            Output::Restore { seq, snapshot } => match Kv::restore(&snapshot) {
+                Ok(app) => {
+                    tracing::info!("state transfer: restored the application at batch {seq} ({} keys)", app.len());
+                    self.app = Some(app);
+                }
+                // 2f+1 replicas certified this state, so ours must be the faulty side.
+                Err(e) => tracing::error!("a certified snapshot at batch {seq} does not decode: {e}"),
+            },
+            Output::Completed { request, result } => {
+                self.metrics.completed(1);
+                self.tell_app(AppEvent::Completed { request, result });
+            }
+            Output::Deliver(d) => {
+                self.metrics.completed(1);
+                self.tell_app(AppEvent::Delivered(d));
+            }
+        }
+    }
+
+    /// Runs follow-up inputs, sends what may go, syncs storage and acknowledges it, until
+    /// nothing is left.
+    fn settle(&mut self) -> Result<(), DriverError> {
+        loop {
+            while let Some(input) = self.followups.pop_front() {
+                if let Err(e) = self.input(input) {
+                    tracing::error!("the core refused a host input: {e}");
+                }
+            }
+            if let Some(e) = self.failed.take() {
+                return Err(e.into());
+            }
+            self.outbox.send(&mut self.sends);
+            if self.tokens.is_empty() {
+                break;
+            }
+            let wal = self.wal.as_mut().expect("tokens wait only with storage");
+            let started = Instant::now();
+            wal.sync()?;
+            self.metrics.persist_latency(started.elapsed());
+            self.followups.extend(self.tokens.drain(..).map(|token| Input::Persisted { token }));
+        }
+        if let Some(sink) = self.trace.as_mut() {
+            sink.file.write_all(&sink.writer.drain()).map_err(DriverError::Trace)?;
+        }
+        Ok(())
+    }
+
+    fn export_gauges(&self) {
+        self.metrics.set_core(&self.node.status(), self.node.stats());
+    }
+}

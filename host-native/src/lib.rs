@@ -1,0 +1,20 @@
+//! # phalanx-host
+//!
+//! The native host of the Phalanx core and the library behind `phalanxd`: TOML
+//! configuration and key generation ([`config`]), a mio network thread with
+//! length-delimited TCP frames ([`net`]), a protocol thread that owns the core node
+//! ([`driver`]), a checksummed write-ahead log ([`storage`]), Prometheus metrics
+//! ([`metrics`]), node start-up and thread pinning ([`runtime`]), a cluster client
+//! ([`client`]), local clusters of real processes ([`local_cluster`]), and the `bench`
+//! and `demo` commands.
+
+pub mod bench;
+pub mod client;
+pub mod config;
+pub mod demo;
+pub mod driver;
+pub mod local_cluster;
+pub mod metrics;
+pub mod net;
+pub mod runtime;
+pub mod storage;

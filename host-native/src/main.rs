@@ -1,0 +1,320 @@
+//! `phalanxd`: the Phalanx replica daemon and its tools.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use phalanx_core::crypto::CryptoMode;
+use phalanx_core::sim::kv::{self, Reply};
+use phalanx_core::trace::{Trace, dump, replay};
+use phalanx_core::{Algorithm, NodeId, Params, Protocol};
+use phalanx_host::client::ClusterClient;
+use phalanx_host::config::{ClusterFile, KeygenOptions, Runtime, keygen};
+use phalanx_host::runtime::{self, StartOptions};
+use phalanx_host::{bench, demo};
+
+#[derive(Parser)]
+#[command(name = "phalanxd", version, about = "Phalanx replica daemon: PBFT key-value store or BFT publish/subscribe")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Write a cluster configuration and one key file per node.
+    Keygen(KeygenArgs),
+    /// Run one replica.
+    Run(RunArgs),
+    /// Talk to a running cluster: key-value operations (pbft) or publish/subscribe.
+    Client(ClientArgs),
+    /// Start a local cluster of real processes and measure throughput and latency.
+    Bench(bench::BenchArgs),
+    /// The main job: a local 4-replica cluster, a key-value workload, a replica killed
+    /// and restarted in the middle.
+    Demo(demo::DemoArgs),
+    /// Inspect or replay a trace recorded with `run --record-trace`.
+    Trace {
+        #[command(subcommand)]
+        command: TraceCommand,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ProtocolArg {
+    Pbft,
+    Pubsub,
+}
+
+#[derive(Args)]
+struct KeygenArgs {
+    /// Directory for cluster.toml and keys/.
+    #[arg(long, default_value = "cluster")]
+    dir: PathBuf,
+    #[arg(long, value_enum, default_value = "pbft")]
+    protocol: ProtocolArg,
+    /// Faults tolerated.
+    #[arg(long, default_value_t = 1)]
+    f: u32,
+    /// Replicas (default 3f+1).
+    #[arg(long)]
+    replicas: Option<u32>,
+    /// Client identities (pbft clients or pub/sub publishers).
+    #[arg(long, default_value_t = 4)]
+    clients: u32,
+    /// Subscriber identities (pubsub only).
+    #[arg(long, default_value_t = 0)]
+    subscribers: u32,
+    /// Replica listen host.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Replica i listens on base-port + i.
+    #[arg(long, default_value_t = 7100)]
+    base_port: u16,
+    /// Replica i serves metrics on metrics-base-port + i (0: no metrics).
+    #[arg(long, default_value_t = 9100)]
+    metrics_base_port: u16,
+    /// Insecure test cryptography (fast, no real signatures): for tests only.
+    #[arg(long)]
+    insecure_test_crypto: bool,
+    /// Overwrite an existing configuration.
+    #[arg(long)]
+    force: bool,
+}
+
+#[derive(Args)]
+struct RunArgs {
+    #[arg(long)]
+    config: PathBuf,
+    #[arg(long)]
+    id: NodeId,
+    /// Record every input of the node to a trace file in this directory.
+    #[arg(long)]
+    record_trace: Option<PathBuf>,
+    /// Truncate a corrupted log at its first bad record instead of refusing to start.
+    #[arg(long)]
+    repair: bool,
+}
+
+#[derive(Args)]
+struct ClientArgs {
+    #[arg(long)]
+    config: PathBuf,
+    /// Client id (default: the first client of the cluster file).
+    #[arg(long)]
+    id: Option<NodeId>,
+    /// Seconds to wait for f+1 matching replies.
+    #[arg(long, default_value_t = 10.0)]
+    timeout: f64,
+    #[command(subcommand)]
+    op: ClientOp,
+}
+
+#[derive(Subcommand)]
+enum ClientOp {
+    Put {
+        key: String,
+        value: String,
+    },
+    Get {
+        key: String,
+    },
+    Delete {
+        key: String,
+    },
+    /// Compare and swap: write NEW only if the current value is EXPECTED (absent: omit --expected).
+    Cas {
+        key: String,
+        #[arg(long)]
+        expected: Option<String>,
+        new: String,
+    },
+    /// Publish a message (pubsub).
+    Publish {
+        #[arg(long, default_value_t = 0)]
+        topic: u64,
+        #[arg(long, value_enum, default_value = "bracha")]
+        algorithm: AlgorithmArg,
+        message: String,
+    },
+    /// Print deliveries (pubsub subscribers).
+    Subscribe {
+        /// Stop after this many deliveries.
+        #[arg(long)]
+        count: Option<u64>,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum AlgorithmArg {
+    Ab,
+    Bracha,
+    Chain,
+}
+
+#[derive(Subcommand)]
+enum TraceCommand {
+    /// Print a trace's records.
+    Show { file: PathBuf },
+    /// Replay traces through the core and compare every output, byte for byte.
+    Replay { files: Vec<PathBuf> },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // A replica logs what it does; the tools keep their output to the point.
+    let default_filter = if matches!(cli.command, Command::Run(_)) { "info" } else { "warn" };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("PHALANX_LOG").unwrap_or_else(|_| default_filter.into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let result = match cli.command {
+        Command::Keygen(a) => keygen_cmd(a),
+        Command::Run(a) => run_cmd(a),
+        Command::Client(a) => client_cmd(a),
+        Command::Bench(a) => bench::run(a),
+        Command::Demo(a) => demo::run(a),
+        Command::Trace { command } => trace_cmd(command),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("phalanxd: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn keygen_cmd(a: KeygenArgs) -> Result<(), String> {
+    let protocol = match a.protocol {
+        ProtocolArg::Pbft => Protocol::Pbft,
+        ProtocolArg::Pubsub => Protocol::PubSub,
+    };
+    let loopback = a.host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback()) || a.host == "localhost";
+    let opts = KeygenOptions {
+        dir: a.dir,
+        protocol,
+        f: a.f,
+        replicas: a.replicas,
+        clients: a.clients,
+        subscribers: a.subscribers,
+        crypto: if a.insecure_test_crypto { CryptoMode::InsecureTest } else { CryptoMode::Real },
+        host: a.host,
+        base_port: a.base_port,
+        metrics_base_port: (a.metrics_base_port != 0).then_some(a.metrics_base_port),
+        params: Params::default(),
+        // Replicas that share one machine would stack on the same pinned cores.
+        runtime: Runtime { pin_threads: !loopback, ..Runtime::default() },
+        force: a.force,
+    };
+    let path = keygen(&opts).map_err(|e| e.to_string())?;
+    println!("wrote {} and its key files", path.display());
+    Ok(())
+}
+
+fn load(path: &std::path::Path) -> Result<ClusterFile, String> {
+    ClusterFile::load(path).map_err(|e| e.to_string())
+}
+
+fn run_cmd(a: RunArgs) -> Result<(), String> {
+    let cluster = load(&a.config)?;
+    if cluster.replica(a.id).is_none() {
+        return Err(format!("{}: node {} is not a replica of this cluster", a.config.display(), a.id));
+    }
+    let opts = StartOptions { record_trace: a.record_trace, repair: a.repair, data_dir: None };
+    let node = runtime::start(&cluster, a.id, &opts).map_err(|e| e.to_string())?;
+    tracing::info!(
+        "replica {} serving {} on {:?}, metrics on {:?}",
+        a.id,
+        if cluster.protocol == Protocol::Pbft { "pbft (key-value store)" } else { "pubsub" },
+        node.listen,
+        node.metrics_addr
+    );
+    node.wait()
+}
+
+fn show_reply(result: &[u8]) -> String {
+    let text = |v: &Option<Vec<u8>>| match v {
+        Some(v) => format!("{:?}", String::from_utf8_lossy(v)),
+        None => "(absent)".into(),
+    };
+    match Reply::decode(result) {
+        Ok(Reply::Value(v)) => text(&v),
+        Ok(Reply::Cas { swapped: true, before }) => format!("swapped (was {})", text(&before)),
+        Ok(Reply::Cas { swapped: false, before }) => format!("not swapped (current {})", text(&before)),
+        Ok(Reply::Invalid(why)) => format!("invalid operation: {why}"),
+        Err(e) => format!("undecodable reply ({e}): {result:?}"),
+    }
+}
+
+fn client_cmd(a: ClientArgs) -> Result<(), String> {
+    let cluster = load(&a.config)?;
+    let subscribing = matches!(a.op, ClientOp::Subscribe { .. });
+    let id = match a.id {
+        Some(id) => id,
+        None if subscribing => {
+            cluster.subscribers.first().map(|s| s.0).ok_or("the cluster file lists no subscriber")?
+        }
+        None => *cluster.clients.first().ok_or("the cluster file lists no client")?,
+    };
+    let timeout = Duration::from_secs_f64(a.timeout);
+    let mut client = ClusterClient::start(&cluster, id, None).map_err(|e| e.to_string())?;
+    let op = match a.op {
+        ClientOp::Put { key, value } => kv::put(key.as_bytes(), value.as_bytes()),
+        ClientOp::Get { key } => kv::get(key.as_bytes()),
+        ClientOp::Delete { key } => kv::delete(key.as_bytes()),
+        ClientOp::Cas { key, expected, new } => {
+            kv::cas(key.as_bytes(), expected.as_deref().map(str::as_bytes), new.as_bytes())
+        }
+        ClientOp::Publish { topic, algorithm, message } => {
+            let algorithm = match algorithm {
+                AlgorithmArg::Ab => Algorithm::Ab,
+                AlgorithmArg::Bracha => Algorithm::Bracha,
+                AlgorithmArg::Chain => Algorithm::Chain,
+            };
+            client.publish(topic, message.into_bytes(), algorithm).map_err(|e| e.to_string())?;
+            // Give the broadcast time to leave before the process exits.
+            std::thread::sleep(Duration::from_millis(500));
+            return client.stop();
+        }
+        ClientOp::Subscribe { count } => {
+            let mut seen = 0;
+            while count.is_none_or(|c| seen < c) {
+                let d = client.next_delivery(Duration::from_secs(3600)).map_err(|e| e.to_string())?;
+                println!(
+                    "publisher {} topic {} #{}: {:?}",
+                    d.publisher,
+                    d.topic,
+                    d.seq,
+                    String::from_utf8_lossy(&d.payload)
+                );
+                seen += 1;
+            }
+            return client.stop();
+        }
+    };
+    let result = client.execute(op, timeout).map_err(|e| e.to_string());
+    let stopped = client.stop();
+    println!("{}", show_reply(&result?));
+    stopped
+}
+
+fn trace_cmd(command: TraceCommand) -> Result<(), String> {
+    let read = |path: &PathBuf| -> Result<Trace, String> {
+        let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        Trace::parse(&bytes).map_err(|e| format!("{}: {e}", path.display()))
+    };
+    match command {
+        TraceCommand::Show { file } => print!("{}", dump(&read(&file)?)),
+        TraceCommand::Replay { files } => {
+            for file in files {
+                let summary = replay(&read(&file)?).map_err(|e| format!("{}: {e}", file.display()))?;
+                println!("{}: {summary}", file.display());
+            }
+        }
+    }
+    Ok(())
+}

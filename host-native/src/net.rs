@@ -1,0 +1,529 @@
+//! The network thread: a mio event loop that carries the core's frames over TCP.
+//!
+//! Every node dials every replica (so each pair of replicas has two connections, one per
+//! direction of sending) and replicas accept connections. A connection opens with a
+//! hello, `PHX1` and the dialer's node id (u32 LE); after it, each frame is a u32 LE
+//! length and that many bytes. The hello is not trusted: every frame carries the core's
+//! MACs, and the core drops and reports a frame whose MAC does not match the claimed
+//! sender. A node sends to a replica on the connection it dialed, and to anyone else
+//! (clients) on every connection that said hello with that id, so a stranger claiming a
+//! client's id cannot cut the client off.
+//!
+//! Bounds: a frame longer than `max_frame` closes the connection (the stream cannot be
+//! trusted past a lying length); each peer's send queue holds at most
+//! `send_queue_bytes`, beyond which frames are dropped and counted (the protocols
+//! retransmit); at most [`MAX_CONNECTIONS`] connections, [`MAX_PER_ID`] per claimed id.
+//! Frames leave in coalesced `writev` calls of up to [`WRITEV_FRAMES`] frames.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::io::{self, IoSlice, Read, Write};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use mio::net::{TcpListener, TcpStream};
+use mio::{Events, Interest, Poll, Token, Waker};
+use phalanx_core::NodeId;
+
+use crate::metrics::{DropReason, Metrics};
+
+pub const HELLO_MAGIC: [u8; 4] = *b"PHX1";
+pub const MAX_CONNECTIONS: usize = 1024;
+pub const MAX_PER_ID: usize = 4;
+const WRITEV_FRAMES: usize = 64;
+const READ_CHUNK: usize = 64 << 10;
+const LISTENER: Token = Token(0);
+const WAKER: Token = Token(1);
+const FIRST_CONN: usize = 2;
+
+/// Where and to whom this node connects.
+#[derive(Clone, Debug)]
+pub struct NetConfig {
+    pub me: NodeId,
+    /// Replicas listen; clients do not.
+    pub listen: Option<SocketAddr>,
+    /// The replicas this node dials (every replica but itself).
+    pub dial: Vec<(NodeId, SocketAddr)>,
+    /// Every node id of the cluster: a hello with any other id is refused.
+    pub known: BTreeSet<NodeId>,
+    pub max_frame: usize,
+    pub send_queue_bytes: usize,
+    pub reconnect_min: Duration,
+    pub reconnect_max: Duration,
+}
+
+/// Frames from the protocol thread to the network thread.
+pub struct Outbox {
+    frames: Mutex<Vec<(NodeId, Vec<u8>)>>,
+    waker: Waker,
+    stop: AtomicBool,
+}
+
+impl Outbox {
+    /// Queues frames for sending and wakes the network thread.
+    pub fn send(&self, frames: &mut Vec<(NodeId, Vec<u8>)>) {
+        if frames.is_empty() {
+            return;
+        }
+        self.frames.lock().expect("outbox lock").append(frames);
+        // A failed wake means the loop is gone; the frames die with it.
+        let _ = self.waker.wake();
+    }
+
+    /// Asks the network thread to close everything and return.
+    pub fn shutdown(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = self.waker.wake();
+    }
+}
+
+/// A frame queue with a byte bound; `offset` bytes of the front frame are already written.
+#[derive(Default)]
+struct SendQueue {
+    frames: VecDeque<Vec<u8>>,
+    bytes: usize,
+    offset: usize,
+}
+
+impl SendQueue {
+    fn push(&mut self, frame: Vec<u8>, cap: usize, metrics: &Metrics) {
+        if self.bytes + frame.len() > cap {
+            return metrics.dropped(DropReason::SendQueueFull);
+        }
+        self.bytes += frame.len();
+        self.frames.push_back(frame);
+    }
+
+    /// Writes as much as the socket takes; `Ok(true)` when the queue emptied.
+    fn flush(&mut self, stream: &mut TcpStream, peer: Option<NodeId>, metrics: &Metrics) -> io::Result<bool> {
+        while !self.frames.is_empty() {
+            let slices: Vec<IoSlice> = self
+                .frames
+                .iter()
+                .take(WRITEV_FRAMES)
+                .enumerate()
+                .map(|(i, f)| IoSlice::new(if i == 0 { &f[self.offset..] } else { f }))
+                .collect();
+            let mut written = match stream.write_vectored(&slices) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            while written > 0 {
+                let front = self.frames.front().expect("written bytes belong to queued frames");
+                let left = front.len() - self.offset;
+                if written >= left {
+                    written -= left;
+                    self.bytes -= front.len();
+                    // Counted per whole frame sent (the hello included).
+                    if let Some(p) = peer {
+                        metrics.bytes_out(p, front.len() as u64);
+                    }
+                    self.frames.pop_front();
+                    self.offset = 0;
+                } else {
+                    self.offset += written;
+                    written = 0;
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    /// What a dropped connection leaves to resend: whole frames, the partial one again.
+    fn take(&mut self) -> SendQueue {
+        self.offset = 0;
+        std::mem::take(self)
+    }
+}
+
+struct Conn {
+    stream: TcpStream,
+    /// The id its hello claimed (or the replica we dialed).
+    peer: Option<NodeId>,
+    /// Set on connections this node dialed: until the connect completes, nothing is sent.
+    dialed: Option<NodeId>,
+    connected: bool,
+    rbuf: Vec<u8>,
+    rstart: usize,
+    queue: SendQueue,
+}
+
+/// A replica this node dials: its address, reconnect schedule and frames waiting for a
+/// connection.
+struct Dialer {
+    addr: SocketAddr,
+    conn: Option<usize>,
+    next_attempt: Instant,
+    backoff: Duration,
+    pending: SendQueue,
+}
+
+fn frame(bytes: &[u8]) -> Vec<u8> {
+    let mut f = Vec::with_capacity(4 + bytes.len());
+    f.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+    f.extend_from_slice(bytes);
+    f
+}
+
+fn hello(me: NodeId) -> Vec<u8> {
+    let mut h = HELLO_MAGIC.to_vec();
+    h.extend_from_slice(&me.to_le_bytes());
+    h
+}
+
+/// The event loop. `deliver(from, bytes)` hands a received frame to the protocol thread
+/// (blocking when it is behind, which pushes back on the senders through TCP); it
+/// returns false when the protocol thread is gone.
+pub struct Network<D: FnMut(NodeId, Vec<u8>) -> bool> {
+    cfg: NetConfig,
+    poll: Poll,
+    outbox: Arc<Outbox>,
+    listener: Option<TcpListener>,
+    conns: BTreeMap<usize, Conn>,
+    next_token: usize,
+    dialers: BTreeMap<NodeId, Dialer>,
+    /// Connections that said hello with an id, oldest first (clients reached this way).
+    by_id: BTreeMap<NodeId, Vec<usize>>,
+    metrics: Arc<Metrics>,
+    deliver: D,
+}
+
+impl<D: FnMut(NodeId, Vec<u8>) -> bool> Network<D> {
+    /// Binds the listener (so a bad address fails here, in the caller's thread).
+    pub fn new(cfg: NetConfig, metrics: Arc<Metrics>, deliver: D) -> io::Result<(Self, Arc<Outbox>)> {
+        let poll = Poll::new()?;
+        let waker = Waker::new(poll.registry(), WAKER)?;
+        let outbox = Arc::new(Outbox { frames: Mutex::new(Vec::new()), waker, stop: AtomicBool::new(false) });
+        let mut listener = match cfg.listen {
+            Some(addr) => Some(TcpListener::bind(addr)?),
+            None => None,
+        };
+        if let Some(l) = listener.as_mut() {
+            poll.registry().register(l, LISTENER, Interest::READABLE)?;
+        }
+        let now = Instant::now();
+        let dialers = cfg
+            .dial
+            .iter()
+            .map(|&(id, addr)| {
+                let d = Dialer {
+                    addr,
+                    conn: None,
+                    next_attempt: now,
+                    backoff: cfg.reconnect_min,
+                    pending: SendQueue::default(),
+                };
+                (id, d)
+            })
+            .collect();
+        let net = Network {
+            cfg,
+            poll,
+            outbox: outbox.clone(),
+            listener,
+            conns: BTreeMap::new(),
+            next_token: FIRST_CONN,
+            dialers,
+            by_id: BTreeMap::new(),
+            metrics,
+            deliver,
+        };
+        Ok((net, outbox))
+    }
+
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.listener.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
+    /// Runs until [`Outbox::shutdown`] or the protocol thread goes away.
+    pub fn run(mut self) -> io::Result<()> {
+        let mut events = Events::with_capacity(1024);
+        loop {
+            let now = Instant::now();
+            self.dial_due(now);
+            let timeout = self
+                .dialers
+                .values()
+                .filter(|d| d.conn.is_none())
+                .map(|d| d.next_attempt.saturating_duration_since(now))
+                .min();
+            if let Err(e) = self.poll.poll(&mut events, timeout) {
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            for event in events.iter() {
+                match event.token() {
+                    LISTENER => self.accept()?,
+                    WAKER => {
+                        if self.outbox.stop.load(Ordering::SeqCst) {
+                            return Ok(());
+                        }
+                        self.route_outbox();
+                    }
+                    Token(t) => {
+                        let mut alive = true;
+                        if event.is_writable() || event.is_error() {
+                            alive = self.on_writable(t);
+                        }
+                        if alive && (event.is_readable() || event.is_read_closed()) {
+                            alive = self.on_readable(t);
+                        }
+                        if !alive {
+                            self.close(t);
+                        }
+                    }
+                }
+            }
+            if self.stopped() {
+                return Ok(());
+            }
+        }
+    }
+
+    fn stopped(&self) -> bool {
+        self.outbox.stop.load(Ordering::SeqCst)
+    }
+
+    fn register(&mut self, mut stream: TcpStream, dialed: Option<NodeId>) -> io::Result<usize> {
+        let token = self.next_token;
+        self.next_token += 1;
+        self.poll.registry().register(&mut stream, Token(token), Interest::READABLE | Interest::WRITABLE)?;
+        let _ = stream.set_nodelay(true);
+        let conn = Conn {
+            stream,
+            peer: dialed,
+            dialed,
+            connected: dialed.is_none(),
+            rbuf: Vec::new(),
+            rstart: 0,
+            queue: SendQueue::default(),
+        };
+        self.conns.insert(token, conn);
+        self.metrics.connections(1);
+        Ok(token)
+    }
+
+    fn accept(&mut self) -> io::Result<()> {
+        loop {
+            let Some(listener) = self.listener.as_ref() else { return Ok(()) };
+            match listener.accept() {
+                Ok((stream, _)) => {
+                    if self.conns.len() >= MAX_CONNECTIONS {
+                        self.metrics.dropped(DropReason::BadHandshake);
+                        continue;
+                    }
+                    self.register(stream, None)?;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                // A connection that failed before we took it (reset, out of descriptors):
+                // nothing to do but go on serving.
+                Err(e) => {
+                    tracing::warn!("accept failed: {e}");
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    fn dial_due(&mut self, now: Instant) {
+        let due: Vec<NodeId> =
+            self.dialers.iter().filter(|(_, d)| d.conn.is_none() && d.next_attempt <= now).map(|(&id, _)| id).collect();
+        for id in due {
+            let d = self.dialers.get_mut(&id).expect("listed");
+            d.next_attempt = now + d.backoff;
+            d.backoff = (d.backoff * 2).min(self.cfg.reconnect_max);
+            let addr = d.addr;
+            match TcpStream::connect(addr).and_then(|s| self.register(s, Some(id))) {
+                Ok(token) => {
+                    let d = self.dialers.get_mut(&id).expect("listed");
+                    d.conn = Some(token);
+                    let conn = self.conns.get_mut(&token).expect("registered");
+                    conn.queue.frames.push_back(hello(self.cfg.me));
+                    conn.queue.bytes += 8;
+                }
+                Err(e) => tracing::debug!("connecting to replica {id} at {addr}: {e}"),
+            }
+        }
+    }
+
+    fn route_outbox(&mut self) {
+        let frames = std::mem::take(&mut *self.outbox.frames.lock().expect("outbox lock"));
+        let mut touched = BTreeSet::new();
+        for (to, bytes) in frames {
+            if bytes.len() > self.cfg.max_frame {
+                self.metrics.dropped(DropReason::Oversized);
+                continue;
+            }
+            let cap = self.cfg.send_queue_bytes;
+            if let Some(d) = self.dialers.get_mut(&to) {
+                match d.conn.and_then(|t| self.conns.get_mut(&t)) {
+                    Some(c) => {
+                        c.queue.push(frame(&bytes), cap, &self.metrics);
+                        touched.insert(d.conn.expect("connected"));
+                    }
+                    None => d.pending.push(frame(&bytes), cap, &self.metrics),
+                }
+            } else if let Some(tokens) = self.by_id.get(&to) {
+                let framed = frame(&bytes);
+                for t in tokens {
+                    if let Some(c) = self.conns.get_mut(t) {
+                        c.queue.push(framed.clone(), cap, &self.metrics);
+                        touched.insert(*t);
+                    }
+                }
+            } else {
+                // A client that is not connected: it retransmits, and gets the reply then.
+                self.metrics.dropped(DropReason::UnknownPeer);
+            }
+        }
+        for t in touched {
+            if !self.on_writable(t) {
+                self.close(t);
+            }
+        }
+    }
+
+    /// Completes a connect and writes what is queued; false if the connection is dead.
+    fn on_writable(&mut self, t: usize) -> bool {
+        let Some(c) = self.conns.get_mut(&t) else { return true };
+        if !c.connected {
+            match c.stream.take_error() {
+                Ok(None) => {}
+                Ok(Some(_)) | Err(_) => return false,
+            }
+            match c.stream.peer_addr() {
+                Ok(_) => c.connected = true,
+                Err(e) if e.kind() == io::ErrorKind::NotConnected => return true,
+                Err(_) => return false,
+            }
+            let id = c.dialed.expect("only dialed connections wait to connect");
+            let d = self.dialers.get_mut(&id).expect("dialed");
+            d.backoff = self.cfg.reconnect_min;
+            // Frames queued while disconnected follow the hello.
+            let pending = d.pending.take();
+            c.queue.bytes += pending.bytes;
+            c.queue.frames.extend(pending.frames);
+            tracing::info!("connected to replica {id}");
+        }
+        c.queue.flush(&mut c.stream, c.peer, &self.metrics).is_ok()
+    }
+
+    /// Reads what arrived and delivers whole frames; false if the connection is done.
+    fn on_readable(&mut self, t: usize) -> bool {
+        loop {
+            let Some(c) = self.conns.get_mut(&t) else { return false };
+            let len = c.rbuf.len();
+            c.rbuf.resize(len + READ_CHUNK, 0);
+            let read = c.stream.read(&mut c.rbuf[len..]);
+            c.rbuf.truncate(len + *read.as_ref().unwrap_or(&0));
+            match read {
+                Ok(0) => return false,
+                // Deliver as we go, so one busy peer cannot grow the buffer unbounded.
+                Ok(_) => {
+                    if !self.parse(t) {
+                        return false;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return false,
+            }
+        }
+    }
+
+    /// Takes the hello and whole frames off the read buffer; false closes the connection.
+    fn parse(&mut self, t: usize) -> bool {
+        let max = self.cfg.max_frame;
+        loop {
+            let c = self.conns.get_mut(&t).expect("parsing a live connection");
+            let buf = &c.rbuf[c.rstart..];
+            if c.peer.is_none() {
+                if buf.len() < 8 {
+                    break;
+                }
+                let id = NodeId::from_le_bytes(buf[4..8].try_into().expect("4 bytes"));
+                if buf[..4] != HELLO_MAGIC || !self.cfg.known.contains(&id) || id == self.cfg.me {
+                    let reason =
+                        if buf[..4] != HELLO_MAGIC { DropReason::BadHandshake } else { DropReason::UnknownPeer };
+                    self.metrics.dropped(reason);
+                    return false;
+                }
+                c.peer = Some(id);
+                c.rstart += 8;
+                let ids = self.by_id.entry(id).or_default();
+                ids.push(t);
+                // The newest connections claiming an id win; the oldest beyond the cap go.
+                if ids.len() > MAX_PER_ID {
+                    let oldest = ids.remove(0);
+                    self.close(oldest);
+                }
+                continue;
+            }
+            if buf.len() < 4 {
+                break;
+            }
+            let len = u32::from_le_bytes(buf[..4].try_into().expect("4 bytes")) as usize;
+            if len > max {
+                self.metrics.dropped(DropReason::Oversized);
+                return false;
+            }
+            if buf.len() < 4 + len {
+                break;
+            }
+            let bytes = buf[4..4 + len].to_vec();
+            let from = c.peer.expect("after the hello");
+            c.rstart += 4 + len;
+            self.metrics.bytes_in(Some(from), 4 + len as u64);
+            if !(self.deliver)(from, bytes) {
+                self.outbox.stop.store(true, Ordering::SeqCst);
+                return false;
+            }
+        }
+        let c = self.conns.get_mut(&t).expect("parsing a live connection");
+        if c.rstart > 0 && (c.rstart == c.rbuf.len() || c.rstart > READ_CHUNK) {
+            c.rbuf.drain(..c.rstart);
+            c.rstart = 0;
+        }
+        true
+    }
+
+    fn close(&mut self, t: usize) {
+        let Some(mut c) = self.conns.remove(&t) else { return };
+        let _ = self.poll.registry().deregister(&mut c.stream);
+        self.metrics.connections(-1);
+        if let Some(id) = c.peer
+            && let Some(ids) = self.by_id.get_mut(&id)
+        {
+            ids.retain(|&x| x != t);
+            if ids.is_empty() {
+                self.by_id.remove(&id);
+            }
+        }
+        if let Some(id) = c.dialed
+            && let Some(d) = self.dialers.get_mut(&id)
+            && d.conn == Some(t)
+        {
+            d.conn = None;
+            // Unsent frames wait for the next connection; the hello is resent with it.
+            // (A data frame of 8 bytes starts with its length, 4, never with the magic.)
+            let mut left = c.queue.take();
+            if left.frames.front().is_some_and(|f| f.len() == 8 && f[..4] == HELLO_MAGIC) {
+                left.bytes -= 8;
+                left.frames.pop_front();
+            }
+            left.frames.extend(d.pending.frames.drain(..));
+            left.bytes += d.pending.bytes;
+            d.pending = left;
+            if c.connected {
+                tracing::info!("connection to replica {id} lost");
+            }
+        }
+    }
+}

@@ -1,0 +1,188 @@
+//! Starting a node: storage recovery, the network and protocol threads (pinned to
+//! separate cores when the configuration asks and the machine has them), the bounded
+//! channel between them, and the metrics endpoint.
+
+use std::fs::{self, File};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+use phalanx_core::sim::kv::Kv;
+use phalanx_core::trace::TraceWriter;
+use phalanx_core::{Node, NodeId, Protocol, Role};
+
+use crate::config::{ClusterFile, ConfigError};
+use crate::driver::{AppEvent, Driver, DriverError, DriverParts, Event, TraceSink};
+use crate::metrics::{self, Metrics};
+use crate::net::{NetConfig, Network, Outbox};
+use crate::storage::{Recovery, StorageError, Wal};
+
+/// Why a node could not start.
+#[derive(Debug)]
+pub enum StartError {
+    Config(ConfigError),
+    Storage(StorageError),
+    Io { what: String, source: std::io::Error },
+}
+
+impl std::fmt::Display for StartError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StartError::Config(e) => write!(f, "{e}"),
+            StartError::Storage(e) => write!(f, "{e}"),
+            StartError::Io { what, source } => write!(f, "{what}: {source}"),
+        }
+    }
+}
+
+impl std::error::Error for StartError {}
+
+/// How to start a node beyond what the cluster file says.
+#[derive(Clone, Debug, Default)]
+pub struct StartOptions {
+    /// Record every input to `<dir>/node-<id>-<unix ms>.trace`.
+    pub record_trace: Option<PathBuf>,
+    /// Truncate a corrupted log at the first bad record instead of refusing to start.
+    pub repair: bool,
+    /// Where a client's storage lives (replicas use their configured `data_dir`).
+    pub data_dir: Option<PathBuf>,
+}
+
+/// A running node: its threads and the handles to talk to it.
+pub struct Running {
+    pub id: NodeId,
+    pub events: SyncSender<Event>,
+    /// Completions and deliveries, for clients and subscribers.
+    pub app_events: Receiver<AppEvent>,
+    pub listen: Option<SocketAddr>,
+    pub metrics: Arc<Metrics>,
+    pub metrics_addr: Option<SocketAddr>,
+    outbox: Arc<Outbox>,
+    net: JoinHandle<std::io::Result<()>>,
+    driver: JoinHandle<Result<(), DriverError>>,
+}
+
+impl Running {
+    /// Stops both threads; the protocol thread's error, if it failed.
+    pub fn stop(self) -> Result<(), String> {
+        let _ = self.events.send(Event::Stop);
+        self.wait()
+    }
+
+    /// Waits until the protocol thread ends (by error, or `Stop`), then stops the network.
+    pub fn wait(self) -> Result<(), String> {
+        let driver = self.driver.join();
+        self.outbox.shutdown();
+        let _ = self.net.join();
+        match driver {
+            Ok(r) => r.map_err(|e| e.to_string()),
+            Err(_) => Err("the protocol thread panicked".into()),
+        }
+    }
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> StartError {
+    let what = what.into();
+    move |source| StartError::Io { what, source }
+}
+
+/// Cores for the network and protocol threads, when pinning is on and there are enough.
+fn cores(cluster: &ClusterFile) -> Option<(core_affinity::CoreId, core_affinity::CoreId)> {
+    if !cluster.runtime.pin_threads {
+        return None;
+    }
+    let ids = core_affinity::get_core_ids()?;
+    let first = cluster.runtime.first_core;
+    (ids.len() >= first + 2).then(|| (ids[first], ids[first + 1]))
+}
+
+pub fn start(cluster: &ClusterFile, id: NodeId, opts: &StartOptions) -> Result<Running, StartError> {
+    let cfg = cluster.node_config(id).map_err(StartError::Config)?;
+    let encoded = cfg.encode();
+    let node = Node::new(cfg)
+        .map_err(|e| StartError::Config(ConfigError { file: cluster.path.clone(), field: None, problem: e.0 }))?;
+    let role = cluster.role_of(id).expect("node_config checked");
+    let replica = cluster.replica(id);
+    let data_dir = replica.map(|r| r.data_dir.clone()).or_else(|| opts.data_dir.clone());
+    // Only PBFT persists; the broadcast family keeps nothing across restarts.
+    let (wal, recovered) = match (&data_dir, cluster.protocol) {
+        (Some(dir), Protocol::Pbft) => {
+            let recovery = if opts.repair { Recovery::Repair } else { Recovery::Strict };
+            let (wal, records) = Wal::open(dir, recovery).map_err(StartError::Storage)?;
+            (Some(wal), records)
+        }
+        _ => (None, Vec::new()),
+    };
+    if !recovered.is_empty() {
+        tracing::info!("node {id}: recovering {} records from storage", recovered.len());
+    }
+    let trace = match &opts.record_trace {
+        Some(dir) => {
+            fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
+            let ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis();
+            let path = dir.join(format!("node-{id}-{ms}.trace"));
+            let file = File::create(&path).map_err(io(format!("creating {}", path.display())))?;
+            tracing::info!("recording every input to {}", path.display());
+            Some(TraceSink { writer: TraceWriter::new(&encoded, &format!("phalanxd node {id}")), file, path })
+        }
+        None => None,
+    };
+    let peers = cluster.node_ids();
+    let metrics = Arc::new(Metrics::new(id, &peers));
+    let (events_tx, events_rx) = mpsc::sync_channel::<Event>(cluster.runtime.event_queue);
+    let net_cfg = NetConfig {
+        me: id,
+        listen: replica.map(|r| r.address),
+        dial: cluster.replicas.iter().filter(|r| r.id != id).map(|r| (r.id, r.address)).collect(),
+        known: peers.iter().copied().collect(),
+        // Room for the length prefix's worth of slack: the core reports larger frames.
+        max_frame: cluster.params.max_message_bytes as usize + 1024,
+        send_queue_bytes: cluster.runtime.send_queue_bytes,
+        reconnect_min: Duration::from_millis(cluster.runtime.reconnect_min_ms),
+        reconnect_max: Duration::from_millis(cluster.runtime.reconnect_max_ms),
+    };
+    let to_driver = events_tx.clone();
+    let deliver = move |from, bytes| to_driver.send(Event::Message { from, bytes }).is_ok();
+    let listen_on = net_cfg.listen;
+    let (network, outbox) = Network::new(net_cfg, metrics.clone(), deliver)
+        .map_err(io(format!("node {id}: listening on {listen_on:?}")))?;
+    let listen = network.local_addr();
+    let metrics_addr = match replica.and_then(|r| r.metrics) {
+        Some(addr) => Some(metrics::serve(addr, metrics.clone()).map_err(io(format!("metrics on {addr}")))?.0),
+        None => None,
+    };
+    let (app_tx, app_rx): (Sender<AppEvent>, Receiver<AppEvent>) = mpsc::channel();
+    let app = (cluster.protocol == Protocol::Pbft && role == Role::Broker).then(Kv::new);
+    let pins = cores(cluster);
+    let net = thread::Builder::new()
+        .name(format!("net-{id}"))
+        .spawn(move || {
+            if let Some((core, _)) = pins {
+                core_affinity::set_for_current(core);
+            }
+            network.run()
+        })
+        .map_err(io("spawning the network thread"))?;
+    let parts = DriverParts {
+        node,
+        wal,
+        app,
+        trace,
+        outbox: outbox.clone(),
+        metrics: metrics.clone(),
+        app_events: Some(app_tx),
+    };
+    let driver = thread::Builder::new()
+        .name(format!("protocol-{id}"))
+        .spawn(move || {
+            if let Some((_, core)) = pins {
+                core_affinity::set_for_current(core);
+            }
+            Driver::new(parts).run(recovered, events_rx)
+        })
+        .map_err(io("spawning the protocol thread"))?;
+    Ok(Running { id, events: events_tx, app_events: app_rx, listen, metrics, metrics_addr, outbox, net, driver })
+}

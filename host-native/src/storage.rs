@@ -1,0 +1,720 @@
+//! The replica's durable log: a write-ahead log of the core's `Persist` records.
+//!
+//! The host appends each record, calls [`Wal::sync`] once per round of outputs (group
+//! commit: one `fdatasync` covers every record appended since the last one), and only
+//! then acknowledges the records to the core. After a crash, [`Wal::open`] returns every
+//! acknowledged record in order, to be fed back as `Input::Recover`.
+//!
+//! # Format
+//!
+//! `dir/wal.log` is the magic `PHXWAL01` (8 bytes), then records, each
+//! `[len: u32 LE][checksum: 8 bytes][record: len bytes]`, where the checksum is the first
+//! 8 bytes of `blake3(len_le ‖ record)`. A length above [`MAX_RECORD`] is corruption.
+//!
+//! # Recovery policy
+//!
+//! - **Torn tail.** A crash while writing records that were never synced (so never
+//!   acknowledged) leaves the last record incomplete or failing its checksum, with no
+//!   intact record after it. This is the normal result of `kill -9` or power loss:
+//!   `open` truncates the file after the last intact record and logs a warning with the
+//!   bytes discarded, in either [`Recovery`] mode.
+//! - **Corruption.** A record that fails its checksum or has an impossible length while
+//!   an intact record follows it means acknowledged data was damaged. [`Recovery::Strict`]
+//!   returns [`StorageError::Corrupt`] naming the file and offset (the daemon refuses to
+//!   start; an operator decides); [`Recovery::Repair`] truncates at the damaged record
+//!   with a warning, keeping the intact prefix.
+//! - **Wrong header.** A non-empty file that does not start with the magic is not a log
+//!   this code wrote: `Corrupt` in both modes, and the file is left untouched.
+//!
+//! A crash can also persist the pages of an unsynced group commit out of order, leaving
+//! an intact record after a torn one; `Strict` cannot tell that from damage and reports
+//! it, and `Repair` then discards only unacknowledged records.
+//!
+//! After a failed write or sync the file's contents are unknown (the kernel may have
+//! dropped the dirty pages), so the [`Wal`] refuses further use: reopen it to recover.
+
+use std::fmt;
+use std::fs::{self, File};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+/// The file header: format name and version.
+pub const MAGIC: [u8; 8] = *b"PHXWAL01";
+/// The largest record the log accepts; a longer length field is corruption.
+pub const MAX_RECORD: usize = 64 << 20;
+const HEADER: usize = 4 + 8;
+const LOG_NAME: &str = "wal.log";
+const TMP_NAME: &str = "wal.log.tmp";
+/// Bytes hashed while looking for intact records after a damaged one. Garbage tails
+/// rarely have plausible lengths, so this is only reached by adversarial contents; past
+/// it the damage is treated as corruption, the safe side.
+const SCAN_BUDGET: u64 = 256 << 20;
+
+/// A storage failure, naming the file involved.
+#[derive(Debug)]
+pub enum StorageError {
+    /// An I/O call failed; `op` says which step.
+    Io { path: PathBuf, op: &'static str, source: io::Error },
+    /// The log's contents are damaged at byte `offset`.
+    Corrupt { path: PathBuf, offset: u64, reason: String },
+}
+
+impl fmt::Display for StorageError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StorageError::Io { path, op, source } => write!(f, "{}: {op} failed: {source}", path.display()),
+            StorageError::Corrupt { path, offset, reason } => {
+                write!(f, "{}: corrupt log at byte offset {offset}: {reason}", path.display())
+            }
+        }
+    }
+}
+
+impl std::error::Error for StorageError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            StorageError::Io { source, .. } => Some(source),
+            StorageError::Corrupt { .. } => None,
+        }
+    }
+}
+
+/// What [`Wal::open`] does with a damaged record that has intact records after it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Recovery {
+    /// Refuse with [`StorageError::Corrupt`].
+    Strict,
+    /// Truncate at the damaged record, keeping the intact prefix.
+    Repair,
+}
+
+/// An open write-ahead log. See the module docs for the format and recovery policy.
+pub struct Wal {
+    dir: PathBuf,
+    path: PathBuf,
+    /// Positioned at the end of the written data.
+    file: File,
+    /// Bytes in the file (header included).
+    written: u64,
+    /// Where each record starts: in the file below `written`, in `pending` above it.
+    starts: Vec<u64>,
+    /// Encoded records appended since the last sync.
+    pending: Vec<u8>,
+    /// Set when a write or sync failed: the file's state is unknown.
+    poisoned: bool,
+}
+
+impl Wal {
+    /// Opens or creates the log `dir/wal.log` (creating `dir`), returning the intact
+    /// records in order. A torn tail is truncated; other damage is handled per `recovery`.
+    pub fn open(dir: &Path, recovery: Recovery) -> Result<(Wal, Vec<Vec<u8>>), StorageError> {
+        fs::create_dir_all(dir).map_err(io_err(dir, "create directory"))?;
+        let path = dir.join(LOG_NAME);
+        // A leftover temp file is a rewrite that crashed before its rename: the log is whole.
+        let tmp = dir.join(TMP_NAME);
+        if let Err(e) = fs::remove_file(&tmp)
+            && e.kind() != io::ErrorKind::NotFound
+        {
+            return Err(io_err(&tmp, "remove")(e));
+        }
+        let mut file = match File::options().read(true).write(true).open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                // Created under the temp name and renamed, so the log never lacks its header.
+                let file = install(dir, &MAGIC)?;
+                sync_dir(dir)?;
+                // `dir` itself may be new: its entry must outlast a crash too.
+                let parent = dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+                sync_dir(parent)?;
+                return Ok((Wal::with_file(dir, file, MAGIC.len() as u64, Vec::new()), Vec::new()));
+            }
+            Err(e) => return Err(io_err(&path, "open")(e)),
+        };
+        let mut data = Vec::new();
+        file.read_to_end(&mut data).map_err(io_err(&path, "read"))?;
+        if data.is_empty() {
+            // Never left by this code (logs are created with their header), and holds nothing.
+            file.write_all(&MAGIC).map_err(io_err(&path, "write"))?;
+            file.sync_data().map_err(io_err(&path, "sync"))?;
+            return Ok((Wal::with_file(dir, file, MAGIC.len() as u64, Vec::new()), Vec::new()));
+        }
+        if data.len() < MAGIC.len() || data[..MAGIC.len()] != MAGIC {
+            let reason = "missing PHXWAL01 header (not a Phalanx log?)".to_string();
+            return Err(StorageError::Corrupt { path, offset: 0, reason });
+        }
+
+        let mut records = Vec::new();
+        let mut starts = Vec::new();
+        let mut off = MAGIC.len();
+        let mut damage = None;
+        while off < data.len() {
+            match parse(&data, off) {
+                Ok(rec) => {
+                    records.push(rec.to_vec());
+                    starts.push(off as u64);
+                    off += HEADER + rec.len();
+                }
+                Err(reason) => {
+                    damage = Some(reason);
+                    break;
+                }
+            }
+        }
+        if let Some(reason) = damage {
+            let discarded = data.len() - off;
+            match intact_after(&data, off) {
+                Some(false) => tracing::warn!(
+                    path = %path.display(),
+                    offset = off,
+                    discarded,
+                    "write-ahead log has a torn tail (a crash during an unacknowledged write); truncating: {reason}"
+                ),
+                found => {
+                    let reason = match found {
+                        Some(_) => format!("{reason}, with intact records after it"),
+                        None => format!("{reason}, and too much data after it to rule out intact records"),
+                    };
+                    if recovery == Recovery::Strict {
+                        return Err(StorageError::Corrupt { path, offset: off as u64, reason });
+                    }
+                    tracing::warn!(
+                        path = %path.display(),
+                        offset = off,
+                        discarded,
+                        "write-ahead log is corrupt; repairing by truncating, later records are lost: {reason}"
+                    );
+                }
+            }
+            file.set_len(off as u64).map_err(io_err(&path, "truncate"))?;
+            file.sync_all().map_err(io_err(&path, "sync"))?;
+        }
+        file.seek(SeekFrom::Start(off as u64)).map_err(io_err(&path, "seek"))?;
+        Ok((Wal::with_file(dir, file, off as u64, starts), records))
+    }
+
+    fn with_file(dir: &Path, file: File, written: u64, starts: Vec<u64>) -> Wal {
+        Wal {
+            dir: dir.to_path_buf(),
+            path: dir.join(LOG_NAME),
+            file,
+            written,
+            starts,
+            pending: Vec::new(),
+            poisoned: false,
+        }
+    }
+
+    /// Buffers one record (not durable yet). Records longer than [`MAX_RECORD`] are refused.
+    pub fn append(&mut self, record: &[u8]) -> Result<(), StorageError> {
+        self.check("append")?;
+        if record.len() > MAX_RECORD {
+            return Err(io_err(&self.path, "append")(too_long(record.len())));
+        }
+        self.starts.push(self.len_bytes());
+        encode(&mut self.pending, record);
+        Ok(())
+    }
+
+    /// Writes buffered records and syncs data (`File::sync_data`): afterwards every
+    /// appended record survives a crash. One sync per call (group commit); a call with
+    /// nothing buffered does nothing.
+    pub fn sync(&mut self) -> Result<(), StorageError> {
+        self.check("sync")?;
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        self.poisoned = true;
+        self.file.write_all(&self.pending).map_err(io_err(&self.path, "write"))?;
+        self.file.sync_data().map_err(io_err(&self.path, "sync"))?;
+        self.poisoned = false;
+        self.written += self.pending.len() as u64;
+        self.pending.clear();
+        Ok(())
+    }
+
+    /// Atomically replaces the whole log with `records` (write a temp file, sync, rename
+    /// it over the log, sync the directory): compaction when the core says older records
+    /// are obsolete. Records appended but not yet synced are discarded: `records` is the
+    /// complete new content. On an error before the rename the old log stays in use.
+    pub fn rewrite<'a>(&mut self, records: impl IntoIterator<Item = &'a [u8]>) -> Result<(), StorageError> {
+        self.check("rewrite")?;
+        let mut content = MAGIC.to_vec();
+        let mut starts = Vec::new();
+        for r in records {
+            if r.len() > MAX_RECORD {
+                return Err(io_err(&self.path, "rewrite")(too_long(r.len())));
+            }
+            starts.push(content.len() as u64);
+            encode(&mut content, r);
+        }
+        self.replace(content, starts)
+    }
+
+    /// Drops the first `n` records (the core's `Output::Compact`: records before a token
+    /// are obsolete), keeping the rest in order, by the same atomic replacement as
+    /// [`Wal::rewrite`]. Records appended but not yet synced are kept, and are durable
+    /// afterwards. Record `n` becomes record 0.
+    pub fn compact_before(&mut self, n: u64) -> Result<(), StorageError> {
+        self.check("compact")?;
+        let Some(&cut) = usize::try_from(n).ok().and_then(|n| self.starts.get(n)) else {
+            if n == self.records() {
+                return self.rewrite([]);
+            }
+            let msg = format!("cannot drop {n} records from a log of {}", self.records());
+            return Err(io_err(&self.path, "compact")(io::Error::new(io::ErrorKind::InvalidInput, msg)));
+        };
+        if n == 0 {
+            return Ok(());
+        }
+        let mut content = MAGIC.to_vec();
+        if cut < self.written {
+            // A second handle, so the appending one keeps its position whatever happens.
+            let want = self.written - cut;
+            let read = File::open(&self.path).and_then(|mut f| {
+                f.seek(SeekFrom::Start(cut))?;
+                f.take(want).read_to_end(&mut content)
+            });
+            match read {
+                Ok(got) if got as u64 == want => {}
+                Ok(_) => {
+                    let e = io::Error::new(io::ErrorKind::UnexpectedEof, "the log is shorter than written");
+                    return Err(io_err(&self.path, "read")(e));
+                }
+                Err(e) => return Err(io_err(&self.path, "read")(e)),
+            }
+        }
+        let in_pending = cut.saturating_sub(self.written) as usize;
+        content.extend_from_slice(&self.pending[in_pending..]);
+        let shift = cut - MAGIC.len() as u64;
+        let starts = self.starts[n as usize..].iter().map(|s| s - shift).collect();
+        self.replace(content, starts)
+    }
+
+    /// Installs `content` (header and encoded records starting at `starts`) as the log.
+    fn replace(&mut self, content: Vec<u8>, starts: Vec<u64>) -> Result<(), StorageError> {
+        // A failed rename leaves the old log in place (and the temp file for `open` to remove).
+        let file = install(&self.dir, &content)?;
+        self.file = file;
+        self.written = content.len() as u64;
+        self.starts = starts;
+        self.pending.clear();
+        // Until the directory is synced a crash may bring back either log.
+        self.poisoned = true;
+        sync_dir(&self.dir)?;
+        self.poisoned = false;
+        Ok(())
+    }
+
+    /// Size of the log in bytes, including records appended but not yet synced.
+    pub fn len_bytes(&self) -> u64 {
+        self.written + self.pending.len() as u64
+    }
+
+    /// Records in the log, including those appended but not yet synced.
+    pub fn records(&self) -> u64 {
+        self.starts.len() as u64
+    }
+
+    fn check(&self, op: &'static str) -> Result<(), StorageError> {
+        if self.poisoned {
+            let e = io::Error::other("an earlier write or sync failed; reopen the log to recover");
+            return Err(io_err(&self.path, op)(e));
+        }
+        Ok(())
+    }
+}
+
+/// Writes `content` to the temp file, syncs it and renames it over the log (the caller
+/// syncs the directory). Returns the new log's file, positioned at its end. On error
+/// before the rename the old log is untouched.
+fn install(dir: &Path, content: &[u8]) -> Result<File, StorageError> {
+    let tmp = dir.join(TMP_NAME);
+    let written = File::options()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&tmp)
+        .and_then(|mut f| f.write_all(content).and_then(|()| f.sync_all()).map(|()| f));
+    let file = match written {
+        Ok(f) => f,
+        Err(e) => {
+            // Best effort: `open` removes a leftover temp file anyway.
+            let _ = fs::remove_file(&tmp);
+            return Err(io_err(&tmp, "write")(e));
+        }
+    };
+    let path = dir.join(LOG_NAME);
+    fs::rename(&tmp, &path).map_err(io_err(&path, "rename"))?;
+    Ok(file)
+}
+
+/// A rename or file creation is durable only once the directory entry is.
+fn sync_dir(dir: &Path) -> Result<(), StorageError> {
+    File::open(dir).and_then(|d| d.sync_all()).map_err(io_err(dir, "sync directory"))
+}
+
+fn too_long(len: usize) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, format!("record of {len} bytes exceeds the {MAX_RECORD}-byte limit"))
+}
+
+fn io_err<'a>(path: &'a Path, op: &'static str) -> impl FnOnce(io::Error) -> StorageError + 'a {
+    move |source| StorageError::Io { path: path.to_path_buf(), op, source }
+}
+
+fn encode(out: &mut Vec<u8>, record: &[u8]) {
+    let len = (record.len() as u32).to_le_bytes();
+    out.extend_from_slice(&len);
+    out.extend_from_slice(&checksum(len, record));
+    out.extend_from_slice(record);
+}
+
+fn checksum(len: [u8; 4], record: &[u8]) -> [u8; 8] {
+    let mut h = blake3::Hasher::new();
+    h.update(&len);
+    h.update(record);
+    let mut sum = [0; 8];
+    sum.copy_from_slice(&h.finalize().as_bytes()[..8]);
+    sum
+}
+
+/// The record at `off`, or why there is no intact record there.
+fn parse(data: &[u8], off: usize) -> Result<&[u8], String> {
+    let rest = &data[off..];
+    if rest.len() < HEADER {
+        return Err(format!("incomplete record header ({} of {HEADER} bytes)", rest.len()));
+    }
+    let len_le: [u8; 4] = rest[..4].try_into().unwrap_or_default();
+    let len = u32::from_le_bytes(len_le) as usize;
+    if len > MAX_RECORD {
+        return Err(format!("impossible record length {len} (limit {MAX_RECORD})"));
+    }
+    let Some(record) = rest.get(HEADER..HEADER + len) else {
+        return Err(format!("incomplete record ({} of {len} bytes)", rest.len() - HEADER));
+    };
+    if rest[4..HEADER] != checksum(len_le, record) {
+        return Err(format!("checksum mismatch in record of {len} bytes"));
+    }
+    Ok(record)
+}
+
+/// Whether an intact record starts anywhere after the damaged one at `off` (a torn tail
+/// has none); `None` when [`SCAN_BUDGET`] ran out before an answer.
+fn intact_after(data: &[u8], off: usize) -> Option<bool> {
+    let mut hashed = 0u64;
+    for p in off + 1..data.len().saturating_sub(HEADER - 1) {
+        let len = u32::from_le_bytes(data[p..p + 4].try_into().unwrap_or_default()) as usize;
+        // Only plausible headers cost a hash; garbage mostly has lengths past the end.
+        if len > MAX_RECORD || p + HEADER + len > data.len() {
+            continue;
+        }
+        hashed += (4 + len) as u64;
+        if hashed > SCAN_BUDGET {
+            return None;
+        }
+        if parse(data, p).is_ok() {
+            return Some(true);
+        }
+    }
+    Some(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    /// A unique directory under the system temp dir, removed on drop.
+    struct TempDir(PathBuf);
+
+    impl TempDir {
+        fn new(name: &str) -> TempDir {
+            static NEXT: AtomicU32 = AtomicU32::new(0);
+            let n = NEXT.fetch_add(1, Ordering::Relaxed);
+            let dir = std::env::temp_dir().join(format!("phalanx-wal-{name}-{}-{n}", std::process::id()));
+            let _ = fs::remove_dir_all(&dir);
+            TempDir(dir)
+        }
+
+        fn log(&self) -> PathBuf {
+            self.0.join(LOG_NAME)
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn recs(n: usize) -> Vec<Vec<u8>> {
+        (0..n).map(|i| format!("record {i} {}", "x".repeat(i * 7)).into_bytes()).collect()
+    }
+
+    fn write(dir: &Path, records: &[Vec<u8>]) -> Wal {
+        let (mut wal, got) = Wal::open(dir, Recovery::Strict).unwrap();
+        assert!(got.is_empty());
+        for r in records {
+            wal.append(r).unwrap();
+        }
+        wal.sync().unwrap();
+        wal
+    }
+
+    /// Byte offset of record `i` in a log holding `records`.
+    fn offset_of(records: &[Vec<u8>], i: usize) -> u64 {
+        (MAGIC.len() + records[..i].iter().map(|r| HEADER + r.len()).sum::<usize>()) as u64
+    }
+
+    #[test]
+    fn round_trip_and_reopen() {
+        let d = TempDir::new("roundtrip");
+        let records = recs(20);
+        let mut wal = write(&d.0, &records[..10]);
+        // A second group commit, with an empty record among them.
+        wal.append(&[]).unwrap();
+        for r in &records[10..] {
+            wal.append(r).unwrap();
+        }
+        assert_eq!(wal.records(), 21);
+        wal.sync().unwrap();
+        let len = wal.len_bytes();
+        assert_eq!(len, fs::metadata(d.log()).unwrap().len());
+        drop(wal);
+
+        let mut want = records[..10].to_vec();
+        want.push(Vec::new());
+        want.extend_from_slice(&records[10..]);
+        let (wal, got) = Wal::open(&d.0, Recovery::Strict).unwrap();
+        assert_eq!(got, want);
+        assert_eq!((wal.records(), wal.len_bytes()), (21, len));
+    }
+
+    #[test]
+    fn unsynced_appends_are_not_written() {
+        let d = TempDir::new("unsynced");
+        let mut wal = write(&d.0, &recs(2));
+        wal.append(b"pending").unwrap();
+        drop(wal);
+        let (_, got) = Wal::open(&d.0, Recovery::Strict).unwrap();
+        assert_eq!(got, recs(2));
+    }
+
+    #[test]
+    fn torn_tail_is_truncated() {
+        let d = TempDir::new("torn");
+        let records = recs(5);
+        drop(write(&d.0, &records));
+        let full = fs::metadata(d.log()).unwrap().len();
+        // Cut into the last record, then into the last record's header.
+        for cut in [3, records[4].len() as u64 + 5] {
+            let f = File::options().write(true).open(d.log()).unwrap();
+            f.set_len(full - cut).unwrap();
+            drop(f);
+            let (wal, got) = Wal::open(&d.0, Recovery::Strict).unwrap();
+            assert_eq!(got, records[..4]);
+            assert_eq!(wal.len_bytes(), offset_of(&records, 4));
+            assert_eq!(fs::metadata(d.log()).unwrap().len(), offset_of(&records, 4));
+            drop(wal);
+            // Restore the last record for the next cut.
+            let mut wal = Wal::open(&d.0, Recovery::Strict).unwrap().0;
+            wal.append(&records[4]).unwrap();
+            wal.sync().unwrap();
+        }
+    }
+
+    #[test]
+    fn garbage_tail_is_truncated() {
+        let d = TempDir::new("garbage");
+        let records = recs(5);
+        drop(write(&d.0, &records));
+        let mut garbage = vec![0u8; 4096];
+        garbage.extend((0..5000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8));
+        // A plausible length whose checksum fails, as a half-written record leaves.
+        garbage.extend_from_slice(&[3, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, b'a', b'b', b'c']);
+        for tail in [&garbage[..], &garbage[4096..], &garbage[garbage.len() - 15..]] {
+            let mut f = File::options().append(true).open(d.log()).unwrap();
+            f.write_all(tail).unwrap();
+            drop(f);
+            for recovery in [Recovery::Strict, Recovery::Repair] {
+                let (_, got) = Wal::open(&d.0, recovery).unwrap();
+                assert_eq!(got, records);
+            }
+            assert_eq!(fs::metadata(d.log()).unwrap().len(), offset_of(&records, 5));
+        }
+    }
+
+    #[test]
+    fn middle_corruption_strict_errors_repair_keeps_prefix() {
+        let d = TempDir::new("corrupt");
+        let records = recs(6);
+        drop(write(&d.0, &records));
+        let bad = offset_of(&records, 2);
+        let mut data = fs::read(d.log()).unwrap();
+        data[bad as usize + HEADER + 3] ^= 0x40;
+        fs::write(d.log(), &data).unwrap();
+
+        let err = Wal::open(&d.0, Recovery::Strict).err().unwrap();
+        match &err {
+            StorageError::Corrupt { path, offset, .. } => assert_eq!((path, *offset), (&d.log(), bad)),
+            e => panic!("expected corruption, got {e}"),
+        }
+        let msg = err.to_string();
+        assert!(msg.contains(&bad.to_string()) && msg.contains("wal.log") && msg.contains("checksum"), "{msg}");
+        // Strict leaves the file alone.
+        assert_eq!(fs::read(d.log()).unwrap(), data);
+
+        let (wal, got) = Wal::open(&d.0, Recovery::Repair).unwrap();
+        assert_eq!(got, records[..2]);
+        assert_eq!(wal.records(), 2);
+        drop(wal);
+        let (_, got) = Wal::open(&d.0, Recovery::Strict).unwrap();
+        assert_eq!(got, records[..2]);
+    }
+
+    #[test]
+    fn impossible_length_in_the_middle_is_corruption() {
+        let d = TempDir::new("badlen");
+        let records = recs(4);
+        drop(write(&d.0, &records));
+        let bad = offset_of(&records, 1) as usize;
+        let mut data = fs::read(d.log()).unwrap();
+        data[bad..bad + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+        fs::write(d.log(), &data).unwrap();
+        match Wal::open(&d.0, Recovery::Strict) {
+            Err(StorageError::Corrupt { offset, reason, .. }) => {
+                assert_eq!(offset, bad as u64);
+                assert!(reason.contains("length"), "{reason}");
+            }
+            _ => panic!("expected corruption"),
+        }
+        let (_, got) = Wal::open(&d.0, Recovery::Repair).unwrap();
+        assert_eq!(got, records[..1]);
+    }
+
+    #[test]
+    fn wrong_magic_is_corrupt_in_both_modes() {
+        let d = TempDir::new("magic");
+        fs::create_dir_all(&d.0).unwrap();
+        fs::write(d.log(), b"NOTAWAL!rest").unwrap();
+        for recovery in [Recovery::Strict, Recovery::Repair] {
+            match Wal::open(&d.0, recovery) {
+                Err(StorageError::Corrupt { offset: 0, .. }) => {}
+                _ => panic!("expected corruption"),
+            }
+        }
+        assert_eq!(fs::read(d.log()).unwrap(), b"NOTAWAL!rest");
+        // An empty file (never held an acknowledged record) becomes a fresh log.
+        fs::write(d.log(), b"").unwrap();
+        let (mut wal, got) = Wal::open(&d.0, Recovery::Strict).unwrap();
+        assert!(got.is_empty());
+        wal.append(b"a").unwrap();
+        wal.sync().unwrap();
+        drop(wal);
+        assert_eq!(Wal::open(&d.0, Recovery::Strict).unwrap().1, [b"a".to_vec()]);
+    }
+
+    #[test]
+    fn rewrite_then_reopen() {
+        let d = TempDir::new("rewrite");
+        let records = recs(8);
+        let mut wal = write(&d.0, &records);
+        wal.append(b"dropped by the rewrite").unwrap();
+        wal.rewrite(records[5..].iter().map(|r| &r[..])).unwrap();
+        assert_eq!(wal.records(), 3);
+        assert_eq!(wal.len_bytes(), fs::metadata(d.log()).unwrap().len());
+        assert!(!d.0.join(TMP_NAME).exists());
+        // The log continues after the rewritten content.
+        wal.append(b"after").unwrap();
+        wal.sync().unwrap();
+        drop(wal);
+        let (wal, got) = Wal::open(&d.0, Recovery::Strict).unwrap();
+        let mut want = records[5..].to_vec();
+        want.push(b"after".to_vec());
+        assert_eq!(got, want);
+        assert_eq!(wal.records(), 4);
+        drop(wal);
+
+        // A rewrite that crashed before its rename leaves a temp file; the log wins.
+        fs::write(d.0.join(TMP_NAME), b"PHXWAL01partial").unwrap();
+        let (mut wal, got) = Wal::open(&d.0, Recovery::Strict).unwrap();
+        assert_eq!(got, want);
+        assert!(!d.0.join(TMP_NAME).exists());
+        wal.rewrite(std::iter::empty()).unwrap();
+        drop(wal);
+        let (wal, got) = Wal::open(&d.0, Recovery::Strict).unwrap();
+        assert!(got.is_empty());
+        assert_eq!((wal.records(), wal.len_bytes()), (0, MAGIC.len() as u64));
+    }
+
+    #[test]
+    fn compact_before_keeps_the_suffix() {
+        let d = TempDir::new("compact");
+        let records = recs(10);
+        let mut wal = write(&d.0, &records[..6]);
+        for r in &records[6..] {
+            wal.append(r).unwrap();
+        }
+        // Nothing to drop: the log is untouched and the pending records stay pending.
+        wal.compact_before(0).unwrap();
+        assert_eq!((wal.records(), fs::metadata(d.log()).unwrap().len()), (10, offset_of(&records, 6)));
+        // The cut falls in the synced part; the unsynced records survive and become durable.
+        wal.compact_before(4).unwrap();
+        assert_eq!(wal.records(), 6);
+        drop(wal);
+        let (mut wal, got) = Wal::open(&d.0, Recovery::Strict).unwrap();
+        assert_eq!(got, records[4..]);
+        assert_eq!(wal.len_bytes(), fs::metadata(d.log()).unwrap().len());
+
+        // Positions count from the new start, and may fall among unsynced records.
+        wal.append(b"x").unwrap();
+        wal.append(b"y").unwrap();
+        wal.compact_before(7).unwrap();
+        wal.append(b"z").unwrap();
+        wal.sync().unwrap();
+        assert_eq!(wal.records(), 2);
+        assert!(wal.compact_before(3).is_err());
+        wal.compact_before(2).unwrap();
+        assert_eq!((wal.records(), wal.len_bytes()), (0, MAGIC.len() as u64));
+        wal.append(b"last").unwrap();
+        wal.sync().unwrap();
+        drop(wal);
+        assert_eq!(Wal::open(&d.0, Recovery::Strict).unwrap().1, [b"last".to_vec()]);
+    }
+
+    #[test]
+    fn appending_after_recovery_continues() {
+        let d = TempDir::new("continue");
+        let records = recs(4);
+        drop(write(&d.0, &records));
+        let mut f = File::options().append(true).open(d.log()).unwrap();
+        f.write_all(&[9, 0, 0, 0, 1, 2]).unwrap();
+        drop(f);
+        let (mut wal, got) = Wal::open(&d.0, Recovery::Strict).unwrap();
+        assert_eq!(got, records);
+        wal.append(b"five").unwrap();
+        wal.append(b"six").unwrap();
+        wal.sync().unwrap();
+        assert_eq!(wal.records(), 6);
+        drop(wal);
+        let (_, got) = Wal::open(&d.0, Recovery::Strict).unwrap();
+        let mut want = records.clone();
+        want.extend([b"five".to_vec(), b"six".to_vec()]);
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn oversized_record_is_refused() {
+        let d = TempDir::new("oversized");
+        let mut wal = write(&d.0, &[]);
+        let big = vec![0u8; MAX_RECORD + 1];
+        assert!(matches!(wal.append(&big), Err(StorageError::Io { .. })));
+        assert!(wal.rewrite([&big[..]]).is_err());
+        // Neither failure damaged the log.
+        assert_eq!(wal.records(), 0);
+        wal.append(b"ok").unwrap();
+        wal.sync().unwrap();
+        drop(wal);
+        assert_eq!(Wal::open(&d.0, Recovery::Strict).unwrap().1, [b"ok".to_vec()]);
+    }
+}

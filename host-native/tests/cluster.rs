@@ -1,0 +1,266 @@
+//! End to end: real `phalanxd` processes on loopback, killed and restarted under a
+//! key-value workload, fed garbage by a raw socket, and given bad configuration.
+
+use std::io::Write;
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use phalanx_core::crypto::CryptoMode;
+use phalanx_core::sim::kv::{self, Reply};
+use phalanx_core::trace::{Trace, replay};
+use phalanx_core::{Input, Node, NodeId, Output, Params, Request};
+use phalanx_host::client::ClusterClient;
+use phalanx_host::local_cluster::{LocalCluster, LocalSpec};
+use phalanx_host::metrics::{scrape, value};
+use phalanx_host::net::HELLO_MAGIC;
+
+const BINARY: &str = env!("CARGO_BIN_EXE_phalanxd");
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+fn test_dir(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("phalanx-e2e-{name}-{}", std::process::id()))
+}
+
+/// A 4-replica cluster with quick timeouts, so view changes and retransmissions happen
+/// within a test's patience.
+fn cluster(name: &str, run_args: &[&str]) -> LocalCluster {
+    let params = Params {
+        request_timeout_ns: 300_000_000,
+        client_retry_ns: 100_000_000,
+        checkpoint_interval: 16,
+        ..Params::default()
+    };
+    let spec = LocalSpec { crypto: CryptoMode::InsecureTest, params, ..LocalSpec::default() };
+    let mut c = LocalCluster::create(&test_dir(name), &spec, Path::new(BINARY)).unwrap().with_run_args(run_args);
+    c.start_all().unwrap();
+    c
+}
+
+fn client(c: &LocalCluster, index: usize) -> ClusterClient {
+    let id = c.cluster.clients[index];
+    ClusterClient::start(&c.cluster, id, Some(c.dir.join(format!("client-{id}")))).unwrap()
+}
+
+fn put(client: &mut ClusterClient, key: &str, value: &str) -> Option<Vec<u8>> {
+    let result = client.execute(kv::put(key.as_bytes(), value.as_bytes()), TIMEOUT).unwrap();
+    match Reply::decode(&result).unwrap() {
+        Reply::Value(before) => before,
+        other => panic!("put {key}: {other:?}"),
+    }
+}
+
+fn get(client: &mut ClusterClient, key: &str) -> Option<String> {
+    let result = client.execute(kv::get(key.as_bytes()), TIMEOUT).unwrap();
+    match Reply::decode(&result).unwrap() {
+        Reply::Value(v) => v.map(|v| String::from_utf8(v).unwrap()),
+        other => panic!("get {key}: {other:?}"),
+    }
+}
+
+fn metric(c: &LocalCluster, id: NodeId, name: &str) -> f64 {
+    let text = scrape(c.metrics_addr(id).unwrap()).unwrap();
+    value(&text, name).unwrap_or_else(|| panic!("replica {id} exports no {name}"))
+}
+
+/// Waits until `check` holds, or fails with `what`.
+fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + TIMEOUT;
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn writes(client: &mut ClusterClient, from: u32, to: u32) {
+    for i in from..to {
+        put(client, &format!("k{}", i % 40), &format!("v{i}"));
+    }
+}
+
+fn check_reads(client: &mut ClusterClient, upto: u32) {
+    for k in 0..40.min(upto) {
+        let last = (0..upto).filter(|i| i % 40 == k).max().unwrap();
+        assert_eq!(get(client, &format!("k{k}")), Some(format!("v{last}")), "key k{k}");
+    }
+}
+
+#[test]
+fn a_backup_killed_and_restarted_catches_up_and_nothing_acknowledged_is_lost() {
+    let mut c = cluster("backup", &[]);
+    let mut cl = client(&c, 0);
+    writes(&mut cl, 0, 100);
+    c.kill(2);
+    writes(&mut cl, 100, 200);
+    c.start(2).unwrap();
+    c.wait_listening(TIMEOUT).unwrap();
+    writes(&mut cl, 200, 300);
+    check_reads(&mut cl, 300);
+    // The restarted replica executes what the others did (by log or state transfer).
+    eventually("replica 2 catches up", || {
+        metric(&c, 2, "phalanx_executed_seq") >= metric(&c, 0, "phalanx_executed_seq")
+    });
+    cl.stop().unwrap();
+}
+
+#[test]
+fn killing_the_primary_changes_the_view_and_the_workload_continues() {
+    let mut c = cluster("primary", &[]);
+    let mut cl = client(&c, 0);
+    writes(&mut cl, 0, 50);
+    assert_eq!(metric(&c, 0, "phalanx_leader"), 1.0);
+    c.kill(0);
+    writes(&mut cl, 50, 120);
+    check_reads(&mut cl, 120);
+    for r in 1..4 {
+        assert!(metric(&c, r, "phalanx_view") >= 1.0, "replica {r} left view 0");
+        assert!(metric(&c, r, "phalanx_view_changes_total") >= 1.0);
+    }
+    assert_eq!((1..4).map(|r| metric(&c, r, "phalanx_leader")).sum::<f64>(), 1.0, "one new primary");
+    cl.stop().unwrap();
+}
+
+#[test]
+fn every_replica_killed_at_once_recovers_from_its_own_storage() {
+    let mut c = cluster("all", &[]);
+    let mut cl = client(&c, 0);
+    writes(&mut cl, 0, 120);
+    for r in 0..4 {
+        c.kill(r);
+    }
+    c.start_all().unwrap();
+    check_reads(&mut cl, 120);
+    writes(&mut cl, 120, 140);
+    check_reads(&mut cl, 140);
+    cl.stop().unwrap();
+}
+
+/// A frame as the core would send it from client `from` to replica `to`.
+fn client_frame(c: &LocalCluster, from: NodeId, to: NodeId, op: Vec<u8>) -> Vec<u8> {
+    let mut node = Node::new(c.cluster.node_config(from).unwrap()).unwrap();
+    node.handle(0, Input::Request(Request::Submit { op })).unwrap();
+    std::iter::from_fn(|| node.poll())
+        .find_map(|o| match o {
+            Output::Send { to: t, bytes } if t == to => Some(bytes),
+            _ => None,
+        })
+        .unwrap()
+}
+
+fn framed(bytes: &[u8]) -> Vec<u8> {
+    let mut f = (bytes.len() as u32).to_le_bytes().to_vec();
+    f.extend_from_slice(bytes);
+    f
+}
+
+fn hello(id: NodeId) -> Vec<u8> {
+    let mut h = HELLO_MAGIC.to_vec();
+    h.extend_from_slice(&id.to_le_bytes());
+    h
+}
+
+#[test]
+fn garbage_oversized_and_replayed_frames_are_dropped_and_counted() {
+    let c = cluster("garbage", &[]);
+    let addr = c.cluster.replica(0).unwrap().address;
+    let mut cl = client(&c, 0);
+    put(&mut cl, "x", "1");
+
+    // No hello: the connection is refused.
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+    eventually("a bad handshake is counted", || {
+        metric(&c, 0, "phalanx_frames_dropped_total{reason=\"bad_handshake\"}") >= 1.0
+    });
+
+    // A well-framed body that is not a frame: the core reports it.
+    let malformed = |c: &LocalCluster| metric(c, 0, "phalanx_faults_total{kind=\"malformed\"}");
+    let before = malformed(&c);
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.write_all(&hello(1)).unwrap();
+    s.write_all(&framed(&[0xff; 100])).unwrap();
+    eventually("garbage is counted as malformed", || malformed(&c) > before);
+
+    // A length beyond the maximum frame: dropped, counted, connection closed.
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.write_all(&hello(1)).unwrap();
+    s.write_all(&u32::MAX.to_le_bytes()).unwrap();
+    eventually("an oversized frame is counted", || {
+        metric(&c, 0, "phalanx_frames_dropped_total{reason=\"oversized\"}") >= 1.0
+    });
+
+    // A replayed request executes once: after a later write, replaying it changes nothing.
+    let spoofed = c.cluster.clients[1];
+    let old = kv::put(b"y", b"old");
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.write_all(&hello(spoofed)).unwrap();
+    for r in 0..4 {
+        // The same request to every replica, as its client would send it.
+        let mut s = TcpStream::connect(c.cluster.replica(r).unwrap().address).unwrap();
+        s.write_all(&hello(spoofed)).unwrap();
+        s.write_all(&framed(&client_frame(&c, spoofed, r, old.clone()))).unwrap();
+    }
+    eventually("the request executes", || get(&mut cl, "y").as_deref() == Some("old"));
+    put(&mut cl, "y", "new");
+    let frame = framed(&client_frame(&c, spoofed, 0, old));
+    for _ in 0..5 {
+        s.write_all(&frame).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(get(&mut cl, "y").as_deref(), Some("new"), "a replayed request executed twice");
+    // And the cluster keeps serving.
+    put(&mut cl, "z", "still serving");
+    assert_eq!(get(&mut cl, "z").as_deref(), Some("still serving"));
+    cl.stop().unwrap();
+}
+
+#[test]
+fn bad_configuration_is_a_clear_error_and_a_nonzero_exit() {
+    let dir = test_dir("badconfig");
+    let spec = LocalSpec { crypto: CryptoMode::InsecureTest, ..LocalSpec::default() };
+    let c = LocalCluster::create(&dir, &spec, Path::new(BINARY)).unwrap();
+    let path = c.config_path().to_path_buf();
+    let good = std::fs::read_to_string(&path).unwrap();
+    let run = |text: &str| {
+        std::fs::write(&path, text).unwrap();
+        let out = Command::new(BINARY).args(["run", "--config"]).arg(&path).args(["--id", "0"]).output().unwrap();
+        assert!(!out.status.success());
+        String::from_utf8(out.stderr).unwrap()
+    };
+    let address = c.cluster.replica(1).unwrap().address.to_string();
+    let err = run(&good.replace(&address, "not-an-address"));
+    assert!(err.contains("cluster.toml") && err.contains("replica[1].address"), "{err}");
+    let err = run(&good.replace("f = 1", "f = 2"));
+    assert!(err.contains("n >= 3f+1"), "{err}");
+    let err = run(&good.replace("[runtime]", "[runtime]\nthreads = 3"));
+    assert!(err.contains("unknown field") && err.contains("threads"), "{err}");
+    std::fs::write(&path, &good).unwrap();
+    std::fs::write(c.cluster.key_file(0), "id = 0\n").unwrap();
+    let out = Command::new(BINARY).args(["run", "--config"]).arg(&path).args(["--id", "0"]).output().unwrap();
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(!out.status.success() && err.contains("node-0.toml") && err.contains("missing field"), "{err}");
+}
+
+#[test]
+fn a_trace_recorded_by_phalanxd_replays_byte_for_byte() {
+    let traces = test_dir("traces-out");
+    let _ = std::fs::remove_dir_all(&traces);
+    let arg = traces.to_str().unwrap().to_string();
+    let mut c = cluster("trace", &["--record-trace", &arg]);
+    let mut cl = client(&c, 0);
+    writes(&mut cl, 0, 60);
+    cl.stop().unwrap();
+    // Quiet now: every round is on disk. SIGKILL, as an operator would.
+    std::thread::sleep(Duration::from_millis(300));
+    for r in 0..4 {
+        c.kill(r);
+    }
+    let files: Vec<PathBuf> = std::fs::read_dir(&traces).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(files.len(), 4, "{files:?}");
+    for f in files {
+        let trace = Trace::parse(&std::fs::read(&f).unwrap()).unwrap();
+        let summary = replay(&trace).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+        assert!(summary.executes > 0 && summary.persists > 0, "{}: {summary}", f.display());
+    }
+}
