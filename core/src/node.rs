@@ -202,7 +202,7 @@ pub enum Output {
         seq: u64,
         snapshot: Vec<u8>,
     },
-    /// PBFT replica: the records persisted before the one with `token` are obsolete (that
+    /// PBFT replica or client: the records persisted before the one with `token` are obsolete (that
     /// record and the later ones suffice to recover), so the host may delete them. Tokens
     /// restart at 1 with each run of a node: after a restart, "before" includes every
     /// record of the earlier runs. Released only once all of them are acknowledged.
@@ -535,8 +535,18 @@ impl Node {
             },
             Input::Recover { record } => match &mut self.role {
                 RoleMachine::Replica(r) => r.recover(&mut self.ctx, now, &record),
+                RoleMachine::Client(c) => c.recover(&record),
                 _ => Err(HandleError::WrongRole { role: self.role(), request: "recover" }),
             },
+        }
+    }
+
+    /// PBFT client: the request number the next accepted `Submit` gets (so a host can
+    /// match `Completed` outputs to its submissions); `None` for other roles.
+    pub fn next_request(&self) -> Option<u64> {
+        match &self.role {
+            RoleMachine::Client(c) => Some(c.next_request()),
+            _ => None,
         }
     }
 

@@ -71,7 +71,6 @@ pub struct Driver {
     sends: Vec<(NodeId, Vec<u8>)>,
     tokens: Vec<u64>,
     followups: VecDeque<Input>,
-    submitted: u64,
     /// A storage failure met while handling outputs, reported at the end of the round.
     failed: Option<StorageError>,
     /// The log position of each record persisted in this run, by token, for compaction.
@@ -131,7 +130,6 @@ impl Driver {
             sends: Vec::new(),
             tokens: Vec::new(),
             followups: VecDeque::new(),
-            submitted: 0,
             failed: None,
             positions: BTreeMap::new(),
         }
@@ -166,8 +164,9 @@ impl Driver {
                         let _ = self.input(Input::Message { from, bytes });
                     }
                     Event::Request(request) => {
+                        let number = self.node.next_request();
                         let accepted = self.input(Input::Request(request.clone()));
-                        self.answer_request(&request, accepted);
+                        self.answer_request(&request, number, accepted);
                     }
                     Event::Stop => stop = true,
                 }
@@ -183,15 +182,11 @@ impl Driver {
         }
     }
 
-    fn answer_request(&mut self, request: &Request, accepted: Result<(), HandleError>) {
-        let event = match (request, accepted) {
-            (Request::Submit { .. }, Ok(())) => {
-                // The core numbers a client's accepted requests 1, 2, 3, …
-                self.submitted += 1;
-                AppEvent::Submitted { request: self.submitted }
-            }
-            (_, Ok(())) => return,
-            (_, Err(e)) => AppEvent::Refused(e),
+    fn answer_request(&mut self, request: &Request, number: Option<u64>, accepted: Result<(), HandleError>) {
+        let event = match (request, number, accepted) {
+            (Request::Submit { .. }, Some(request), Ok(())) => AppEvent::Submitted { request },
+            (_, _, Ok(())) => return,
+            (_, _, Err(e)) => AppEvent::Refused(e),
         };
         self.tell_app(event);
     }

@@ -140,12 +140,16 @@ fn every_replica_killed_at_once_recovers_from_its_own_storage() {
 fn client_frame(c: &LocalCluster, from: NodeId, to: NodeId, op: Vec<u8>) -> Vec<u8> {
     let mut node = Node::new(c.cluster.node_config(from).unwrap()).unwrap();
     node.handle(0, Input::Request(Request::Submit { op })).unwrap();
-    std::iter::from_fn(|| node.poll())
-        .find_map(|o| match o {
-            Output::Send { to: t, bytes } if t == to => Some(bytes),
-            _ => None,
-        })
-        .unwrap()
+    // The request leaves once its number's lease is durable.
+    let mut frame = None;
+    while let Some(o) = node.poll() {
+        match o {
+            Output::Persist { token, .. } => node.handle(0, Input::Persisted { token }).unwrap(),
+            Output::Send { to: t, bytes } if t == to => frame = Some(bytes),
+            _ => {}
+        }
+    }
+    frame.unwrap()
 }
 
 fn framed(bytes: &[u8]) -> Vec<u8> {
@@ -263,4 +267,22 @@ fn a_trace_recorded_by_phalanxd_replays_byte_for_byte() {
         let summary = replay(&trace).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
         assert!(summary.executes > 0 && summary.persists > 0, "{}: {summary}", f.display());
     }
+}
+
+#[test]
+fn the_client_command_works_across_invocations_of_one_client_id() {
+    let c = cluster("cli", &[]);
+    let run = |args: &[&str]| {
+        let out = Command::new(BINARY).arg("client").arg("--config").arg(c.config_path()).args(args).output().unwrap();
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    };
+    // Each invocation is a new process for client 4: its request numbers must not repeat.
+    assert_eq!(run(&["put", "k", "v1"]), "(absent)");
+    assert_eq!(run(&["put", "k", "v2"]), "\"v1\"");
+    assert_eq!(run(&["get", "k"]), "\"v2\"");
+    assert_eq!(run(&["cas", "k", "--expected", "v2", "v3"]), "swapped (was \"v2\")");
+    assert_eq!(run(&["cas", "k", "--expected", "v2", "v4"]), "not swapped (current \"v3\")");
+    assert_eq!(run(&["delete", "k"]), "\"v3\"");
+    assert_eq!(run(&["get", "k"]), "(absent)");
 }

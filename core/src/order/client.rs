@@ -4,6 +4,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use prost::Message;
+
 use super::authenticated_bytes;
 use crate::broadcast::votes::Votes;
 use crate::config::Role;
@@ -20,9 +22,16 @@ struct Pending {
     replies: Votes,
 }
 
+/// Request numbers reserved per persisted lease: one storage write per this many requests.
+const LEASE: u64 = 1024;
+
 pub(crate) struct Client {
     retry_ns: Nanos,
     next_request: u64,
+    /// Numbers below this are durably reserved: a restarted client starts at the lease
+    /// it recovers, so it never reuses a number (replicas would answer a reused number
+    /// with the cached result of the old request).
+    leased: u64,
     pending: BTreeMap<u64, Pending>,
     /// `(sent_at, request)` of every pending request, so the next retransmission is
     /// found without scanning them all.
@@ -32,7 +41,21 @@ pub(crate) struct Client {
 impl Client {
     pub fn new(ctx: &Ctx) -> Self {
         let retry_ns = ctx.cfg.cluster.params.client_retry_ns;
-        Client { retry_ns, next_request: 1, pending: BTreeMap::new(), by_time: BTreeSet::new() }
+        Client { retry_ns, next_request: 1, leased: 1, pending: BTreeMap::new(), by_time: BTreeSet::new() }
+    }
+
+    /// The number the next accepted `Submit` gets.
+    pub fn next_request(&self) -> u64 {
+        self.next_request
+    }
+
+    /// A lease persisted before a restart: numbering resumes above it.
+    pub fn recover(&mut self, bytes: &[u8]) -> Result<(), HandleError> {
+        let lease = pb::ClientLease::decode(bytes)
+            .map_err(|e| HandleError::Invalid(format!("persisted record is not a ClientLease: {e}")))?;
+        self.next_request = self.next_request.max(lease.next_request);
+        self.leased = self.next_request;
+        Ok(())
     }
 
     /// Numbers the op and sends it to every replica; refused (`Backpressure`) while
@@ -53,6 +76,13 @@ impl Client {
         }
         let request = self.next_request;
         self.next_request += 1;
+        if request >= self.leased {
+            // Persisted before the request leaves (the send waits for `Persisted`); each
+            // lease supersedes the ones before it.
+            self.leased = request + LEASE;
+            let token = ctx.persist(pb::ClientLease { next_request: self.leased }.encode_to_vec());
+            ctx.push(Output::Compact { token });
+        }
         let mut op = pb::Operation { client: ctx.me(), request, op, authenticator: vec![] };
         let covered = authenticated_bytes(&op);
         op.authenticator = ctx.brokers.iter().filter_map(|&r| ctx.keys.mac_to(r, &covered)).collect();
@@ -152,9 +182,19 @@ mod tests {
             iter::from_fn(|| self.client.poll()).collect()
         }
 
+        /// Submits `op` as a host with instant storage would: leases are acknowledged at
+        /// once, and the outputs besides them returned.
         fn submit(&mut self, now: Nanos, op: &[u8]) -> Result<Vec<Output>, HandleError> {
             self.client.handle(now, Input::Request(Request::Submit { op: op.to_vec() }))?;
-            Ok(iter::from_fn(|| self.client.poll()).collect())
+            let mut outputs = Vec::new();
+            while let Some(o) = self.client.poll() {
+                match o {
+                    Output::Persist { token, .. } => self.client.handle(now, Input::Persisted { token }).unwrap(),
+                    Output::Compact { .. } => {}
+                    o => outputs.push(o),
+                }
+            }
+            Ok(outputs)
         }
 
         /// `body` sent by `from` to the client, authenticated with `from`'s own key.

@@ -165,3 +165,27 @@ fn a_silent_primary_is_replaced_and_requests_complete() {
     assert_eq!(net.executed[1], net.executed[2]);
     assert_eq!(net.executed[1], net.executed[3]);
 }
+
+#[test]
+fn a_restarted_client_resumes_numbering_above_its_persisted_lease() {
+    let spec = ClusterSpec { protocol: Protocol::Pbft, crypto: CryptoMode::InsecureTest, ..ClusterSpec::new(1) };
+    let cfg = generate_cluster(&spec, [5; 32]).unwrap()[4].clone();
+    let mut client = Node::new(cfg.clone()).unwrap();
+    client.handle(0, Input::Request(Request::Submit { op: b"a".to_vec() })).unwrap();
+    let outputs: Vec<Output> = std::iter::from_fn(|| client.poll()).collect();
+    // The lease is persisted first and the request waits for it.
+    let Some(Output::Persist { token, record }) = outputs.first().cloned() else { panic!("{outputs:?}") };
+    assert!(!outputs.iter().any(|o| matches!(o, Output::Send { .. })), "sent before the lease was durable");
+    client.handle(0, Input::Persisted { token }).unwrap();
+    let released: Vec<Output> = std::iter::from_fn(|| client.poll()).collect();
+    assert!(released.iter().any(|o| matches!(o, Output::Compact { token: t } if *t == token)));
+    assert_eq!(released.iter().filter(|o| matches!(o, Output::Send { .. })).count(), 4);
+    // Later requests within the lease persist nothing.
+    client.handle(0, Input::Request(Request::Submit { op: b"b".to_vec() })).unwrap();
+    assert!(std::iter::from_fn(|| client.poll()).all(|o| matches!(o, Output::Send { .. })));
+
+    let mut restarted = Node::new(cfg).unwrap();
+    restarted.handle(0, Input::Recover { record }).unwrap();
+    assert!(restarted.next_request().unwrap() > 2, "a restarted client would reuse request numbers");
+    assert!(restarted.handle(0, Input::Recover { record: vec![0xff] }).is_err());
+}

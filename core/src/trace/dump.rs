@@ -7,7 +7,7 @@ use std::fmt;
 use prost::Message;
 
 use super::Trace;
-use crate::config::NodeConfig;
+use crate::config::{NodeConfig, Protocol, Role};
 use crate::wire::pb;
 
 /// Renders `trace`: a header block, then one line per record (index, time, input) with
@@ -28,7 +28,13 @@ impl fmt::Display for Dump<'_> {
             header.version,
             header.label.escape_debug()
         )?;
-        match NodeConfig::decode(&header.node_config) {
+        let decoded = NodeConfig::decode(&header.node_config);
+        // What a node persists depends on its role: PBFT clients persist request-number leases.
+        let client = decoded.as_ref().is_ok_and(|cfg| {
+            cfg.cluster.protocol == Protocol::Pbft
+                && cfg.cluster.node(cfg.id).is_some_and(|n| n.role == Role::Publisher)
+        });
+        match decoded {
             Ok(cfg) => {
                 // Decoding validated that the node is in its cluster.
                 let role = cfg.cluster.node(cfg.id).map_or_else(String::new, |n| format!("{:?}", n.role));
@@ -47,7 +53,7 @@ impl fmt::Display for Dump<'_> {
         }
         writeln!(f, "{} records", records.len())?;
         for (i, r) in records.iter().enumerate() {
-            writeln!(f, "#{i} {} ms {}", ms(r.now), describe_input(r.input.as_ref()))?;
+            writeln!(f, "#{i} {} ms {}", ms(r.now), describe_input(r.input.as_ref(), client))?;
             if !r.error.is_empty() {
                 writeln!(f, "    refused: {}", r.error.escape_debug())?;
             }
@@ -56,9 +62,8 @@ impl fmt::Display for Dump<'_> {
                     Some(pb::output_record::Kind::Send(s)) => {
                         writeln!(f, "    -> {}: {}", describe_output(o), frame(&s.bytes))?
                     }
-                    // Only PBFT replicas persist, and what they persist is a ReplicaRecord.
                     Some(pb::output_record::Kind::Persist(p)) => {
-                        writeln!(f, "    -> {}: {}", describe_output(o), replica_record(&p.record))?
+                        writeln!(f, "    -> {}: {}", describe_output(o), persisted(&p.record, client))?
                     }
                     _ => writeln!(f, "    -> {}", describe_output(o))?,
                 }
@@ -136,7 +141,18 @@ fn certificate(c: Option<&pb::Certificate>) -> String {
     }
 }
 
-/// A replica's persisted record (what `Persist` outputs and `Recover` inputs carry).
+/// A persisted record (what `Persist` outputs and `Recover` inputs carry): a PBFT client's
+/// lease, or a replica's record (only PBFT persists).
+fn persisted(bytes: &[u8], client: bool) -> String {
+    if !client {
+        return replica_record(bytes);
+    }
+    match pb::ClientLease::decode(bytes) {
+        Ok(lease) => format!("lease: request numbers below {}", lease.next_request),
+        Err(e) => format!("<not a ClientLease: {e}>"),
+    }
+}
+
 fn replica_record(bytes: &[u8]) -> String {
     use pb::replica_record::Kind;
     match pb::ReplicaRecord::decode(bytes) {
@@ -226,7 +242,7 @@ fn body(kind: &pb::body::Kind) -> String {
     }
 }
 
-fn describe_input(input: Option<&pb::InputRecord>) -> String {
+fn describe_input(input: Option<&pb::InputRecord>, client: bool) -> String {
     use pb::input_record::Kind;
     use pb::request_input::Kind as Req;
     match input.and_then(|i| i.kind.as_ref()) {
@@ -251,7 +267,7 @@ fn describe_input(input: Option<&pb::InputRecord>) -> String {
             e.results.iter().map(Vec::len).sum::<usize>(),
             e.snapshot.as_ref().map_or_else(|| "no snapshot".into(), |s| format!("snapshot {} bytes", s.len()))
         ),
-        Some(Kind::Recover(r)) => format!("Recover ({} bytes): {}", r.record.len(), replica_record(&r.record)),
+        Some(Kind::Recover(r)) => format!("Recover ({} bytes): {}", r.record.len(), persisted(&r.record, client)),
         None => "<no input>".into(),
     }
 }

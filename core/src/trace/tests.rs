@@ -283,8 +283,13 @@ fn client_trace() -> Vec<u8> {
         let reply = pb::Reply { view: 0, request: 1, result: bytes::Bytes::from_static(b"done") };
         frame_from(&cfgs, from, 4, pb::body::Kind::Reply(reply))
     };
-    let inputs =
-        [(1_000, Input::Request(Request::Submit { op: b"incr".to_vec() })), (2_000, reply(1)), (3_000, reply(3))];
+    // The request leaves once the lease on its number is durable.
+    let inputs = [
+        (1_000, Input::Request(Request::Submit { op: b"incr".to_vec() })),
+        (1_500, Input::Persisted { token: 1 }),
+        (2_000, reply(1)),
+        (3_000, reply(3)),
+    ];
     for (now, input) in inputs {
         recorder.handle(now, input).unwrap();
         while recorder.poll().is_some() {}
@@ -296,15 +301,16 @@ fn client_trace() -> Vec<u8> {
 fn pbft_client_trace_replays_and_dumps() {
     let trace = Trace::parse(&client_trace()).unwrap();
     let summary = replay(&trace).unwrap();
-    assert_eq!((summary.records, summary.sends, summary.completions, summary.outputs), (3, 4, 1, 5));
-    assert!(summary.to_string().contains("4 sends, 0 deliveries, 0 persists, 0 faults, 0 executes, 1 completions"));
+    assert_eq!((summary.records, summary.sends, summary.completions, summary.outputs), (4, 4, 1, 7));
+    assert!(summary.to_string().contains("4 sends, 0 deliveries, 1 persists, 0 faults, 0 executes, 1 completions"));
     let text = dump(&trace);
     for needle in [
         "node 4 (Publisher) of 7 nodes, 4 brokers, f = 1",
         "#0 0.001 ms Request Submit op 4 bytes",
         "-> Send to 0 (",
         "sender 4 Request client 4 request 1 op 4 bytes, 1 MAC",
-        "#1 0.002 ms Message from 1",
+        "-> Persist token 1 (3 bytes): lease: request numbers below 1025",
+        "#2 0.002 ms Message from 1",
         "sender 1 Reply view 0 request 1 result 4 bytes, 1 MAC",
         "-> Completed request 1 result 4 bytes",
     ] {
@@ -313,7 +319,7 @@ fn pbft_client_trace_replays_and_dumps() {
 
     // A different result is a divergence that points at the byte.
     let mut t = trace.clone();
-    let Some(pb::output_record::Kind::Completed(c)) = &mut t.records[2].outputs[0].kind else { unreachable!() };
+    let Some(pb::output_record::Kind::Completed(c)) = &mut t.records[3].outputs[0].kind else { unreachable!() };
     c.result[2] ^= 1;
     let err = replay(&t).unwrap_err().to_string();
     assert!(
