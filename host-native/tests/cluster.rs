@@ -286,3 +286,35 @@ fn the_client_command_works_across_invocations_of_one_client_id() {
     assert_eq!(run(&["delete", "k"]), "\"v3\"");
     assert_eq!(run(&["get", "k"]), "(absent)");
 }
+
+#[test]
+fn pubsub_brokers_deliver_publications_to_a_subscriber() {
+    let spec = LocalSpec {
+        protocol: phalanx_core::Protocol::PubSub,
+        clients: 1,
+        subscribers: 1,
+        crypto: CryptoMode::InsecureTest,
+        ..LocalSpec::default()
+    };
+    let mut c = LocalCluster::create(&test_dir("pubsub"), &spec, Path::new(BINARY)).unwrap();
+    c.start_all().unwrap();
+    let subscriber_id = c.cluster.subscribers[0].0;
+    let mut subscriber = ClusterClient::start(&c.cluster, subscriber_id, None).unwrap();
+    let mut publisher = client(&c, 0);
+    // Connections come up in the background; publish once every broker has all of them:
+    // three to and three from the other brokers, the publisher's and the subscriber's.
+    for b in 0..4 {
+        eventually("the broker is connected to everyone", || metric(&c, b, "phalanx_connections") >= 8.0);
+    }
+    let algorithms = [phalanx_core::Algorithm::Ab, phalanx_core::Algorithm::Bracha, phalanx_core::Algorithm::Chain];
+    for (i, algorithm) in algorithms.into_iter().enumerate() {
+        publisher.publish(0, format!("message {i}").into_bytes(), algorithm).unwrap();
+    }
+    let mut got: Vec<String> = (0..3)
+        .map(|_| String::from_utf8(subscriber.next_delivery(TIMEOUT).unwrap().payload).unwrap())
+        .collect();
+    got.sort();
+    assert_eq!(got, ["message 0", "message 1", "message 2"]);
+    publisher.stop().unwrap();
+    subscriber.stop().unwrap();
+}
