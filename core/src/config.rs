@@ -79,14 +79,14 @@ impl Default for Params {
         Params {
             alpha: 0,
             window: 256,
-            max_message_bytes: 1 << 20,
+            max_message_bytes: 32 << 20,
             history_flush_ns: 50_000_000,
             max_topics_per_publisher: 64,
             publish_queue: 1024,
             batch_max_count: 1000,
-            batch_max_bytes: 256 << 10,
+            batch_max_bytes: 128 << 10,
             batch_timeout_ns: 1_000_000,
-            checkpoint_interval: 128,
+            checkpoint_interval: 16,
             pipeline: 16,
             request_timeout_ns: 500_000_000,
             client_queue: 256,
@@ -94,6 +94,11 @@ impl Default for Params {
         }
     }
 }
+
+/// Bytes a prepared slot adds to a VIEW-CHANGE beyond its batch (certificate, framing),
+/// and a message's fixed part; generous, so the bound below holds.
+const SLOT_OVERHEAD: u64 = 1024;
+const MESSAGE_OVERHEAD: u64 = 4096;
 
 /// Protobuf conversions, each field named once.
 macro_rules! params_pb {
@@ -106,6 +111,31 @@ macro_rules! params_pb {
 
             fn to_pb(&self) -> pb::Params {
                 pb::Params { $($field: Some(self.$field)),* }
+            }
+
+            /// Every parameter's name, as hosts spell it in configuration files.
+            pub const NAMES: &'static [&'static str] = &[$(stringify!($field)),*];
+
+            /// The parameter called `name`, if there is one.
+            pub fn get(&self, name: &str) -> Option<u64> {
+                match name {
+                    $(stringify!($field) => Some(self.$field.into()),)*
+                    _ => None,
+                }
+            }
+
+            /// Sets the parameter called `name` (one of [`Params::NAMES`]) for hosts that
+            /// read parameters by name; the error names the parameter and the problem.
+            pub fn set(&mut self, name: &str, value: u64) -> Result<(), ConfigError> {
+                match name {
+                    $(stringify!($field) => {
+                        self.$field = value
+                            .try_into()
+                            .map_err(|_| ConfigError(format!("params.{name} = {value} is out of range")))?
+                    })*
+                    _ => return err(format!("unknown parameter {name:?}; known: {}", Self::NAMES.join(", "))),
+                }
+                Ok(())
             }
         }
     };
@@ -231,14 +261,20 @@ impl ClusterConfig {
             ));
         }
         if self.protocol == Protocol::Pbft {
-            p.validate_pbft()?;
+            p.validate_pbft(self.f)?;
         }
         Ok(())
     }
 }
 
 impl Params {
-    fn validate_pbft(&self) -> Result<(), ConfigError> {
+    /// The largest VIEW-CHANGE: a prepared certificate and batch for every slot of the 2K
+    /// watermark window, each slot bounded by `batch_max_bytes` plus its certificate.
+    pub fn max_view_change_bytes(&self) -> u64 {
+        2 * self.checkpoint_interval as u64 * (self.batch_max_bytes as u64 + SLOT_OVERHEAD) + MESSAGE_OVERHEAD
+    }
+
+    fn validate_pbft(&self, f: u32) -> Result<(), ConfigError> {
         let p = self;
         if p.checkpoint_interval == 0 || p.batch_max_count == 0 {
             return err("params.checkpoint_interval and params.batch_max_count must be at least 1");
@@ -255,6 +291,18 @@ impl Params {
                 "params.batch_max_bytes = {} must be between 1 and max_message_bytes / 2 = {}",
                 p.batch_max_bytes,
                 p.max_message_bytes / 2
+            ));
+        }
+        // A NEW-VIEW relays 2f+1 VIEW-CHANGEs; if it could not be sent, no view change
+        // could complete and a faulty primary would stop the cluster for good.
+        let new_view = (2 * f as u64 + 1) * p.max_view_change_bytes() + MESSAGE_OVERHEAD;
+        if new_view > p.max_message_bytes as u64 {
+            return err(format!(
+                "params.max_message_bytes = {} is too small for a NEW-VIEW of up to {new_view} bytes: \
+                 (2f+1) * (2 * checkpoint_interval * (batch_max_bytes + {SLOT_OVERHEAD}) + {MESSAGE_OVERHEAD}) \
+                 + {MESSAGE_OVERHEAD} with f = {f}, checkpoint_interval = {}, batch_max_bytes = {}; \
+                 raise max_message_bytes or lower checkpoint_interval or batch_max_bytes",
+                p.max_message_bytes, p.checkpoint_interval, p.batch_max_bytes
             ));
         }
         if p.request_timeout_ns == 0 || p.client_retry_ns == 0 {
@@ -494,6 +542,21 @@ mod tests {
             assert_eq!(back.cluster, c.cluster);
             assert_eq!(back.mac_keys, c.mac_keys);
         }
+    }
+
+    #[test]
+    fn a_new_view_must_fit_in_a_message() {
+        let pbft = |f, params| ClusterSpec { protocol: Protocol::Pbft, f, params, ..spec(f) };
+        // The defaults hold up to f = 3.
+        for f in 1..=3 {
+            generate_cluster(&pbft(f, Params::default()), [1; 32]).unwrap();
+        }
+        let big = Params { checkpoint_interval: 128, batch_max_bytes: 256 << 10, ..Params::default() };
+        let e = generate_cluster(&pbft(1, big.clone()), [1; 32]).unwrap_err();
+        assert!(e.0.contains("too small for a NEW-VIEW") && e.0.contains("checkpoint_interval = 128"), "{e}");
+        assert!(big.max_view_change_bytes() > 256 * (256 << 10));
+        // Pub/sub clusters have no view change.
+        generate_cluster(&ClusterSpec { params: big, ..spec(1) }, [1; 32]).unwrap();
     }
 
     #[test]

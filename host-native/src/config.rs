@@ -123,38 +123,6 @@ struct SubscriberToml {
     topics: Vec<u64>,
 }
 
-/// Protocol parameter overrides: each field optional, named as in `phalanx_core::Params`.
-macro_rules! params_toml {
-    ($($field:ident: $ty:ty),* $(,)?) => {
-        #[derive(Clone, Debug, Default, Deserialize, Serialize)]
-        #[serde(deny_unknown_fields)]
-        struct ParamsToml { $(#[serde(default, skip_serializing_if = "Option::is_none")] $field: Option<$ty>),* }
-
-        impl ParamsToml {
-            fn apply(&self, p: &mut Params) {
-                $(if let Some(v) = self.$field { p.$field = v; })*
-            }
-        }
-    };
-}
-
-params_toml!(
-    alpha: u32,
-    window: u32,
-    max_message_bytes: u32,
-    history_flush_ns: u64,
-    max_topics_per_publisher: u32,
-    publish_queue: u32,
-    batch_max_count: u32,
-    batch_max_bytes: u32,
-    batch_timeout_ns: u64,
-    checkpoint_interval: u32,
-    pipeline: u32,
-    request_timeout_ns: u64,
-    client_queue: u32,
-    client_retry_ns: u64,
-);
-
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 struct ClusterToml {
@@ -164,8 +132,9 @@ struct ClusterToml {
     crypto: String,
     #[serde(default = "default_keys")]
     keys: String,
+    /// Protocol parameter overrides, named as in `phalanx_core::Params`.
     #[serde(default)]
-    params: ParamsToml,
+    params: BTreeMap<String, u64>,
     #[serde(default)]
     runtime: Runtime,
     #[serde(default)]
@@ -257,7 +226,9 @@ impl ClusterFile {
         let crypto = parse_crypto(&raw.crypto)
             .ok_or_else(|| bad("crypto", format!("{:?} is not one of \"real\", \"insecure-test\"", raw.crypto)))?;
         let mut params = Params::default();
-        raw.params.apply(&mut params);
+        for (name, &value) in &raw.params {
+            params.set(name, value).map_err(|e| bad(&format!("params.{name}"), e.0))?;
+        }
         let mut seen = BTreeMap::new();
         let mut replicas = Vec::new();
         for (i, r) in raw.replica.iter().enumerate() {
@@ -504,13 +475,15 @@ pub fn keygen(opts: &KeygenOptions) -> Result<PathBuf, ConfigError> {
         );
         write_private(&path, &text).map_err(|e| io(&path, e))?;
     }
+    // Only what differs from the core's defaults is written out.
     let defaults = Params::default();
-    let mut params = ParamsToml::default();
-    macro_rules! changed {
-        ($($field:ident),*) => { $(if opts.params.$field != defaults.$field { params.$field = Some(opts.params.$field); })* };
-    }
-    changed!(batch_max_count, batch_max_bytes, batch_timeout_ns, checkpoint_interval, pipeline, request_timeout_ns);
-    changed!(client_queue, client_retry_ns, max_message_bytes);
+    let params = Params::NAMES
+        .iter()
+        .filter_map(|&name| {
+            let value = opts.params.get(name)?;
+            (Some(value) != defaults.get(name)).then(|| (name.to_string(), value))
+        })
+        .collect();
     let toml = ClusterToml {
         protocol: protocol_name(opts.protocol).into(),
         f: opts.f,
@@ -613,7 +586,11 @@ mod tests {
         check(good.replace("127.0.0.1:7101", "nowhere"), &["replica[1].address", "not a socket address"]);
         check(good.replace("protocol = \"pbft\"", "protocol = \"raft\""), &["protocol", "raft"]);
         check(good.replace("f = 1", "f = 2"), &["n >= 3f+1"]);
-        check(good.replace("batch_max_count = 64", "batch_size = 64"), &["unknown field", "batch_size"]);
+        check(good.replace("batch_max_count = 64", "batch_size = 64"), &["params.batch_size", "unknown parameter"]);
+        check(
+            good.replace("batch_max_count = 64", "batch_max_count = 5000000000"),
+            &["params.batch_max_count", "out of range"],
+        );
         check(good.replace("f = 1", "f = \"one\""), &["line 3", "f = \"one\"", "expected u32"]);
         fs::write(&path, good).unwrap();
 

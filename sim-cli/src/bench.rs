@@ -152,7 +152,6 @@ fn ordered_per_second(f: u32, batch: u32, count: u64) -> f64 {
         batch_max_count: batch,
         batch_timeout_ns: 1_000_000,
         client_queue: outstanding,
-        checkpoint_interval: 128,
         pipeline: 16,
         ..Params::default()
     };

@@ -418,6 +418,10 @@ impl Replica {
         if !self.in_window(ctx, pp.seq) {
             return ctx.stats.beyond_window += 1;
         }
+        // A batch no correct primary cuts would also break the bound on VIEW-CHANGE size.
+        if !within_batch_limits(&ctx.cfg.cluster.params, pp.batch.as_ref()) {
+            return ctx.fault(from, FaultKind::Oversized);
+        }
         let d = batch_digest(pp.batch.as_ref().unwrap_or(&pb::Batch::default()));
         let known = self.log.get(&pp.seq).and_then(|s| s.proposal.as_ref()).map(|(d, _)| *d);
         let parked =
@@ -1028,6 +1032,16 @@ impl Replica {
         }
         Ok(())
     }
+}
+
+/// Whether `batch` is one `cut_batch` could have made: at most `batch_max_count`
+/// operations, and at most `batch_max_bytes` of encoded operations unless it is a single
+/// operation (whose op alone is within `batch_max_bytes`, as every replica admits).
+fn within_batch_limits(p: &crate::config::Params, batch: Option<&pb::Batch>) -> bool {
+    let ops = batch.map_or(&[][..], |b| &b.ops[..]);
+    let bytes: usize = ops.iter().map(Message::encoded_len).sum();
+    ops.len() <= p.batch_max_count as usize
+        && (bytes <= p.batch_max_bytes as usize || (ops.len() == 1 && ops[0].op.len() <= p.batch_max_bytes as usize))
 }
 
 /// This replica's signature on (kind, view, seq, digest).
