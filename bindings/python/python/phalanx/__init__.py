@@ -1,0 +1,184 @@
+"""Phalanx: Byzantine-fault-tolerant broadcast and ordering, from Python.
+
+The sans-IO node API (``Node``, ``Input``, ``Output``) is the Rust core itself, through
+a thin pyo3 adapter (``phalanx._native``). On top of it, in Python:
+
+- ``Trace`` (load, iterate and ``replay()`` a trace through this API) and ``simulate``;
+- ``Client``: an asyncio client of a ``phalanxd`` cluster (key-value put/get/delete/cas);
+- ``Replica``: an asyncio PBFT replica whose application is a Python object, speaking
+  ``phalanxd``'s wire framing so Python and native replicas form one cluster.
+
+Quick start::
+
+    import phalanx
+    configs = phalanx.generate_cluster(f=1, protocol="pbft", clients=1, seed=7)
+    node = phalanx.Node(configs[4])                 # the client
+    node.handle(0, phalanx.Submit(b"op"))
+    for out in node:                                # drains outputs
+        print(out)
+"""
+
+from __future__ import annotations
+
+import builtins
+import os
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+from . import _native
+from ._native import (
+    FAULT_KINDS,
+    BackpressureError,
+    ClusterFile,
+    ConfigError,
+    DivergenceError,
+    HandleError,
+    Input,
+    KvError,
+    KvStore,
+    Node,
+    Operation,
+    Output,
+    PhalanxError,
+    TraceError,
+    TraceRecord,
+    describe_config,
+    generate_cluster,
+    simulate,
+)
+
+__version__ = _native.__version__
+
+
+class TimeoutError(PhalanxError, builtins.TimeoutError):  # noqa: A001 - deliberately shadows
+    """An operation did not complete in time (e.g. no f+1 matching replies).
+
+    A subclass of both ``phalanx.PhalanxError`` and the builtin ``TimeoutError``.
+    """
+
+
+# Input variants, importable at the top level: ``phalanx.Message(sender, data)``.
+Message = Input.Message
+Publish = Input.Publish
+Subscribe = Input.Subscribe
+Submit = Input.Submit
+Timeout = Input.Timeout
+Persisted = Input.Persisted
+Executed = Input.Executed
+Recover = Input.Recover
+
+# Output variants: ``isinstance(out, phalanx.Send)``.
+Send = Output.Send
+Deliver = Output.Deliver
+Persist = Output.Persist
+Fault = Output.Fault
+Execute = Output.Execute
+Completed = Output.Completed
+Restore = Output.Restore
+Compact = Output.Compact
+
+
+class Trace(_native.Trace):
+    """A trace file (DESIGN §3). ``Trace.load(path)`` or ``Trace(data)``; iterate for
+    ``TraceRecord(now, input, outputs, next_timeout, error)``."""
+
+    def replay(self, *, batch: bool = False) -> int:
+        """Replays the trace through the Python API (``Node``, ``handle``/``poll`` or
+        ``handle_many``) and checks every record: the refusal, each output (equal
+        field by field, in order) and the next deadline. Returns the number of outputs
+        compared; raises ``DivergenceError`` naming the first differing record.
+
+        ``batch=True`` feeds every input with one ``handle_many`` call and compares the
+        concatenated outputs (and the refusals) instead of record by record.
+        """
+        node = Node(self.node_config)
+        records = self.records
+        if batch:
+            errors: List[Tuple[int, str]] = []
+            got = node.handle_many([(r.now, r.input) for r in records], errors)
+            expected = [o for r in records for o in r.outputs]
+            want_errors = [(i, r.error) for i, r in enumerate(records) if r.error is not None]
+            if errors != want_errors:
+                raise DivergenceError(f"refusals: expected {want_errors!r}, got {errors!r}")
+            if got != expected:
+                i = next((i for i, (a, b) in enumerate(zip(expected, got)) if a != b), min(len(got), len(expected)))
+                exp = expected[i] if i < len(expected) else None
+                g = got[i] if i < len(got) else None
+                raise DivergenceError(f"output {i}: expected {exp!r}, got {g!r}")
+            return len(got)
+        compared = 0
+        for i, r in enumerate(records):
+            try:
+                node.handle(r.now, r.input)
+                error = None
+            except HandleError as e:
+                error = str(e)
+            if error != r.error:
+                raise DivergenceError(f"record {i}: handle: expected {r.error or 'Ok'!r}, got {error or 'Ok'!r}")
+            got = node.drain()
+            if got != r.outputs:
+                j = next((j for j, (a, b) in enumerate(zip(r.outputs, got)) if a != b), min(len(got), len(r.outputs)))
+                exp = r.outputs[j] if j < len(r.outputs) else None
+                g = got[j] if j < len(got) else None
+                raise DivergenceError(
+                    f"record {i}: output {j}: expected {exp!r}, got {g!r} "
+                    f"({len(r.outputs)} recorded, {len(got)} produced)"
+                )
+            compared += len(got)
+            if node.poll_timeout() != r.next_timeout:
+                raise DivergenceError(
+                    f"record {i}: next timeout: expected {r.next_timeout!r}, got {node.poll_timeout()!r}"
+                )
+        return compared
+
+
+def load_cluster(path: Union[str, "os.PathLike[str]"]) -> ClusterFile:
+    """Loads a ``cluster.toml`` written by ``phalanxd keygen`` (raises ``ConfigError``)."""
+    return ClusterFile.load(os.fspath(path))
+
+
+from . import kv  # noqa: E402
+from .client import Client  # noqa: E402
+from .replica import Replica  # noqa: E402
+
+__all__ = [
+    "BackpressureError",
+    "Client",
+    "ClusterFile",
+    "Compact",
+    "Completed",
+    "ConfigError",
+    "Deliver",
+    "DivergenceError",
+    "Execute",
+    "Executed",
+    "FAULT_KINDS",
+    "Fault",
+    "HandleError",
+    "Input",
+    "KvError",
+    "KvStore",
+    "Message",
+    "Node",
+    "Operation",
+    "Output",
+    "Persist",
+    "Persisted",
+    "PhalanxError",
+    "Publish",
+    "Recover",
+    "Replica",
+    "Restore",
+    "Send",
+    "Submit",
+    "Subscribe",
+    "Timeout",
+    "TimeoutError",
+    "Trace",
+    "TraceError",
+    "TraceRecord",
+    "describe_config",
+    "generate_cluster",
+    "kv",
+    "load_cluster",
+    "simulate",
+]

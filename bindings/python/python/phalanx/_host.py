@@ -1,0 +1,383 @@
+"""The asyncio host shared by ``Client`` and ``Replica``: one core ``Node``, TCP
+connections with ``phalanxd``'s framing, the core's timers, and optional storage.
+
+Wire framing (as ``host-native/src/net.rs``): every node dials every replica; a
+connection opens with a hello, the 4 bytes ``PHX1`` and the dialer's node id (u32
+little-endian), then frames, each a u32 little-endian length and that many bytes. A node
+sends to a replica on the connection it dialed, and to a client on the connection the
+client dialed. Frames are fed to the core as ``Message(sender=<peer id>, data)``; the
+hello is not trusted (the core authenticates every frame).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+import struct
+import time
+import zlib
+from typing import Callable, Deque, Dict, List, Mapping, Optional, Tuple
+
+from ._native import HandleError, Input, Node, Output, PhalanxError
+
+log = logging.getLogger("phalanx")
+
+HELLO_MAGIC = b"PHX1"
+# Far above any frame the core sends (max_message_bytes defaults to 1 MiB): a length
+# prefix over this closes the connection instead of allocating.
+MAX_FRAME = 64 << 20
+# Frames queued for a replica while its connection is down; the oldest are dropped.
+MAX_QUEUED = 8192
+_LEN = struct.Struct("<I")
+
+Address = Tuple[str, int]
+
+
+class Storage:
+    """An append-only file of the records the core asks to persist (``Output.Persist``).
+
+    Each record is stored as u32 LE length, u32 LE CRC-32, bytes; a torn tail (a crash
+    while appending) is truncated on load. ``append`` + ``sync`` (``fsync``) happen before
+    the core is told ``Persisted``. ``compact(token)`` rewrites the file without the
+    records the core declared obsolete (write to a temporary file, then rename).
+    """
+
+    def __init__(self, path: "os.PathLike[str] | str"):
+        self.path = os.fspath(path)
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        # (token of this run or None for earlier runs, record)
+        self._entries: List[Tuple[Optional[int], bytes]] = []
+        for record in self._load():
+            self._entries.append((None, record))
+        self._file = open(self.path, "ab")
+        self._dirty = False
+
+    def _load(self) -> List[bytes]:
+        if not os.path.exists(self.path):
+            return []
+        with open(self.path, "rb") as f:
+            data = f.read()
+        out, at = [], 0
+        while at + 8 <= len(data):
+            n, crc = struct.unpack_from("<II", data, at)
+            body = data[at + 8 : at + 8 + n]
+            if len(body) != n or zlib.crc32(body) != crc:
+                break
+            out.append(bytes(body))
+            at += 8 + n
+        if at != len(data):
+            log.warning("%s: truncating a torn tail of %d bytes", self.path, len(data) - at)
+            with open(self.path, "r+b") as f:
+                f.truncate(at)
+        return out
+
+    def recovered(self) -> List[bytes]:
+        """The records stored by earlier runs, oldest first."""
+        return [r for t, r in self._entries if t is None]
+
+    def append(self, token: int, record: bytes) -> None:
+        self._file.write(struct.pack("<II", len(record), zlib.crc32(record)) + record)
+        self._entries.append((token, record))
+        self._dirty = True
+
+    def sync(self) -> None:
+        if self._dirty:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._dirty = False
+
+    def compact(self, token: int) -> None:
+        keep = [(t, r) for t, r in self._entries if t is not None and t >= token]
+        if len(keep) == len(self._entries):
+            return
+        self.sync()
+        tmp = self.path + ".tmp"
+        with open(tmp, "wb") as f:
+            for _, r in keep:
+                f.write(struct.pack("<II", len(r), zlib.crc32(r)) + r)
+            f.flush()
+            os.fsync(f.fileno())
+        self._file.close()
+        os.replace(tmp, self.path)
+        self._file = open(self.path, "ab")
+        self._entries = keep
+
+    def close(self) -> None:
+        try:
+            self.sync()
+        finally:
+            self._file.close()
+
+
+class _Peer:
+    """A replica this node dials: its connection (when up) and the frames waiting for it."""
+
+    def __init__(self, id: int, address: Address):
+        self.id = id
+        self.address = address
+        self.writer: Optional[asyncio.StreamWriter] = None
+        self.queue: Deque[bytes] = collections.deque(maxlen=MAX_QUEUED)
+        self.task: Optional[asyncio.Task] = None
+
+
+def _frame(data: bytes) -> bytes:
+    return _LEN.pack(len(data)) + data
+
+
+class Host:
+    """Runs one core node on asyncio. ``on_output`` sees the outputs the host does not
+    handle itself (``Execute``, ``Restore``, ``Completed``, ``Deliver``); it may return
+    follow-up inputs (e.g. ``Executed``)."""
+
+    def __init__(
+        self,
+        config: bytes,
+        replicas: Mapping[int, Address],
+        *,
+        on_output: Callable[[Output], Optional[Input]],
+        storage: Optional["os.PathLike[str] | str"] = None,
+        listen: Optional[Address] = None,
+    ):
+        self.node = Node(config)
+        self.id: int = self.node.id
+        self._replicas = {int(k): (str(v[0]), int(v[1])) for k, v in replicas.items()}
+        missing = [r for r in self.node.replica_ids if r not in self._replicas]
+        if missing:
+            raise PhalanxError(f"no address for replica(s) {missing}: pass every replica's (host, port)")
+        self._on_output = on_output
+        self._storage_path = storage
+        self.storage: Optional[Storage] = None
+        self._listen = listen
+        self._start_ns = time.monotonic_ns()
+        self._peers: Dict[int, _Peer] = {
+            r: _Peer(r, self._replicas[r]) for r in self.node.replica_ids if r != self.id
+        }
+        self._accepted: Dict[int, asyncio.StreamWriter] = {}
+        self._conn_tasks: set = set()
+        self._server: Optional[asyncio.base_events.Server] = None
+        self._timer: Optional[asyncio.TimerHandle] = None
+        self._timer_at: Optional[int] = None
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._closed = False
+        self.faults: Dict[Tuple[int, str], int] = collections.Counter()
+        self.frames_in = 0
+        self.frames_out = 0
+
+    def now(self) -> int:
+        return time.monotonic_ns() - self._start_ns
+
+    # -- life cycle ---------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        if self._storage_path is not None:
+            self.storage = Storage(self._storage_path)
+            for record in self.storage.recovered():
+                self.process(Input.Recover(record), raise_errors=True)
+        if self._listen is not None:
+            host, port = self._listen
+            self._server = await asyncio.start_server(self._on_accept, host, port)
+        for peer in self._peers.values():
+            peer.task = self._loop.create_task(self._dial(peer))
+        self._reschedule()
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._server is not None:
+            self._server.close()
+        tasks = [p.task for p in self._peers.values() if p.task is not None] + list(self._conn_tasks)
+        for p in self._peers.values():
+            if p.writer is not None:
+                p.writer.close()
+        for w in list(self._accepted.values()):
+            w.close()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._server is not None:
+            try:
+                await asyncio.wait_for(self._server.wait_closed(), 1.0)
+            except (asyncio.TimeoutError, Exception):
+                pass
+        if self.storage is not None:
+            self.storage.close()
+
+    # -- the core -------------------------------------------------------------------------
+
+    def process(self, input: Input, *, raise_errors: bool = False) -> None:
+        """Feeds one input and settles: sends, persistence (acknowledged after ``fsync``
+        or at once without storage), follow-ups, the timer. A refused input raises
+        ``HandleError`` when ``raise_errors``, and is logged otherwise."""
+        if self._closed:
+            raise PhalanxError("this node is stopped")
+        try:
+            self.node.handle(self.now(), input)
+        except HandleError:
+            if raise_errors:
+                self._settle(self.node.drain())
+                raise
+            log.exception("node %d refused %r", self.id, input)
+        self._settle(self.node.drain())
+
+    def _feed(self, inputs: List[Tuple[int, Input]]) -> None:
+        if self._closed:
+            return
+        errors: List[Tuple[int, str]] = []
+        outputs = self.node.handle_many(inputs, errors)
+        for i, e in errors:
+            log.error("node %d refused input %d: %s", self.id, i, e)
+        self._settle(outputs)
+
+    def _settle(self, outputs: List[Output]) -> None:
+        followups: Deque[Input] = collections.deque()
+        while True:
+            tokens: List[int] = []
+            for out in outputs:
+                if isinstance(out, Output.Send):
+                    self._send(out.to, out.data)
+                elif isinstance(out, Output.Persist):
+                    if self.storage is not None:
+                        self.storage.append(out.token, out.record)
+                    tokens.append(out.token)
+                elif isinstance(out, Output.Fault):
+                    self.faults[(out.node, out.kind)] += 1
+                    log.debug("node %d: fault by %d: %s", self.id, out.node, out.kind)
+                elif isinstance(out, Output.Compact):
+                    if self.storage is not None:
+                        self.storage.compact(out.token)
+                else:
+                    follow = self._on_output(out)
+                    if follow is not None:
+                        followups.append(follow)
+            if tokens:
+                if self.storage is not None:
+                    self.storage.sync()
+                followups.extend(Input.Persisted(t) for t in tokens)
+            if not followups:
+                break
+            now = self.now()
+            batch = [(now, followups.popleft()) for _ in range(len(followups))]
+            errors: List[Tuple[int, str]] = []
+            outputs = self.node.handle_many(batch, errors)
+            for i, e in errors:
+                log.error("node %d refused a host input %r: %s", self.id, batch[i][1], e)
+        self._reschedule()
+
+    def _reschedule(self) -> None:
+        if self._closed or self._loop is None:
+            return
+        at = self.node.poll_timeout()
+        if at == self._timer_at and (self._timer is not None or at is None):
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._timer_at = at
+        if at is not None:
+            delay = max(0.0, (at - self.now()) / 1e9)
+            self._timer = self._loop.call_later(delay, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._timer_at = None
+        if self._closed:
+            return
+        at = self.node.poll_timeout()
+        if at is not None and at <= self.now():
+            self.process(Input.Timeout())
+        else:
+            self._reschedule()
+
+    # -- network --------------------------------------------------------------------------
+
+    def _send(self, to: int, data: bytes) -> None:
+        frame = _frame(data)
+        peer = self._peers.get(to)
+        if peer is not None:
+            if peer.writer is not None and not peer.writer.is_closing():
+                peer.writer.write(frame)
+                self.frames_out += 1
+            else:
+                peer.queue.append(frame)
+            return
+        w = self._accepted.get(to)
+        if w is not None and not w.is_closing():
+            if w.transport.get_write_buffer_size() < MAX_FRAME:
+                w.write(frame)
+                self.frames_out += 1
+        # Otherwise: a client that is not connected; it retries.
+
+    async def _dial(self, peer: _Peer) -> None:
+        backoff = 0.02
+        while not self._closed:
+            try:
+                reader, writer = await asyncio.open_connection(*peer.address)
+            except OSError:
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 0.5)
+                continue
+            backoff = 0.02
+            writer.write(HELLO_MAGIC + _LEN.pack(self.id))
+            while peer.queue:
+                writer.write(peer.queue.popleft())
+            peer.writer = writer
+            try:
+                await self._read_frames(reader, peer.id)
+            except (OSError, asyncio.IncompleteReadError):
+                pass
+            finally:
+                peer.writer = None
+                writer.close()
+            if not self._closed:
+                await asyncio.sleep(backoff)
+
+    async def _on_accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        self._conn_tasks.add(task)
+        sender = None
+        try:
+            hello = await asyncio.wait_for(reader.readexactly(8), 10.0)
+            if hello[:4] != HELLO_MAGIC:
+                return
+            (sender,) = _LEN.unpack(hello[4:])
+            self._accepted[sender] = writer
+            await self._read_frames(reader, sender)
+        except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError):
+            pass
+        except asyncio.CancelledError:
+            # Closing: end quietly (asyncio's server callback would report a cancelled
+            # handler task as an error on Python < 3.12).
+            pass
+        finally:
+            if sender is not None and self._accepted.get(sender) is writer:
+                del self._accepted[sender]
+            writer.close()
+            self._conn_tasks.discard(task)
+
+    async def _read_frames(self, reader: asyncio.StreamReader, sender: int) -> None:
+        buf = bytearray()
+        while not self._closed:
+            chunk = await reader.read(1 << 16)
+            if not chunk:
+                return
+            buf += chunk
+            batch = []
+            at = 0
+            while len(buf) - at >= 4:
+                (n,) = _LEN.unpack_from(buf, at)
+                if n > MAX_FRAME:
+                    log.warning("node %d: frame of %d bytes from %d: closing", self.id, n, sender)
+                    return
+                if len(buf) - at - 4 < n:
+                    break
+                batch.append(Input.Message(sender, bytes(buf[at + 4 : at + 4 + n])))
+                at += 4 + n
+            del buf[:at]
+            if batch:
+                self.frames_in += len(batch)
+                now = self.now()
+                self._feed([(now, m) for m in batch])

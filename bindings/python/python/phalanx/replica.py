@@ -1,0 +1,115 @@
+"""``phalanx.Replica``: a PBFT replica hosted on asyncio whose application is a Python
+object. It speaks ``phalanxd``'s framing, so Python and native replicas form one cluster."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Dict, Mapping, Optional, Union
+
+from ._host import Address, Host
+from ._native import ClusterFile, Input, Output, PhalanxError
+
+log = logging.getLogger("phalanx")
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+class Replica:
+    """A PBFT replica whose state machine is ``app``:
+
+    - ``app.execute(op: bytes) -> bytes`` runs one ordered operation (deterministic!);
+    - ``app.snapshot() -> bytes`` captures the state at checkpoints;
+    - ``app.restore(snapshot: bytes)`` replaces it (state transfer, restart).
+
+    ``Replica(config, replicas, app)`` listens on its own address in ``replicas`` (or
+    ``listen``) and dials the others. Persistence: with ``storage=None`` the core's
+    records are acknowledged at once and kept nowhere, so a restarted replica starts
+    empty (it must rejoin as a new, lagging replica: do not restart more than f of them);
+    with ``storage=<file>`` they go to an append-only log, ``fsync``\\ ed before being
+    acknowledged, and are fed back (``Input.Recover``) on start.
+
+    An exception from ``execute`` is logged and the operation's result is ``b""``.
+    To share state with native ``phalanxd`` replicas use ``phalanx.KvStore()``.
+    """
+
+    def __init__(
+        self,
+        config: bytes,
+        replicas: Mapping[int, Address],
+        app: Any,
+        *,
+        storage: Optional[PathLike] = None,
+        listen: Optional[Address] = None,
+    ):
+        for name in ("execute", "snapshot", "restore"):
+            if not callable(getattr(app, name, None)):
+                raise TypeError(f"the application must have a callable {name}() method ({type(app).__name__} has none)")
+        self.app = app
+        self._host = Host(config, replicas, on_output=self._on_output, storage=storage, listen=None)
+        node = self._host.node
+        if node.protocol != "pbft" or node.role != "broker":
+            raise PhalanxError(f"node {node.id} is a {node.protocol} {node.role}, not a PBFT replica")
+        self._host._listen = listen or self._host._replicas[node.id]
+        self._checkpoint_interval = node.checkpoint_interval
+        self.executed_ops = 0
+
+    @classmethod
+    def from_cluster_file(
+        cls, path: PathLike, id: int, app: Any, *, storage: Optional[PathLike] = None
+    ) -> "Replica":
+        """Replica ``id`` of the cluster in ``path`` (``cluster.toml`` from ``phalanxd keygen``)."""
+        cluster = ClusterFile.load(os.fspath(path))
+        return cls(cluster.node_config(id), cluster.replicas, app, storage=storage)
+
+    @property
+    def id(self) -> int:
+        return self._host.id
+
+    @property
+    def node(self):
+        """The core node (for ``status()`` and ``stats()``; do not feed it directly)."""
+        return self._host.node
+
+    @property
+    def faults(self) -> Dict:
+        """Fault evidence seen so far: ``{(node, kind): count}``."""
+        return dict(self._host.faults)
+
+    def status(self) -> Dict[str, Any]:
+        return self._host.node.status()
+
+    async def start(self) -> None:
+        await self._host.start()
+
+    async def stop(self) -> None:
+        await self._host.close()
+
+    async def __aenter__(self) -> "Replica":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.stop()
+
+    def _on_output(self, out: Output) -> Optional[Input]:
+        if isinstance(out, Output.Execute):
+            results = []
+            for op in out.ops:
+                try:
+                    r = self.app.execute(op.op)
+                    results.append(bytes(r))
+                except Exception:
+                    log.exception("replica %d: execute raised on batch %d; result b''", self.id, out.seq)
+                    results.append(b"")
+            self.executed_ops += len(results)
+            snapshot = None
+            if out.seq % self._checkpoint_interval == 0:
+                snapshot = bytes(self.app.snapshot())
+            return Input.Executed(out.seq, results, snapshot)
+        if isinstance(out, Output.Restore):
+            log.info("replica %d: restoring the application at batch %d", self.id, out.seq)
+            self.app.restore(out.snapshot)
+        return None
+
+    def __repr__(self) -> str:
+        return f"Replica(id={self.id}, app={type(self.app).__name__})"

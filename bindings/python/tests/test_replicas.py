@@ -1,0 +1,174 @@
+"""A cluster of four Python-hosted replicas on loopback (asyncio, phalanxd's framing):
+they agree on a workload, also with one replica stopped; and a file-backed replica
+recovers from its log."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+import phalanx
+
+from .conftest import free_ports
+
+MS = 1_000_000
+PARAMS = {
+    "checkpoint_interval": 8,
+    "pipeline": 8,
+    "batch_timeout_ns": MS,
+    "request_timeout_ns": 300 * MS,
+    "client_retry_ns": 100 * MS,
+}
+
+
+class Counter:
+    """The replicated application: a counter and the history of its operations."""
+
+    def __init__(self):
+        self.value = 0
+        self.ops = 0
+
+    def execute(self, op: bytes) -> bytes:
+        self.ops += 1
+        if op.startswith(b"add:"):
+            self.value += int(op[4:])
+        return str(self.value).encode()
+
+    def snapshot(self) -> bytes:
+        return json.dumps([self.value, self.ops]).encode()
+
+    def restore(self, snapshot: bytes) -> None:
+        self.value, self.ops = json.loads(snapshot)
+
+
+def cluster(seed: int, clients: int = 1):
+    configs = phalanx.generate_cluster(f=1, protocol="pbft", clients=clients, seed=seed, params=PARAMS)
+    ports = free_ports(4)
+    addrs = {i: ("127.0.0.1", ports[i]) for i in range(4)}
+    return configs, addrs
+
+
+async def settle(replicas, want_ops, timeout=10.0):
+    """Waits until every replica has executed `want_ops` operations."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while loop.time() < end:
+        if all(r.app.ops >= want_ops for r in replicas):
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"replicas executed {[r.app.ops for r in replicas]}, expected {want_ops}")
+
+
+def test_four_python_replicas_agree_with_one_stopped():
+    async def main():
+        configs, addrs = cluster(seed=11)
+        replicas = [phalanx.Replica(configs[i], addrs, Counter()) for i in range(4)]
+        for r in replicas:
+            await r.start()
+        client = phalanx.Client(configs[4], addrs, timeout=15)
+        try:
+            async with client:
+                results = []
+                for i in range(1, 21):
+                    results.append(int(await client.execute(b"add:%d" % i)))
+                assert results == [sum(range(1, i + 1)) for i in range(1, 21)]
+                # Concurrent submissions are ordered too.
+                concurrent = await asyncio.gather(*(client.execute(b"add:1") for _ in range(10)))
+                assert sorted(int(x) for x in concurrent) == list(range(211, 221))
+                await settle(replicas, 30)
+                assert len({r.app.value for r in replicas}) == 1
+
+                # Stop the primary of view 0: a view change, then progress with three.
+                assert replicas[0].status()["primary"]
+                await replicas[0].stop()
+                live = replicas[1:]
+                for i in range(10):
+                    assert int(await client.execute(b"add:100")) == 220 + 100 * (i + 1)
+                await settle(live, 40)
+                assert {r.app.value for r in live} == {1220}
+                assert {r.app.ops for r in live} == {40}
+                assert all(r.status()["view"] >= 1 for r in live)
+                assert sum(r.status()["view_changes"] for r in live) >= 1
+                assert await client.execute(b"get") == b"1220"
+        finally:
+            for r in replicas:
+                await r.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_replica_recovers_from_its_log(tmp_path):
+    """A replica with file storage is stopped and restarted: it recovers from its log and
+    catches up with the others."""
+
+    async def main():
+        configs, addrs = cluster(seed=12)
+        storage = {i: tmp_path / f"replica-{i}.log" for i in range(4)}
+        replicas = [phalanx.Replica(configs[i], addrs, Counter(), storage=storage[i]) for i in range(4)]
+        for r in replicas:
+            await r.start()
+        client = phalanx.Client(configs[4], addrs, timeout=15, storage=tmp_path / "client.log")
+        try:
+            async with client:
+                for _ in range(10):
+                    await client.execute(b"add:1")
+                await replicas[3].stop()
+                for _ in range(10):
+                    await client.execute(b"add:1")
+                # Restart replica 3 from its log, with a fresh application object.
+                replicas[3] = phalanx.Replica(configs[3], addrs, Counter(), storage=storage[3])
+                await replicas[3].start()
+                for _ in range(12):
+                    await client.execute(b"add:1")
+                # Stop another replica: replica 3 is needed for the quorum now.
+                await replicas[1].stop()
+                for _ in range(4):
+                    assert int(await client.execute(b"add:1")) > 32
+                assert int(await client.execute(b"get")) == 36
+                live = [replicas[0], replicas[2], replicas[3]]
+                loop = asyncio.get_running_loop()
+                end = loop.time() + 10
+                while loop.time() < end and len({r.app.value for r in live}) != 1:
+                    await asyncio.sleep(0.02)
+                assert {r.app.value for r in live} == {36}
+        finally:
+            for r in replicas:
+                await r.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 90))
+
+
+def test_client_times_out_without_a_quorum():
+    async def main():
+        configs, addrs = cluster(seed=13)
+        # Only two replicas: no quorum.
+        replicas = [phalanx.Replica(configs[i], addrs, Counter()) for i in range(2)]
+        for r in replicas:
+            await r.start()
+        try:
+            async with phalanx.Client(configs[4], addrs) as client:
+                with pytest.raises(phalanx.TimeoutError, match="no f\\+1 matching replies within 0.5s"):
+                    await client.execute(b"add:1", timeout=0.5)
+                with pytest.raises(TypeError):
+                    await client.execute("add:1")
+        finally:
+            for r in replicas:
+                await r.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_replica_argument_errors():
+    configs, addrs = cluster(seed=14)
+    with pytest.raises(TypeError, match="execute"):
+        phalanx.Replica(configs[0], addrs, object())
+    with pytest.raises(phalanx.PhalanxError, match="not a PBFT replica"):
+        phalanx.Replica(configs[4], addrs, Counter())
+    with pytest.raises(phalanx.PhalanxError, match="not a PBFT client"):
+        phalanx.Client(configs[0], addrs)
+    with pytest.raises(phalanx.PhalanxError, match="no address"):
+        phalanx.Client(configs[4], {0: addrs[0]})
+    with pytest.raises(phalanx.ConfigError):
+        phalanx.Replica(b"garbage", addrs, Counter())
