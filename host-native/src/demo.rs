@@ -7,10 +7,10 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use phalanx_core::NodeId;
 use phalanx_core::sim::kv::{self, Reply};
+use phalanx_core::{HandleError, NodeId};
 
-use crate::client::ClusterClient;
+use crate::client::{ClientError, ClusterClient};
 use crate::local_cluster::{LocalCluster, LocalSpec};
 use crate::metrics::{scrape, value};
 
@@ -37,36 +37,53 @@ struct Acknowledged {
     writes: u64,
 }
 
-/// Runs `ops` puts (several in flight at once) and records each acknowledged value.
-fn write_phase(client: &mut ClusterClient, phase: u32, ops: u64, acked: &mut Acknowledged) -> Result<Duration, String> {
+/// Orders every operation of `ops`, up to 64 in flight at once, handing each result to
+/// `done` with the operation's tag.
+fn pipelined<T>(
+    client: &mut ClusterClient,
+    ops: impl IntoIterator<Item = (Vec<u8>, T)>,
+    mut done: impl FnMut(T, Vec<u8>) -> Result<(), String>,
+) -> Result<Duration, String> {
     let started = Instant::now();
+    let mut ops = ops.into_iter().peekable();
     let mut in_flight = BTreeMap::new();
-    let mut next = 0;
     let timeout = Duration::from_secs(30);
-    while next < ops || !in_flight.is_empty() {
-        while next < ops && in_flight.len() < 64 {
-            let key = format!("key-{}", next % 500);
-            let value = format!("phase-{phase}-op-{next}");
-            match client.submit(kv::put(key.as_bytes(), value.as_bytes())) {
+    while ops.peek().is_some() || !in_flight.is_empty() {
+        while in_flight.len() < 64
+            && let Some((op, _)) = ops.peek()
+        {
+            match client.submit(op.clone()) {
                 Ok(request) => {
-                    in_flight.insert(request, (key, value));
-                    next += 1;
+                    in_flight.insert(request, ops.next().expect("peeked").1);
                 }
-                Err(crate::client::ClientError::Refused(phalanx_core::HandleError::Backpressure)) => break,
+                Err(ClientError::Refused(HandleError::Backpressure)) => break,
                 Err(e) => return Err(e.to_string()),
             }
         }
-        let (request, result) = client.next_completion(timeout).map_err(|e| format!("phase {phase}: {e}"))?;
-        if let Some((key, value)) = in_flight.remove(&request) {
-            match Reply::decode(&result) {
-                Ok(Reply::Value(_)) => {}
-                other => return Err(format!("put {key}: unexpected reply {other:?}")),
-            }
-            acked.values.insert(key, value);
-            acked.writes += 1;
+        let (request, result) = client.next_completion(timeout).map_err(|e| e.to_string())?;
+        if let Some(tag) = in_flight.remove(&request) {
+            done(tag, result)?;
         }
     }
     Ok(started.elapsed())
+}
+
+/// Runs `ops` puts and records each acknowledged value.
+fn write_phase(client: &mut ClusterClient, phase: u32, ops: u64, acked: &mut Acknowledged) -> Result<Duration, String> {
+    let puts = (0..ops).map(|i| {
+        let (key, value) = (format!("key-{}", i % 500), format!("phase-{phase}-op-{i}"));
+        (kv::put(key.as_bytes(), value.as_bytes()), (key, value))
+    });
+    pipelined(client, puts, |(key, value), result| {
+        match Reply::decode(&result) {
+            Ok(Reply::Value(_)) => {}
+            other => return Err(format!("phase {phase}: put {key}: unexpected reply {other:?}")),
+        }
+        acked.values.insert(key, value);
+        acked.writes += 1;
+        Ok(())
+    })
+    .map_err(|e| format!("phase {phase}: {e}"))
 }
 
 fn executed(cluster: &LocalCluster, id: NodeId) -> Option<f64> {
@@ -112,20 +129,15 @@ pub fn run(a: DemoArgs) -> Result<(), String> {
         println!("phase 3: {} puts with every replica up in {took:.2?}", a.ops);
 
         // Every acknowledged write must be there: read every key back through consensus.
-        let started = Instant::now();
-        for (key, want) in &acked.values {
-            let got = client.execute(kv::get(key.as_bytes()), Duration::from_secs(30)).map_err(|e| e.to_string())?;
-            match Reply::decode(&got) {
-                Ok(Reply::Value(Some(v))) if v == want.as_bytes() => {}
-                other => {
-                    return Err(format!("get {key}: expected {want:?}, got {other:?}: an acknowledged write was lost"));
-                }
-            }
-        }
+        let gets = acked.values.iter().map(|(key, want)| (kv::get(key.as_bytes()), (key, want)));
+        let took = pipelined(&mut client, gets, |(key, want), got| match Reply::decode(&got) {
+            Ok(Reply::Value(Some(v))) if v == want.as_bytes() => Ok(()),
+            other => Err(format!("get {key}: expected {want:?}, got {other:?}: an acknowledged write was lost")),
+        })?;
         println!(
             "read back all {} keys in {:.2?}: every one of the {} acknowledged writes is there",
             acked.values.len(),
-            started.elapsed(),
+            took,
             acked.writes
         );
 

@@ -119,6 +119,9 @@ impl LocalCluster {
             .arg("--id")
             .arg(id.to_string())
             .args(&self.extra_args)
+            // The pipe closes when this process ends, however it ends: so do the replicas.
+            .arg("--exit-with-stdin")
+            .stdin(Stdio::piped())
             .env("PHALANX_LOG", std::env::var("PHALANX_LOG").unwrap_or_else(|_| "info".into()))
             .stdout(Stdio::null())
             .stderr(log)

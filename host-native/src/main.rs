@@ -95,6 +95,10 @@ struct RunArgs {
     /// Truncate a corrupted log at its first bad record instead of refusing to start.
     #[arg(long)]
     repair: bool,
+    /// Exit when standard input closes: a replica started by another program (demo,
+    /// bench, a supervisor) dies with it, even if that program is killed.
+    #[arg(long)]
+    exit_with_stdin: bool,
 }
 
 #[derive(Args)]
@@ -223,6 +227,13 @@ fn run_cmd(a: RunArgs) -> Result<(), String> {
     let cluster = load(&a.config)?;
     if cluster.replica(a.id).is_none() {
         return Err(format!("{}: node {} is not a replica of this cluster", a.config.display(), a.id));
+    }
+    if a.exit_with_stdin {
+        std::thread::spawn(|| {
+            let _ = std::io::copy(&mut std::io::stdin(), &mut std::io::sink());
+            tracing::info!("standard input closed: exiting");
+            std::process::exit(0);
+        });
     }
     let opts = StartOptions { record_trace: a.record_trace, repair: a.repair, data_dir: None };
     let node = runtime::start(&cluster, a.id, &opts).map_err(|e| e.to_string())?;

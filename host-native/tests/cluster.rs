@@ -310,9 +310,8 @@ fn pubsub_brokers_deliver_publications_to_a_subscriber() {
     for (i, algorithm) in algorithms.into_iter().enumerate() {
         publisher.publish(0, format!("message {i}").into_bytes(), algorithm).unwrap();
     }
-    let mut got: Vec<String> = (0..3)
-        .map(|_| String::from_utf8(subscriber.next_delivery(TIMEOUT).unwrap().payload).unwrap())
-        .collect();
+    let mut got: Vec<String> =
+        (0..3).map(|_| String::from_utf8(subscriber.next_delivery(TIMEOUT).unwrap().payload).unwrap()).collect();
     got.sort();
     assert_eq!(got, ["message 0", "message 1", "message 2"]);
     publisher.stop().unwrap();
