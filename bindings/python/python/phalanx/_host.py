@@ -381,3 +381,32 @@ class Host:
                 self.frames_in += len(batch)
                 now = self.now()
                 self._feed([(now, m) for m in batch])
+
+
+class Hosted:
+    """What the asyncio client and replica share: a :class:`Host` started and stopped
+    with them, usable as ``async with``."""
+
+    _host: Host
+
+    @property
+    def id(self) -> int:
+        return self._host.id
+
+    @property
+    def node(self):
+        """The core node (for ``status()`` and ``stats()``; do not feed it directly)."""
+        return self._host.node
+
+    async def start(self) -> None:
+        await self._host.start()
+
+    async def stop(self) -> None:
+        await self._host.close()
+
+    async def __aenter__(self):
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.stop()

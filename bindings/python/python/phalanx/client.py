@@ -8,13 +8,13 @@ import os
 from typing import Dict, Mapping, Optional, Tuple, Union
 
 from . import kv
-from ._host import Address, Host
+from ._host import Address, Host, Hosted
 from ._native import BackpressureError, ClusterFile, Input, Output, PhalanxError
 
 PathLike = Union[str, "os.PathLike[str]"]
 
 
-class Client:
+class Client(Hosted):
     """A PBFT client node hosted on asyncio, connected to every replica.
 
     ``Client(config, replicas)`` takes this client's encoded configuration and every
@@ -71,33 +71,19 @@ class Client:
             storage = None
         return cls(cluster.node_config(id), cluster.replicas, storage=storage, timeout=timeout)
 
-    @property
-    def id(self) -> int:
-        return self._host.id
-
-    @property
-    def node(self):
-        """The core node (for status and stats; do not feed it directly)."""
-        return self._host.node
-
     async def start(self) -> None:
         if not self._started:
             self._completed_event = asyncio.Event()
-            await self._host.start()
+            await super().start()
             self._started = True
 
-    async def close(self) -> None:
+    async def stop(self) -> None:
         for fut in self._pending.values():
             if not fut.done():
                 fut.cancel()
-        await self._host.close()
+        await super().stop()
 
-    async def __aenter__(self) -> "Client":
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.close()
+    close = stop
 
     def _on_output(self, out: Output) -> Optional[Input]:
         if isinstance(out, Output.Completed):

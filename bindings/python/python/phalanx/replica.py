@@ -7,14 +7,14 @@ import logging
 import os
 from typing import Any, Dict, Mapping, Optional, Union
 
-from ._host import Address, Host
+from ._host import Address, Host, Hosted
 from ._native import ClusterFile, Input, Output, PhalanxError
 
 log = logging.getLogger("phalanx")
 PathLike = Union[str, "os.PathLike[str]"]
 
 
-class Replica:
+class Replica(Hosted):
     """A PBFT replica whose state machine is ``app``:
 
     - ``app.execute(op: bytes) -> bytes`` runs one ordered operation (deterministic!);
@@ -62,34 +62,12 @@ class Replica:
         return cls(cluster.node_config(id), cluster.replicas, app, storage=storage)
 
     @property
-    def id(self) -> int:
-        return self._host.id
-
-    @property
-    def node(self):
-        """The core node (for ``status()`` and ``stats()``; do not feed it directly)."""
-        return self._host.node
-
-    @property
     def faults(self) -> Dict:
         """Fault evidence seen so far: ``{(node, kind): count}``."""
         return dict(self._host.faults)
 
     def status(self) -> Dict[str, Any]:
         return self._host.node.status()
-
-    async def start(self) -> None:
-        await self._host.start()
-
-    async def stop(self) -> None:
-        await self._host.close()
-
-    async def __aenter__(self) -> "Replica":
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.stop()
 
     def _on_output(self, out: Output) -> Optional[Input]:
         if isinstance(out, Output.Execute):
