@@ -74,6 +74,22 @@ pub enum Protocol {
     Pbft,
 }
 
+impl Protocol {
+    pub const ALL: [Protocol; 2] = [Protocol::PubSub, Protocol::Pbft];
+
+    /// The name configuration files and bindings use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Protocol::PubSub => "pubsub",
+            Protocol::Pbft => "pbft",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.name() == name)
+    }
+}
+
 impl Default for Params {
     fn default() -> Self {
         Params {

@@ -177,36 +177,6 @@ pub struct ClusterFile {
     pub subscribers: Vec<(NodeId, Vec<u64>)>,
 }
 
-fn parse_protocol(s: &str) -> Option<Protocol> {
-    match s {
-        "pbft" => Some(Protocol::Pbft),
-        "pubsub" => Some(Protocol::PubSub),
-        _ => None,
-    }
-}
-
-fn protocol_name(p: Protocol) -> &'static str {
-    match p {
-        Protocol::Pbft => "pbft",
-        Protocol::PubSub => "pubsub",
-    }
-}
-
-fn parse_crypto(s: &str) -> Option<CryptoMode> {
-    match s {
-        "real" => Some(CryptoMode::Real),
-        "insecure-test" => Some(CryptoMode::InsecureTest),
-        _ => None,
-    }
-}
-
-fn crypto_name(c: CryptoMode) -> &'static str {
-    match c {
-        CryptoMode::Real => "real",
-        CryptoMode::InsecureTest => "insecure-test",
-    }
-}
-
 fn read(path: &Path) -> Result<String, ConfigError> {
     fs::read_to_string(path).map_err(|e| ConfigError::new(path, None, format!("cannot read: {e}")))
 }
@@ -221,9 +191,9 @@ impl ClusterFile {
         let raw: ClusterToml = parse_toml(path, &read(path)?)?;
         let base = path.parent().unwrap_or(Path::new("."));
         let bad = |field: &str, problem: String| ConfigError::new(path, Some(field), problem);
-        let protocol = parse_protocol(&raw.protocol)
+        let protocol = Protocol::from_name(&raw.protocol)
             .ok_or_else(|| bad("protocol", format!("{:?} is not one of \"pbft\", \"pubsub\"", raw.protocol)))?;
-        let crypto = parse_crypto(&raw.crypto)
+        let crypto = CryptoMode::from_name(&raw.crypto)
             .ok_or_else(|| bad("crypto", format!("{:?} is not one of \"real\", \"insecure-test\"", raw.crypto)))?;
         let mut params = Params::default();
         for (name, &value) in &raw.params {
@@ -485,9 +455,9 @@ pub fn keygen(opts: &KeygenOptions) -> Result<PathBuf, ConfigError> {
         })
         .collect();
     let toml = ClusterToml {
-        protocol: protocol_name(opts.protocol).into(),
+        protocol: opts.protocol.name().into(),
         f: opts.f,
-        crypto: crypto_name(opts.crypto).into(),
+        crypto: opts.crypto.name().into(),
         keys: "keys".into(),
         params,
         runtime: opts.runtime.clone(),

@@ -20,6 +20,22 @@ pub enum CryptoMode {
     InsecureTest,
 }
 
+impl CryptoMode {
+    pub const ALL: [CryptoMode; 2] = [CryptoMode::Real, CryptoMode::InsecureTest];
+
+    /// The name configuration files and bindings use.
+    pub fn name(self) -> &'static str {
+        match self {
+            CryptoMode::Real => "real",
+            CryptoMode::InsecureTest => "insecure-test",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|c| c.name() == name)
+    }
+}
+
 /// BLAKE3 digest.
 pub type Digest = [u8; 32];
 
