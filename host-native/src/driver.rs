@@ -164,9 +164,10 @@ impl Driver {
                         let _ = self.input(Input::Message { from, bytes });
                     }
                     Event::Request(request) => {
-                        let number = self.node.next_request();
-                        let accepted = self.input(Input::Request(request.clone()));
-                        self.answer_request(&request, number, accepted);
+                        // Only a Submit gets a number; the request itself moves into the core.
+                        let number = self.node.next_request().filter(|_| matches!(request, Request::Submit { .. }));
+                        let accepted = self.input(Input::Request(request));
+                        self.answer_request(number, accepted);
                     }
                     Event::Stop => stop = true,
                 }
@@ -182,11 +183,12 @@ impl Driver {
         }
     }
 
-    fn answer_request(&mut self, request: &Request, number: Option<u64>, accepted: Result<(), HandleError>) {
-        let event = match (request, number, accepted) {
-            (Request::Submit { .. }, Some(request), Ok(())) => AppEvent::Submitted { request },
-            (_, _, Ok(())) => return,
-            (_, _, Err(e)) => AppEvent::Refused(e),
+    /// `number`: the request number an accepted Submit got.
+    fn answer_request(&mut self, number: Option<u64>, accepted: Result<(), HandleError>) {
+        let event = match (number, accepted) {
+            (Some(request), Ok(())) => AppEvent::Submitted { request },
+            (None, Ok(())) => return,
+            (_, Err(e)) => AppEvent::Refused(e),
         };
         self.tell_app(event);
     }

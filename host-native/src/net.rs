@@ -81,13 +81,50 @@ impl Outbox {
 /// A frame queue with a byte bound; `offset` bytes of the front frame are already written.
 #[derive(Default)]
 struct SendQueue {
-    frames: VecDeque<Vec<u8>>,
+    frames: VecDeque<Queued>,
     bytes: usize,
     offset: usize,
 }
 
+/// A frame as queued: its header (a data frame's length prefix, or the whole hello) and
+/// its body, written as separate `writev` slices so the core's bytes are never copied.
+struct Queued {
+    header: [u8; 8],
+    header_len: usize,
+    body: Vec<u8>,
+}
+
+impl Queued {
+    fn data(body: Vec<u8>) -> Self {
+        let mut header = [0; 8];
+        header[..4].copy_from_slice(&(body.len() as u32).to_le_bytes());
+        Queued { header, header_len: 4, body }
+    }
+
+    fn hello(me: NodeId) -> Self {
+        let mut header = [0; 8];
+        header[..4].copy_from_slice(&HELLO_MAGIC);
+        header[4..].copy_from_slice(&me.to_le_bytes());
+        Queued { header, header_len: 8, body: Vec::new() }
+    }
+
+    fn is_hello(&self) -> bool {
+        self.header_len == 8
+    }
+
+    fn len(&self) -> usize {
+        self.header_len + self.body.len()
+    }
+
+    /// What is left to write after `offset` bytes, as (header, body) slices.
+    fn unwritten(&self, offset: usize) -> [&[u8]; 2] {
+        let header = &self.header[..self.header_len];
+        [&header[offset.min(header.len())..], &self.body[offset.saturating_sub(header.len())..]]
+    }
+}
+
 impl SendQueue {
-    fn push(&mut self, frame: Vec<u8>, cap: usize, metrics: &Metrics) {
+    fn push(&mut self, frame: Queued, cap: usize, metrics: &Metrics) {
         if self.bytes + frame.len() > cap {
             return metrics.dropped(DropReason::SendQueueFull);
         }
@@ -103,7 +140,9 @@ impl SendQueue {
                 .iter()
                 .take(WRITEV_FRAMES)
                 .enumerate()
-                .map(|(i, f)| IoSlice::new(if i == 0 { &f[self.offset..] } else { f }))
+                .flat_map(|(i, f)| f.unwritten(if i == 0 { self.offset } else { 0 }))
+                .filter(|s| !s.is_empty())
+                .map(IoSlice::new)
                 .collect();
             let mut written = match stream.write_vectored(&slices) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
@@ -160,19 +199,6 @@ struct Dialer {
     next_attempt: Instant,
     backoff: Duration,
     pending: SendQueue,
-}
-
-fn frame(bytes: &[u8]) -> Vec<u8> {
-    let mut f = Vec::with_capacity(4 + bytes.len());
-    f.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
-    f.extend_from_slice(bytes);
-    f
-}
-
-fn hello(me: NodeId) -> Vec<u8> {
-    let mut h = HELLO_MAGIC.to_vec();
-    h.extend_from_slice(&me.to_le_bytes());
-    h
 }
 
 /// The event loop. `deliver(from, bytes)` hands a received frame to the protocol thread
@@ -345,7 +371,7 @@ impl<D: FnMut(NodeId, Vec<u8>) -> bool> Network<D> {
                     let d = self.dialers.get_mut(&id).expect("listed");
                     d.conn = Some(token);
                     let conn = self.conns.get_mut(&token).expect("registered");
-                    conn.queue.frames.push_back(hello(self.cfg.me));
+                    conn.queue.frames.push_back(Queued::hello(self.cfg.me));
                     conn.queue.bytes += 8;
                 }
                 Err(e) => tracing::debug!("connecting to replica {id} at {addr}: {e}"),
@@ -365,16 +391,15 @@ impl<D: FnMut(NodeId, Vec<u8>) -> bool> Network<D> {
             if let Some(d) = self.dialers.get_mut(&to) {
                 match d.conn.and_then(|t| self.conns.get_mut(&t)) {
                     Some(c) => {
-                        c.queue.push(frame(&bytes), cap, &self.metrics);
+                        c.queue.push(Queued::data(bytes), cap, &self.metrics);
                         touched.insert(d.conn.expect("connected"));
                     }
-                    None => d.pending.push(frame(&bytes), cap, &self.metrics),
+                    None => d.pending.push(Queued::data(bytes), cap, &self.metrics),
                 }
             } else if let Some(tokens) = self.by_id.get(&to) {
-                let framed = frame(&bytes);
                 for t in tokens {
                     if let Some(c) = self.conns.get_mut(t) {
-                        c.queue.push(framed.clone(), cap, &self.metrics);
+                        c.queue.push(Queued::data(bytes.clone()), cap, &self.metrics);
                         touched.insert(*t);
                     }
                 }
@@ -512,9 +537,8 @@ impl<D: FnMut(NodeId, Vec<u8>) -> bool> Network<D> {
         {
             d.conn = None;
             // Unsent frames wait for the next connection; the hello is resent with it.
-            // (A data frame of 8 bytes starts with its length, 4, never with the magic.)
             let mut left = c.queue.take();
-            if left.frames.front().is_some_and(|f| f.len() == 8 && f[..4] == HELLO_MAGIC) {
+            if left.frames.front().is_some_and(Queued::is_hello) {
                 left.bytes -= 8;
                 left.frames.pop_front();
             }
