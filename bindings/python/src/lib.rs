@@ -97,7 +97,7 @@ impl<'py> IntoPyObject<'py> for Buf {
     }
 }
 
-impl<'a, 'py> IntoPyObject<'py> for &'a Buf {
+impl<'py> IntoPyObject<'py> for &Buf {
     type Target = PyBytes;
     type Output = Bound<'py, PyBytes>;
     type Error = std::convert::Infallible;
@@ -501,7 +501,7 @@ impl Node {
     /// 'pbft' or 'pubsub'.
     #[getter]
     fn protocol(&self) -> &'static str {
-        protocol_name(self.node.config().cluster.protocol)
+        self.node.config().cluster.protocol.name()
     }
 
     /// The number of faults tolerated.
@@ -558,16 +558,9 @@ impl Node {
             "Node(id={}, role={:?}, protocol={:?}, f={})",
             self.node.id(),
             role_name(self.node.role()),
-            protocol_name(self.node.config().cluster.protocol),
+            self.node.config().cluster.protocol.name(),
             self.node.config().cluster.f
         )
-    }
-}
-
-fn protocol_name(p: Protocol) -> &'static str {
-    match p {
-        Protocol::Pbft => "pbft",
-        Protocol::PubSub => "pubsub",
     }
 }
 
@@ -597,11 +590,8 @@ fn seed_bytes(seed: &Bound<'_, PyAny>) -> PyResult<[u8; 32]> {
 }
 
 fn parse_crypto(s: &str) -> PyResult<CryptoMode> {
-    match s {
-        "real" => Ok(CryptoMode::Real),
-        "insecure-test" | "insecure_test" => Ok(CryptoMode::InsecureTest),
-        _ => Err(PyValueError::new_err(format!("crypto {s:?} is not one of 'real', 'insecure-test'"))),
-    }
+    CryptoMode::from_name(&s.replace('_', "-"))
+        .ok_or_else(|| PyValueError::new_err(format!("crypto {s:?} is not one of 'real', 'insecure-test'")))
 }
 
 /// Generates every node's configuration (as bytes for `Node(...)`) deterministically
@@ -622,11 +612,8 @@ fn generate_cluster<'py>(
     crypto: &str,
     params: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Vec<Bound<'py, PyBytes>>> {
-    let protocol = match protocol {
-        "pbft" => Protocol::Pbft,
-        "pubsub" => Protocol::PubSub,
-        p => return Err(PyValueError::new_err(format!("protocol {p:?} is not one of 'pbft', 'pubsub'"))),
-    };
+    let protocol = Protocol::from_name(protocol)
+        .ok_or_else(|| PyValueError::new_err(format!("protocol {protocol:?} is not one of 'pbft', 'pubsub'")))?;
     if f > 64 {
         return Err(ConfigError::new_err(format!("f = {f} is larger than this helper allows (64)")));
     }
@@ -680,9 +667,9 @@ fn describe_config<'py>(py: Python<'py>, config: Buf) -> PyResult<Bound<'py, PyD
     let d = PyDict::new(py);
     d.set_item("id", cfg.id)?;
     d.set_item("role", cfg.cluster.node(cfg.id).map(|n| role_name(n.role)))?;
-    d.set_item("protocol", protocol_name(cfg.cluster.protocol))?;
+    d.set_item("protocol", cfg.cluster.protocol.name())?;
     d.set_item("f", cfg.cluster.f)?;
-    d.set_item("crypto", if cfg.cluster.crypto == CryptoMode::Real { "real" } else { "insecure-test" })?;
+    d.set_item("crypto", cfg.cluster.crypto.name())?;
     let ids = |role: Role| -> Vec<u32> { cfg.cluster.nodes.iter().filter(|n| n.role == role).map(|n| n.id).collect() };
     d.set_item("replicas", ids(Role::Broker))?;
     d.set_item("publishers", ids(Role::Publisher))?;
@@ -718,7 +705,7 @@ impl ClusterFile {
 
     #[getter]
     fn protocol(&self) -> &'static str {
-        protocol_name(self.file.protocol)
+        self.file.protocol.name()
     }
 
     /// `{id: (host, port)}` for every replica.
@@ -743,7 +730,7 @@ impl ClusterFile {
         format!(
             "ClusterFile(path={:?}, protocol={:?}, f={}, replicas={}, clients={:?})",
             self.file.path,
-            protocol_name(self.file.protocol),
+            self.file.protocol.name(),
             self.file.f,
             self.file.replicas.len(),
             self.file.clients
@@ -1091,6 +1078,65 @@ impl KvStore {
 }
 
 // ---------------------------------------------------------------------------------------
+// Storage: phalanxd's write-ahead log, so Python hosts keep records exactly as it does.
+
+create_exception!(
+    phalanx,
+    StorageError,
+    PhalanxError,
+    "The write-ahead log could not be read or written, or is corrupt (the message names the file and offset)."
+);
+
+fn storage_error(e: phalanx_host::storage::StorageError) -> PyErr {
+    StorageError::new_err(e.to_string())
+}
+
+/// phalanxd's write-ahead log in directory `dir` (`dir/wal.log`): length, checksum and
+/// record per entry; a torn tail is truncated, other damage refused unless `repair`.
+#[pyclass(module = "phalanx._native")]
+struct Wal {
+    wal: phalanx_host::storage::Wal,
+    recovered: Vec<Vec<u8>>,
+}
+
+#[pymethods]
+impl Wal {
+    #[new]
+    #[pyo3(signature = (dir, repair = false))]
+    fn new(dir: PathBuf, repair: bool) -> PyResult<Self> {
+        use phalanx_host::storage::Recovery;
+        let recovery = if repair { Recovery::Repair } else { Recovery::Strict };
+        let (wal, recovered) = phalanx_host::storage::Wal::open(&dir, recovery).map_err(storage_error)?;
+        Ok(Wal { wal, recovered })
+    }
+
+    /// The records found when the log was opened, oldest first (handed out once).
+    fn take_recovered<'py>(&mut self, py: Python<'py>) -> Vec<Bound<'py, PyBytes>> {
+        std::mem::take(&mut self.recovered).iter().map(|r| PyBytes::new(py, r)).collect()
+    }
+
+    /// Buffers one record; durable after the next `sync`.
+    fn append(&mut self, record: &[u8]) -> PyResult<()> {
+        self.wal.append(record).map_err(storage_error)
+    }
+
+    /// Makes every appended record durable (one `fdatasync`).
+    fn sync(&mut self) -> PyResult<()> {
+        self.wal.sync().map_err(storage_error)
+    }
+
+    /// Drops the first `n` records (the core declared them obsolete).
+    fn compact_before(&mut self, n: u64) -> PyResult<()> {
+        self.wal.compact_before(n).map_err(storage_error)
+    }
+
+    /// Records in the log, appended ones included.
+    fn __len__(&self) -> usize {
+        self.wal.records() as usize
+    }
+}
+
+// ---------------------------------------------------------------------------------------
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -1102,6 +1148,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("TraceError", py.get_type::<TraceError>())?;
     m.add("DivergenceError", py.get_type::<DivergenceError>())?;
     m.add("KvError", py.get_type::<KvError>())?;
+    m.add("StorageError", py.get_type::<StorageError>())?;
     m.add_class::<Operation>()?;
     m.add_class::<Input>()?;
     m.add_class::<Output>()?;
@@ -1110,6 +1157,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<TraceRecord>()?;
     m.add_class::<Trace>()?;
     m.add_class::<KvStore>()?;
+    m.add_class::<Wal>()?;
     m.add_function(wrap_pyfunction!(generate_cluster, m)?)?;
     m.add_function(wrap_pyfunction!(describe_config, m)?)?;
     m.add_function(wrap_pyfunction!(simulate, m)?)?;

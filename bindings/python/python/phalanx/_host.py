@@ -17,10 +17,9 @@ import logging
 import os
 import struct
 import time
-import zlib
 from typing import Callable, Deque, Dict, List, Mapping, Optional, Tuple
 
-from ._native import HandleError, Input, Node, Output, PhalanxError
+from ._native import HandleError, Input, Node, Output, PhalanxError, Wal
 
 log = logging.getLogger("phalanx")
 
@@ -36,79 +35,40 @@ Address = Tuple[str, int]
 
 
 class Storage:
-    """An append-only file of the records the core asks to persist (``Output.Persist``).
-
-    Each record is stored as u32 LE length, u32 LE CRC-32, bytes; a torn tail (a crash
-    while appending) is truncated on load. ``append`` + ``sync`` (``fsync``) happen before
-    the core is told ``Persisted``. ``compact(token)`` rewrites the file without the
-    records the core declared obsolete (write to a temporary file, then rename).
+    """The records the core asks to persist (``Output.Persist``), in phalanxd's
+    write-ahead log (:class:`Wal`) in directory ``path``: ``append`` + ``sync`` happen
+    before the core is told ``Persisted``, and ``compact(token)`` drops the records the
+    core declared obsolete.
     """
 
     def __init__(self, path: "os.PathLike[str] | str"):
         self.path = os.fspath(path)
-        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-        # (token of this run or None for earlier runs, record)
-        self._entries: List[Tuple[Optional[int], bytes]] = []
-        for record in self._load():
-            self._entries.append((None, record))
-        self._file = open(self.path, "ab")
-        self._dirty = False
-
-    def _load(self) -> List[bytes]:
-        if not os.path.exists(self.path):
-            return []
-        with open(self.path, "rb") as f:
-            data = f.read()
-        out, at = [], 0
-        while at + 8 <= len(data):
-            n, crc = struct.unpack_from("<II", data, at)
-            body = data[at + 8 : at + 8 + n]
-            if len(body) != n or zlib.crc32(body) != crc:
-                break
-            out.append(bytes(body))
-            at += 8 + n
-        if at != len(data):
-            log.warning("%s: truncating a torn tail of %d bytes", self.path, len(data) - at)
-            with open(self.path, "r+b") as f:
-                f.truncate(at)
-        return out
+        self._wal = Wal(self.path)
+        self._recovered = self._wal.take_recovered()
+        # Log position of each record persisted in this run, by token.
+        self._positions: Dict[int, int] = {}
 
     def recovered(self) -> List[bytes]:
         """The records stored by earlier runs, oldest first."""
-        return [r for t, r in self._entries if t is None]
+        return self._recovered
 
     def append(self, token: int, record: bytes) -> None:
-        self._file.write(struct.pack("<II", len(record), zlib.crc32(record)) + record)
-        self._entries.append((token, record))
-        self._dirty = True
+        self._positions[token] = len(self._wal)
+        self._wal.append(record)
 
     def sync(self) -> None:
-        if self._dirty:
-            self._file.flush()
-            os.fsync(self._file.fileno())
-            self._dirty = False
+        self._wal.sync()
 
     def compact(self, token: int) -> None:
-        keep = [(t, r) for t, r in self._entries if t is not None and t >= token]
-        if len(keep) == len(self._entries):
+        position = self._positions.get(token)
+        if position is None or position == 0:
             return
-        self.sync()
-        tmp = self.path + ".tmp"
-        with open(tmp, "wb") as f:
-            for _, r in keep:
-                f.write(struct.pack("<II", len(r), zlib.crc32(r)) + r)
-            f.flush()
-            os.fsync(f.fileno())
-        self._file.close()
-        os.replace(tmp, self.path)
-        self._file = open(self.path, "ab")
-        self._entries = keep
+        self._wal.compact_before(position)
+        # Positions count from the start of the log, which just moved.
+        self._positions = {t: p - position for t, p in self._positions.items() if t >= token}
 
     def close(self) -> None:
-        try:
-            self.sync()
-        finally:
-            self._file.close()
+        self._wal.sync()
 
 
 class _Peer:

@@ -25,9 +25,9 @@ class Client(Hosted):
     Request numbers: the core persists a lease on them before the first request leaves.
     With ``storage=None`` the lease is acknowledged in memory only, so a client restarted
     with the same id reuses request numbers and its first requests may be answered from
-    the replicas' reply cache; pass ``storage=<file>`` (an append-only log, ``fsync``\\ ed
+    the replicas' reply cache; pass ``storage=<directory>`` (phalanxd's write-ahead log, synced
     before acknowledging) to avoid that. ``from_cluster_file`` defaults to
-    ``data/client-<id>.pylog`` beside the cluster file.
+    ``data/client-<id>`` beside the cluster file, the directory ``phalanxd client`` uses.
     """
 
     def __init__(
@@ -58,7 +58,7 @@ class Client(Hosted):
         timeout: float = 10.0,
     ) -> "Client":
         """A client of the cluster in ``path`` (``cluster.toml``); ``id`` defaults to the
-        first client. ``storage=True`` keeps leases in ``data/client-<id>.pylog`` beside
+        first client. ``storage=True`` keeps leases in ``data/client-<id>`` beside
         the file, ``False``/``None`` in memory."""
         cluster = ClusterFile.load(os.fspath(path))
         if id is None:
@@ -66,7 +66,7 @@ class Client(Hosted):
                 raise PhalanxError(f"{cluster.path}: the cluster file lists no client")
             id = cluster.clients[0]
         if storage is True:
-            storage = os.path.join(os.path.dirname(os.path.abspath(os.fspath(path))), "data", f"client-{id}.pylog")
+            storage = os.path.join(os.path.dirname(os.path.abspath(os.fspath(path))), "data", f"client-{id}")
         elif storage is False:
             storage = None
         return cls(cluster.node_config(id), cluster.replicas, storage=storage, timeout=timeout)

@@ -25,8 +25,8 @@ class Replica(Hosted):
     ``listen``) and dials the others. Persistence: with ``storage=None`` the core's
     records are acknowledged at once and kept nowhere, so a restarted replica starts
     empty (it must rejoin as a new, lagging replica: do not restart more than f of them);
-    with ``storage=<file>`` they go to an append-only log, ``fsync``\\ ed before being
-    acknowledged, and are fed back (``Input.Recover``) on start.
+    with ``storage=<directory>`` they go to phalanxd's write-ahead log, synced before
+    being acknowledged, and are fed back (``Input.Recover``) on start.
 
     An exception from ``execute`` is logged and the operation's result is ``b""``.
     To share state with native ``phalanxd`` replicas use ``phalanx.KvStore()``.
