@@ -8,6 +8,7 @@ use std::collections::VecDeque;
 use std::fmt;
 
 use crate::config::{ConfigError, NodeConfig, Protocol, Role};
+use crate::crypto::{BlsPublicKey, BlsSignature, CryptoMode, SignatureVerifier, fast_aggregate_verify};
 use crate::order::{Client, Replica};
 use crate::pubsub::{Broker, Publisher, Subscriber};
 use crate::wire::{self, Keyring, Sealer, pb};
@@ -258,11 +259,31 @@ pub(crate) struct Ctx {
     /// acknowledged out of order.
     acked: u64,
     acked_ahead: std::collections::BTreeSet<u64>,
+    /// Set by the host to run BLS verifications elsewhere (`Real` crypto only).
+    verifier: Option<Box<dyn SignatureVerifier>>,
 }
 
 impl Ctx {
     pub fn me(&self) -> NodeId {
         self.cfg.id
+    }
+
+    /// Checks one BLS signature (counted in `signatures_verified`).
+    pub fn verify_signature(&mut self, pk: &BlsPublicKey, msg: &[u8], sig: &BlsSignature) -> bool {
+        self.counters.signatures_verified += 1;
+        match (&self.verifier, self.cfg.cluster.crypto) {
+            (Some(v), CryptoMode::Real) => v.verify(pk, msg, sig),
+            (_, mode) => pk.verify(mode, msg, sig),
+        }
+    }
+
+    /// Checks an aggregate signature by `pks` on `msg` (counted as one verification).
+    pub fn verify_aggregate(&mut self, pks: &[BlsPublicKey], msg: &[u8], agg: &BlsSignature) -> bool {
+        self.counters.signatures_verified += 1;
+        match (&self.verifier, self.cfg.cluster.crypto) {
+            (Some(v), CryptoMode::Real) => v.fast_aggregate_verify(pks, msg, agg),
+            (_, mode) => fast_aggregate_verify(mode, pks, msg, agg),
+        }
     }
 
     /// Queues an output, behind any persistence it depends on.
@@ -382,6 +403,34 @@ pub struct Status {
     pub signatures_verified: u64,
 }
 
+/// The sans-IO shape, for code that drives a node whatever runs it: the [`Node`] itself,
+/// or a host's sandbox around one (the wasm engine). A sandbox can fail on its own (a
+/// trap, exhausted fuel); from then on it takes no input and yields no output, and
+/// [`Machine::failure`] says why.
+pub trait Machine {
+    fn handle(&mut self, now: Nanos, input: Input) -> Result<(), HandleError>;
+    fn poll(&mut self) -> Option<Output>;
+    fn poll_timeout(&mut self) -> Option<Nanos>;
+    /// Why the machine stopped working; never, for a [`Node`].
+    fn failure(&self) -> Option<String> {
+        None
+    }
+}
+
+impl Machine for Node {
+    fn handle(&mut self, now: Nanos, input: Input) -> Result<(), HandleError> {
+        Node::handle(self, now, input)
+    }
+
+    fn poll(&mut self) -> Option<Output> {
+        Node::poll(self)
+    }
+
+    fn poll_timeout(&mut self) -> Option<Nanos> {
+        Node::poll_timeout(self)
+    }
+}
+
 enum RoleMachine {
     Broker(Broker),
     Publisher(Publisher),
@@ -420,6 +469,7 @@ impl Node {
             next_token: 1,
             acked: 0,
             acked_ahead: Default::default(),
+            verifier: None,
         };
         let role = match (ctx.cfg.cluster.protocol, me.role) {
             (Protocol::PubSub, Role::Broker) => RoleMachine::Broker(Broker::new(&ctx)),
@@ -441,6 +491,12 @@ impl Node {
 
     pub fn id(&self) -> NodeId {
         self.ctx.me()
+    }
+
+    /// Runs this node's BLS verifications through `verifier` instead of the core's own
+    /// code (a sandboxed core handing them to its host). No effect with insecure crypto.
+    pub fn set_signature_verifier(&mut self, verifier: Box<dyn SignatureVerifier>) {
+        self.ctx.verifier = Some(verifier);
     }
 
     pub fn role(&self) -> Role {

@@ -36,6 +36,17 @@ impl CryptoMode {
     }
 }
 
+/// Where a node's BLS verifications run, when its cluster uses [`CryptoMode::Real`]: by
+/// default the core's own code; a core inside a sandbox can hand them to its host, which
+/// runs them natively (the wasm engine's `host-crypto` import) — the answers must be the
+/// same as [`BlsPublicKey::verify`] and [`fast_aggregate_verify`] give.
+pub trait SignatureVerifier: Send {
+    /// `sig` on `msg` under `pk`, which has not been validated: the verifier checks it.
+    fn verify(&self, pk: &BlsPublicKey, msg: &[u8], sig: &BlsSignature) -> bool;
+    /// An aggregate by `pks` (validated with their proof of possession) on `msg`.
+    fn fast_aggregate_verify(&self, pks: &[BlsPublicKey], msg: &[u8], agg: &BlsSignature) -> bool;
+}
+
 /// BLAKE3 digest.
 pub type Digest = [u8; 32];
 

@@ -12,7 +12,7 @@ use prost::Message;
 
 use super::{authenticated_bytes, batch_digest, primary, signed_message};
 use crate::config::Role;
-use crate::crypto::{BlsPublicKey, BlsSignature, Digest, aggregate, digest, fast_aggregate_verify};
+use crate::crypto::{BlsPublicKey, BlsSignature, Digest, aggregate, digest};
 use crate::node::{Ctx, HandleError, Output, Status};
 use crate::wire::pb::replica_record::Kind as Record;
 use crate::wire::{Opened, pb};
@@ -702,8 +702,7 @@ impl Replica {
         let mut signatures = Vec::new();
         for (r, s) in votes {
             let (Some(pk), Ok(sig)) = (public_key(ctx, *r), <[u8; 96]>::try_from(s.as_slice())) else { continue };
-            ctx.counters.signatures_verified += 1;
-            if pk.verify(ctx.cfg.cluster.crypto, &message, &BlsSignature(sig)) {
+            if ctx.verify_signature(&pk, &message, &BlsSignature(sig)) {
                 signers.push(*r);
                 signatures.push(BlsSignature(sig));
             } else {
@@ -1072,15 +1071,13 @@ fn certify(
         let keys = keys?;
         let (pks, sigs): (Vec<BlsPublicKey>, Vec<BlsSignature>) = keys.into_iter().unzip();
         let agg = aggregate(mode, &sigs)?;
-        ctx.counters.signatures_verified += 1;
-        fast_aggregate_verify(mode, &pks, &message, &agg).then_some(agg)
+        ctx.verify_aggregate(&pks, &message, &agg).then_some(agg)
     };
     let (signers, agg) = match all_valid() {
         Some(agg) => (parsed.iter().map(|(r, _)| *r).collect::<Vec<_>>(), agg),
         None => {
-            ctx.counters.signatures_verified += parsed.iter().filter(|(_, k)| k.is_some()).count() as u64;
             let (good, bad): (Vec<_>, Vec<_>) =
-                parsed.iter().partition(|(_, k)| k.is_some_and(|(pk, sig)| pk.verify(mode, &message, &sig)));
+                parsed.iter().partition(|(_, k)| k.is_some_and(|(pk, sig)| ctx.verify_signature(&pk, &message, &sig)));
             let bad: Vec<NodeId> = bad.into_iter().map(|(r, _)| r).collect();
             if good.len() < quorum {
                 return Err(bad);
@@ -1124,11 +1121,5 @@ fn verify_certificate(ctx: &mut Ctx, kind: &[u8; 4], cert: &pb::Certificate, quo
         return false;
     };
     let Ok(sig) = <[u8; 96]>::try_from(cert.signature.as_slice()) else { return false };
-    ctx.counters.signatures_verified += 1;
-    fast_aggregate_verify(
-        ctx.cfg.cluster.crypto,
-        &pks,
-        &signed_message(kind, cert.view, cert.seq, &cert.digest),
-        &BlsSignature(sig),
-    )
+    ctx.verify_aggregate(&pks, &signed_message(kind, cert.view, cert.seq, &cert.digest), &BlsSignature(sig))
 }

@@ -32,7 +32,7 @@ use std::fmt;
 pub use dump::dump;
 pub use file::{Trace, TraceWriter};
 pub use recorder::Recorder;
-pub use replay::{ReplaySummary, replay};
+pub use replay::{ReplaySummary, replay, replay_on};
 
 use crate::wire::pb;
 use crate::{Algorithm, Delivery, FaultKind, Input, Operation, Output, Request};
@@ -56,6 +56,8 @@ pub enum TraceError {
     /// Replay produced something other than what was recorded: a bug, or a trace from a
     /// different build. `record` is the 0-based index of the first differing record.
     Divergence { record: usize, detail: String },
+    /// The machine replaying the trace failed (a sandbox trap, say) at `record`.
+    Machine { record: usize, detail: String },
 }
 
 impl TraceError {
@@ -84,6 +86,7 @@ impl fmt::Display for TraceError {
             }
             TraceError::Config(why) => write!(f, "trace header: {why}"),
             TraceError::Divergence { record, detail } => write!(f, "replay diverged at record {record}: {detail}"),
+            TraceError::Machine { record, detail } => write!(f, "the machine failed at record {record}: {detail}"),
         }
     }
 }

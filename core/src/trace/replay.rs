@@ -8,7 +8,7 @@ use super::dump::{describe_output, show_timeout};
 use super::{Trace, TraceError, input_from_pb, malformed, output_to_pb};
 use crate::crypto::Digest;
 use crate::wire::pb;
-use crate::{Node, Output};
+use crate::{Machine, Node, Output};
 
 /// What a successful replay went through.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -91,6 +91,12 @@ fn output_difference(expected: &pb::OutputRecord, got: &pb::OutputRecord) -> Str
 /// timeout. The first difference is a [`TraceError::Divergence`].
 pub fn replay(trace: &Trace) -> Result<ReplaySummary, TraceError> {
     let mut node = Node::from_config_bytes(&trace.header.node_config).map_err(|e| TraceError::Config(e.to_string()))?;
+    replay_on(trace, &mut node)
+}
+
+/// [`replay`] on a machine the caller built from `trace.header.node_config` (a node in a
+/// sandbox, say). A machine that fails is a [`TraceError::Machine`].
+pub fn replay_on(trace: &Trace, node: &mut dyn Machine) -> Result<ReplaySummary, TraceError> {
     let mut summary = ReplaySummary {
         records: trace.records.len(),
         refused: 0,
@@ -110,6 +116,9 @@ pub fn replay(trace: &Trace) -> Result<ReplaySummary, TraceError> {
         let diverged = |detail: String| TraceError::Divergence { record: i, detail };
         let input = record.input.clone().ok_or_else(|| malformed("no input")).and_then(input_from_pb);
         let result = node.handle(record.now, input.map_err(|e| e.in_record(i))?);
+        if let Some(why) = node.failure() {
+            return Err(TraceError::Machine { record: i, detail: why });
+        }
         let error = result.err().map(|e| e.to_string()).unwrap_or_default();
         if error != record.error {
             let (expected, got) = (show_result(&record.error), show_result(&error));
@@ -142,6 +151,9 @@ pub fn replay(trace: &Trace) -> Result<ReplaySummary, TraceError> {
                 Output::Restore { .. } => summary.restores += 1,
                 Output::Compact { .. } => summary.compactions += 1,
             }
+        }
+        if let Some(why) = node.failure() {
+            return Err(TraceError::Machine { record: i, detail: why });
         }
         if let Some(missing) = record.outputs.get(produced) {
             let (n, missing) = (record.outputs.len(), describe_output(missing));

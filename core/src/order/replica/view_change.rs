@@ -99,10 +99,7 @@ impl Replica {
         let unsigned = pb::ViewChange { signature: vec![], ..vc.clone() };
         let message = signed_message(VIEW_CHANGE, vc.view, 0, &digest(&unsigned.encode_to_vec()));
         let signed = match (<[u8; 96]>::try_from(vc.signature.as_slice()), public_key(ctx, from)) {
-            (Ok(s), Some(pk)) => {
-                ctx.counters.signatures_verified += 1;
-                pk.verify(ctx.cfg.cluster.crypto, &message, &BlsSignature(s))
-            }
+            (Ok(s), Some(pk)) => ctx.verify_signature(&pk, &message, &BlsSignature(s)),
             _ => false,
         };
         let stable_seq = vc.stable.as_ref().map_or(0, |c| c.seq);
