@@ -15,6 +15,7 @@
 //!
 //! [runtime]                  # optional: host settings
 //! pin_threads = true
+//! wasm_host_crypto = true    # `run --engine wasm`: BLS verified natively by the host
 //!
 //! [[replica]]
 //! id = 0
@@ -83,6 +84,14 @@ pub struct Runtime {
     /// Reconnect back-off bounds, milliseconds.
     pub reconnect_min_ms: u64,
     pub reconnect_max_ms: u64,
+    /// `run --engine wasm`: fuel (about one per wasm instruction) one call into the guest
+    /// may burn — a bound on a runaway guest, far above any honest input's cost.
+    pub wasm_fuel_per_call: u64,
+    /// `run --engine wasm`: the guest's linear memory limit, bytes.
+    pub wasm_memory_bytes: usize,
+    /// `run --engine wasm`: verify BLS signatures natively in the host (the guest's
+    /// `host-crypto` import) rather than inside the sandbox, about five times slower.
+    pub wasm_host_crypto: bool,
 }
 
 impl Default for Runtime {
@@ -94,6 +103,9 @@ impl Default for Runtime {
             event_queue: 65_536,
             reconnect_min_ms: 50,
             reconnect_max_ms: 2_000,
+            wasm_fuel_per_call: 20_000_000_000,
+            wasm_memory_bytes: 2 << 30,
+            wasm_host_crypto: true,
         }
     }
 }

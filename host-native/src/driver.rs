@@ -1,4 +1,5 @@
-//! The protocol thread: owns one core [`Node`] and gives it a world — frames from the
+//! The protocol thread: owns one core [`Engine`] (the node linked in, or in a wasm
+//! sandbox) and gives it a world — frames from the
 //! network thread, requests from the local application, a monotonic clock, durable
 //! storage and, on a PBFT replica, the key-value application it orders operations for.
 //!
@@ -17,8 +18,9 @@ use std::time::{Duration, Instant};
 
 use phalanx_core::sim::kv::Kv;
 use phalanx_core::trace::TraceWriter;
-use phalanx_core::{Delivery, HandleError, Input, Nanos, Node, NodeId, Output, Request};
+use phalanx_core::{Delivery, HandleError, Input, Nanos, NodeId, Output, Request};
 
+use crate::engine::Engine;
 use crate::metrics::Metrics;
 use crate::net::Outbox;
 use crate::storage::{StorageError, Wal};
@@ -58,7 +60,7 @@ pub struct TraceSink {
 }
 
 pub struct Driver {
-    node: Node,
+    node: Box<dyn Engine>,
     start: Instant,
     wal: Option<Wal>,
     /// The PBFT replica's application.
@@ -84,6 +86,8 @@ pub enum DriverError {
     Trace(std::io::Error),
     /// The core refused a record it persisted itself: the storage holds something else.
     Recover(HandleError),
+    /// The engine failed (a wasm guest trapped, ran out of fuel or memory).
+    Engine(String),
 }
 
 impl std::fmt::Display for DriverError {
@@ -92,6 +96,7 @@ impl std::fmt::Display for DriverError {
             DriverError::Storage(e) => write!(f, "storage: {e}"),
             DriverError::Trace(e) => write!(f, "writing the trace: {e}"),
             DriverError::Recover(e) => write!(f, "recovering from storage: {e}"),
+            DriverError::Engine(why) => write!(f, "{why}"),
         }
     }
 }
@@ -105,7 +110,9 @@ impl From<StorageError> for DriverError {
 }
 
 pub struct DriverParts {
-    pub node: Node,
+    pub node: Box<dyn Engine>,
+    /// PBFT: batches between application snapshots (the cluster's `checkpoint_interval`).
+    pub checkpoint_interval: u64,
     pub wal: Option<Wal>,
     pub app: Option<Kv>,
     pub trace: Option<TraceSink>,
@@ -116,13 +123,12 @@ pub struct DriverParts {
 
 impl Driver {
     pub fn new(parts: DriverParts) -> Self {
-        let checkpoint_interval = parts.node.config().cluster.params.checkpoint_interval as u64;
         Driver {
             node: parts.node,
             start: Instant::now(),
             wal: parts.wal,
             app: parts.app,
-            checkpoint_interval,
+            checkpoint_interval: parts.checkpoint_interval,
             trace: parts.trace,
             outbox: parts.outbox,
             metrics: parts.metrics,
@@ -145,6 +151,7 @@ impl Driver {
             if let Err(e) = self.input(Input::Recover { record }) {
                 return Err(DriverError::Recover(e));
             }
+            self.check_engine()?;
         }
         self.settle()?;
         loop {
@@ -175,12 +182,18 @@ impl Driver {
             if self.node.poll_timeout().is_some_and(|at| at <= self.now()) {
                 let _ = self.input(Input::Timeout);
             }
+            self.check_engine()?;
             self.settle()?;
             self.export_gauges();
             if stop {
                 return Ok(());
             }
         }
+    }
+
+    /// A failed engine produces nothing more: the replica stops rather than fall silent.
+    fn check_engine(&self) -> Result<(), DriverError> {
+        self.node.failure().map_or(Ok(()), |why| Err(DriverError::Engine(why)))
     }
 
     /// `number`: the request number an accepted Submit got.
@@ -300,6 +313,7 @@ impl Driver {
             if let Some(e) = self.failed.take() {
                 return Err(e.into());
             }
+            self.check_engine()?;
             self.outbox.send(&mut self.sends);
             if self.tokens.is_empty() {
                 break;
@@ -316,7 +330,8 @@ impl Driver {
         Ok(())
     }
 
-    fn export_gauges(&self) {
-        self.metrics.set_core(&self.node.status(), self.node.stats());
+    fn export_gauges(&mut self) {
+        let (status, stats) = self.node.status();
+        self.metrics.set_core(&status, &stats);
     }
 }

@@ -13,6 +13,7 @@ pub mod client;
 pub mod config;
 pub mod demo;
 pub mod driver;
+pub mod engine;
 pub mod local_cluster;
 pub mod metrics;
 pub mod net;

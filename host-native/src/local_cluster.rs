@@ -2,6 +2,7 @@
 //! the end-to-end tests: generated keys, one process per replica with its log in the
 //! cluster directory, and kill -9 / restart of any of them.
 
+use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -20,6 +21,8 @@ pub struct LocalCluster {
     binary: PathBuf,
     procs: Vec<Option<Child>>,
     extra_args: Vec<String>,
+    /// Arguments for one replica only (e.g. `--engine wasm`), after `extra_args`.
+    node_args: BTreeMap<NodeId, Vec<String>>,
 }
 
 /// What to generate for a local cluster.
@@ -88,12 +91,25 @@ impl LocalCluster {
         let path = keygen(&opts).map_err(|e| e.to_string())?;
         let cluster = ClusterFile::load(&path).map_err(|e| e.to_string())?;
         let procs = (0..replicas).map(|_| None).collect();
-        Ok(LocalCluster { dir: dir.to_path_buf(), cluster, binary: binary.to_path_buf(), procs, extra_args: vec![] })
+        Ok(LocalCluster {
+            dir: dir.to_path_buf(),
+            cluster,
+            binary: binary.to_path_buf(),
+            procs,
+            extra_args: vec![],
+            node_args: BTreeMap::new(),
+        })
     }
 
     /// Extra arguments for every `phalanxd run` (e.g. `--record-trace DIR`).
     pub fn with_run_args(mut self, args: &[&str]) -> Self {
         self.extra_args = args.iter().map(|s| s.to_string()).collect();
+        self
+    }
+
+    /// Extra arguments for replica `id`'s `phalanxd run` only.
+    pub fn with_node_args(mut self, id: NodeId, args: &[&str]) -> Self {
+        self.node_args.insert(id, args.iter().map(|s| s.to_string()).collect());
         self
     }
 
@@ -119,6 +135,7 @@ impl LocalCluster {
             .arg("--id")
             .arg(id.to_string())
             .args(&self.extra_args)
+            .args(self.node_args.get(&id).into_iter().flatten())
             // The pipe closes when this process ends, however it ends: so do the replicas.
             .arg("--exit-with-stdin")
             .stdin(Stdio::piped())

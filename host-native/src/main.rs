@@ -11,6 +11,7 @@ use phalanx_core::trace::{Trace, dump, replay};
 use phalanx_core::{Algorithm, NodeId, Params, Protocol};
 use phalanx_host::client::ClusterClient;
 use phalanx_host::config::{ClusterFile, KeygenOptions, Runtime, keygen};
+use phalanx_host::engine::{self, EngineChoice, WasmOptions};
 use phalanx_host::runtime::{self, StartOptions};
 use phalanx_host::{bench, demo};
 
@@ -34,6 +35,10 @@ enum Command {
     /// The main job: a local 4-replica cluster, a key-value workload, a replica killed
     /// and restarted in the middle.
     Demo(demo::DemoArgs),
+    /// One PBFT workload through the native core and the wasm engine (with and without
+    /// host crypto): throughput of each and their ratio.
+    #[cfg(feature = "wasm")]
+    EngineBench(engine::bench::EngineBenchArgs),
     /// Inspect or replay a trace recorded with `run --record-trace`.
     Trace {
         #[command(subcommand)]
@@ -99,6 +104,20 @@ struct RunArgs {
     /// bench, a supervisor) dies with it, even if that program is killed.
     #[arg(long)]
     exit_with_stdin: bool,
+    /// Run the core linked in (native) or as a WebAssembly component in wasmtime (wasm;
+    /// fuel, memory and host crypto from the cluster file's [runtime] section).
+    #[arg(long, value_enum, default_value = "native")]
+    engine: EngineArg,
+    /// The component for `--engine wasm` (built by `scripts/build-wasm`; default: found
+    /// beside this executable or in its cargo target directory).
+    #[arg(long)]
+    component: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum EngineArg {
+    Native,
+    Wasm,
 }
 
 #[derive(Args)]
@@ -181,6 +200,8 @@ fn main() -> ExitCode {
         Command::Client(a) => client_cmd(a),
         Command::Bench(a) => bench::run(a),
         Command::Demo(a) => demo::run(a),
+        #[cfg(feature = "wasm")]
+        Command::EngineBench(a) => engine::bench::run(a),
         Command::Trace { command } => trace_cmd(command),
     };
     match result {
@@ -235,7 +256,22 @@ fn run_cmd(a: RunArgs) -> Result<(), String> {
             std::process::exit(0);
         });
     }
-    let opts = StartOptions { record_trace: a.record_trace, repair: a.repair, data_dir: None };
+    let engine = match a.engine {
+        EngineArg::Native => EngineChoice::Native,
+        EngineArg::Wasm => {
+            let component = a.component.or_else(engine::default_component).ok_or(
+                "--engine wasm: no component found beside phalanxd; build it with scripts/build-wasm and pass --component",
+            )?;
+            let rt = &cluster.runtime;
+            EngineChoice::Wasm(WasmOptions {
+                component,
+                fuel_per_call: rt.wasm_fuel_per_call,
+                memory_bytes: rt.wasm_memory_bytes,
+                host_crypto: rt.wasm_host_crypto,
+            })
+        }
+    };
+    let opts = StartOptions { record_trace: a.record_trace, repair: a.repair, data_dir: None, engine };
     let node = runtime::start(&cluster, a.id, &opts).map_err(|e| e.to_string())?;
     tracing::info!(
         "replica {} serving {} on {:?}, metrics on {:?}",

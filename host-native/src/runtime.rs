@@ -12,10 +12,11 @@ use std::time::Duration;
 
 use phalanx_core::sim::kv::Kv;
 use phalanx_core::trace::TraceWriter;
-use phalanx_core::{Node, NodeId, Protocol, Role};
+use phalanx_core::{NodeId, Protocol, Role};
 
 use crate::config::{ClusterFile, ConfigError};
 use crate::driver::{AppEvent, Driver, DriverError, DriverParts, Event, TraceSink};
+use crate::engine::{EngineChoice, EngineFailure};
 use crate::metrics::{self, Metrics};
 use crate::net::{NetConfig, Network, Outbox};
 use crate::storage::{Recovery, StorageError, Wal};
@@ -25,6 +26,7 @@ use crate::storage::{Recovery, StorageError, Wal};
 pub enum StartError {
     Config(ConfigError),
     Storage(StorageError),
+    Engine(EngineFailure),
     Io { what: String, source: std::io::Error },
 }
 
@@ -33,6 +35,7 @@ impl std::fmt::Display for StartError {
         match self {
             StartError::Config(e) => write!(f, "{e}"),
             StartError::Storage(e) => write!(f, "{e}"),
+            StartError::Engine(e) => write!(f, "{e}"),
             StartError::Io { what, source } => write!(f, "{what}: {source}"),
         }
     }
@@ -49,6 +52,8 @@ pub struct StartOptions {
     pub repair: bool,
     /// Where a client's storage lives (replicas use their configured `data_dir`).
     pub data_dir: Option<PathBuf>,
+    /// The core linked in, or in a wasm sandbox.
+    pub engine: EngineChoice,
 }
 
 /// A running node: its threads and the handles to talk to it.
@@ -102,8 +107,12 @@ fn cores(cluster: &ClusterFile) -> Option<(core_affinity::CoreId, core_affinity:
 pub fn start(cluster: &ClusterFile, id: NodeId, opts: &StartOptions) -> Result<Running, StartError> {
     let cfg = cluster.node_config(id).map_err(StartError::Config)?;
     let encoded = cfg.encode();
-    let node = Node::new(cfg)
-        .map_err(|e| StartError::Config(ConfigError { file: cluster.path.clone(), field: None, problem: e.0 }))?;
+    let checkpoint_interval = cfg.cluster.params.checkpoint_interval as u64;
+    let node = opts.engine.create(cfg).map_err(|e| match e {
+        EngineFailure::Config(problem) => StartError::Config(ConfigError { file: cluster.path.clone(), field: None, problem }),
+        other => StartError::Engine(other),
+    })?;
+    tracing::info!("node {id}: {}", node.info());
     let role = cluster.role_of(id).expect("node_config checked");
     let replica = cluster.replica(id);
     let data_dir = replica.map(|r| r.data_dir.clone()).or_else(|| opts.data_dir.clone());
@@ -168,6 +177,7 @@ pub fn start(cluster: &ClusterFile, id: NodeId, opts: &StartOptions) -> Result<R
         .map_err(io("spawning the network thread"))?;
     let parts = DriverParts {
         node,
+        checkpoint_interval,
         wal,
         app,
         trace,

@@ -1,0 +1,109 @@
+//! The Phalanx core as a WebAssembly component: exports `wit/phalanx.wit`'s `node`
+//! interface over [`phalanx_core::Node`], unchanged. The guest reads no clock, file or
+//! randomness; its one import is the optional `host-crypto`.
+
+use std::cell::RefCell;
+
+use phalanx_core::crypto::{BlsPublicKey, BlsSignature, CryptoMode, SignatureVerifier};
+use phalanx_core::trace::{Trace, replay as replay_trace};
+use phalanx_core::Node;
+
+mod convert;
+
+wit_bindgen::generate!({ path: "../wit", world: "phalanx" });
+
+use exports::phalanx::node::node::{CryptoBackend, Guest, GuestMachine, Machine as MachineHandle};
+use exports::phalanx::node::types as wit;
+use phalanx::node::host_crypto;
+
+struct Component;
+
+/// The default panic hook prints through WASI (and reads RUST_BACKTRACE): without it a
+/// panic is a plain `unreachable` trap, and the guest touches no WASI at all.
+fn quiet_panics() {
+    std::panic::set_hook(Box::new(|_| {}));
+}
+
+/// BLS verification by the host, natively.
+struct HostVerifier;
+
+impl SignatureVerifier for HostVerifier {
+    fn verify(&self, pk: &BlsPublicKey, msg: &[u8], sig: &BlsSignature) -> bool {
+        host_crypto::verify(&pk.0, msg, &sig.0)
+    }
+
+    fn fast_aggregate_verify(&self, pks: &[BlsPublicKey], msg: &[u8], agg: &BlsSignature) -> bool {
+        let keys: Vec<Vec<u8>> = pks.iter().map(|pk| pk.0.to_vec()).collect();
+        host_crypto::fast_aggregate_verify(&keys, msg, &agg.0)
+    }
+}
+
+/// One node. The component model hands resources out by shared reference.
+struct NodeMachine {
+    node: RefCell<Node>,
+    crypto: CryptoBackend,
+}
+
+impl Guest for Component {
+    type Machine = NodeMachine;
+
+    fn replay(trace: Vec<u8>) -> Result<wit::ReplaySummary, String> {
+        quiet_panics();
+        let trace = Trace::parse(&trace).map_err(|e| e.to_string())?;
+        replay_trace(&trace).map(convert::summary).map_err(|e| e.to_string())
+    }
+}
+
+impl GuestMachine for NodeMachine {
+    fn create(config: Vec<u8>) -> Result<MachineHandle, String> {
+        quiet_panics();
+        let mut node = Node::from_config_bytes(&config).map_err(|e| e.0)?;
+        let crypto = match node.config().cluster.crypto {
+            CryptoMode::InsecureTest => CryptoBackend::InsecureTest,
+            CryptoMode::Real if host_crypto::offered() => {
+                node.set_signature_verifier(Box::new(HostVerifier));
+                CryptoBackend::Host
+            }
+            CryptoMode::Real => CryptoBackend::Guest,
+        };
+        Ok(MachineHandle::new(NodeMachine { node: RefCell::new(node), crypto }))
+    }
+
+    fn handle(&self, now: u64, input: wit::Input) -> Result<(), wit::HandleError> {
+        let input = convert::input(input);
+        #[cfg(feature = "fault-injection")]
+        if matches!(&input, phalanx_core::Input::Request(phalanx_core::Request::Submit { op }) if op == b"phalanx:trap")
+        {
+            panic!("fault injection: a trap on request");
+        }
+        self.node.borrow_mut().handle(now, input).map_err(convert::handle_error)
+    }
+
+    fn poll(&self) -> Option<wit::Output> {
+        self.node.borrow_mut().poll().map(convert::output)
+    }
+
+    fn drain(&self) -> Vec<wit::Output> {
+        let mut node = self.node.borrow_mut();
+        std::iter::from_fn(|| node.poll().map(convert::output)).collect()
+    }
+
+    fn poll_timeout(&self) -> Option<u64> {
+        self.node.borrow().poll_timeout()
+    }
+
+    fn next_request(&self) -> Option<u64> {
+        self.node.borrow().next_request()
+    }
+
+    fn status(&self) -> wit::Status {
+        let node = self.node.borrow();
+        convert::status(node.status(), node.stats())
+    }
+
+    fn crypto_backend(&self) -> CryptoBackend {
+        self.crypto
+    }
+}
+
+export!(Component);

@@ -1,0 +1,349 @@
+//! The wasm engine: the core compiled to a WebAssembly component (`guest-wasm/`,
+//! exporting `wit/phalanx.wit`), run by wasmtime.
+//!
+//! Each call into the guest gets `fuel_per_call` fuel, and a store limiter refuses to
+//! grow linear memory past `memory_bytes`; a trap, exhausted fuel or refused growth is an
+//! [`EngineFailure`] that sticks: the machine takes no more input and yields nothing.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use phalanx_core::crypto::{BlsPublicKey, BlsSignature, CryptoMode, fast_aggregate_verify};
+use phalanx_core::{
+    Algorithm, Delivery, FaultKind, HandleError, Input, Machine, Nanos, Operation, Output, Request, Role, Stats,
+    Status,
+};
+use wasmtime::component::{HasSelf, Linker, ResourceAny};
+use wasmtime::{Config, ResourceLimiter, Store, Trap};
+
+use super::{CryptoBackend, Engine, EngineFailure, EngineInfo, EngineKind, WasmOptions};
+
+wasmtime::component::bindgen!({ path: "../wit", world: "phalanx" });
+
+use exports::phalanx::node::node::CryptoBackend as GuestCrypto;
+use exports::phalanx::node::types as wit;
+
+/// Fuel for creating a machine: validating a configuration verifies every node's BLS
+/// proof of possession, which inside the guest costs far more than any one input.
+const CREATE_FUEL: u64 = u64::MAX / 2;
+
+/// What a store holds: the host-crypto switch and the memory limiter's state.
+struct HostState {
+    host_crypto: bool,
+    memory_limit: usize,
+    /// The size the guest asked its memory to grow to, when the limiter refused it.
+    refused_growth: Option<usize>,
+}
+
+impl phalanx::node::host_crypto::Host for HostState {
+    fn offered(&mut self) -> bool {
+        self.host_crypto
+    }
+
+    fn verify(&mut self, public_key: Vec<u8>, message: Vec<u8>, signature: Vec<u8>) -> bool {
+        let (Ok(pk), Ok(sig)) = (<[u8; 48]>::try_from(public_key), <[u8; 96]>::try_from(signature)) else {
+            return false;
+        };
+        BlsPublicKey(pk).verify(CryptoMode::Real, &message, &BlsSignature(sig))
+    }
+
+    fn fast_aggregate_verify(&mut self, public_keys: Vec<Vec<u8>>, message: Vec<u8>, signature: Vec<u8>) -> bool {
+        let keys: Option<Vec<BlsPublicKey>> =
+            public_keys.into_iter().map(|k| <[u8; 48]>::try_from(k).ok().map(BlsPublicKey)).collect();
+        let (Some(keys), Ok(sig)) = (keys, <[u8; 96]>::try_from(signature)) else { return false };
+        fast_aggregate_verify(CryptoMode::Real, &keys, &message, &BlsSignature(sig))
+    }
+}
+
+impl ResourceLimiter for HostState {
+    fn memory_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        if desired > self.memory_limit {
+            self.refused_growth = Some(desired);
+            // An error rather than `false`: the guest's allocator would turn a refusal
+            // into a trap that no longer says why.
+            wasmtime::bail!("memory limit of {} bytes exceeded", self.memory_limit);
+        }
+        Ok(true)
+    }
+
+    fn table_growing(&mut self, _current: usize, _desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        Ok(true)
+    }
+}
+
+/// A compiled component, shared by every machine made from it.
+#[derive(Clone)]
+pub struct WasmRuntime {
+    pre: Arc<PhalanxPre<HostState>>,
+    engine: wasmtime::Engine,
+    options: WasmOptions,
+}
+
+impl WasmRuntime {
+    /// Reads and compiles the component.
+    pub fn load(options: &WasmOptions) -> Result<WasmRuntime, EngineFailure> {
+        let path = options.component.display();
+        let load = |what: &str, e: wasmtime::Error| EngineFailure::Load(format!("{path}: {what}: {e:#}"));
+        let mut config = Config::new();
+        config.consume_fuel(true);
+        let engine = wasmtime::Engine::new(&config).map_err(|e| load("configuring wasmtime", e))?;
+        let bytes = std::fs::read(&options.component).map_err(|e| EngineFailure::Load(format!("{path}: {e}")))?;
+        let component = wasmtime::component::Component::new(&engine, &bytes).map_err(|e| load("compiling", e))?;
+        let mut linker = Linker::new(&engine);
+        phalanx::node::host_crypto::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)
+            .map_err(|e| load("linking host-crypto", e))?;
+        // Rust's std for wasm32-wasip2 links `wasi:cli` and `wasi:io` imports for panic
+        // messages and the process exit it never reaches; the host gives them nothing
+        // to reach: each traps, so the guest has no clock, file, randomness or stream.
+        linker.define_unknown_imports_as_traps(&component).map_err(|e| load("linking", e))?;
+        let pre = linker.instantiate_pre(&component).map_err(|e| load("linking", e))?;
+        let pre = PhalanxPre::new(pre).map_err(|e| load("finding the exports", e))?;
+        Ok(WasmRuntime { pre: Arc::new(pre), engine, options: options.clone() })
+    }
+
+    /// The component's imports, by name.
+    pub fn imports(&self) -> Vec<String> {
+        let ty = self.pre.instance_pre().component().component_type();
+        ty.imports(&self.engine).map(|(name, _)| name.to_string()).collect()
+    }
+
+    /// A store with the limiter on and fuel for instantiation.
+    fn store(&self) -> Result<Store<HostState>, EngineFailure> {
+        let state = HostState {
+            host_crypto: self.options.host_crypto,
+            memory_limit: self.options.memory_bytes,
+            refused_growth: None,
+        };
+        let mut store = Store::new(&self.engine, state);
+        store.limiter(|s| s);
+        store.set_fuel(CREATE_FUEL).map_err(|e| EngineFailure::Load(format!("{e:#}")))?;
+        Ok(store)
+    }
+
+    /// A machine running the node of `node_config` (an encoded `NodeConfig`).
+    pub fn instantiate(&self, node_config: &[u8]) -> Result<WasmNode, EngineFailure> {
+        let mut store = self.store()?;
+        let fuel = self.options.fuel_per_call;
+        let instance = self.pre.instantiate(&mut store).map_err(|e| classify(&mut store, fuel, e))?;
+        let created = instance.phalanx_node_node().machine().call_create(&mut store, node_config);
+        let machine = created.map_err(|e| classify(&mut store, fuel, e))?.map_err(EngineFailure::Config)?;
+        let crypto = instance
+            .phalanx_node_node()
+            .machine()
+            .call_crypto_backend(&mut store, machine)
+            .map_err(|e| classify(&mut store, fuel, e))?;
+        let crypto = match crypto {
+            GuestCrypto::Host => CryptoBackend::Host,
+            GuestCrypto::Guest => CryptoBackend::Guest,
+            GuestCrypto::InsecureTest => CryptoBackend::InsecureTest,
+        };
+        Ok(WasmNode { store, instance, machine, crypto, fuel, outputs: VecDeque::new(), failed: None })
+    }
+
+    /// Replays a trace file inside the guest (the world's `replay`): its summary, or the
+    /// guest's error text.
+    pub fn replay(&self, trace: &[u8]) -> Result<Result<wit::ReplaySummary, String>, EngineFailure> {
+        let mut store = self.store()?;
+        let fuel = CREATE_FUEL;
+        let instance = self.pre.instantiate(&mut store).map_err(|e| classify(&mut store, fuel, e))?;
+        instance.phalanx_node_node().call_replay(&mut store, trace).map_err(|e| classify(&mut store, fuel, e))
+    }
+}
+
+/// Names why a call into the guest failed.
+fn classify(store: &mut Store<HostState>, fuel_per_call: u64, e: wasmtime::Error) -> EngineFailure {
+    if let Some(requested) = store.data_mut().refused_growth.take() {
+        return EngineFailure::MemoryLimit { limit: store.data().memory_limit, requested };
+    }
+    match e.downcast_ref::<Trap>() {
+        Some(Trap::OutOfFuel) => EngineFailure::OutOfFuel { fuel_per_call },
+        _ => EngineFailure::Trap(format!("{e:#}")),
+    }
+}
+
+/// One node in the sandbox.
+pub struct WasmNode {
+    store: Store<HostState>,
+    instance: Phalanx,
+    machine: ResourceAny,
+    crypto: CryptoBackend,
+    fuel: u64,
+    /// Outputs taken from the guest in one `drain` call, served one by one by `poll`.
+    outputs: VecDeque<Output>,
+    failed: Option<EngineFailure>,
+}
+
+impl WasmNode {
+    /// Why the machine stopped, if it did.
+    pub fn failed(&self) -> Option<&EngineFailure> {
+        self.failed.as_ref()
+    }
+
+    /// One call into the guest with a fresh fuel budget; `None` once failed.
+    fn call<R>(
+        &mut self,
+        f: impl FnOnce(exports::phalanx::node::node::GuestMachine<'_>, &mut Store<HostState>, ResourceAny) -> wasmtime::Result<R>,
+    ) -> Option<R> {
+        if self.failed.is_some() {
+            return None;
+        }
+        let result = match self.store.set_fuel(self.fuel) {
+            Ok(()) => f(self.instance.phalanx_node_node().machine(), &mut self.store, self.machine),
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(r) => Some(r),
+            Err(e) => {
+                self.failed = Some(classify(&mut self.store, self.fuel, e));
+                self.outputs.clear();
+                None
+            }
+        }
+    }
+}
+
+impl Machine for WasmNode {
+    fn handle(&mut self, now: Nanos, input: Input) -> Result<(), HandleError> {
+        let input = input_to_wit(input);
+        match self.call(|m, s, r| m.call_handle(s, r, now, &input)) {
+            Some(Err(e)) => Err(handle_error(e)),
+            _ => Ok(()),
+        }
+    }
+
+    fn poll(&mut self) -> Option<Output> {
+        if self.outputs.is_empty() {
+            let drained = self.call(|m, s, r| m.call_drain(s, r))?;
+            self.outputs.extend(drained.into_iter().map(output_from_wit));
+        }
+        self.outputs.pop_front()
+    }
+
+    fn poll_timeout(&mut self) -> Option<Nanos> {
+        self.call(|m, s, r| m.call_poll_timeout(s, r)).flatten()
+    }
+
+    fn failure(&self) -> Option<String> {
+        self.failed.as_ref().map(|e| e.to_string())
+    }
+}
+
+impl Engine for WasmNode {
+    fn next_request(&mut self) -> Option<u64> {
+        self.call(|m, s, r| m.call_next_request(s, r)).flatten()
+    }
+
+    fn status(&mut self) -> (Status, Stats) {
+        let Some(s) = self.call(|m, s, r| m.call_status(s, r)) else { return Default::default() };
+        let status = Status {
+            view: s.view,
+            primary: s.primary,
+            changing_view: s.changing_view,
+            view_changes: s.view_changes,
+            executed: s.executed,
+            stable: s.stable,
+            pending_requests: s.pending_requests,
+            batches: s.batches,
+            batched_requests: s.batched_requests,
+            consensus_ns_total: s.consensus_ns_total,
+            queue_wait_ns_total: s.queue_wait_ns_total,
+            queue_waits: s.queue_waits,
+            macs_verified: s.macs_verified,
+            signatures_verified: s.signatures_verified,
+        };
+        (status, Stats { stale: s.stale, beyond_window: s.beyond_window, unsubscribed: s.unsubscribed })
+    }
+
+    fn info(&self) -> EngineInfo {
+        EngineInfo { kind: EngineKind::Wasm, crypto: self.crypto }
+    }
+}
+
+fn algorithm_to_wit(a: Algorithm) -> wit::Algorithm {
+    match a {
+        Algorithm::Ab => wit::Algorithm::Ab,
+        Algorithm::Bracha => wit::Algorithm::Bracha,
+        Algorithm::Chain => wit::Algorithm::Chain,
+    }
+}
+
+fn algorithm_from_wit(a: wit::Algorithm) -> Algorithm {
+    match a {
+        wit::Algorithm::Ab => Algorithm::Ab,
+        wit::Algorithm::Bracha => Algorithm::Bracha,
+        wit::Algorithm::Chain => Algorithm::Chain,
+    }
+}
+
+fn input_to_wit(i: Input) -> wit::Input {
+    match i {
+        Input::Message { from, bytes } => wit::Input::Message(wit::Message { peer: from, bytes }),
+        Input::Request(Request::Publish { topic, payload, algorithm }) => {
+            wit::Input::Request(wit::Request::Publish(wit::Publish { topic, payload, algorithm: algorithm_to_wit(algorithm) }))
+        }
+        Input::Request(Request::Subscribe { topics }) => wit::Input::Request(wit::Request::Subscribe(topics)),
+        Input::Request(Request::Submit { op }) => wit::Input::Request(wit::Request::Submit(op)),
+        Input::Timeout => wit::Input::Timeout,
+        Input::Persisted { token } => wit::Input::Persisted(token),
+        Input::Executed { seq, results, snapshot } => wit::Input::Executed(wit::Executed { seq, results, snapshot }),
+        Input::Recover { record } => wit::Input::Recover(record),
+    }
+}
+
+fn fault_kind_from_wit(k: wit::FaultKind) -> FaultKind {
+    match k {
+        wit::FaultKind::Oversized => FaultKind::Oversized,
+        wit::FaultKind::Malformed => FaultKind::Malformed,
+        wit::FaultKind::ForgedSender => FaultKind::ForgedSender,
+        wit::FaultKind::BadMac => FaultKind::BadMac,
+        wit::FaultKind::Unexpected => FaultKind::Unexpected,
+        wit::FaultKind::BadChainMac => FaultKind::BadChainMac,
+        wit::FaultKind::Equivocation => FaultKind::Equivocation,
+        wit::FaultKind::ConflictingHistory => FaultKind::ConflictingHistory,
+        wit::FaultKind::TooManyStreams => FaultKind::TooManyStreams,
+        wit::FaultKind::QueueFull => FaultKind::QueueFull,
+        wit::FaultKind::BadSignature => FaultKind::BadSignature,
+    }
+}
+
+fn output_from_wit(o: wit::Output) -> Output {
+    match o {
+        wit::Output::Send(m) => Output::Send { to: m.peer, bytes: m.bytes },
+        wit::Output::Deliver(d) => Output::Deliver(Delivery {
+            publisher: d.publisher,
+            topic: d.topic,
+            seq: d.seq,
+            payload: d.payload,
+            algorithm: algorithm_from_wit(d.algorithm),
+            from_history: d.from_history,
+        }),
+        wit::Output::Persist(p) => Output::Persist { token: p.token, record: p.record },
+        wit::Output::Fault(f) => Output::Fault { node: f.node, kind: fault_kind_from_wit(f.kind) },
+        wit::Output::Execute(e) => Output::Execute {
+            seq: e.seq,
+            ops: e.ops.into_iter().map(|o| Operation { client: o.client, request: o.request, op: o.op }).collect(),
+        },
+        wit::Output::Completed(c) => Output::Completed { request: c.request, result: c.result },
+        wit::Output::Restore(r) => Output::Restore { seq: r.seq, snapshot: r.snapshot },
+        wit::Output::Compact(token) => Output::Compact { token },
+    }
+}
+
+fn handle_error(e: wit::HandleError) -> HandleError {
+    match e {
+        wit::HandleError::WrongRole(w) => HandleError::WrongRole {
+            role: match w.role {
+                wit::Role::Broker => Role::Broker,
+                wit::Role::Publisher => Role::Publisher,
+                wit::Role::Subscriber => Role::Subscriber,
+            },
+            // The core's names are static; an unknown one cannot come from this core.
+            request: ["publish", "subscribe", "submit", "executed", "recover"]
+                .into_iter()
+                .find(|r| *r == w.request)
+                .unwrap_or("unknown"),
+        },
+        wit::HandleError::Backpressure => HandleError::Backpressure,
+        wit::HandleError::Invalid(why) => HandleError::Invalid(why),
+    }
+}

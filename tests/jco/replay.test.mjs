@@ -1,0 +1,114 @@
+// The Phalanx component under Node.js, transpiled by jco: every trace in tests/traces
+// replays inside it exactly as in the native core (`phalanxd trace replay`).
+// Run by scripts/test-jco, which sets PHALANX_JCO_DIR (the transpiled component) and
+// PHALANXD (the native binary).
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { execFileSync } from "node:child_process";
+import { readFile, readdir } from "node:fs/promises";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+
+import * as hostCrypto from "./host-crypto.js";
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+const tracesDir = path.join(here, "..", "traces");
+const jcoDir = process.env.PHALANX_JCO_DIR;
+const phalanxd = process.env.PHALANXD;
+assert.ok(jcoDir && phalanxd, "run through scripts/test-jco (PHALANX_JCO_DIR and PHALANXD)");
+
+// Rust's std names wasi:cli and wasi:io imports for panic output that the guest never
+// calls; like phalanxd, this host gives each of them a trap.
+function trap(iface) {
+  return new Proxy({}, {
+    get: (_, name) => function () {
+      throw new Error(`the guest called ${iface}.${String(name)}`);
+    },
+  });
+}
+
+const { instantiate } = await import(path.join(jcoDir, "phalanx.js"));
+const wasi = [
+  "wasi:cli/environment", "wasi:cli/exit", "wasi:cli/stderr", "wasi:cli/stdin", "wasi:cli/stdout",
+  "wasi:cli/terminal-input", "wasi:cli/terminal-output", "wasi:cli/terminal-stderr",
+  "wasi:cli/terminal-stdin", "wasi:cli/terminal-stdout", "wasi:io/error", "wasi:io/poll", "wasi:io/streams",
+];
+const imports = { "phalanx:node/host-crypto": hostCrypto };
+for (const iface of wasi) imports[iface] = trap(iface);
+const component = await instantiate(
+  async (file) => WebAssembly.compile(await readFile(path.join(jcoDir, file))),
+  imports,
+);
+const { node } = component;
+
+// The core's ReplaySummary Display text.
+function show(s) {
+  const hex = Buffer.from(s.digest).toString("hex");
+  return `${s.records} records (${s.refused} refused), ${s.outputs} outputs (${s.sends} sends, ` +
+    `${s.deliveries} deliveries, ${s.persists} persists, ${s.faults} faults, ${s.executes} executes, ` +
+    `${s.completions} completions, ${s.restores} restores, ${s.compactions} compactions), digest ${hex}`;
+}
+
+function nativeReplay(file) {
+  const out = execFileSync(phalanxd, ["trace", "replay", file], { encoding: "utf8" }).trim();
+  return out.slice(out.indexOf(": ") + 2);
+}
+
+// A varint and the length-delimited message after it.
+function delimited(bytes, at) {
+  let len = 0, shift = 0, b;
+  do { b = bytes[at++]; len += (b & 0x7f) * 2 ** shift; shift += 7; } while (b & 0x80);
+  return [bytes.subarray(at, at + len), at + len];
+}
+
+// The node_config (field 3) of a trace's header, the file's first message.
+function nodeConfig(trace) {
+  const [header] = delimited(trace, 0);
+  for (let at = 0; at < header.length;) {
+    const key = header[at++];
+    if ((key & 7) === 2) {
+      const [value, next] = delimited(header, at);
+      if (key >> 3 === 3) return value;
+      at = next;
+    } else {
+      do { } while (header[at++] & 0x80); // a varint field
+    }
+  }
+  throw new Error("the trace header has no node_config");
+}
+
+const traces = (await readdir(tracesDir)).filter((f) => f.endsWith(".trace")).sort();
+
+test("there are traces to replay", () => assert.ok(traces.length > 0));
+
+for (const name of traces) {
+  test(`${name} replays in the component as in the native core`, async () => {
+    const file = path.join(tracesDir, name);
+    const wasm = show(node.replay(await readFile(file)));
+    assert.equal(wasm, nativeReplay(file));
+  });
+}
+
+test("a machine driven from JavaScript sends a request once its lease is persisted", async () => {
+  const config = nodeConfig(await readFile(path.join(tracesDir, "pbft-n4f1-client.trace")));
+  const client = node.Machine.create(config);
+  assert.equal(client.nextRequest(), 1n);
+  client.handle(0n, { tag: "request", val: { tag: "submit", val: new TextEncoder().encode("op") } });
+  // Persist before send: the request leaves once its lease record is acknowledged.
+  let outputs = client.drain();
+  for (const o of outputs.filter((o) => o.tag === "persist")) {
+    client.handle(0n, { tag: "persisted", val: o.val.token });
+  }
+  outputs = outputs.concat(client.drain());
+  const sends = outputs.filter((o) => o.tag === "send");
+  assert.ok(sends.length >= 1, `the request goes out: ${JSON.stringify(outputs.map((o) => o.tag))}`);
+  assert.equal(client.poll(), undefined);
+  assert.notEqual(client.pollTimeout(), undefined, "a retry is scheduled");
+  assert.equal(client.nextRequest(), 2n);
+});
+
+test("a bad configuration is an error, not a crash", () => {
+  assert.throws(() => node.Machine.create(new Uint8Array([1, 2, 3])));
+  // The component still works afterwards.
+  assert.ok(node.replay instanceof Function);
+});
