@@ -8,7 +8,7 @@ use std::collections::VecDeque;
 use std::fmt;
 
 use crate::config::{ConfigError, NodeConfig, Protocol, Role};
-use crate::crypto::{BlsPublicKey, BlsSignature, CryptoMode, SignatureVerifier, fast_aggregate_verify};
+use crate::crypto::{BlsBackend, BlsPublicKey, BlsSignature, CryptoMode, aggregate, fast_aggregate_verify};
 use crate::order::{Client, Replica};
 use crate::pubsub::{Broker, Publisher, Subscriber};
 use crate::wire::{self, Keyring, Sealer, pb};
@@ -259,8 +259,8 @@ pub(crate) struct Ctx {
     /// acknowledged out of order.
     acked: u64,
     acked_ahead: std::collections::BTreeSet<u64>,
-    /// Set by the host to run BLS verifications elsewhere (`Real` crypto only).
-    verifier: Option<Box<dyn SignatureVerifier>>,
+    /// Set by the host to run BLS operations elsewhere (`Real` crypto only).
+    bls: Option<Box<dyn BlsBackend>>,
 }
 
 impl Ctx {
@@ -268,21 +268,42 @@ impl Ctx {
         self.cfg.id
     }
 
+    /// The host's BLS backend, if it set one and the cluster runs real crypto.
+    fn backend(&self) -> Option<&dyn BlsBackend> {
+        self.bls.as_deref().filter(|_| self.cfg.cluster.crypto == CryptoMode::Real)
+    }
+
+    /// Signs with this node's BLS key.
+    pub fn sign(&self, msg: &[u8]) -> BlsSignature {
+        match self.backend() {
+            Some(b) => b.sign(&self.cfg.bls_secret, msg),
+            None => self.cfg.bls_secret.sign(msg),
+        }
+    }
+
     /// Checks one BLS signature (counted in `signatures_verified`).
     pub fn verify_signature(&mut self, pk: &BlsPublicKey, msg: &[u8], sig: &BlsSignature) -> bool {
         self.counters.signatures_verified += 1;
-        match (&self.verifier, self.cfg.cluster.crypto) {
-            (Some(v), CryptoMode::Real) => v.verify(pk, msg, sig),
-            (_, mode) => pk.verify(mode, msg, sig),
+        match self.backend() {
+            Some(b) => b.verify(pk, msg, sig),
+            None => pk.verify(self.cfg.cluster.crypto, msg, sig),
+        }
+    }
+
+    /// Aggregates signatures on one message; `None` if empty or any is not in the group.
+    pub fn aggregate(&self, sigs: &[BlsSignature]) -> Option<BlsSignature> {
+        match self.backend() {
+            Some(b) => b.aggregate(sigs),
+            None => aggregate(self.cfg.cluster.crypto, sigs),
         }
     }
 
     /// Checks an aggregate signature by `pks` on `msg` (counted as one verification).
     pub fn verify_aggregate(&mut self, pks: &[BlsPublicKey], msg: &[u8], agg: &BlsSignature) -> bool {
         self.counters.signatures_verified += 1;
-        match (&self.verifier, self.cfg.cluster.crypto) {
-            (Some(v), CryptoMode::Real) => v.fast_aggregate_verify(pks, msg, agg),
-            (_, mode) => fast_aggregate_verify(mode, pks, msg, agg),
+        match self.backend() {
+            Some(b) => b.fast_aggregate_verify(pks, msg, agg),
+            None => fast_aggregate_verify(self.cfg.cluster.crypto, pks, msg, agg),
         }
     }
 
@@ -469,7 +490,7 @@ impl Node {
             next_token: 1,
             acked: 0,
             acked_ahead: Default::default(),
-            verifier: None,
+            bls: None,
         };
         let role = match (ctx.cfg.cluster.protocol, me.role) {
             (Protocol::PubSub, Role::Broker) => RoleMachine::Broker(Broker::new(&ctx)),
@@ -493,10 +514,10 @@ impl Node {
         self.ctx.me()
     }
 
-    /// Runs this node's BLS verifications through `verifier` instead of the core's own
-    /// code (a sandboxed core handing them to its host). No effect with insecure crypto.
-    pub fn set_signature_verifier(&mut self, verifier: Box<dyn SignatureVerifier>) {
-        self.ctx.verifier = Some(verifier);
+    /// Runs this node's BLS operations through `backend` instead of the core's own code
+    /// (a sandboxed core handing them to its host). No effect with insecure crypto.
+    pub fn set_bls_backend(&mut self, backend: Box<dyn BlsBackend>) {
+        self.ctx.bls = Some(backend);
     }
 
     pub fn role(&self) -> Role {

@@ -1,10 +1,11 @@
 //! The Phalanx core as a WebAssembly component: exports `wit/phalanx.wit`'s `node`
-//! interface over [`phalanx_core::Node`], unchanged. The guest reads no clock, file or
-//! randomness; its one import is the optional `host-crypto`.
+//! interface over [`phalanx_core::Node`], unchanged. Built for wasm32-unknown-unknown
+//! (scripts/build-wasm), it has no WASI: no clock, file, randomness or stderr. Its one
+//! import is the optional `host-crypto`; a panic (panic = "abort") is a trap.
 
 use std::cell::RefCell;
 
-use phalanx_core::crypto::{BlsPublicKey, BlsSignature, CryptoMode, SignatureVerifier};
+use phalanx_core::crypto::{BlsBackend, BlsPublicKey, BlsSecretKey, BlsSignature, CryptoMode};
 use phalanx_core::trace::{Trace, replay as replay_trace};
 use phalanx_core::Node;
 
@@ -18,18 +19,23 @@ use phalanx::node::host_crypto;
 
 struct Component;
 
-/// The default panic hook prints through WASI (and reads RUST_BACKTRACE): without it a
-/// panic is a plain `unreachable` trap, and the guest touches no WASI at all.
-fn quiet_panics() {
-    std::panic::set_hook(Box::new(|_| {}));
-}
+/// BLS by the host, natively.
+struct HostBls;
 
-/// BLS verification by the host, natively.
-struct HostVerifier;
+impl BlsBackend for HostBls {
+    fn sign(&self, sk: &BlsSecretKey, msg: &[u8]) -> BlsSignature {
+        let sig = host_crypto::sign(sk.key_material(), msg);
+        // A host that answers with anything but a signature is broken beyond recovery.
+        BlsSignature(sig.try_into().expect("host-crypto sign returns 96 bytes"))
+    }
 
-impl SignatureVerifier for HostVerifier {
     fn verify(&self, pk: &BlsPublicKey, msg: &[u8], sig: &BlsSignature) -> bool {
         host_crypto::verify(&pk.0, msg, &sig.0)
+    }
+
+    fn aggregate(&self, sigs: &[BlsSignature]) -> Option<BlsSignature> {
+        let sigs: Vec<Vec<u8>> = sigs.iter().map(|s| s.0.to_vec()).collect();
+        host_crypto::aggregate(&sigs).and_then(|a| a.try_into().ok()).map(BlsSignature)
     }
 
     fn fast_aggregate_verify(&self, pks: &[BlsPublicKey], msg: &[u8], agg: &BlsSignature) -> bool {
@@ -48,7 +54,6 @@ impl Guest for Component {
     type Machine = NodeMachine;
 
     fn replay(trace: Vec<u8>) -> Result<wit::ReplaySummary, String> {
-        quiet_panics();
         let trace = Trace::parse(&trace).map_err(|e| e.to_string())?;
         replay_trace(&trace).map(convert::summary).map_err(|e| e.to_string())
     }
@@ -56,12 +61,11 @@ impl Guest for Component {
 
 impl GuestMachine for NodeMachine {
     fn create(config: Vec<u8>) -> Result<MachineHandle, String> {
-        quiet_panics();
         let mut node = Node::from_config_bytes(&config).map_err(|e| e.0)?;
         let crypto = match node.config().cluster.crypto {
             CryptoMode::InsecureTest => CryptoBackend::InsecureTest,
             CryptoMode::Real if host_crypto::offered() => {
-                node.set_signature_verifier(Box::new(HostVerifier));
+                node.set_bls_backend(Box::new(HostBls));
                 CryptoBackend::Host
             }
             CryptoMode::Real => CryptoBackend::Guest,

@@ -15,7 +15,7 @@
 //!
 //! [runtime]                  # optional: host settings
 //! pin_threads = true
-//! wasm_host_crypto = true    # `run --engine wasm`: BLS verified natively by the host
+//! wasm_host_crypto = true    # `run --engine wasm`: BLS run natively by the host
 //!
 //! [[replica]]
 //! id = 0
@@ -89,8 +89,8 @@ pub struct Runtime {
     pub wasm_fuel_per_call: u64,
     /// `run --engine wasm`: the guest's linear memory limit, bytes.
     pub wasm_memory_bytes: usize,
-    /// `run --engine wasm`: verify BLS signatures natively in the host (the guest's
-    /// `host-crypto` import) rather than inside the sandbox, about five times slower.
+    /// `run --engine wasm`: run BLS natively in the host (the guest's `host-crypto`
+    /// import) rather than inside the sandbox, where it is many times slower.
     pub wasm_host_crypto: bool,
 }
 

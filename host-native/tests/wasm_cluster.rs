@@ -1,6 +1,6 @@
 //! End to end: a loopback cluster whose replicas run the core in different engines —
 //! two linked in, two as the WebAssembly component in wasmtime — serving one key-value
-//! workload in agreement.
+//! workload in agreement; and a wasm replica whose guest fails, stopping with the cause.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -50,7 +50,7 @@ fn two_native_and_two_wasm_replicas_serve_a_workload_in_agreement() {
         .with_node_args(1, &wasm)
         .with_node_args(3, &wasm);
     c.start_all().unwrap();
-    for (id, engine) in [(0, "native engine, BLS verified by native"), (1, "wasm engine, BLS verified by host")] {
+    for (id, engine) in [(0, "native engine, BLS run by native"), (1, "wasm engine, BLS run by host")] {
         let log = std::fs::read_to_string(c.log_path(id)).unwrap();
         assert!(log.contains(engine), "replica {id} runs the {engine}:\n{log}");
     }
@@ -100,5 +100,44 @@ fn two_native_and_two_wasm_replicas_serve_a_workload_in_agreement() {
             }
         }
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_wasm_replica_whose_guest_fails_stops_with_the_cause_and_a_nonzero_exit() {
+    let component = common::component();
+    let dir = std::env::temp_dir().join(format!("phalanx-e2e-wasm-fails-{}", std::process::id()));
+    let spec = LocalSpec { crypto: CryptoMode::InsecureTest, ..LocalSpec::default() };
+    let c = LocalCluster::create(&dir, &spec, Path::new(BINARY)).unwrap();
+    let path = c.config_path().to_path_buf();
+    let good = std::fs::read_to_string(&path).unwrap();
+    // Keygen writes every [runtime] field: change one line of it.
+    let run = |default: &str, setting: &str| {
+        assert!(good.contains(default), "{good}");
+        std::fs::write(&path, good.replace(default, setting)).unwrap();
+        let mut child = std::process::Command::new(BINARY)
+            .args(["run", "--engine", "wasm", "--id", "1", "--config"])
+            .arg(&path)
+            .arg("--component")
+            .arg(component)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + TIMEOUT;
+        while child.try_wait().unwrap().is_none() {
+            if std::time::Instant::now() > deadline {
+                child.kill().unwrap();
+                panic!("phalanxd kept running with {setting}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let out = child.wait_with_output().unwrap();
+        assert!(!out.status.success(), "phalanxd exits non-zero");
+        String::from_utf8(out.stderr).unwrap()
+    };
+    let err = run("wasm_fuel_per_call = 20000000000", "wasm_fuel_per_call = 1");
+    assert!(err.contains("wasm engine: the guest ran out of fuel (1 per call)"), "{err}");
+    let err = run("wasm_memory_bytes = 2147483648", "wasm_memory_bytes = 65536");
+    assert!(err.contains("wasm engine: the guest exceeded its memory limit"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -66,7 +66,7 @@ fn the_guest_imports_no_clock_file_socket_or_randomness() {
 }
 
 #[test]
-fn the_engine_reports_who_verifies_signatures() {
+fn the_engine_reports_who_runs_bls() {
     let real = trace("pbft-n4f1-view-change-backup.trace").header.node_config;
     let insecure = trace("pbft-n4f1-client.trace").header.node_config;
     let with_host = runtime(options(common::component()));

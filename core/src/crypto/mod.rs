@@ -36,13 +36,17 @@ impl CryptoMode {
     }
 }
 
-/// Where a node's BLS verifications run, when its cluster uses [`CryptoMode::Real`]: by
+/// Where a node's BLS operations run, when its cluster uses [`CryptoMode::Real`]: by
 /// default the core's own code; a core inside a sandbox can hand them to its host, which
-/// runs them natively (the wasm engine's `host-crypto` import) — the answers must be the
-/// same as [`BlsPublicKey::verify`] and [`fast_aggregate_verify`] give.
-pub trait SignatureVerifier: Send {
-    /// `sig` on `msg` under `pk`, which has not been validated: the verifier checks it.
+/// runs them natively (the wasm engine's `host-crypto` import). Answers must be those of
+/// [`BlsSecretKey::sign`], [`BlsPublicKey::verify`], [`aggregate`] and
+/// [`fast_aggregate_verify`]: signatures are deterministic, so traces stay identical.
+pub trait BlsBackend: Send + Sync {
+    fn sign(&self, sk: &BlsSecretKey, msg: &[u8]) -> BlsSignature;
+    /// `sig` on `msg` under `pk`, which has not been validated: the backend checks it.
     fn verify(&self, pk: &BlsPublicKey, msg: &[u8], sig: &BlsSignature) -> bool;
+    /// Signatures on one message, each checked to be in the group.
+    fn aggregate(&self, sigs: &[BlsSignature]) -> Option<BlsSignature>;
     /// An aggregate by `pks` (validated with their proof of possession) on `msg`.
     fn fast_aggregate_verify(&self, pks: &[BlsPublicKey], msg: &[u8], agg: &BlsSignature) -> bool;
 }

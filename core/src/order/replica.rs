@@ -12,7 +12,7 @@ use prost::Message;
 
 use super::{authenticated_bytes, batch_digest, primary, signed_message};
 use crate::config::Role;
-use crate::crypto::{BlsPublicKey, BlsSignature, Digest, aggregate, digest};
+use crate::crypto::{BlsPublicKey, BlsSignature, Digest, digest};
 use crate::node::{Ctx, HandleError, Output, Status};
 use crate::wire::pb::replica_record::Kind as Record;
 use crate::wire::{Opened, pb};
@@ -715,7 +715,7 @@ impl Replica {
         if signers.len() < self.quorum {
             return;
         }
-        let Some(agg) = aggregate(ctx.cfg.cluster.crypto, &signatures) else { return };
+        let Some(agg) = ctx.aggregate(&signatures) else { return };
         let cert = pb::Certificate { view: 0, seq, digest: d.to_vec(), signers, signature: agg.0.to_vec() };
         self.adopt_stable(ctx, cert, None);
     }
@@ -1045,7 +1045,7 @@ fn within_batch_limits(p: &crate::config::Params, batch: Option<&pb::Batch>) -> 
 
 /// This replica's signature on (kind, view, seq, digest).
 fn sign(ctx: &Ctx, kind: &[u8; 4], view: u64, seq: u64, d: &Digest) -> Vec<u8> {
-    ctx.cfg.bls_secret.sign(&signed_message(kind, view, seq, d)).0.to_vec()
+    ctx.sign(&signed_message(kind, view, seq, d)).0.to_vec()
 }
 
 /// Aggregates signatures on one (kind, view, seq, digest) into a certificate: a single
@@ -1060,7 +1060,6 @@ fn certify(
     votes: &[(NodeId, Vec<u8>)],
     quorum: usize,
 ) -> Result<pb::Certificate, Vec<NodeId>> {
-    let mode = ctx.cfg.cluster.crypto;
     let message = signed_message(kind, view, seq, d);
     let parsed: Vec<(NodeId, Option<(BlsPublicKey, BlsSignature)>)> = votes
         .iter()
@@ -1070,7 +1069,7 @@ fn certify(
         let keys: Option<Vec<(BlsPublicKey, BlsSignature)>> = parsed.iter().map(|(_, k)| *k).collect();
         let keys = keys?;
         let (pks, sigs): (Vec<BlsPublicKey>, Vec<BlsSignature>) = keys.into_iter().unzip();
-        let agg = aggregate(mode, &sigs)?;
+        let agg = ctx.aggregate(&sigs)?;
         ctx.verify_aggregate(&pks, &message, &agg).then_some(agg)
     };
     let (signers, agg) = match all_valid() {
@@ -1083,7 +1082,7 @@ fn certify(
                 return Err(bad);
             }
             let sigs: Vec<BlsSignature> = good.iter().map(|(_, k)| k.expect("valid").1).collect();
-            let agg = aggregate(mode, &sigs).ok_or_else(|| bad.clone())?;
+            let agg = ctx.aggregate(&sigs).ok_or_else(|| bad.clone())?;
             (good.iter().map(|(r, _)| *r).collect(), agg)
         }
     };

@@ -60,7 +60,7 @@ impl EngineKind {
     }
 }
 
-/// Which code verifies BLS signatures.
+/// Which code runs BLS (signing, aggregation, verification).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CryptoBackend {
     /// The core's own code, natively (the native engine).
@@ -92,7 +92,7 @@ pub struct EngineInfo {
 
 impl fmt::Display for EngineInfo {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} engine, BLS verified by {}", self.kind.name(), self.crypto.name())
+        write!(f, "{} engine, BLS run by {}", self.kind.name(), self.crypto.name())
     }
 }
 
@@ -142,7 +142,7 @@ pub struct WasmOptions {
     pub fuel_per_call: u64,
     /// Linear memory the guest may grow to, bytes.
     pub memory_bytes: usize,
-    /// Offer the guest the `host-crypto` import (native BLS verification).
+    /// Offer the guest the `host-crypto` import (BLS run natively by the host).
     pub host_crypto: bool,
 }
 

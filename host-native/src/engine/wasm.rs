@@ -8,7 +8,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use phalanx_core::crypto::{BlsPublicKey, BlsSignature, CryptoMode, fast_aggregate_verify};
+use phalanx_core::crypto::{BlsPublicKey, BlsSecretKey, BlsSignature, CryptoMode, aggregate, fast_aggregate_verify};
 use phalanx_core::{
     Algorithm, Delivery, FaultKind, HandleError, Input, Machine, Nanos, Operation, Output, Request, Role, Stats,
     Status,
@@ -38,6 +38,19 @@ struct HostState {
 impl phalanx::node::host_crypto::Host for HostState {
     fn offered(&mut self) -> bool {
         self.host_crypto
+    }
+
+    fn sign(&mut self, key_material: Vec<u8>, message: Vec<u8>) -> Vec<u8> {
+        // The guest only passes its own 32 bytes; anything else gets a signature that
+        // verifies nowhere rather than a trap in the host.
+        let ikm = <[u8; 32]>::try_from(key_material).unwrap_or_default();
+        BlsSecretKey::from_key_material(CryptoMode::Real, &ikm).sign(&message).0.to_vec()
+    }
+
+    fn aggregate(&mut self, signatures: Vec<Vec<u8>>) -> Option<Vec<u8>> {
+        let sigs: Option<Vec<BlsSignature>> =
+            signatures.into_iter().map(|s| <[u8; 96]>::try_from(s).ok().map(BlsSignature)).collect();
+        aggregate(CryptoMode::Real, &sigs?).map(|a| a.0.to_vec())
     }
 
     fn verify(&mut self, public_key: Vec<u8>, message: Vec<u8>, signature: Vec<u8>) -> bool {
