@@ -2,7 +2,9 @@
 //! cross the boundary.
 
 use phalanx_core::trace::ReplaySummary;
-use phalanx_core::{Algorithm, Delivery, FaultKind, HandleError, Input, Operation, Output, Request, Role, Stats, Status};
+use phalanx_core::{
+    Algorithm, Delivery, FaultKind, HandleError, Input, Operation, Output, Request, Role, Stats, Status,
+};
 
 use crate::wit;
 
@@ -25,9 +27,11 @@ fn algorithm_out(a: Algorithm) -> wit::Algorithm {
 pub fn input(i: wit::Input) -> Input {
     match i {
         wit::Input::Message(m) => Input::Message { from: m.peer, bytes: m.bytes },
-        wit::Input::Request(wit::Request::Publish(p)) => {
-            Input::Request(Request::Publish { topic: p.topic, payload: p.payload, algorithm: algorithm_in(p.algorithm) })
-        }
+        wit::Input::Request(wit::Request::Publish(p)) => Input::Request(Request::Publish {
+            topic: p.topic,
+            payload: p.payload,
+            algorithm: algorithm_in(p.algorithm),
+        }),
         wit::Input::Request(wit::Request::Subscribe(topics)) => Input::Request(Request::Subscribe { topics }),
         wit::Input::Request(wit::Request::Submit(op)) => Input::Request(Request::Submit { op }),
         wit::Input::Timeout => Input::Timeout,
@@ -98,42 +102,74 @@ pub fn handle_error(e: HandleError) -> wit::HandleError {
     }
 }
 
-pub fn status(s: Status, stats: &Stats) -> wit::Status {
+// Destructured, so that a field added to the core's types fails to compile here.
+pub fn status(status: Status, stats: &Stats) -> wit::Status {
+    let Status {
+        view,
+        primary,
+        changing_view,
+        view_changes,
+        executed,
+        stable,
+        pending_requests,
+        batches,
+        batched_requests,
+        consensus_ns_total,
+        queue_wait_ns_total,
+        queue_waits,
+        macs_verified,
+        signatures_verified,
+    } = status;
+    let Stats { stale, beyond_window, unsubscribed } = *stats;
     wit::Status {
-        view: s.view,
-        primary: s.primary,
-        changing_view: s.changing_view,
-        view_changes: s.view_changes,
-        executed: s.executed,
-        stable: s.stable,
-        pending_requests: s.pending_requests,
-        batches: s.batches,
-        batched_requests: s.batched_requests,
-        consensus_ns_total: s.consensus_ns_total,
-        queue_wait_ns_total: s.queue_wait_ns_total,
-        queue_waits: s.queue_waits,
-        macs_verified: s.macs_verified,
-        signatures_verified: s.signatures_verified,
-        stale: stats.stale,
-        beyond_window: stats.beyond_window,
-        unsubscribed: stats.unsubscribed,
+        view,
+        primary,
+        changing_view,
+        view_changes,
+        executed,
+        stable,
+        pending_requests,
+        batches,
+        batched_requests,
+        consensus_ns_total,
+        queue_wait_ns_total,
+        queue_waits,
+        macs_verified,
+        signatures_verified,
+        stale,
+        beyond_window,
+        unsubscribed,
     }
 }
 
 pub fn summary(s: ReplaySummary) -> wit::ReplaySummary {
+    let ReplaySummary {
+        records,
+        refused,
+        outputs,
+        sends,
+        deliveries,
+        persists,
+        faults,
+        executes,
+        completions,
+        restores,
+        compactions,
+        digest,
+    } = s;
     let n = |v: usize| v as u64;
     wit::ReplaySummary {
-        records: n(s.records),
-        refused: n(s.refused),
-        outputs: n(s.outputs),
-        sends: n(s.sends),
-        deliveries: n(s.deliveries),
-        persists: n(s.persists),
-        faults: n(s.faults),
-        executes: n(s.executes),
-        completions: n(s.completions),
-        restores: n(s.restores),
-        compactions: n(s.compactions),
-        digest: s.digest.to_vec(),
+        records: n(records),
+        refused: n(refused),
+        outputs: n(outputs),
+        sends: n(sends),
+        deliveries: n(deliveries),
+        persists: n(persists),
+        faults: n(faults),
+        executes: n(executes),
+        completions: n(completions),
+        restores: n(restores),
+        compactions: n(compactions),
+        digest: digest.to_vec(),
     }
 }

@@ -5,9 +5,9 @@
 
 use std::cell::RefCell;
 
+use phalanx_core::Node;
 use phalanx_core::crypto::{BlsBackend, BlsPublicKey, BlsSecretKey, BlsSignature, CryptoMode};
 use phalanx_core::trace::{Trace, replay as replay_trace};
-use phalanx_core::Node;
 
 mod convert;
 
@@ -75,6 +75,8 @@ impl GuestMachine for NodeMachine {
 
     fn handle(&self, now: u64, input: wit::Input) -> Result<(), wit::HandleError> {
         let input = convert::input(input);
+        // Only in the `fault-injection` build, which exists so that the host's fault tests
+        // can make the guest trap on demand.
         #[cfg(feature = "fault-injection")]
         if matches!(&input, phalanx_core::Input::Request(phalanx_core::Request::Submit { op }) if op == b"phalanx:trap")
         {

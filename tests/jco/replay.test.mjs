@@ -17,24 +17,9 @@ const jcoDir = process.env.PHALANX_JCO_DIR;
 const phalanxd = process.env.PHALANXD;
 assert.ok(jcoDir && phalanxd, "run through scripts/test-jco (PHALANX_JCO_DIR and PHALANXD)");
 
-// Rust's std names wasi:cli and wasi:io imports for panic output that the guest never
-// calls; like phalanxd, this host gives each of them a trap.
-function trap(iface) {
-  return new Proxy({}, {
-    get: (_, name) => function () {
-      throw new Error(`the guest called ${iface}.${String(name)}`);
-    },
-  });
-}
-
 const { instantiate } = await import(path.join(jcoDir, "phalanx.js"));
-const wasi = [
-  "wasi:cli/environment", "wasi:cli/exit", "wasi:cli/stderr", "wasi:cli/stdin", "wasi:cli/stdout",
-  "wasi:cli/terminal-input", "wasi:cli/terminal-output", "wasi:cli/terminal-stderr",
-  "wasi:cli/terminal-stdin", "wasi:cli/terminal-stdout", "wasi:io/error", "wasi:io/poll", "wasi:io/streams",
-];
+// The component's only import: no WASI shim is needed.
 const imports = { "phalanx:node/host-crypto": hostCrypto };
-for (const iface of wasi) imports[iface] = trap(iface);
 const component = await instantiate(
   async (file) => WebAssembly.compile(await readFile(path.join(jcoDir, file))),
   imports,

@@ -119,13 +119,13 @@ impl EngineChoice {
 
 /// Where `run --engine wasm` looks for the component when not told: beside the
 /// executable, then where `scripts/build-wasm` puts it in the same cargo target
-/// directory (`<target>/release/phalanxd` → `<target>/wasm32-wasip2/release/`).
+/// directory (`<target>/release/phalanxd` → `<target>/wasm32-unknown-unknown/release/`).
 pub fn default_component() -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?;
     let dir = exe.parent()?;
     let candidates = [
         dir.join(COMPONENT_FILE),
-        dir.parent()?.join("wasm32-wasip2/release").join(COMPONENT_FILE),
+        dir.parent()?.join("wasm32-unknown-unknown/release").join(COMPONENT_FILE),
     ];
     candidates.into_iter().find(|p| p.is_file())
 }

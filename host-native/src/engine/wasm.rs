@@ -105,10 +105,6 @@ impl WasmRuntime {
         let mut linker = Linker::new(&engine);
         phalanx::node::host_crypto::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)
             .map_err(|e| load("linking host-crypto", e))?;
-        // Rust's std for wasm32-wasip2 links `wasi:cli` and `wasi:io` imports for panic
-        // messages and the process exit it never reaches; the host gives them nothing
-        // to reach: each traps, so the guest has no clock, file, randomness or stream.
-        linker.define_unknown_imports_as_traps(&component).map_err(|e| load("linking", e))?;
         let pre = linker.instantiate_pre(&component).map_err(|e| load("linking", e))?;
         let pre = PhalanxPre::new(pre).map_err(|e| load("finding the exports", e))?;
         Ok(WasmRuntime { pre: Arc::new(pre), engine, options: options.clone() })
