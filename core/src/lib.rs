@@ -26,5 +26,6 @@ pub mod wire;
 
 pub use config::{ClusterConfig, ClusterSpec, ConfigError, NodeConfig, Params, Protocol, Role, generate_cluster};
 pub use node::{
-    Algorithm, Delivery, FaultKind, HandleError, Input, Machine, Nanos, Node, NodeId, Operation, Output, Request, Stats, Status,
+    Algorithm, Delivery, FaultKind, HandleError, Input, Machine, Nanos, Node, NodeId, Operation, Output, Request,
+    Stats, Status,
 };

@@ -109,7 +109,9 @@ pub fn start(cluster: &ClusterFile, id: NodeId, opts: &StartOptions) -> Result<R
     let encoded = cfg.encode();
     let checkpoint_interval = cfg.cluster.params.checkpoint_interval as u64;
     let node = opts.engine.create(cfg).map_err(|e| match e {
-        EngineFailure::Config(problem) => StartError::Config(ConfigError { file: cluster.path.clone(), field: None, problem }),
+        EngineFailure::Config(problem) => {
+            StartError::Config(ConfigError { file: cluster.path.clone(), field: None, problem })
+        }
         other => StartError::Engine(other),
     })?;
     tracing::info!("node {id}: {}", node.info());

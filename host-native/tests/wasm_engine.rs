@@ -12,7 +12,12 @@ use phalanx_host::engine::{CryptoBackend, Engine, EngineFailure, WasmOptions};
 mod common;
 
 fn options(component: &Path) -> WasmOptions {
-    WasmOptions { component: component.to_path_buf(), fuel_per_call: u64::MAX / 4, memory_bytes: 1 << 30, host_crypto: true }
+    WasmOptions {
+        component: component.to_path_buf(),
+        fuel_per_call: u64::MAX / 4,
+        memory_bytes: 1 << 30,
+        host_crypto: true,
+    }
 }
 
 fn runtime(opts: WasmOptions) -> WasmRuntime {

@@ -57,7 +57,9 @@ fn record(args: &EngineBenchArgs) -> Result<(Trace, Workload), String> {
     let inputs = trace
         .records
         .iter()
-        .map(|r| Ok((r.now, input_from_pb(r.input.clone().ok_or("a record without input")?).map_err(|e| e.to_string())?)))
+        .map(|r| {
+            Ok((r.now, input_from_pb(r.input.clone().ok_or("a record without input")?).map_err(|e| e.to_string())?))
+        })
         .collect::<Result<Vec<_>, String>>()?;
     let outputs = trace.records.iter().flat_map(|r| r.outputs.iter().cloned());
     let operations = outputs
@@ -94,13 +96,16 @@ struct Contender {
 }
 
 pub fn run(args: EngineBenchArgs) -> Result<(), String> {
-    let component = args.component.clone().or_else(default_component).ok_or(
-        "no component found beside phalanxd: build it with scripts/build-wasm and pass --component",
-    )?;
+    let component = args
+        .component
+        .clone()
+        .or_else(default_component)
+        .ok_or("no component found beside phalanxd: build it with scripts/build-wasm and pass --component")?;
     eprintln!("recording a PBFT workload ({} clients × {} operations, real crypto)…", args.clients, args.ops);
     let (trace, workload) = record(&args)?;
     let wasm = |host_crypto| -> Result<WasmRuntime, String> {
-        let opts = WasmOptions { component: component.clone(), fuel_per_call: u64::MAX, memory_bytes: 4 << 30, host_crypto };
+        let opts =
+            WasmOptions { component: component.clone(), fuel_per_call: u64::MAX, memory_bytes: 4 << 30, host_crypto };
         WasmRuntime::load(&opts).map_err(|e| e.to_string())
     };
     let (with_host, without_host) = (wasm(true)?, wasm(false)?);

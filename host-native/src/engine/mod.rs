@@ -123,10 +123,8 @@ impl EngineChoice {
 pub fn default_component() -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?;
     let dir = exe.parent()?;
-    let candidates = [
-        dir.join(COMPONENT_FILE),
-        dir.parent()?.join("wasm32-unknown-unknown/release").join(COMPONENT_FILE),
-    ];
+    let candidates =
+        [dir.join(COMPONENT_FILE), dir.parent()?.join("wasm32-unknown-unknown/release").join(COMPONENT_FILE)];
     candidates.into_iter().find(|p| p.is_file())
 }
 

@@ -10,8 +10,7 @@ use std::sync::Arc;
 
 use phalanx_core::crypto::{BlsPublicKey, BlsSecretKey, BlsSignature, CryptoMode, aggregate, fast_aggregate_verify};
 use phalanx_core::{
-    Algorithm, Delivery, FaultKind, HandleError, Input, Machine, Nanos, Operation, Output, Request, Role, Stats,
-    Status,
+    Algorithm, Delivery, FaultKind, HandleError, Input, Machine, Nanos, Operation, Output, Request, Role, Stats, Status,
 };
 use wasmtime::component::{HasSelf, Linker, ResourceAny};
 use wasmtime::{Config, ResourceLimiter, Store, Trap};
@@ -191,7 +190,11 @@ impl WasmNode {
     /// One call into the guest with a fresh fuel budget; `None` once failed.
     fn call<R>(
         &mut self,
-        f: impl FnOnce(exports::phalanx::node::node::GuestMachine<'_>, &mut Store<HostState>, ResourceAny) -> wasmtime::Result<R>,
+        f: impl FnOnce(
+            exports::phalanx::node::node::GuestMachine<'_>,
+            &mut Store<HostState>,
+            ResourceAny,
+        ) -> wasmtime::Result<R>,
     ) -> Option<R> {
         if self.failed.is_some() {
             return None;
@@ -288,7 +291,11 @@ fn input_to_wit(i: Input) -> wit::Input {
     match i {
         Input::Message { from, bytes } => wit::Input::Message(wit::Message { peer: from, bytes }),
         Input::Request(Request::Publish { topic, payload, algorithm }) => {
-            wit::Input::Request(wit::Request::Publish(wit::Publish { topic, payload, algorithm: algorithm_to_wit(algorithm) }))
+            wit::Input::Request(wit::Request::Publish(wit::Publish {
+                topic,
+                payload,
+                algorithm: algorithm_to_wit(algorithm),
+            }))
         }
         Input::Request(Request::Subscribe { topics }) => wit::Input::Request(wit::Request::Subscribe(topics)),
         Input::Request(Request::Submit { op }) => wit::Input::Request(wit::Request::Submit(op)),
