@@ -1,7 +1,7 @@
 //! The protocol thread: owns one core [`Engine`] (the node linked in, or in a wasm
-//! sandbox) and gives it a world — frames from the
-//! network thread, requests from the local application, a monotonic clock, durable
-//! storage and, on a PBFT replica, the key-value application it orders operations for.
+//! sandbox) and gives it a world — frames from the network thread, requests from the
+//! local application, a monotonic clock, durable storage and, on a PBFT replica, the
+//! key-value application it orders operations for.
 //!
 //! Each round takes every event waiting (up to [`ROUND_EVENTS`]), feeds them to the core,
 //! and then settles: frames go to the network thread in one batch, records the core

@@ -46,17 +46,11 @@ pub enum EngineKind {
 }
 
 impl EngineKind {
-    pub const ALL: [EngineKind; 2] = [EngineKind::Native, EngineKind::Wasm];
-
     pub fn name(self) -> &'static str {
         match self {
             EngineKind::Native => "native",
             EngineKind::Wasm => "wasm",
         }
-    }
-
-    pub fn from_name(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|k| k.name() == name)
     }
 }
 

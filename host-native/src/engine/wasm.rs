@@ -22,9 +22,17 @@ wasmtime::component::bindgen!({ path: "../wit", world: "phalanx" });
 use exports::phalanx::node::node::CryptoBackend as GuestCrypto;
 use exports::phalanx::node::types as wit;
 
-/// Fuel for creating a machine: validating a configuration verifies every node's BLS
-/// proof of possession, which inside the guest costs far more than any one input.
-const CREATE_FUEL: u64 = u64::MAX / 2;
+/// Fuel for creating a machine, per byte of the encoded configuration (at least
+/// `fuel_per_call`). Validating a configuration verifies every node's BLS proof of
+/// possession in the guest's own code (the host's BLS is not plugged in until the node
+/// exists), far more than any one input costs: about 4.3 million fuel per configuration
+/// byte (6·10⁹ for a 7-node cluster, 1.4 KB, ~0.3 s). This allows twenty times that, so a
+/// guest that never returns from `create` still stops, within seconds.
+const CREATE_FUEL_PER_CONFIG_BYTE: u64 = 100_000_000;
+
+/// Fuel for the world's `replay`, which runs a whole trace in one call: an offline
+/// check, bounded by the trace it is given rather than per call.
+const REPLAY_FUEL: u64 = u64::MAX;
 
 /// What a store holds: the host-crypto switch and the memory limiter's state.
 struct HostState {
@@ -115,8 +123,8 @@ impl WasmRuntime {
         ty.imports(&self.engine).map(|(name, _)| name.to_string()).collect()
     }
 
-    /// A store with the limiter on and fuel for instantiation.
-    fn store(&self) -> Result<Store<HostState>, EngineFailure> {
+    /// A store with the limiter on and `fuel` for instantiation and the first call.
+    fn store(&self, fuel: u64) -> Result<Store<HostState>, EngineFailure> {
         let state = HostState {
             host_crypto: self.options.host_crypto,
             memory_limit: self.options.memory_bytes,
@@ -124,22 +132,26 @@ impl WasmRuntime {
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| s);
-        store.set_fuel(CREATE_FUEL).map_err(|e| EngineFailure::Load(format!("{e:#}")))?;
+        store.set_fuel(fuel).map_err(|e| EngineFailure::Load(format!("{e:#}")))?;
         Ok(store)
     }
 
     /// A machine running the node of `node_config` (an encoded `NodeConfig`).
+    /// Instantiation, `create` and asking who runs BLS share one budget, larger than
+    /// `fuel_per_call` (see [`CREATE_FUEL_PER_CONFIG_BYTE`]); every later call gets
+    /// `fuel_per_call`.
     pub fn instantiate(&self, node_config: &[u8]) -> Result<WasmNode, EngineFailure> {
-        let mut store = self.store()?;
         let fuel = self.options.fuel_per_call;
-        let instance = self.pre.instantiate(&mut store).map_err(|e| classify(&mut store, fuel, e))?;
+        let create_fuel = fuel.max(CREATE_FUEL_PER_CONFIG_BYTE.saturating_mul(node_config.len() as u64));
+        let mut store = self.store(create_fuel)?;
+        let instance = self.pre.instantiate(&mut store).map_err(|e| classify(&mut store, create_fuel, e))?;
         let created = instance.phalanx_node_node().machine().call_create(&mut store, node_config);
-        let machine = created.map_err(|e| classify(&mut store, fuel, e))?.map_err(EngineFailure::Config)?;
+        let machine = created.map_err(|e| classify(&mut store, create_fuel, e))?.map_err(EngineFailure::Config)?;
         let crypto = instance
             .phalanx_node_node()
             .machine()
             .call_crypto_backend(&mut store, machine)
-            .map_err(|e| classify(&mut store, fuel, e))?;
+            .map_err(|e| classify(&mut store, create_fuel, e))?;
         let crypto = match crypto {
             GuestCrypto::Host => CryptoBackend::Host,
             GuestCrypto::Guest => CryptoBackend::Guest,
@@ -151,8 +163,8 @@ impl WasmRuntime {
     /// Replays a trace file inside the guest (the world's `replay`): its summary, or the
     /// guest's error text.
     pub fn replay(&self, trace: &[u8]) -> Result<Result<wit::ReplaySummary, String>, EngineFailure> {
-        let mut store = self.store()?;
-        let fuel = CREATE_FUEL;
+        let mut store = self.store(REPLAY_FUEL)?;
+        let fuel = REPLAY_FUEL;
         let instance = self.pre.instantiate(&mut store).map_err(|e| classify(&mut store, fuel, e))?;
         instance.phalanx_node_node().call_replay(&mut store, trace).map_err(|e| classify(&mut store, fuel, e))
     }
