@@ -1,13 +1,19 @@
 //! The wasm engine: every recorded trace replays through the component exactly as
-//! through the native core, the guest asks for no capability, and a guest that traps,
-//! runs out of fuel or outgrows its memory is a named failure that sticks.
+//! through the native core, every input, output and refusal crosses the boundary
+//! unchanged, the guest asks for no capability, and a guest that traps, runs out of fuel
+//! or outgrows its memory is a named failure that sticks.
 
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
+use phalanx_core::crypto::CryptoMode;
 use phalanx_core::trace::{Trace, replay, replay_on};
-use phalanx_core::{Input, Machine, Request};
+use phalanx_core::{
+    Algorithm, ClusterSpec, HandleError, Input, Machine, Nanos, Node, NodeConfig, Output, Params, Protocol, Request,
+    Stats, Status, generate_cluster,
+};
 use phalanx_host::engine::wasm::{WasmNode, WasmRuntime};
-use phalanx_host::engine::{CryptoBackend, Engine, EngineFailure, WasmOptions};
+use phalanx_host::engine::{CryptoBackend, Engine, EngineFailure, EngineKind, WasmOptions};
 
 mod common;
 
@@ -22,6 +28,16 @@ fn options(component: &Path) -> WasmOptions {
 
 fn runtime(opts: WasmOptions) -> WasmRuntime {
     WasmRuntime::load(&opts).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The component with [`options`], compiled once for the tests that need nothing else.
+fn default_runtime() -> &'static WasmRuntime {
+    static RT: OnceLock<WasmRuntime> = OnceLock::new();
+    RT.get_or_init(|| runtime(options(common::component())))
+}
+
+fn cluster(protocol: Protocol, crypto: CryptoMode, params: Params) -> Vec<NodeConfig> {
+    generate_cluster(&ClusterSpec { protocol, crypto, params, ..ClusterSpec::new(1) }, [9; 32]).unwrap()
 }
 
 fn traces() -> Vec<PathBuf> {
@@ -40,12 +56,12 @@ fn trace(name: &str) -> Trace {
 
 #[test]
 fn every_trace_replays_through_the_wasm_engine_as_through_the_native_core() {
-    let with_host = runtime(options(common::component()));
+    let with_host = default_runtime();
     let without_host = runtime(WasmOptions { host_crypto: false, ..options(common::component()) });
     for file in traces() {
         let trace = Trace::parse(&std::fs::read(&file).unwrap()).unwrap();
         let native = replay(&trace).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
-        for rt in [&with_host, &without_host] {
+        for rt in [with_host, &without_host] {
             let mut node = rt.instantiate(&trace.header.node_config).unwrap();
             let wasm = replay_on(&trace, &mut node).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
             assert_eq!(wasm, native, "{}", file.display());
@@ -66,18 +82,97 @@ fn the_guest_imports_nothing_but_host_crypto() {
 
 #[test]
 fn the_engine_reports_who_runs_bls() {
-    let real = trace("pbft-n4f1-view-change-backup.trace").header.node_config;
-    let insecure = trace("pbft-n4f1-client.trace").header.node_config;
-    let with_host = runtime(options(common::component()));
-    let without_host = runtime(WasmOptions { host_crypto: false, ..options(common::component()) });
-    let crypto = |rt: &WasmRuntime, config: &[u8]| rt.instantiate(config).unwrap().info().crypto;
-    let insecure_mode = phalanx_core::NodeConfig::decode(&insecure).unwrap().cluster.crypto;
-    let real_mode = phalanx_core::NodeConfig::decode(&real).unwrap().cluster.crypto;
-    assert_eq!(real_mode, phalanx_core::crypto::CryptoMode::Real, "the view-change trace runs real crypto");
-    assert_eq!(crypto(&with_host, &real), CryptoBackend::Host);
-    assert_eq!(crypto(&without_host, &real), CryptoBackend::Guest);
-    if insecure_mode == phalanx_core::crypto::CryptoMode::InsecureTest {
-        assert_eq!(crypto(&with_host, &insecure), CryptoBackend::InsecureTest);
+    let real = cluster(Protocol::Pbft, CryptoMode::Real, Params::default())[0].encode();
+    let insecure = cluster(Protocol::Pbft, CryptoMode::InsecureTest, Params::default())[0].encode();
+    // A tiny per-call budget: creating a node (which verifies every proof of possession
+    // in the guest's own code) has a budget of its own.
+    let tiny = |host_crypto| WasmOptions { host_crypto, fuel_per_call: 1_000, ..options(common::component()) };
+    let (with_host, without_host) = (runtime(tiny(true)), runtime(tiny(false)));
+    let info = |rt: &WasmRuntime, config: &[u8]| rt.instantiate(config).unwrap_or_else(|e| panic!("{e}")).info();
+    for (rt, config, crypto) in [
+        (&with_host, &real, CryptoBackend::Host),
+        (&without_host, &real, CryptoBackend::Guest),
+        (&with_host, &insecure, CryptoBackend::InsecureTest),
+        (&without_host, &insecure, CryptoBackend::InsecureTest),
+    ] {
+        assert_eq!(info(rt, config).kind, EngineKind::Wasm);
+        assert_eq!(info(rt, config).crypto, crypto);
+    }
+    assert_eq!(info(&with_host, &real).to_string(), "wasm engine, BLS run by host");
+}
+
+/// One step of a machine: the result of `handle`, then every output, the deadline, the
+/// next request number and the counters.
+type Step = (Result<(), HandleError>, Vec<Output>, Option<Nanos>, Option<u64>, (Status, Stats));
+
+fn step(m: &mut dyn Engine, now: Nanos, input: Input) -> Step {
+    let result = m.handle(now, input);
+    let outputs = std::iter::from_fn(|| m.poll()).collect();
+    (result, outputs, m.poll_timeout(), m.next_request(), m.status())
+}
+
+/// Every kind of input, including refused ones (each wrong-role name, `Invalid`,
+/// `Backpressure`), crosses the boundary and comes back exactly as the native core
+/// answers it: results with their text, outputs, deadlines, request numbers, counters.
+#[test]
+fn every_input_output_and_refusal_crosses_the_boundary_exactly() {
+    let params = Params { alpha: 2, publish_queue: 4, client_queue: 4, ..Params::default() };
+    let big = vec![0xab; (params.max_message_bytes as usize / 2) + 1];
+    let mut inputs = vec![
+        Input::Request(Request::Publish { topic: 0, payload: b"hello".to_vec(), algorithm: Algorithm::Ab }),
+        Input::Request(Request::Publish { topic: 1, payload: big.clone(), algorithm: Algorithm::Bracha }),
+        Input::Request(Request::Subscribe { topics: vec![0, 1, u64::MAX] }),
+        Input::Request(Request::Subscribe { topics: (0..2000).collect() }),
+        Input::Request(Request::Submit { op: b"incr".to_vec() }),
+        Input::Request(Request::Submit { op: big }),
+        Input::Persisted { token: 1 },
+        Input::Executed { seq: 1, results: vec![b"r".to_vec(), vec![]], snapshot: Some(b"snap".to_vec()) },
+        Input::Executed { seq: 2, results: vec![], snapshot: None },
+        Input::Recover { record: b"not a record".to_vec() },
+        Input::Message { from: 0, bytes: b"not a frame".to_vec() },
+        Input::Message { from: 99, bytes: vec![] },
+        Input::Timeout,
+    ];
+    for i in 0..12u8 {
+        let algorithm = [Algorithm::Ab, Algorithm::Bracha, Algorithm::Chain][i as usize % 3];
+        inputs.push(Input::Request(Request::Publish { topic: 7, payload: vec![i; 100], algorithm }));
+        inputs.push(Input::Request(Request::Submit { op: vec![i; 10] }));
+    }
+    inputs.push(Input::Persisted { token: 2 });
+    inputs.push(Input::Timeout);
+
+    let mut refusals = std::collections::BTreeSet::new();
+    for protocol in [Protocol::PubSub, Protocol::Pbft] {
+        for config in cluster(protocol, CryptoMode::InsecureTest, params.clone()) {
+            let bytes = config.encode();
+            let (native, wasm) = match (Node::from_config_bytes(&bytes), default_runtime().instantiate(&bytes)) {
+                (Ok(n), Ok(w)) => (n, w),
+                (Err(n), Err(w)) => {
+                    assert_eq!(w, EngineFailure::Config(n.0), "node {}", config.id);
+                    refusals.insert("config".to_string());
+                    continue;
+                }
+                (n, w) => panic!("node {}: native {:?}, wasm {:?}", config.id, n.err(), w.err()),
+            };
+            let (mut native, mut wasm): (Box<dyn Engine>, Box<dyn Engine>) = (Box::new(native), Box::new(wasm));
+            for (i, input) in inputs.iter().enumerate() {
+                let now = 1_000_000_000 * (i as u64 + 1);
+                let expected = step(native.as_mut(), now, input.clone());
+                assert_eq!(step(wasm.as_mut(), now, input.clone()), expected, "node {} input #{i}", config.id);
+                if let Err(e) = &expected.0 {
+                    refusals.insert(match e {
+                        HandleError::WrongRole { request, .. } => format!("wrong role: {request}"),
+                        HandleError::Backpressure => "backpressure".into(),
+                        HandleError::Invalid(_) => "invalid".into(),
+                    });
+                }
+            }
+            assert_eq!(wasm.failure(), None);
+        }
+    }
+    let names = ["publish", "subscribe", "submit", "executed", "recover"].map(|r| format!("wrong role: {r}"));
+    for expected in names.iter().map(String::as_str).chain(["backpressure", "invalid", "config"]) {
+        assert!(refusals.contains(expected), "no {expected} among {refusals:?}");
     }
 }
 
@@ -86,8 +181,12 @@ fn assert_stays_failed(node: &mut WasmNode, expected: &EngineFailure) {
     assert_eq!(node.failed(), Some(expected));
     assert_eq!(node.failure(), Some(expected.to_string()));
     assert_eq!(node.handle(0, Input::Timeout), Ok(()));
+    assert_eq!(node.handle(1, Input::Request(Request::Submit { op: b"op".to_vec() })), Ok(()));
     assert_eq!(node.poll(), None);
+    assert_eq!(node.poll_timeout(), None);
+    assert_eq!(node.next_request(), None);
     assert_eq!(node.failed(), Some(expected));
+    assert_eq!(node.failure(), Some(expected.to_string()));
 }
 
 fn client_config() -> Vec<u8> {
@@ -117,11 +216,14 @@ fn a_guest_out_of_fuel_is_reported() {
 
 #[test]
 fn a_guest_over_its_memory_limit_is_reported() {
-    let limit = 16 << 20;
+    // The guest starts with a little over 1 MiB of linear memory.
+    let limit = 4 << 20;
     let rt = runtime(WasmOptions { memory_bytes: limit, ..options(common::component()) });
     let mut node = rt.instantiate(&client_config()).unwrap();
+    node.handle(0, Input::Request(Request::Submit { op: b"an honest op".to_vec() })).unwrap();
+    assert!(node.poll().is_some(), "the client works within the limit");
     // Taking the input alone needs more memory than the limit allows.
-    let _ = node.handle(0, Input::Message { from: 0, bytes: vec![0; 32 << 20] });
+    let _ = node.handle(1, Input::Message { from: 0, bytes: vec![0; 32 << 20] });
     let Some(EngineFailure::MemoryLimit { limit: l, requested }) = node.failed().cloned() else {
         panic!("{:?}", node.failed())
     };
@@ -132,8 +234,7 @@ fn a_guest_over_its_memory_limit_is_reported() {
 
 #[test]
 fn bad_configuration_and_a_missing_component_are_named_errors() {
-    let rt = runtime(options(common::component()));
-    match rt.instantiate(b"not a node config") {
+    match default_runtime().instantiate(b"not a node config") {
         Err(EngineFailure::Config(why)) => assert!(!why.is_empty()),
         other => panic!("{:?}", other.map(|_| ())),
     }

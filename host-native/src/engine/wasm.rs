@@ -1,9 +1,10 @@
 //! The wasm engine: the core compiled to a WebAssembly component (`guest-wasm/`,
 //! exporting `wit/phalanx.wit`), run by wasmtime.
 //!
-//! Each call into the guest gets `fuel_per_call` fuel, and a store limiter refuses to
-//! grow linear memory past `memory_bytes`; a trap, exhausted fuel or refused growth is an
-//! [`EngineFailure`] that sticks: the machine takes no more input and yields nothing.
+//! Each call into the guest gets `fuel_per_call` fuel (creating a machine gets more: see
+//! [`WasmRuntime::instantiate`]), and a store limiter refuses to grow linear memory past
+//! `memory_bytes`; a trap, exhausted fuel or refused growth is an [`EngineFailure`] that
+//! sticks: the machine takes no more input and yields nothing.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
