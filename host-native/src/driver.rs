@@ -151,7 +151,6 @@ impl Driver {
             if let Err(e) = self.input(Input::Recover { record }) {
                 return Err(DriverError::Recover(e));
             }
-            self.check_engine()?;
         }
         self.settle()?;
         loop {
@@ -182,7 +181,6 @@ impl Driver {
             if self.node.poll_timeout().is_some_and(|at| at <= self.now()) {
                 let _ = self.input(Input::Timeout);
             }
-            self.check_engine()?;
             self.settle()?;
             self.export_gauges();
             if stop {
@@ -192,6 +190,7 @@ impl Driver {
     }
 
     /// A failed engine produces nothing more: the replica stops rather than fall silent.
+    /// Checked where every round ends ([`Driver::settle`]), before anything is sent.
     fn check_engine(&self) -> Result<(), DriverError> {
         self.node.failure().map_or(Ok(()), |why| Err(DriverError::Engine(why)))
     }

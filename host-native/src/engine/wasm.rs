@@ -41,6 +41,9 @@ struct HostState {
     memory_limit: usize,
     /// The size the guest asked its memory to grow to, when the limiter refused it.
     refused_growth: Option<usize>,
+    /// The key `sign` was last asked for: making one from its material costs a scalar
+    /// multiplication (the public key), and a node always signs with the same key.
+    signing_key: Option<BlsSecretKey>,
 }
 
 impl phalanx::node::host_crypto::Host for HostState {
@@ -52,7 +55,13 @@ impl phalanx::node::host_crypto::Host for HostState {
         // The guest only passes its own 32 bytes; anything else gets a signature that
         // verifies nowhere rather than a trap in the host.
         let ikm = <[u8; 32]>::try_from(key_material).unwrap_or_default();
-        BlsSecretKey::from_key_material(CryptoMode::Real, &ikm).sign(&message).0.to_vec()
+        let key = match self.signing_key.take() {
+            Some(key) if *key.key_material() == ikm => key,
+            _ => BlsSecretKey::from_key_material(CryptoMode::Real, &ikm),
+        };
+        let sig = key.sign(&message).0.to_vec();
+        self.signing_key = Some(key);
+        sig
     }
 
     fn aggregate(&mut self, signatures: Vec<Vec<u8>>) -> Option<Vec<u8>> {
@@ -130,6 +139,7 @@ impl WasmRuntime {
             host_crypto: self.options.host_crypto,
             memory_limit: self.options.memory_bytes,
             refused_growth: None,
+            signing_key: None,
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| s);
