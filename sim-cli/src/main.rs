@@ -56,6 +56,9 @@ enum Command {
         /// Only the protocols whose name contains this (ab, bracha, chain).
         #[arg(long, default_value = "")]
         only: String,
+        /// PBFT maximum batch sizes to sweep.
+        #[arg(long, value_delimiter = ',', default_value = "1,10,100,1000,10000")]
+        batches: Vec<u32>,
     },
 }
 
@@ -77,8 +80,8 @@ fn main() -> ExitCode {
         Command::Demo { publications } => demo::run(publications),
         Command::Seeds { protocol, f, from, count, real_every } => seeds(&protocol, f, from, count, real_every),
         Command::Trace { command } => trace(command),
-        Command::Bench { count, only } => {
-            bench::run(count, &only);
+        Command::Bench { count, only, batches } => {
+            bench::run(count, &only, &batches);
             ExitCode::SUCCESS
         }
     }
