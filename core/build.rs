@@ -11,6 +11,7 @@ fn main() {
         // the received buffer.
         .bytes([
             ".phalanx.v1.Frame",
+            ".phalanx.v1.BundledBody",
             ".phalanx.v1.Mac",
             ".phalanx.v1.Publication",
             ".phalanx.v1.HistoryEntry",

@@ -7,11 +7,13 @@
 use std::collections::VecDeque;
 use std::fmt;
 
+use bytes::Bytes;
+
 use crate::config::{ConfigError, NodeConfig, Protocol, Role};
 use crate::crypto::{BlsBackend, BlsPublicKey, BlsSignature, CryptoMode, aggregate, fast_aggregate_verify};
 use crate::order::{Client, Replica};
 use crate::pubsub::{Broker, Publisher, Subscriber};
-use crate::wire::{self, Keyring, Sealer, pb};
+use crate::wire::{self, Keyring, Unsealed, pb};
 
 pub type NodeId = u32;
 /// Nanoseconds from the host's monotonic clock.
@@ -237,6 +239,13 @@ impl fmt::Display for HandleError {
 
 impl std::error::Error for HandleError {}
 
+/// An output in the queue. A send stays unsealed until `poll`, which seals every send
+/// queued for the same receiver into one frame under one MAC.
+enum Queued {
+    Output(Output),
+    Send(Unsealed),
+}
+
 /// What every role machine shares: its identity, keys, the cluster and the output queue.
 pub(crate) struct Ctx {
     pub cfg: NodeConfig,
@@ -250,10 +259,10 @@ pub(crate) struct Ctx {
     pub stats: Stats,
     /// The counters of [`Status`], bumped where they happen; `Node::status` adds the gauges.
     pub counters: Status,
-    out: VecDeque<Output>,
+    out: VecDeque<Queued>,
     /// Persist before send (DESIGN §2 rule 4): outputs produced after a `Persist` wait
     /// here, tagged with its token, until the host acknowledges every token up to it.
-    held: VecDeque<(u64, Output)>,
+    held: VecDeque<(u64, Queued)>,
     next_token: u64,
     /// Every token up to this one is acknowledged; `acked_ahead` holds later ones
     /// acknowledged out of order.
@@ -309,11 +318,48 @@ impl Ctx {
 
     /// Queues an output, behind any persistence it depends on.
     pub fn push(&mut self, o: Output) {
+        self.enqueue(Queued::Output(o));
+    }
+
+    fn enqueue(&mut self, q: Queued) {
         if self.next_token > self.acked + 1 {
-            self.held.push_back((self.next_token - 1, o));
+            self.held.push_back((self.next_token - 1, q));
         } else {
-            self.out.push_back(o);
+            self.out.push_back(q);
         }
+    }
+
+    /// The next output. A send takes with it the later sends queued for its receiver, in
+    /// order, as far as a frame holds them.
+    fn next_output(&mut self) -> Option<Output> {
+        let first = match self.out.pop_front()? {
+            Queued::Output(o) => return Some(o),
+            Queued::Send(s) => s,
+        };
+        let to = first.to;
+        let room = (self.cfg.cluster.params.max_message_bytes as usize).saturating_sub(wire::BUNDLE_OVERHEAD);
+        let mut size = first.bundled_len();
+        let mut bodies = vec![first];
+        if self.out.iter().any(|q| matches!(q, Queued::Send(s) if s.to == to)) {
+            let mut full = false;
+            let mut rest = VecDeque::with_capacity(self.out.len());
+            for q in self.out.drain(..) {
+                match q {
+                    Queued::Send(s) if s.to == to && !full => {
+                        full = size + s.bundled_len() > room;
+                        if full {
+                            rest.push_back(Queued::Send(s));
+                        } else {
+                            size += s.bundled_len();
+                            bodies.push(s);
+                        }
+                    }
+                    q => rest.push_back(q),
+                }
+            }
+            self.out = rest;
+        }
+        Some(Output::Send { to, bytes: wire::seal(&self.keys, bodies) })
     }
 
     pub fn fault(&mut self, node: NodeId, kind: FaultKind) {
@@ -325,7 +371,7 @@ impl Ctx {
     pub fn persist(&mut self, record: Vec<u8>) -> u64 {
         let token = self.next_token;
         self.next_token += 1;
-        self.out.push_back(Output::Persist { token, record });
+        self.out.push_back(Queued::Output(Output::Persist { token, record }));
         token
     }
 
@@ -348,10 +394,9 @@ impl Ctx {
         self.cfg.cluster.node(id).map(|n| n.role)
     }
 
-    /// Sends one body to every receiver, each with its own hop MAC.
+    /// Sends one body to every receiver (each frame gets its hop MAC when sealed).
     pub fn send(&mut self, body: pb::body::Kind, to: impl IntoIterator<Item = NodeId>) {
-        let sealer = Sealer::new(self.me(), body);
-        self.send_sealed(&sealer, to, |keys, t, body, macs| macs.extend(keys.mac_to(t, body)));
+        self.send_with_macs(&wire::encode_body(body), to, |_, _, _, _| {});
     }
 
     /// Sends one body to every broker but this node, then to `also`.
@@ -361,19 +406,18 @@ impl Ctx {
         self.other_brokers = peers;
     }
 
-    /// Sends a sealed body to every receiver with the MAC entries `macs` appends for it.
-    pub fn send_sealed(
+    /// Sends an encoded body to every receiver, carrying the MAC entries `macs` appends
+    /// for it.
+    pub fn send_with_macs(
         &mut self,
-        sealer: &Sealer,
+        body: &Bytes,
         to: impl IntoIterator<Item = NodeId>,
         macs: impl Fn(&Keyring, NodeId, &[u8], &mut Vec<pb::Mac>),
     ) {
-        let mut entries = Vec::new();
         for t in to {
-            entries.clear();
-            macs(&self.keys, t, &sealer.body, &mut entries);
-            let bytes = sealer.seal(&entries);
-            self.push(Output::Send { to: t, bytes });
+            let mut carried = Vec::new();
+            macs(&self.keys, t, body, &mut carried);
+            self.enqueue(Queued::Send(Unsealed { to: t, body: body.clone(), macs: carried }));
         }
     }
 }
@@ -567,13 +611,17 @@ impl Node {
                     self.ctx.counters.macs_verified += 1;
                 }
                 match opened {
-                    Ok(msg) => match &mut self.role {
-                        RoleMachine::Broker(b) => b.on_message(&mut self.ctx, msg),
-                        RoleMachine::Publisher(p) => p.on_message(&mut self.ctx, now, msg),
-                        RoleMachine::Subscriber(s) => s.on_message(&mut self.ctx, msg),
-                        RoleMachine::Replica(r) => r.on_message(&mut self.ctx, now, msg),
-                        RoleMachine::Client(c) => c.on_message(&mut self.ctx, msg),
-                    },
+                    Ok(bodies) => {
+                        for msg in bodies {
+                            match &mut self.role {
+                                RoleMachine::Broker(b) => b.on_message(&mut self.ctx, msg),
+                                RoleMachine::Publisher(p) => p.on_message(&mut self.ctx, now, msg),
+                                RoleMachine::Subscriber(s) => s.on_message(&mut self.ctx, msg),
+                                RoleMachine::Replica(r) => r.on_message(&mut self.ctx, now, msg),
+                                RoleMachine::Client(c) => c.on_message(&mut self.ctx, msg),
+                            }
+                        }
+                    }
                     Err(kind) => self.ctx.fault(from, kind),
                 }
                 Ok(())
@@ -628,7 +676,7 @@ impl Node {
     }
 
     pub fn poll(&mut self) -> Option<Output> {
-        self.ctx.out.pop_front()
+        self.ctx.next_output()
     }
 
     pub fn poll_timeout(&self) -> Option<Nanos> {

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use common::*;
 use phalanx_core::crypto::{CryptoMode, pairwise_mac_key};
-use phalanx_core::wire::{Keyring, Sealer, pb};
+use phalanx_core::wire::{self, Keyring, pb};
 use phalanx_core::{
     Algorithm, ClusterSpec, FaultKind, HandleError, Node, NodeConfig, NodeId, Output, Params, generate_cluster,
 };
@@ -353,7 +353,7 @@ fn corrupted_frames_are_faults_of_the_right_kind_at_every_role() {
             ("flipped sender bit", flip(sender_at, 0x02), FaultKind::ForgedSender),
             ("validly MACed non-Body", forger.raw_frame(to, vec![0xff; 5]), FaultKind::Malformed),
             ("validly MACed empty Body", forger.raw_frame(to, vec![]), FaultKind::Malformed),
-            ("unknown sender", Sealer::from_raw(99, frame[body.clone()].to_vec().into()).seal(&[]), FaultKind::BadMac),
+            ("unknown sender", wire::frame(99, &frame[body.clone()], &[]), FaultKind::BadMac),
         ];
         for (what, bytes, want) in cases {
             let claimed = if what == "unknown sender" { 99 } else { from };
@@ -442,8 +442,7 @@ fn a_mac_under_the_wrong_pairwise_key_is_bad_mac() {
             let wrong_keys = [cfgs[from as usize].mac_keys[&other].clone(), pairwise_mac_key(&[8; 32], from, to)];
             for key in wrong_keys {
                 let keys = Keyring::new(crypto, from, [(to, key)].into_iter().collect());
-                let sealer = Sealer::from_raw(from, body.to_vec().into());
-                let bytes = sealer.seal(&[keys.mac_to(to, &sealer.body).unwrap()]);
+                let bytes = wire::frame(from, &body, &[keys.mac_to(to, &body).unwrap()]);
                 assert_eq!(fault_of(&mut node(&cfgs, to), from, &bytes), FaultKind::BadMac, "{crypto:?} node {to}");
             }
         }

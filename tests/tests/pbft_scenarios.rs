@@ -386,7 +386,8 @@ fn retransmitting_client_executes_once() {
     for f in [1, 2] {
         let patient = clients_resend(f, 100 * MS, false);
         let eager = clients_resend(f, MS, false);
-        assert!(eager.log.messages_sent > 2 * patient.log.messages_sent, "f={f}: no retransmissions");
+        // Frames: a client's retransmissions to one replica share a frame.
+        assert!(eager.log.messages_sent > 3 * patient.log.messages_sent / 2, "f={f}: no retransmissions");
     }
 }
 

@@ -64,7 +64,9 @@ impl ChainPath {
     }
 
     /// Whether `macs` holds a valid MAC to this node (`keys.me`) over `body` from each
-    /// of the f+1 positions before it. Adds the MACs it checked to `checked`.
+    /// of the f+1 positions before it but the last: that is the predecessor the body
+    /// came from, whose frame (or bundle) MAC the caller checked already. Adds the MACs
+    /// it checked to `checked`.
     pub fn verify_upstream(
         &self,
         keys: &Keyring,
@@ -74,7 +76,7 @@ impl ChainPath {
         checked: &mut u64,
     ) -> bool {
         let x = self.pos(keys.me, source);
-        (x.saturating_sub(self.f + 1)..x).all(|i| {
+        (x.saturating_sub(self.f + 1)..x.saturating_sub(1)).all(|i| {
             let from = if i == 0 { source } else { self.member_at(i).expect("upstream positions are members") };
             *checked += 1;
             keys.verify_from(from, body, macs)
@@ -83,8 +85,8 @@ impl ChainPath {
 
     /// The MACs a frame from this node to `to` carries: the upstream ones still needed
     /// past this node, and this node's own to the next f+1 positions (for a destination
-    /// position, to each of `destinations`). Frames to a destination carry only its own.
-    /// Appends them to `macs`.
+    /// position, to each of `destinations`) but `to`, which the frame's hop MAC
+    /// authenticates. Frames to a destination carry only its own. Appends them to `macs`.
     #[allow(clippy::too_many_arguments)]
     pub fn macs_for(
         &self,
@@ -109,8 +111,9 @@ impl ChainPath {
         );
         for j in x + 1..=(x + self.f + 1).min(self.dest_pos()) {
             match self.member_at(j) {
-                Some(member) => macs.extend(keys.mac_to(member, body)),
-                None if to_dest => macs.extend(keys.mac_to(to, body)),
+                Some(member) if member != to => macs.extend(keys.mac_to(member, body)),
+                Some(_) => {}
+                None if to_dest => {}
                 None => macs.extend(destinations.iter().filter_map(|&d| keys.mac_to(d, body))),
             }
         }
@@ -148,18 +151,19 @@ mod tests {
         let path = ChainPath::new(&[0, 1, 2, 3], 1);
         let (src, dests) = (4, [5, 6]);
         let body = b"publication".as_slice();
+        // Each frame's hop MAC (sender -> receiver) is the frame's, not the chain's.
         let m0 = hop(&path, &ring(src), src, body, &[], 0, &dests);
-        assert_eq!(m0.len(), 2); // source -> 0, 1
+        assert_eq!(m0.len(), 1); // source -> 1
         assert!(path.verify_upstream(&ring(0), src, body, &m0, &mut 0));
         let m1 = hop(&path, &ring(0), src, body, &m0, 1, &dests);
         assert!(path.verify_upstream(&ring(1), src, body, &m1, &mut 0));
         let m2 = hop(&path, &ring(1), src, body, &m1, 2, &dests);
-        // 1 -> 2 and 1 -> each destination, plus 0 -> 2 carried forward.
-        assert_eq!(m2.len(), 4);
+        // 1 -> each destination, plus 0 -> 2 carried forward.
+        assert_eq!(m2.len(), 3);
         assert!(path.verify_upstream(&ring(2), src, body, &m2, &mut 0));
         for d in dests {
             let md = hop(&path, &ring(2), src, body, &m2, d, &dests);
-            assert_eq!(md.len(), 2);
+            assert_eq!(md.len(), 1); // 1 -> d
             assert!(path.verify_upstream(&ring(d), src, body, &md, &mut 0));
         }
         assert_eq!(path.successor(2, src), None);

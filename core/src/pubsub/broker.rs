@@ -12,7 +12,7 @@ use crate::broadcast::chain::ChainPath;
 use crate::broadcast::window::{Entry, Streams};
 use crate::config::Role;
 use crate::node::Ctx;
-use crate::wire::{Opened, Sealer, pb};
+use crate::wire::{Opened, pb};
 use crate::{Algorithm, FaultKind, NodeId};
 
 /// α accounting for one (publisher, topic).
@@ -203,9 +203,8 @@ impl Broker {
             Some(next) => std::slice::from_ref(next),
             None => dests,
         };
-        let sealer = Sealer::from_raw(ctx.me(), raw);
         let chain = &self.chain;
-        ctx.send_sealed(&sealer, to.iter().copied(), |keys, t, body, macs| {
+        ctx.send_with_macs(&raw, to.iter().copied(), |keys, t, body, macs| {
             chain.macs_for(keys, p.publisher, body, upstream, t, dests, macs)
         });
     }

@@ -4,12 +4,13 @@
 //! protocols, not the MACs, must catch the lie. Other nodes' MACs and signatures (Chain's
 //! upstream MACs, certificates) cannot be forged.
 
+use bytes::Bytes;
 use prost::Message;
 
 use super::{NetConfig, Rng};
 use crate::crypto::BlsSecretKey;
 use crate::order::{authenticated_bytes, batch_digest, signed_message};
-use crate::wire::{Keyring, pb};
+use crate::wire::{Keyring, encode_body, pb};
 use crate::{Nanos, NodeId};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -218,20 +219,35 @@ fn equivocate(kind: &mut pb::body::Kind) {
     }
 }
 
-/// Decodes a frame, lets `mutate` change its body and MAC list, and makes what the node
-/// itself authenticates valid again with its own keys: the frame MACs, a client's
-/// authenticator, a primary's PRE-PREPARE signature and a replica's PREPARE signature.
+/// Decodes a frame, lets `mutate` change its body and MAC list (each body and its MACs,
+/// in a bundle), and makes what the node itself authenticates valid again with its own
+/// keys.
 fn rewrite(
     keys: &Keyring,
     bls: &BlsSecretKey,
     bytes: &[u8],
-    mutate: impl FnOnce(&mut pb::body::Kind, &mut Vec<pb::Mac>),
+    mut mutate: impl FnMut(&mut pb::body::Kind, &mut Vec<pb::Mac>),
 ) -> Vec<u8> {
     let Ok(mut frame) = pb::Frame::decode(bytes) else { return bytes.to_vec() };
-    let Ok(mut body) = pb::Body::decode(frame.body.clone()) else { return bytes.to_vec() };
-    let Some(kind) = &mut body.kind else { return bytes.to_vec() };
-    mutate(kind, &mut frame.macs);
-    match kind {
+    let Ok(pb::Body { kind: Some(mut kind) }) = pb::Body::decode(frame.body.clone()) else { return bytes.to_vec() };
+    if let pb::body::Kind::Bundle(bundle) = &mut kind {
+        for b in &mut bundle.bodies {
+            let Ok(pb::Body { kind: Some(mut inner) }) = pb::Body::decode(b.body.clone()) else { continue };
+            mutate(&mut inner, &mut b.macs);
+            b.body = reauthenticate(keys, bls, inner, &mut b.macs);
+        }
+    } else {
+        mutate(&mut kind, &mut frame.macs);
+    }
+    frame.body = reauthenticate(keys, bls, kind, &mut frame.macs);
+    frame.encode_to_vec()
+}
+
+/// Encodes a changed body after making valid again what the node authenticates inside
+/// it (a client's authenticator, a primary's PRE-PREPARE signature, a replica's PREPARE
+/// signature) and, in `macs`, its own MACs over the body.
+fn reauthenticate(keys: &Keyring, bls: &BlsSecretKey, mut kind: pb::body::Kind, macs: &mut [pb::Mac]) -> Bytes {
+    match &mut kind {
         pb::body::Kind::Request(op) if op.client == keys.me => {
             let covered = authenticated_bytes(op);
             op.authenticator = op.authenticator.iter().filter_map(|m| keys.mac_to(m.to, &covered)).collect();
@@ -245,13 +261,13 @@ fn rewrite(
         }
         _ => {}
     }
-    frame.body = body.encode_to_vec().into();
-    for m in &mut frame.macs {
+    let body = encode_body(kind);
+    for m in macs.iter_mut() {
         if m.from == keys.me
-            && let Some(fresh) = keys.mac_to(m.to, &frame.body)
+            && let Some(fresh) = keys.mac_to(m.to, &body)
         {
             *m = fresh;
         }
     }
-    frame.encode_to_vec()
+    body
 }

@@ -178,13 +178,19 @@ fn replica_record(bytes: &[u8]) -> String {
 /// A frame decoded as far as it goes; MACs are counted, not checked (that needs keys).
 fn frame(bytes: &[u8]) -> String {
     let Ok(frame) = pb::Frame::decode(bytes) else { return undecodable(bytes.len()) };
-    let body = match pb::Body::decode(frame.body.clone()) {
+    format!("sender {} {}, {}", frame.sender, encoded_body(&frame.body), mac_count(frame.macs.len()))
+}
+
+fn encoded_body(bytes: &[u8]) -> String {
+    match pb::Body::decode(bytes) {
         Ok(pb::Body { kind: Some(kind) }) => body(&kind),
         Ok(pb::Body { kind: None }) => "empty body".into(),
-        Err(_) => format!("body {}", undecodable(frame.body.len())),
-    };
-    let macs = frame.macs.len();
-    format!("sender {} {body}, {macs} MAC{}", frame.sender, if macs == 1 { "" } else { "s" })
+        Err(_) => format!("body {}", undecodable(bytes.len())),
+    }
+}
+
+fn mac_count(macs: usize) -> String {
+    format!("{macs} MAC{}", if macs == 1 { "" } else { "s" })
 }
 
 fn body(kind: &pb::body::Kind) -> String {
@@ -231,6 +237,17 @@ fn body(kind: &pb::body::Kind) -> String {
         Kind::Committed(x) => {
             let ops = x.batch.as_ref().map_or(0, |b| b.ops.len());
             format!("Committed seq {} batch {ops} ops", x.seq)
+        }
+        Kind::Bundle(b) => {
+            let bodies: Vec<String> = b
+                .bodies
+                .iter()
+                .map(|b| match b.macs.len() {
+                    0 => encoded_body(&b.body),
+                    n => format!("{} with {}", encoded_body(&b.body), mac_count(n)),
+                })
+                .collect();
+            format!("Bundle of {}: {}", bodies.len(), bodies.join("; "))
         }
         Kind::State(x) => {
             let state = match pb::CheckpointState::decode(x.state.as_slice()) {

@@ -4,7 +4,7 @@ use prost::Message;
 
 use super::*;
 use crate::crypto::CryptoMode;
-use crate::wire::{Keyring, Sealer};
+use crate::wire::{self, Keyring};
 use crate::{ClusterSpec, HandleError, Nanos, Node, NodeConfig, NodeId, Protocol, generate_cluster};
 
 fn cluster() -> Vec<NodeConfig> {
@@ -271,8 +271,8 @@ fn pbft_cluster() -> Vec<NodeConfig> {
 fn frame_from(cfgs: &[NodeConfig], from: NodeId, to: NodeId, body: pb::body::Kind) -> Input {
     let cfg = &cfgs[from as usize];
     let keys = Keyring::new(cfg.cluster.crypto, from, cfg.mac_keys.clone());
-    let s = Sealer::new(from, body);
-    Input::Message { from, bytes: s.seal(&[keys.mac_to(to, &s.body).unwrap()]) }
+    let body = wire::encode_body(body);
+    Input::Message { from, bytes: wire::frame(from, &body, &[keys.mac_to(to, &body).unwrap()]) }
 }
 
 /// PBFT client 4 submits one op; replicas 1 and 3 answer it, which completes it.

@@ -2,11 +2,12 @@
 //! authenticated `Frame` around every message between nodes.
 //!
 //! A frame's MAC entries each authenticate
-//! `from (u32 LE) || to (u32 LE) || len(body) (u64 LE) || body` under the frame key of
+//! `body || from (u32 LE) || to (u32 LE) || len(body) (u64 LE)` under the frame key of
 //! `from` and `to`, derived from their pairwise key K as keyed-BLAKE3(K, "phalanx/v1/mac"):
-//! the domain lives in the key, so it costs nothing per MAC. Fixed-width and
-//! length-prefixed, so no two different (from, to, body) triples share an input, and a
-//! tag for A→B is not a tag for B→A although the key is shared.
+//! the domain lives in the key, so it costs nothing per MAC. A fixed-width trailer that
+//! holds the length, so no two different (from, to, body) triples share an input, and a
+//! tag for A→B is not a tag for B→A although the key is shared. The body comes first so
+//! that BLAKE3 hashes a long one (a bundle) chunk-aligned, in parallel.
 
 use std::collections::BTreeMap;
 
@@ -32,7 +33,7 @@ pub struct Keyring {
     keys: BTreeMap<NodeId, MacKey>,
 }
 
-fn header(from: NodeId, to: NodeId, body: &[u8]) -> [u8; 16] {
+fn trailer(from: NodeId, to: NodeId, body: &[u8]) -> [u8; 16] {
     let mut h = [0u8; 16];
     h[..4].copy_from_slice(&from.to_le_bytes());
     h[4..8].copy_from_slice(&to.to_le_bytes());
@@ -52,7 +53,7 @@ impl Keyring {
 
     /// The MAC entry from this node to `to` over `body`; `None` if we share no key.
     pub fn mac_to(&self, to: NodeId, body: &[u8]) -> Option<pb::Mac> {
-        let tag: MacTag = self.keys.get(&to)?.tag(self.mode, &[&header(self.me, to, body), body]);
+        let tag: MacTag = self.keys.get(&to)?.tag(self.mode, &[body, &trailer(self.me, to, body)]);
         Some(pb::Mac { from: self.me, to, tag: Bytes::copy_from_slice(&tag) })
     }
 
@@ -61,23 +62,26 @@ impl Keyring {
         let Some(key) = self.keys.get(&from) else { return false };
         macs.iter()
             .find(|m| m.from == from && m.to == self.me)
-            .is_some_and(|m| key.verify(self.mode, &[&header(from, self.me, body), body], &m.tag))
+            .is_some_and(|m| key.verify(self.mode, &[body, &trailer(from, self.me, body)], &m.tag))
     }
 }
 
-/// A frame that passed the size, decoding, sender and hop-MAC checks.
+/// A body from a frame that passed the size, decoding, sender and hop-MAC checks.
 #[derive(Debug)]
 pub struct Opened {
     pub sender: NodeId,
     pub body: pb::body::Kind,
     /// The body exactly as received, for forwarding (Chain) and further MAC checks.
     pub raw_body: Bytes,
+    /// The MACs that came with the body: the frame's, or a bundled body's own.
     pub macs: Vec<pb::Mac>,
 }
 
-/// Decodes and authenticates a frame that the host received from `from`. Total: any
-/// failure is a [`FaultKind`] naming what was wrong, never a panic.
-pub fn open(keys: &Keyring, from: NodeId, bytes: Vec<u8>, max_bytes: u32) -> Result<Opened, FaultKind> {
+/// Decodes and authenticates a frame that the host received from `from`, and returns the
+/// bodies it carries: its own, or each of a bundle's. Total: any failure is a
+/// [`FaultKind`] naming what was wrong, never a panic; a bundle with one bad body is
+/// refused whole, since its sender authenticated all of it.
+pub fn open(keys: &Keyring, from: NodeId, bytes: Vec<u8>, max_bytes: u32) -> Result<Vec<Opened>, FaultKind> {
     if bytes.len() > max_bytes as usize {
         return Err(FaultKind::Oversized);
     }
@@ -88,43 +92,102 @@ pub fn open(keys: &Keyring, from: NodeId, bytes: Vec<u8>, max_bytes: u32) -> Res
     if !keys.verify_from(from, &frame.body, &frame.macs) {
         return Err(FaultKind::BadMac);
     }
-    let body = pb::Body::decode(frame.body.clone()).map_err(|_| FaultKind::Malformed)?;
-    let kind = body.kind.ok_or(FaultKind::Malformed)?;
-    Ok(Opened { sender: frame.sender, body: kind, raw_body: frame.body, macs: frame.macs })
+    match decode_body(&frame.body)? {
+        pb::body::Kind::Bundle(bundle) => bundle
+            .bodies
+            .into_iter()
+            .map(|b| match decode_body(&b.body)? {
+                pb::body::Kind::Bundle(_) => Err(FaultKind::Malformed),
+                body => Ok(Opened { sender: from, body, raw_body: b.body, macs: b.macs }),
+            })
+            .collect(),
+        body => Ok(vec![Opened { sender: from, body, raw_body: frame.body, macs: frame.macs }]),
+    }
 }
 
-/// Encodes `body` once and seals it for many receivers: the frame prefix is shared and
-/// only the MAC entries differ per receiver.
-pub struct Sealer {
-    prefix: Vec<u8>,
+/// The bodies a frame carries, in order, without authenticating it: for reading a node's
+/// own output. `None` if anything in it does not decode.
+pub fn bodies_of(bytes: &[u8]) -> Option<Vec<pb::body::Kind>> {
+    let frame = pb::Frame::decode(bytes).ok()?;
+    match decode_body(&frame.body).ok()? {
+        pb::body::Kind::Bundle(bundle) => bundle.bodies.iter().map(|b| decode_body(&b.body).ok()).collect(),
+        body => Some(vec![body]),
+    }
+}
+
+fn decode_body(bytes: &Bytes) -> Result<pb::body::Kind, FaultKind> {
+    pb::Body::decode(bytes.clone()).ok().and_then(|b| b.kind).ok_or(FaultKind::Malformed)
+}
+
+/// The wire encoding of one body.
+pub fn encode_body(kind: pb::body::Kind) -> Bytes {
+    pb::Body { kind: Some(kind) }.encode_to_vec().into()
+}
+
+/// A frame from `sender` carrying `body` with the MAC entries `macs`, written directly
+/// rather than through a `Frame` that would need its own copy of the body.
+pub fn frame(sender: NodeId, body: &[u8], macs: &[pb::Mac]) -> Vec<u8> {
+    let mut out = frame_start(sender, body.len(), macs.len());
+    out.extend_from_slice(body);
+    append_macs(&mut out, macs);
+    out
+}
+
+/// A frame's fields 1 and 2 up to the body's first byte.
+fn frame_start(sender: NodeId, body_len: usize, macs: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(body_len + 16 + macs * 32);
+    prost::encoding::uint32::encode(1, &sender, &mut out);
+    prost::encoding::encode_key(2, prost::encoding::WireType::LengthDelimited, &mut out);
+    prost::encoding::encode_varint(body_len as u64, &mut out);
+    out
+}
+
+fn append_macs(out: &mut Vec<u8>, macs: &[pb::Mac]) {
+    for m in macs {
+        prost::encoding::message::encode(3, m, out);
+    }
+}
+
+/// A body waiting in a node's output queue for its receiver, with the MACs its protocol
+/// carries beyond the hop MAC.
+#[derive(Debug)]
+pub struct Unsealed {
+    pub to: NodeId,
     pub body: Bytes,
+    pub macs: Vec<pb::Mac>,
 }
 
-impl Sealer {
-    pub fn new(sender: NodeId, body: pb::body::Kind) -> Self {
-        let body = pb::Body { kind: Some(body) }.encode_to_vec();
-        Self::from_raw(sender, Bytes::from(body))
+impl Unsealed {
+    /// Its size inside a bundle, an upper bound.
+    pub fn bundled_len(&self) -> usize {
+        self.body.len() + self.macs.iter().map(|m| m.encoded_len() + 2).sum::<usize>() + 12
     }
+}
 
-    /// For a body that is forwarded verbatim.
-    pub fn from_raw(sender: NodeId, body: Bytes) -> Self {
-        // Fields 1 and 2 of `Frame`, written directly rather than via a Frame that
-        // would need its own copy of the body.
-        let mut prefix = Vec::with_capacity(body.len() + 16);
-        prost::encoding::uint32::encode(1, &sender, &mut prefix);
-        prost::encoding::bytes::encode(2, &body, &mut prefix);
-        Sealer { prefix, body }
-    }
+/// Frame overhead around a bundle's bodies, an upper bound: sender, lengths, hop MAC.
+pub const BUNDLE_OVERHEAD: usize = 64;
 
-    /// The frame with the given MAC entries appended (repeated field 3 of `Frame`).
-    pub fn seal(&self, macs: &[pb::Mac]) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.prefix.len() + macs.len() * 32);
-        out.extend_from_slice(&self.prefix);
-        for m in macs {
-            prost::encoding::message::encode(3, m, &mut out);
+/// Seals bodies queued for one receiver into one frame: a lone body as itself, several as
+/// a [`pb::Bundle`]. The frame gets a hop MAC from this node unless a lone body already
+/// carries one (a Chain hop's MACs include one to the next position).
+pub fn seal(keys: &Keyring, mut bodies: Vec<Unsealed>) -> Vec<u8> {
+    let to = bodies.first().expect("something to seal").to;
+    if bodies.len() == 1 {
+        let Unsealed { body, mut macs, .. } = bodies.pop().expect("one body");
+        if !macs.iter().any(|m| m.from == keys.me && m.to == to) {
+            macs.extend(keys.mac_to(to, &body));
         }
-        out
+        return frame(keys.me, &body, &macs);
     }
+    // The bundle is encoded in place in the frame, and MACed there.
+    let bodies = bodies.into_iter().map(|b| pb::BundledBody { body: b.body, macs: b.macs }).collect();
+    let bundle = pb::Body { kind: Some(pb::body::Kind::Bundle(pb::Bundle { bodies })) };
+    let mut out = frame_start(keys.me, bundle.encoded_len(), 1);
+    let start = out.len();
+    bundle.encode_raw(&mut out);
+    let hop: Vec<pb::Mac> = keys.mac_to(to, &out[start..]).into_iter().collect();
+    append_macs(&mut out, &hop);
+    out
 }
 
 #[cfg(test)]
@@ -143,35 +206,61 @@ mod tests {
         pb::body::Kind::Subscribe(pb::Subscribe { topics: vec![7] })
     }
 
+    fn queued(to: NodeId, kind: pb::body::Kind) -> Unsealed {
+        Unsealed { to, body: encode_body(kind), macs: Vec::new() }
+    }
+
+    fn bodies(opened: Vec<Opened>) -> Vec<pb::body::Kind> {
+        opened.into_iter().map(|o| o.body).collect()
+    }
+
     #[test]
     fn sealed_frame_opens_at_the_receiver_only() {
         let (a, b) = rings();
-        let s = Sealer::new(1, subscribe());
-        let bytes = s.seal(&[a.mac_to(2, &s.body).unwrap()]);
-        let opened = open(&b, 1, bytes.clone(), 1 << 20).unwrap();
-        assert_eq!(opened.body, subscribe());
+        let bytes = seal(&a, vec![queued(2, subscribe())]);
+        assert_eq!(bodies(open(&b, 1, bytes.clone(), 1 << 20).unwrap()), [subscribe()]);
         // The same tag does not authenticate the reverse direction.
-        assert_eq!(
-            open(&a, 2, Sealer::new(2, subscribe()).seal(&[a.mac_to(2, &s.body).unwrap()]), 1 << 20).unwrap_err(),
-            FaultKind::BadMac
-        );
+        let frame = pb::Frame::decode(bytes.as_slice()).unwrap();
+        let reversed = super::frame(2, &frame.body, &frame.macs);
+        assert_eq!(open(&a, 2, reversed, 1 << 20).unwrap_err(), FaultKind::BadMac);
+    }
+
+    #[test]
+    fn a_bundle_opens_into_its_bodies_in_order_with_their_own_macs() {
+        let (a, b) = rings();
+        let carried = pb::Mac { from: 5, to: 2, tag: Bytes::from_static(&[1; 16]) };
+        let kinds: Vec<pb::body::Kind> =
+            (0..3).map(|t| pb::body::Kind::Subscribe(pb::Subscribe { topics: vec![t] })).collect();
+        let mut queue: Vec<Unsealed> = kinds.iter().map(|k| queued(2, k.clone())).collect();
+        queue[1].macs.push(carried.clone());
+        let opened = open(&b, 1, seal(&a, queue), 1 << 20).unwrap();
+        assert_eq!(opened.iter().map(|o| o.macs.clone()).collect::<Vec<_>>(), [vec![], vec![carried], vec![]]);
+        assert_eq!(bodies(opened), kinds);
+
+        // A bundle inside a bundle is malformed, even when authenticated.
+        let inner = pb::BundledBody { body: encode_body(pb::body::Kind::Bundle(pb::Bundle::default())), macs: vec![] };
+        let nested = encode_body(pb::body::Kind::Bundle(pb::Bundle { bodies: vec![inner] }));
+        let bytes = frame(1, &nested, &[a.mac_to(2, &nested).unwrap()]);
+        assert_eq!(open(&b, 1, bytes, 1 << 20).unwrap_err(), FaultKind::Malformed);
     }
 
     #[test]
     fn every_corruption_is_a_fault_not_a_panic() {
         let (a, b) = rings();
-        let s = Sealer::new(1, subscribe());
-        let bytes = s.seal(&[a.mac_to(2, &s.body).unwrap()]);
-        assert_eq!(open(&b, 3, bytes.clone(), 1 << 20).unwrap_err(), FaultKind::ForgedSender);
-        assert_eq!(open(&b, 1, bytes.clone(), 4).unwrap_err(), FaultKind::Oversized);
+        let lone = seal(&a, vec![queued(2, subscribe())]);
+        let bundle = seal(&a, vec![queued(2, subscribe()), queued(2, subscribe())]);
+        assert_eq!(open(&b, 3, lone.clone(), 1 << 20).unwrap_err(), FaultKind::ForgedSender);
+        assert_eq!(open(&b, 1, lone.clone(), 4).unwrap_err(), FaultKind::Oversized);
         assert_eq!(open(&b, 1, vec![0xff; 9], 1 << 20).unwrap_err(), FaultKind::Malformed);
-        for i in 0..bytes.len() {
-            let mut c = bytes.clone();
-            c[i] ^= 0x20;
-            assert!(open(&b, 1, c, 1 << 20).is_err(), "flip at {i} accepted");
-        }
-        for len in 0..bytes.len() {
-            assert!(open(&b, 1, bytes[..len].to_vec(), 1 << 20).is_err());
+        for bytes in [lone, bundle] {
+            for i in 0..bytes.len() {
+                let mut c = bytes.clone();
+                c[i] ^= 0x20;
+                assert!(open(&b, 1, c, 1 << 20).is_err(), "flip at {i} accepted");
+            }
+            for len in 0..bytes.len() {
+                assert!(open(&b, 1, bytes[..len].to_vec(), 1 << 20).is_err());
+            }
         }
     }
 }

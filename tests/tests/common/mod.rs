@@ -6,7 +6,7 @@
 use std::collections::VecDeque;
 
 use phalanx_core::crypto::CryptoMode;
-use phalanx_core::wire::{Keyring, Sealer, pb};
+use phalanx_core::wire::{self, Keyring, pb};
 use phalanx_core::{
     Algorithm, ClusterSpec, Delivery, FaultKind, HandleError, Input, Nanos, Node, NodeConfig, NodeId, Output, Params,
     Request, generate_cluster,
@@ -59,13 +59,15 @@ pub fn body_of(bytes: &[u8]) -> pb::body::Kind {
     pb::Body::decode(&frame.body[..]).expect("decodable body").kind.expect("body has a kind")
 }
 
+/// Every body sent, with its receiver; a bundle's bodies one by one.
 pub fn sends(outs: &[Output]) -> Vec<(NodeId, pb::body::Kind)> {
-    outs.iter()
-        .filter_map(|o| match o {
-            Output::Send { to, bytes } => Some((*to, body_of(bytes))),
-            _ => None,
-        })
-        .collect()
+    let mut bodies = Vec::new();
+    for o in outs {
+        let Output::Send { to, bytes } = o else { continue };
+        let sent = wire::bodies_of(bytes).expect("nodes send decodable frames");
+        bodies.extend(sent.into_iter().map(|body| (*to, body)));
+    }
+    bodies
 }
 
 pub fn publications(outs: &[Output]) -> Vec<(NodeId, pb::Publication)> {
@@ -142,14 +144,12 @@ impl Forger {
     }
 
     pub fn frame(&self, to: NodeId, body: &pb::body::Kind) -> Vec<u8> {
-        let sealer = Sealer::new(self.keys.me, body.clone());
-        sealer.seal(&[self.keys.mac_to(to, &sealer.body).expect("shares a key with the receiver")])
+        self.raw_frame(to, wire::encode_body(body.clone()).to_vec())
     }
 
     /// A frame around arbitrary body bytes, validly MACed.
     pub fn raw_frame(&self, to: NodeId, body: Vec<u8>) -> Vec<u8> {
-        let sealer = Sealer::from_raw(self.keys.me, body.into());
-        sealer.seal(&[self.keys.mac_to(to, &sealer.body).expect("shares a key with the receiver")])
+        wire::frame(self.keys.me, &body, &[self.keys.mac_to(to, &body).expect("shares a key with the receiver")])
     }
 }
 
