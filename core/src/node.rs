@@ -613,6 +613,13 @@ impl Node {
                 match opened {
                     Ok(bodies) => {
                         for msg in bodies {
+                            let msg = match msg {
+                                Ok(msg) => msg,
+                                Err(kind) => {
+                                    self.ctx.fault(from, kind);
+                                    break;
+                                }
+                            };
                             match &mut self.role {
                                 RoleMachine::Broker(b) => b.on_message(&mut self.ctx, msg),
                                 RoleMachine::Publisher(p) => p.on_message(&mut self.ctx, now, msg),

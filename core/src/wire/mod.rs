@@ -77,11 +77,36 @@ pub struct Opened {
     pub macs: Vec<pb::Mac>,
 }
 
+/// The bodies of an authenticated frame, decoded one at a time as they are taken: its
+/// own, or each of a bundle's. A bundled body that does not decode (or is itself a
+/// bundle) yields `Err(Malformed)`; what follows it is not to be trusted either.
+#[derive(Debug)]
+pub enum Bodies {
+    Lone(Option<Opened>),
+    Bundle { sender: NodeId, bodies: std::vec::IntoIter<pb::BundledBody> },
+}
+
+impl Iterator for Bodies {
+    type Item = Result<Opened, FaultKind>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        match self {
+            Bodies::Lone(lone) => lone.take().map(Ok),
+            Bodies::Bundle { sender, bodies } => {
+                let b = bodies.next()?;
+                Some(match decode_body(&b.body) {
+                    Ok(pb::body::Kind::Bundle(_)) | Err(_) => Err(FaultKind::Malformed),
+                    Ok(body) => Ok(Opened { sender: *sender, body, raw_body: b.body, macs: b.macs }),
+                })
+            }
+        }
+    }
+}
+
 /// Decodes and authenticates a frame that the host received from `from`, and returns the
-/// bodies it carries: its own, or each of a bundle's. Total: any failure is a
-/// [`FaultKind`] naming what was wrong, never a panic; a bundle with one bad body is
-/// refused whole, since its sender authenticated all of it.
-pub fn open(keys: &Keyring, from: NodeId, bytes: Vec<u8>, max_bytes: u32) -> Result<Vec<Opened>, FaultKind> {
+/// bodies it carries. Total: any failure is a [`FaultKind`] naming what was wrong, never
+/// a panic.
+pub fn open(keys: &Keyring, from: NodeId, bytes: Vec<u8>, max_bytes: u32) -> Result<Bodies, FaultKind> {
     if bytes.len() > max_bytes as usize {
         return Err(FaultKind::Oversized);
     }
@@ -92,17 +117,10 @@ pub fn open(keys: &Keyring, from: NodeId, bytes: Vec<u8>, max_bytes: u32) -> Res
     if !keys.verify_from(from, &frame.body, &frame.macs) {
         return Err(FaultKind::BadMac);
     }
-    match decode_body(&frame.body)? {
-        pb::body::Kind::Bundle(bundle) => bundle
-            .bodies
-            .into_iter()
-            .map(|b| match decode_body(&b.body)? {
-                pb::body::Kind::Bundle(_) => Err(FaultKind::Malformed),
-                body => Ok(Opened { sender: from, body, raw_body: b.body, macs: b.macs }),
-            })
-            .collect(),
-        body => Ok(vec![Opened { sender: from, body, raw_body: frame.body, macs: frame.macs }]),
-    }
+    Ok(match decode_body(&frame.body)? {
+        pb::body::Kind::Bundle(bundle) => Bodies::Bundle { sender: from, bodies: bundle.bodies.into_iter() },
+        body => Bodies::Lone(Some(Opened { sender: from, body, raw_body: frame.body, macs: frame.macs })),
+    })
 }
 
 /// The bodies a frame carries, in order, without authenticating it: for reading a node's
@@ -210,8 +228,8 @@ mod tests {
         Unsealed { to, body: encode_body(kind), macs: Vec::new() }
     }
 
-    fn bodies(opened: Vec<Opened>) -> Vec<pb::body::Kind> {
-        opened.into_iter().map(|o| o.body).collect()
+    fn bodies(opened: Bodies) -> Vec<pb::body::Kind> {
+        opened.map(|o| o.unwrap().body).collect()
     }
 
     #[test]
@@ -233,15 +251,16 @@ mod tests {
             (0..3).map(|t| pb::body::Kind::Subscribe(pb::Subscribe { topics: vec![t] })).collect();
         let mut queue: Vec<Unsealed> = kinds.iter().map(|k| queued(2, k.clone())).collect();
         queue[1].macs.push(carried.clone());
-        let opened = open(&b, 1, seal(&a, queue), 1 << 20).unwrap();
+        let opened: Vec<Opened> = open(&b, 1, seal(&a, queue), 1 << 20).unwrap().map(Result::unwrap).collect();
         assert_eq!(opened.iter().map(|o| o.macs.clone()).collect::<Vec<_>>(), [vec![], vec![carried], vec![]]);
-        assert_eq!(bodies(opened), kinds);
+        assert_eq!(opened.into_iter().map(|o| o.body).collect::<Vec<_>>(), kinds);
 
         // A bundle inside a bundle is malformed, even when authenticated.
         let inner = pb::BundledBody { body: encode_body(pb::body::Kind::Bundle(pb::Bundle::default())), macs: vec![] };
         let nested = encode_body(pb::body::Kind::Bundle(pb::Bundle { bodies: vec![inner] }));
         let bytes = frame(1, &nested, &[a.mac_to(2, &nested).unwrap()]);
-        assert_eq!(open(&b, 1, bytes, 1 << 20).unwrap_err(), FaultKind::Malformed);
+        let mut opened = open(&b, 1, bytes, 1 << 20).unwrap();
+        assert_eq!(opened.next().unwrap().unwrap_err(), FaultKind::Malformed);
     }
 
     #[test]
