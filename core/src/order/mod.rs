@@ -17,6 +17,7 @@
 //! execution per (client, request), validity (only operations clients sent execute),
 //! and liveness while the primary is correct and the network delivers.
 
+mod batch;
 mod client;
 mod replica;
 #[cfg(test)]

@@ -6,11 +6,13 @@ mod view_change;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use prost::Message;
 
-use super::{authenticated_bytes, batch_digest, primary, signed_message};
+use super::batch::DigestedBatch;
+use super::{authenticated_bytes, primary, signed_message};
 use crate::config::Role;
 use crate::crypto::{BlsPublicKey, BlsSignature, Digest, digest};
 use crate::node::{Ctx, HandleError, Output, Status};
@@ -54,8 +56,8 @@ impl ClientState {
 /// One sequence number of the log in the current view.
 #[derive(Default)]
 struct Slot {
-    /// The batch accepted for this slot (from the primary's PRE-PREPARE), by digest.
-    proposal: Option<(Digest, Vec<pb::Operation>)>,
+    /// The batch accepted for this slot (from the primary's PRE-PREPARE).
+    proposal: Option<Arc<DigestedBatch>>,
     /// PREPARE votes (the primary's PRE-PREPARE counts as its vote): digest and the
     /// signature kept for prepared certificates.
     prepares: BTreeMap<NodeId, (Digest, Vec<u8>)>,
@@ -76,8 +78,8 @@ impl Slot {
     }
 
     fn prepared(&self, quorum: usize) -> Option<Digest> {
-        let (d, _) = self.proposal.as_ref()?;
-        (self.votes_for(d) >= quorum).then_some(*d)
+        let d = self.proposal.as_ref()?.digest;
+        (self.votes_for(&d) >= quorum).then_some(d)
     }
 }
 
@@ -88,7 +90,7 @@ pub(crate) struct Replica {
     clients: BTreeMap<NodeId, ClientState>,
     log: BTreeMap<u64, Slot>,
     /// PRE-PREPAREs whose requests have not all arrived yet, by seq, with when they came.
-    parked: BTreeMap<u64, (Nanos, pb::PrePrepare)>,
+    parked: BTreeMap<u64, Parked>,
     /// Stable checkpoint: the log starts after it.
     low: u64,
     stable: Option<pb::Certificate>,
@@ -122,7 +124,7 @@ pub(crate) struct Replica {
     last_now: Nanos,
     /// Catch-up answers: committed batches per seq by replica, and uncertified
     /// checkpoint states by replica; f+1 matching ones are adopted.
-    catch_up: BTreeMap<u64, BTreeMap<NodeId, (Digest, Vec<pb::Operation>)>>,
+    catch_up: BTreeMap<u64, BTreeMap<NodeId, Arc<DigestedBatch>>>,
     offered_states: BTreeMap<NodeId, (u64, Digest, Vec<u8>)>,
     /// Prepared slots (the highest view each prepared in), with the votes that make
     /// their certificate, for VIEW-CHANGE messages.
@@ -147,20 +149,43 @@ enum Early {
     Commit(pb::Vote),
 }
 
+/// A PRE-PREPARE with its batch encoded.
+struct PrePrepare {
+    view: u64,
+    seq: u64,
+    batch: Arc<DigestedBatch>,
+    signature: Vec<u8>,
+}
+
+/// A PRE-PREPARE waiting for requests of its batch to arrive.
+struct Parked {
+    seen_at: Nanos,
+    pre_prepare: PrePrepare,
+    /// False for one without a batch field: never accepted, but the digest of its empty
+    /// batch still exposes an equivocating primary.
+    has_batch: bool,
+}
+
 /// What a VIEW-CHANGE needs to prove a slot prepared: its certificate (2f+1 valid
 /// PREPARE signatures, aggregated) and batch.
 struct Prepared {
     certificate: pb::Certificate,
-    ops: Vec<pb::Operation>,
+    batch: Arc<DigestedBatch>,
 }
 
 impl Prepared {
     /// Persisted before this replica COMMITs: a restart keeps the proof, so a batch
     /// committed anywhere survives even a whole-cluster restart (through a view change).
     fn record(&self) -> Vec<u8> {
-        let batch = pb::Batch { ops: self.ops.clone() };
-        record(Record::Prepared(pb::PreparedEntry { certificate: Some(self.certificate.clone()), batch: Some(batch) }))
+        let entry = pb::PreparedEntry { certificate: Some(self.certificate.clone()), batch: Some(self.batch.to_pb()) };
+        record(Record::Prepared(entry))
     }
+}
+
+/// Persisted when a PRE-PREPARE is accepted (or, as primary, sent): a restart never
+/// accepts another batch for the slot in that view.
+fn accepted_record(view: u64, seq: u64, batch: &DigestedBatch, signature: &[u8]) -> Vec<u8> {
+    record(Record::Accepted(pb::PrePrepare { view, seq, batch: Some(batch.to_pb()), signature: signature.to_vec() }))
 }
 
 /// Checkpoint votes kept per replica: enough to see the latest ones become stable.
@@ -400,11 +425,13 @@ impl Replica {
     fn pre_prepare(&mut self, ctx: &mut Ctx, now: Nanos, batch: pb::Batch) {
         let seq = self.next_seq;
         self.next_seq += 1;
-        let d = batch_digest(&batch);
-        let signature = sign(ctx, PREPARE, self.view, seq, &d);
-        let pp = pb::PrePrepare { view: self.view, seq, batch: Some(batch), signature };
-        ctx.persist(record(Record::Accepted(pp.clone())));
-        ctx.send_to_brokers(pb::body::Kind::PrePrepare(pp.clone()), &[]);
+        let batch = DigestedBatch::new(batch);
+        let signature = sign(ctx, PREPARE, self.view, seq, &batch.digest);
+        let pp = PrePrepare { view: self.view, seq, batch, signature };
+        ctx.persist(accepted_record(pp.view, seq, &pp.batch, &pp.signature));
+        let sent =
+            pb::PrePrepare { view: pp.view, seq, batch: Some(pp.batch.to_pb()), signature: pp.signature.clone() };
+        ctx.send_to_brokers(pb::body::Kind::PrePrepare(sent), &[]);
         self.accept(ctx, now, now, ctx.me(), pp);
     }
 
@@ -422,17 +449,18 @@ impl Replica {
         if !within_batch_limits(&ctx.cfg.cluster.params, pp.batch.as_ref()) {
             return ctx.fault(from, FaultKind::Oversized);
         }
-        let d = batch_digest(pp.batch.as_ref().unwrap_or(&pb::Batch::default()));
-        let known = self.log.get(&pp.seq).and_then(|s| s.proposal.as_ref()).map(|(d, _)| *d);
-        let parked =
-            self.parked.get(&pp.seq).map(|(_, p)| batch_digest(p.batch.as_ref().unwrap_or(&pb::Batch::default())));
+        let has_batch = pp.batch.is_some();
+        let batch = DigestedBatch::new(pp.batch.unwrap_or_default());
+        let known = self.log.get(&pp.seq).and_then(|s| s.proposal.as_ref());
+        let parked = self.parked.get(&pp.seq).map(|p| &p.pre_prepare.batch);
         if let Some(known) = known.or(parked) {
-            if known != d {
+            if known.digest != batch.digest {
                 ctx.fault(from, FaultKind::Equivocation);
             }
             return;
         }
-        self.parked.insert(pp.seq, (now, pp));
+        let pre_prepare = PrePrepare { view: pp.view, seq: pp.seq, batch, signature: pp.signature };
+        self.parked.insert(pp.seq, Parked { seen_at: now, pre_prepare, has_batch });
         self.unpark(ctx, now);
     }
 
@@ -452,18 +480,18 @@ impl Replica {
         let ready: Vec<u64> = self
             .parked
             .iter()
-            .filter(|(_, (_, pp))| pp.batch.as_ref().is_some_and(|b| b.ops.iter().all(&mut sent_by_client)))
+            .filter(|(_, p)| p.has_batch && p.pre_prepare.batch.ops.iter().all(&mut sent_by_client))
             .map(|(seq, _)| *seq)
             .collect();
         ctx.counters.macs_verified += macs_verified;
         for seq in ready {
-            let (seen_at, pp) = self.parked.remove(&seq).expect("parked");
-            if !unique_requests(pp.batch.as_ref().expect("checked")) {
+            let Parked { seen_at, pre_prepare: pp, .. } = self.parked.remove(&seq).expect("parked");
+            if !unique_requests(&pp.batch.ops) {
                 ctx.fault(primary(&self.replicas, pp.view), FaultKind::Unexpected);
                 continue;
             }
-            ctx.persist(record(Record::Accepted(pp.clone())));
-            let d = batch_digest(pp.batch.as_ref().expect("checked"));
+            ctx.persist(accepted_record(pp.view, seq, &pp.batch, &pp.signature));
+            let d = pp.batch.digest;
             let signature = sign(ctx, PREPARE, self.view, seq, &d);
             let vote = pb::Vote { view: self.view, seq, digest: d.to_vec(), signature };
             ctx.send_to_brokers(pb::body::Kind::Prepare(vote.clone()), &[]);
@@ -475,18 +503,16 @@ impl Replica {
 
     /// Records a PRE-PREPARE accepted (and persisted) at `seen_at`, the primary's vote,
     /// and marks its requests.
-    fn accept(&mut self, ctx: &mut Ctx, now: Nanos, seen_at: Nanos, primary: NodeId, pp: pb::PrePrepare) {
-        let batch = pp.batch.unwrap_or_default();
-        let d = batch_digest(&batch);
-        for o in &batch.ops {
+    fn accept(&mut self, ctx: &mut Ctx, now: Nanos, seen_at: Nanos, primary: NodeId, pp: PrePrepare) {
+        for o in &pp.batch.ops {
             if let Some(arrived) = self.mark_in_log(o.client, o.request) {
                 ctx.counters.queue_wait_ns_total += now.saturating_sub(arrived);
                 ctx.counters.queue_waits += 1;
             }
         }
         let slot = self.log.entry(pp.seq).or_default();
-        slot.proposal = Some((d, batch.ops));
-        slot.prepares.insert(primary, (d, pp.signature.clone()));
+        slot.prepares.insert(primary, (pp.batch.digest, pp.signature.clone()));
+        slot.proposal = Some(pp.batch);
         slot.seen_at = seen_at;
         slot.accepted = Some((pp.view, pp.signature));
         self.progress(ctx, now, pp.seq);
@@ -565,8 +591,8 @@ impl Replica {
                 }
             };
             slot.commit_sent = true;
-            let (_, ops) = slot.proposal.as_ref().expect("prepared slots have a proposal");
-            let prepared = Prepared { certificate, ops: ops.clone() };
+            let batch = slot.proposal.clone().expect("prepared slots have a proposal");
+            let prepared = Prepared { certificate, batch };
             ctx.persist(prepared.record());
             self.prepared.insert(seq, prepared);
             let vote = pb::Vote { view, seq, digest: d.to_vec(), signature: Vec::new() };
@@ -578,7 +604,7 @@ impl Replica {
         {
             slot.committed = true;
             ctx.counters.batches += 1;
-            ctx.counters.batched_requests += slot.proposal.as_ref().map_or(0, |(_, ops)| ops.len() as u64);
+            ctx.counters.batched_requests += slot.proposal.as_ref().map_or(0, |b| b.ops.len() as u64);
             ctx.counters.consensus_ns_total += now.saturating_sub(slot.seen_at);
             self.execute_ready(ctx);
             self.propose(ctx, now);
@@ -590,11 +616,11 @@ impl Replica {
     fn execute_ready(&mut self, ctx: &mut Ctx) {
         while let Some(slot) = self.log.get(&(self.delivered + 1)).filter(|s| s.committed) {
             let seq = self.delivered + 1;
-            let (_, batch) = slot.proposal.as_ref().expect("committed slots have a proposal");
+            let batch = slot.proposal.as_ref().expect("committed slots have a proposal");
             let mut ops = Vec::new();
             let mut requests = Vec::new();
             let mut in_batch = BTreeSet::new();
-            for o in batch {
+            for o in &batch.ops {
                 let client = self.clients.entry(o.client).or_default();
                 if client.executed(o.request) || !in_batch.insert((o.client, o.request)) {
                     continue;
@@ -755,12 +781,10 @@ impl Replica {
         ctx.persist(record(Record::View(self.durable_view)));
         // A restart ignores slots accepted in an older view than the one it resumes in.
         for (&seq, slot) in &self.log {
-            if let (Some((view, signature)), Some((_, ops))) = (&slot.accepted, &slot.proposal)
+            if let (Some((view, signature)), Some(batch)) = (&slot.accepted, &slot.proposal)
                 && *view == self.durable_view
             {
-                let batch = Some(pb::Batch { ops: ops.clone() });
-                let pp = pb::PrePrepare { view: *view, seq, batch, signature: signature.clone() };
-                ctx.persist(record(Record::Accepted(pp)));
+                ctx.persist(accepted_record(*view, seq, batch, signature));
             }
         }
         for p in self.prepared.values() {
@@ -823,9 +847,7 @@ impl Replica {
             .range(after..)
             .take_while(|(seq, _)| **seq <= self.delivered)
             .filter(|(_, s)| s.committed)
-            .filter_map(|(&seq, s)| {
-                s.proposal.as_ref().map(|(_, ops)| pb::Committed { seq, batch: Some(pb::Batch { ops: ops.clone() }) })
-            })
+            .filter_map(|(&seq, s)| s.proposal.as_ref().map(|b| pb::Committed { seq, batch: Some(b.to_pb()) }))
             .collect();
         for c in committed {
             ctx.send(pb::body::Kind::Committed(c), [from]);
@@ -837,17 +859,17 @@ impl Replica {
         if c.seq <= self.delivered || !self.in_window(ctx, c.seq) {
             return ctx.stats.stale += 1;
         }
-        let batch = c.batch.unwrap_or_default();
-        let d = batch_digest(&batch);
+        let batch = DigestedBatch::new(c.batch.unwrap_or_default());
+        let d = batch.digest;
         let offers = self.catch_up.entry(c.seq).or_default();
-        offers.insert(from, (d, batch.ops));
-        if offers.values().filter(|(x, _)| *x == d).count() <= ctx.f {
+        offers.insert(from, batch);
+        if offers.values().filter(|b| b.digest == d).count() <= ctx.f {
             return;
         }
-        let (_, ops) = offers.remove(&from).expect("just inserted");
+        let batch = offers.remove(&from).expect("just inserted");
         self.catch_up.remove(&c.seq);
         let slot = self.log.entry(c.seq).or_default();
-        slot.proposal = Some((d, ops));
+        slot.proposal = Some(batch);
         slot.committed = true;
         self.caught_up(ctx, now);
     }
@@ -977,11 +999,10 @@ impl Replica {
             Some(Record::Accepted(pp)) if pp.view == self.view && pp.seq > self.low => {
                 let primary = primary(&self.replicas, pp.view);
                 self.next_seq = self.next_seq.max(pp.seq + 1);
-                let batch = pp.batch.unwrap_or_default();
-                let d = batch_digest(&batch);
+                let batch = DigestedBatch::new(pp.batch.unwrap_or_default());
                 let slot = self.log.entry(pp.seq).or_default();
-                slot.proposal = Some((d, batch.ops));
-                slot.prepares.insert(primary, (d, pp.signature.clone()));
+                slot.prepares.insert(primary, (batch.digest, pp.signature.clone()));
+                slot.proposal = Some(batch);
                 slot.seen_at = now;
                 slot.accepted = Some((pp.view, pp.signature));
             }
@@ -1001,7 +1022,7 @@ impl Replica {
                     slot.commits.insert(ctx.me(), d);
                 }
                 if self.prepared.get(&seq).is_none_or(|p| p.certificate.view <= certificate.view) {
-                    self.prepared.insert(seq, Prepared { certificate, ops: batch.ops });
+                    self.prepared.insert(seq, Prepared { certificate, batch: DigestedBatch::new(batch) });
                 }
             }
             Some(Record::Stable(cert)) if cert.seq > self.low => {
@@ -1101,9 +1122,9 @@ fn public_key(ctx: &Ctx, id: NodeId) -> Option<BlsPublicKey> {
 }
 
 /// No (client, request) twice in one batch: a primary that repeats one is faulty.
-fn unique_requests(batch: &pb::Batch) -> bool {
+fn unique_requests(ops: &[pb::Operation]) -> bool {
     let mut seen = BTreeSet::new();
-    batch.ops.iter().all(|o| seen.insert((o.client, o.request)))
+    ops.iter().all(|o| seen.insert((o.client, o.request)))
 }
 
 /// Verifies a certificate: 2f+1 distinct replicas' signatures on its message.
