@@ -11,13 +11,13 @@ use std::sync::Arc;
 use bytes::Bytes;
 use prost::Message;
 
-use super::batch::DigestedBatch;
+use super::batch::EncodedBatch;
 use super::{authenticated_bytes, primary, signed_message};
 use crate::config::Role;
 use crate::crypto::{BlsPublicKey, BlsSignature, Digest, digest};
 use crate::node::{Ctx, HandleError, Output, Status};
 use crate::wire::pb::replica_record::Kind as Record;
-use crate::wire::{Opened, pb};
+use crate::wire::{Opened, Sealer, pb};
 use crate::{FaultKind, Nanos, NodeId, Operation};
 
 const PREPARE: &[u8; 4] = b"prep";
@@ -57,7 +57,7 @@ impl ClientState {
 #[derive(Default)]
 struct Slot {
     /// The batch accepted for this slot (from the primary's PRE-PREPARE).
-    proposal: Option<Arc<DigestedBatch>>,
+    proposal: Option<Arc<EncodedBatch>>,
     /// PREPARE votes (the primary's PRE-PREPARE counts as its vote): digest and the
     /// signature kept for prepared certificates.
     prepares: BTreeMap<NodeId, (Digest, Vec<u8>)>,
@@ -124,7 +124,7 @@ pub(crate) struct Replica {
     last_now: Nanos,
     /// Catch-up answers: committed batches per seq by replica, and uncertified
     /// checkpoint states by replica; f+1 matching ones are adopted.
-    catch_up: BTreeMap<u64, BTreeMap<NodeId, Arc<DigestedBatch>>>,
+    catch_up: BTreeMap<u64, BTreeMap<NodeId, Arc<EncodedBatch>>>,
     offered_states: BTreeMap<NodeId, (u64, Digest, Vec<u8>)>,
     /// Prepared slots (the highest view each prepared in), with the votes that make
     /// their certificate, for VIEW-CHANGE messages.
@@ -153,7 +153,7 @@ enum Early {
 struct PrePrepare {
     view: u64,
     seq: u64,
-    batch: Arc<DigestedBatch>,
+    batch: Arc<EncodedBatch>,
     signature: Vec<u8>,
 }
 
@@ -170,22 +170,15 @@ struct Parked {
 /// PREPARE signatures, aggregated) and batch.
 struct Prepared {
     certificate: pb::Certificate,
-    batch: Arc<DigestedBatch>,
+    batch: Arc<EncodedBatch>,
 }
 
 impl Prepared {
     /// Persisted before this replica COMMITs: a restart keeps the proof, so a batch
     /// committed anywhere survives even a whole-cluster restart (through a view change).
     fn record(&self) -> Vec<u8> {
-        let entry = pb::PreparedEntry { certificate: Some(self.certificate.clone()), batch: Some(self.batch.to_pb()) };
-        record(Record::Prepared(entry))
+        self.batch.prepared_record(&self.certificate)
     }
-}
-
-/// Persisted when a PRE-PREPARE is accepted (or, as primary, sent): a restart never
-/// accepts another batch for the slot in that view.
-fn accepted_record(view: u64, seq: u64, batch: &DigestedBatch, signature: &[u8]) -> Vec<u8> {
-    record(Record::Accepted(pb::PrePrepare { view, seq, batch: Some(batch.to_pb()), signature: signature.to_vec() }))
 }
 
 /// Checkpoint votes kept per replica: enough to see the latest ones become stable.
@@ -425,13 +418,14 @@ impl Replica {
     fn pre_prepare(&mut self, ctx: &mut Ctx, now: Nanos, batch: pb::Batch) {
         let seq = self.next_seq;
         self.next_seq += 1;
-        let batch = DigestedBatch::new(batch);
+        let batch = EncodedBatch::new(batch);
         let signature = sign(ctx, PREPARE, self.view, seq, &batch.digest);
         let pp = PrePrepare { view: self.view, seq, batch, signature };
-        ctx.persist(accepted_record(pp.view, seq, &pp.batch, &pp.signature));
-        let sent =
-            pb::PrePrepare { view: pp.view, seq, batch: Some(pp.batch.to_pb()), signature: pp.signature.clone() };
-        ctx.send_to_brokers(pb::body::Kind::PrePrepare(sent), &[]);
+        ctx.persist(pp.batch.accepted_record(pp.view, seq, &pp.signature));
+        // Sealed from the encoding the digest was taken over, rather than a copy of the batch.
+        let body = Sealer::from_raw(ctx.me(), pp.batch.pre_prepare_body(pp.view, seq, &pp.signature).into());
+        let backups: Vec<NodeId> = self.replicas.iter().copied().filter(|&r| r != ctx.me()).collect();
+        ctx.send_sealed(&body, backups, |keys, to, body, macs| macs.extend(keys.mac_to(to, body)));
         self.accept(ctx, now, now, ctx.me(), pp);
     }
 
@@ -450,7 +444,7 @@ impl Replica {
             return ctx.fault(from, FaultKind::Oversized);
         }
         let has_batch = pp.batch.is_some();
-        let batch = DigestedBatch::new(pp.batch.unwrap_or_default());
+        let batch = EncodedBatch::new(pp.batch.unwrap_or_default());
         let known = self.log.get(&pp.seq).and_then(|s| s.proposal.as_ref());
         let parked = self.parked.get(&pp.seq).map(|p| &p.pre_prepare.batch);
         if let Some(known) = known.or(parked) {
@@ -490,7 +484,7 @@ impl Replica {
                 ctx.fault(primary(&self.replicas, pp.view), FaultKind::Unexpected);
                 continue;
             }
-            ctx.persist(accepted_record(pp.view, seq, &pp.batch, &pp.signature));
+            ctx.persist(pp.batch.accepted_record(pp.view, seq, &pp.signature));
             let d = pp.batch.digest;
             let signature = sign(ctx, PREPARE, self.view, seq, &d);
             let vote = pb::Vote { view: self.view, seq, digest: d.to_vec(), signature };
@@ -784,7 +778,7 @@ impl Replica {
             if let (Some((view, signature)), Some(batch)) = (&slot.accepted, &slot.proposal)
                 && *view == self.durable_view
             {
-                ctx.persist(accepted_record(*view, seq, batch, signature));
+                ctx.persist(batch.accepted_record(*view, seq, signature));
             }
         }
         for p in self.prepared.values() {
@@ -859,7 +853,7 @@ impl Replica {
         if c.seq <= self.delivered || !self.in_window(ctx, c.seq) {
             return ctx.stats.stale += 1;
         }
-        let batch = DigestedBatch::new(c.batch.unwrap_or_default());
+        let batch = EncodedBatch::new(c.batch.unwrap_or_default());
         let d = batch.digest;
         let offers = self.catch_up.entry(c.seq).or_default();
         offers.insert(from, batch);
@@ -999,7 +993,7 @@ impl Replica {
             Some(Record::Accepted(pp)) if pp.view == self.view && pp.seq > self.low => {
                 let primary = primary(&self.replicas, pp.view);
                 self.next_seq = self.next_seq.max(pp.seq + 1);
-                let batch = DigestedBatch::new(pp.batch.unwrap_or_default());
+                let batch = EncodedBatch::new(pp.batch.unwrap_or_default());
                 let slot = self.log.entry(pp.seq).or_default();
                 slot.prepares.insert(primary, (batch.digest, pp.signature.clone()));
                 slot.proposal = Some(batch);
@@ -1022,7 +1016,7 @@ impl Replica {
                     slot.commits.insert(ctx.me(), d);
                 }
                 if self.prepared.get(&seq).is_none_or(|p| p.certificate.view <= certificate.view) {
-                    self.prepared.insert(seq, Prepared { certificate, batch: DigestedBatch::new(batch) });
+                    self.prepared.insert(seq, Prepared { certificate, batch: EncodedBatch::new(batch) });
                 }
             }
             Some(Record::Stable(cert)) if cert.seq > self.low => {

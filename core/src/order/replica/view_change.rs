@@ -16,7 +16,7 @@ use prost::Message;
 use super::{CHECKPOINT, Early, PREPARE, Record, Replica, Slot, public_key, record, sign, verify_certificate};
 use crate::crypto::{BlsSignature, digest};
 use crate::node::Ctx;
-use crate::order::batch::DigestedBatch;
+use crate::order::batch::EncodedBatch;
 use crate::order::{batch_digest, primary, signed_message};
 use crate::wire::pb;
 use crate::{FaultKind, Nanos, NodeId};
@@ -199,7 +199,7 @@ impl Replica {
         self.unproposed = self.waiting.clone();
         for seq in stable_seq + 1..=last {
             let ops = chosen.remove(&seq).map(|(_, ops)| ops).unwrap_or_default();
-            let batch = DigestedBatch::new(pb::Batch { ops });
+            let batch = EncodedBatch::new(pb::Batch { ops });
             let d = batch.digest;
             for o in &batch.ops {
                 self.mark_in_log(o.client, o.request);
