@@ -107,8 +107,9 @@ pub(crate) struct Replica {
     /// Checkpoint votes: per replica, its latest few (seq → digest, signature).
     checkpoint_votes: BTreeMap<NodeId, BTreeMap<u64, (Digest, Vec<u8>)>>,
     batch_deadline: Option<Nanos>,
-    /// Requests waiting for execution, oldest first.
-    waiting: BTreeSet<(Nanos, NodeId, u64)>,
+    /// How many requests are pending (received, not executed): the request timer runs
+    /// while any are.
+    waiting: usize,
     /// The last time a batch executed, or requests started waiting after none did: the
     /// request timer measures time without progress, not the age of a long queue.
     progress_at: Nanos,
@@ -203,7 +204,7 @@ impl Replica {
             snapshots: BTreeMap::new(),
             checkpoint_votes: BTreeMap::new(),
             batch_deadline: None,
-            waiting: BTreeSet::new(),
+            waiting: 0,
             progress_at: 0,
             unproposed: BTreeSet::new(),
             unproposed_bytes: 0,
@@ -228,7 +229,7 @@ impl Replica {
             changing_view: self.changing.is_some(),
             executed: self.executed,
             stable: self.stable.as_ref().map_or(0, |c| c.seq),
-            pending_requests: self.waiting.len() as u64,
+            pending_requests: self.waiting as u64,
             ..ctx.counters
         }
     }
@@ -320,10 +321,10 @@ impl Replica {
         self.unproposed.insert((now, op.client, op.request));
         self.unproposed_bytes += size;
         client.pending.insert(op.request, Pending { op: op.op, authenticator: op.authenticator, arrived: now, size });
-        if self.waiting.is_empty() {
+        if self.waiting == 0 {
             self.progress_at = now;
         }
-        self.waiting.insert((now, op.client, op.request));
+        self.waiting += 1;
         self.unpark(ctx, now);
         self.propose(ctx, now);
     }
@@ -381,8 +382,8 @@ impl Replica {
     /// A pending request is done with (executed here or in a transferred state).
     fn forget_pending(&mut self, client: NodeId, request: u64) {
         self.mark_in_log(client, request);
-        if let Some(p) = self.clients.get_mut(&client).and_then(|c| c.pending.remove(&request)) {
-            self.waiting.remove(&(p.arrived, client, request));
+        if self.clients.get_mut(&client).and_then(|c| c.pending.remove(&request)).is_some() {
+            self.waiting -= 1;
         }
     }
 

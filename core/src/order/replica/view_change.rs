@@ -41,7 +41,7 @@ impl Replica {
         let timeout = ctx.cfg.cluster.params.request_timeout_ns.saturating_mul(1 << self.failed_views.min(16));
         self.suspect = match &self.changing {
             Some(c) => Some(c.deadline),
-            None if self.waiting.is_empty() => None,
+            None if self.waiting == 0 => None,
             None => Some(self.progress_at.saturating_add(timeout)),
         };
     }
@@ -195,8 +195,8 @@ impl Replica {
                 self.unproposed_bytes += p.size;
             }
         }
-        self.waiting = self.clients.iter().flat_map(|(&c, s)| s.pending.keys().map(move |&r| (now, c, r))).collect();
-        self.unproposed = self.waiting.clone();
+        self.waiting = self.clients.values().map(|c| c.pending.len()).sum();
+        self.unproposed = self.clients.iter().flat_map(|(&c, s)| s.pending.keys().map(move |&r| (now, c, r))).collect();
         for seq in stable_seq + 1..=last {
             let ops = chosen.remove(&seq).map(|(_, ops)| ops).unwrap_or_default();
             let batch = EncodedBatch::new(pb::Batch { ops });
