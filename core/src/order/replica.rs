@@ -5,7 +5,6 @@
 mod view_change;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::ops::Bound;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -389,25 +388,21 @@ impl Replica {
 
     /// Takes up to the caps from the unproposed requests, one per client per round so
     /// no client crowds out the others, each client's in request order.
-    fn cut_batch(&mut self, max_count: usize, max_bytes: usize) -> pb::Batch {
-        let mut ops: Vec<pb::Operation> = Vec::new();
+    fn cut_batch(&self, max_count: usize, max_bytes: usize) -> pb::Batch {
+        let mut ops: Vec<pb::Operation> = Vec::with_capacity(max_count.min(self.unproposed.len()));
         let mut bytes = 0;
-        let clients: Vec<NodeId> =
-            self.clients.iter().filter(|(_, c)| !c.unproposed.is_empty()).map(|(id, _)| *id).collect();
-        let mut cursors: BTreeMap<NodeId, u64> = BTreeMap::new();
+        let mut queues: Vec<_> = self.clients.iter().map(|(&client, c)| (client, c, c.unproposed.iter())).collect();
         loop {
             let before = ops.len();
-            for &client in &clients {
-                let c = &self.clients[&client];
-                let after = cursors.get(&client).map_or(Bound::Unbounded, |&r| Bound::Excluded(r));
-                let Some(&request) = c.unproposed.range((after, Bound::Unbounded)).next() else { continue };
+            for (client, c, requests) in &mut queues {
+                let Some(&request) = requests.next() else { continue };
                 let p = &c.pending[&request];
                 if ops.len() >= max_count || (bytes > 0 && bytes + p.size > max_bytes) {
                     return pb::Batch { ops };
                 }
                 bytes += p.size;
-                ops.push(pb::Operation { client, request, op: p.op.clone(), authenticator: p.authenticator.clone() });
-                cursors.insert(client, request);
+                let (op, authenticator) = (p.op.clone(), p.authenticator.clone());
+                ops.push(pb::Operation { client: *client, request, op, authenticator });
             }
             if ops.len() == before {
                 return pb::Batch { ops };
