@@ -77,7 +77,7 @@ impl Bench {
                 Output::Execute { seq, ops } => {
                     let k = self.nodes[at].config().cluster.params.checkpoint_interval as u64;
                     let snapshot = seq.is_multiple_of(k).then(|| seq.to_le_bytes().to_vec());
-                    let results = ops.iter().map(|o| o.op.clone()).collect();
+                    let results = ops.into_iter().map(|o| o.op).collect();
                     self.input(at, Input::Executed { seq, results, snapshot });
                 }
                 Output::Completed { .. } => self.completed.push(at),

@@ -10,12 +10,13 @@ use super::authenticated_bytes;
 use crate::broadcast::votes::Votes;
 use crate::config::Role;
 use crate::node::{Ctx, HandleError, Output};
-use crate::wire::{Opened, pb};
+use crate::wire::{Opened, Sealer, pb};
 use crate::{FaultKind, Nanos};
 
 /// A request sent and not yet completed.
 struct Pending {
-    op: pb::Operation,
+    /// The request sealed once, for retransmissions.
+    request: Sealer,
     /// When it was last sent or retransmitted.
     sent_at: Nanos,
     /// Results by replica; only replicas vote, so at most n entries.
@@ -86,8 +87,9 @@ impl Client {
         let mut op = pb::Operation { client: ctx.me(), request, op, authenticator: vec![] };
         let covered = authenticated_bytes(&op);
         op.authenticator = ctx.brokers.iter().filter_map(|&r| ctx.keys.mac_to(r, &covered)).collect();
-        ctx.send_to_brokers(pb::body::Kind::Request(op.clone()), &[]);
-        self.pending.insert(request, Pending { op, sent_at: now, replies: Votes::default() });
+        let sealed = Sealer::new(ctx.me(), pb::body::Kind::Request(op));
+        send_to_replicas(ctx, &sealed);
+        self.pending.insert(request, Pending { request: sealed, sent_at: now, replies: Votes::default() });
         self.by_time.insert((now, request));
         Ok(())
     }
@@ -130,7 +132,7 @@ impl Client {
             self.by_time.insert((now, request));
             let p = self.pending.get_mut(&request).expect("indexed requests are pending");
             p.sent_at = now;
-            ctx.send_to_brokers(pb::body::Kind::Request(p.op.clone()), &[]);
+            send_to_replicas(ctx, &p.request);
         }
     }
 
@@ -141,6 +143,12 @@ impl Client {
     pub fn live_instances(&self) -> usize {
         self.pending.len()
     }
+}
+
+/// Sends a sealed request to every replica, each copy with its hop MAC.
+fn send_to_replicas(ctx: &mut Ctx, request: &Sealer) {
+    let replicas = ctx.brokers.clone();
+    ctx.send_sealed(request, replicas, |keys, to, body, macs| macs.extend(keys.mac_to(to, body)));
 }
 
 #[cfg(test)]

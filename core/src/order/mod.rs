@@ -17,6 +17,7 @@
 //! execution per (client, request), validity (only operations clients sent execute),
 //! and liveness while the primary is correct and the network delivers.
 
+mod batch;
 mod client;
 mod replica;
 #[cfg(test)]
@@ -51,10 +52,16 @@ pub(crate) fn batch_digest(batch: &pb::Batch) -> Digest {
 /// domain-separated from frames.
 pub(crate) fn authenticated_bytes(o: &pb::Operation) -> Vec<u8> {
     use prost::Message;
-    let mut bytes = b"phalanx/v1/op".to_vec();
-    pb::Operation { client: o.client, request: o.request, op: o.op.clone(), authenticator: vec![] }
-        .encode(&mut bytes)
-        .expect("Vec grows");
+    const DOMAIN: &[u8] = b"phalanx/v1/op";
+    // Fields 1 and 2 through a message with no op, then field 3 as prost writes it
+    // (omitted when empty): no copy of the op just to encode it.
+    let numbers = pb::Operation { client: o.client, request: o.request, op: vec![], authenticator: vec![] };
+    let mut bytes = Vec::with_capacity(DOMAIN.len() + numbers.encoded_len() + o.op.len() + 6);
+    bytes.extend_from_slice(DOMAIN);
+    numbers.encode_raw(&mut bytes);
+    if !o.op.is_empty() {
+        prost::encoding::bytes::encode(3, &o.op, &mut bytes);
+    }
     bytes
 }
 

@@ -5,17 +5,18 @@
 mod view_change;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::ops::Bound;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use prost::Message;
 
-use super::{authenticated_bytes, batch_digest, primary, signed_message};
+use super::batch::EncodedBatch;
+use super::{authenticated_bytes, primary, signed_message};
 use crate::config::Role;
 use crate::crypto::{BlsPublicKey, BlsSignature, Digest, digest};
 use crate::node::{Ctx, HandleError, Output, Status};
 use crate::wire::pb::replica_record::Kind as Record;
-use crate::wire::{Opened, pb};
+use crate::wire::{Opened, Sealer, pb};
 use crate::{FaultKind, Nanos, NodeId, Operation};
 
 const PREPARE: &[u8; 4] = b"prep";
@@ -54,8 +55,8 @@ impl ClientState {
 /// One sequence number of the log in the current view.
 #[derive(Default)]
 struct Slot {
-    /// The batch accepted for this slot (from the primary's PRE-PREPARE), by digest.
-    proposal: Option<(Digest, Vec<pb::Operation>)>,
+    /// The batch accepted for this slot (from the primary's PRE-PREPARE).
+    proposal: Option<Arc<EncodedBatch>>,
     /// PREPARE votes (the primary's PRE-PREPARE counts as its vote): digest and the
     /// signature kept for prepared certificates.
     prepares: BTreeMap<NodeId, (Digest, Vec<u8>)>,
@@ -76,8 +77,8 @@ impl Slot {
     }
 
     fn prepared(&self, quorum: usize) -> Option<Digest> {
-        let (d, _) = self.proposal.as_ref()?;
-        (self.votes_for(d) >= quorum).then_some(*d)
+        let d = self.proposal.as_ref()?.digest;
+        (self.votes_for(&d) >= quorum).then_some(d)
     }
 }
 
@@ -88,7 +89,7 @@ pub(crate) struct Replica {
     clients: BTreeMap<NodeId, ClientState>,
     log: BTreeMap<u64, Slot>,
     /// PRE-PREPAREs whose requests have not all arrived yet, by seq, with when they came.
-    parked: BTreeMap<u64, (Nanos, pb::PrePrepare)>,
+    parked: BTreeMap<u64, Parked>,
     /// Stable checkpoint: the log starts after it.
     low: u64,
     stable: Option<pb::Certificate>,
@@ -105,8 +106,9 @@ pub(crate) struct Replica {
     /// Checkpoint votes: per replica, its latest few (seq → digest, signature).
     checkpoint_votes: BTreeMap<NodeId, BTreeMap<u64, (Digest, Vec<u8>)>>,
     batch_deadline: Option<Nanos>,
-    /// Requests waiting for execution, oldest first.
-    waiting: BTreeSet<(Nanos, NodeId, u64)>,
+    /// How many requests are pending (received, not executed): the request timer runs
+    /// while any are.
+    waiting: usize,
     /// The last time a batch executed, or requests started waiting after none did: the
     /// request timer measures time without progress, not the age of a long queue.
     progress_at: Nanos,
@@ -122,7 +124,7 @@ pub(crate) struct Replica {
     last_now: Nanos,
     /// Catch-up answers: committed batches per seq by replica, and uncertified
     /// checkpoint states by replica; f+1 matching ones are adopted.
-    catch_up: BTreeMap<u64, BTreeMap<NodeId, (Digest, Vec<pb::Operation>)>>,
+    catch_up: BTreeMap<u64, BTreeMap<NodeId, Arc<EncodedBatch>>>,
     offered_states: BTreeMap<NodeId, (u64, Digest, Vec<u8>)>,
     /// Prepared slots (the highest view each prepared in), with the votes that make
     /// their certificate, for VIEW-CHANGE messages.
@@ -147,19 +149,35 @@ enum Early {
     Commit(pb::Vote),
 }
 
+/// A PRE-PREPARE with its batch encoded.
+struct PrePrepare {
+    view: u64,
+    seq: u64,
+    batch: Arc<EncodedBatch>,
+    signature: Vec<u8>,
+}
+
+/// A PRE-PREPARE waiting for requests of its batch to arrive.
+struct Parked {
+    seen_at: Nanos,
+    pre_prepare: PrePrepare,
+    /// False for one without a batch field: never accepted, but the digest of its empty
+    /// batch still exposes an equivocating primary.
+    has_batch: bool,
+}
+
 /// What a VIEW-CHANGE needs to prove a slot prepared: its certificate (2f+1 valid
 /// PREPARE signatures, aggregated) and batch.
 struct Prepared {
     certificate: pb::Certificate,
-    ops: Vec<pb::Operation>,
+    batch: Arc<EncodedBatch>,
 }
 
 impl Prepared {
     /// Persisted before this replica COMMITs: a restart keeps the proof, so a batch
     /// committed anywhere survives even a whole-cluster restart (through a view change).
     fn record(&self) -> Vec<u8> {
-        let batch = pb::Batch { ops: self.ops.clone() };
-        record(Record::Prepared(pb::PreparedEntry { certificate: Some(self.certificate.clone()), batch: Some(batch) }))
+        self.batch.prepared_record(&self.certificate)
     }
 }
 
@@ -185,7 +203,7 @@ impl Replica {
             snapshots: BTreeMap::new(),
             checkpoint_votes: BTreeMap::new(),
             batch_deadline: None,
-            waiting: BTreeSet::new(),
+            waiting: 0,
             progress_at: 0,
             unproposed: BTreeSet::new(),
             unproposed_bytes: 0,
@@ -210,7 +228,7 @@ impl Replica {
             changing_view: self.changing.is_some(),
             executed: self.executed,
             stable: self.stable.as_ref().map_or(0, |c| c.seq),
-            pending_requests: self.waiting.len() as u64,
+            pending_requests: self.waiting as u64,
             ..ctx.counters
         }
     }
@@ -302,10 +320,10 @@ impl Replica {
         self.unproposed.insert((now, op.client, op.request));
         self.unproposed_bytes += size;
         client.pending.insert(op.request, Pending { op: op.op, authenticator: op.authenticator, arrived: now, size });
-        if self.waiting.is_empty() {
+        if self.waiting == 0 {
             self.progress_at = now;
         }
-        self.waiting.insert((now, op.client, op.request));
+        self.waiting += 1;
         self.unpark(ctx, now);
         self.propose(ctx, now);
     }
@@ -363,32 +381,28 @@ impl Replica {
     /// A pending request is done with (executed here or in a transferred state).
     fn forget_pending(&mut self, client: NodeId, request: u64) {
         self.mark_in_log(client, request);
-        if let Some(p) = self.clients.get_mut(&client).and_then(|c| c.pending.remove(&request)) {
-            self.waiting.remove(&(p.arrived, client, request));
+        if self.clients.get_mut(&client).and_then(|c| c.pending.remove(&request)).is_some() {
+            self.waiting -= 1;
         }
     }
 
     /// Takes up to the caps from the unproposed requests, one per client per round so
     /// no client crowds out the others, each client's in request order.
-    fn cut_batch(&mut self, max_count: usize, max_bytes: usize) -> pb::Batch {
-        let mut ops: Vec<pb::Operation> = Vec::new();
+    fn cut_batch(&self, max_count: usize, max_bytes: usize) -> pb::Batch {
+        let mut ops: Vec<pb::Operation> = Vec::with_capacity(max_count.min(self.unproposed.len()));
         let mut bytes = 0;
-        let clients: Vec<NodeId> =
-            self.clients.iter().filter(|(_, c)| !c.unproposed.is_empty()).map(|(id, _)| *id).collect();
-        let mut cursors: BTreeMap<NodeId, u64> = BTreeMap::new();
+        let mut queues: Vec<_> = self.clients.iter().map(|(&client, c)| (client, c, c.unproposed.iter())).collect();
         loop {
             let before = ops.len();
-            for &client in &clients {
-                let c = &self.clients[&client];
-                let after = cursors.get(&client).map_or(Bound::Unbounded, |&r| Bound::Excluded(r));
-                let Some(&request) = c.unproposed.range((after, Bound::Unbounded)).next() else { continue };
+            for (client, c, requests) in &mut queues {
+                let Some(&request) = requests.next() else { continue };
                 let p = &c.pending[&request];
                 if ops.len() >= max_count || (bytes > 0 && bytes + p.size > max_bytes) {
                     return pb::Batch { ops };
                 }
                 bytes += p.size;
-                ops.push(pb::Operation { client, request, op: p.op.clone(), authenticator: p.authenticator.clone() });
-                cursors.insert(client, request);
+                let (op, authenticator) = (p.op.clone(), p.authenticator.clone());
+                ops.push(pb::Operation { client: *client, request, op, authenticator });
             }
             if ops.len() == before {
                 return pb::Batch { ops };
@@ -400,11 +414,14 @@ impl Replica {
     fn pre_prepare(&mut self, ctx: &mut Ctx, now: Nanos, batch: pb::Batch) {
         let seq = self.next_seq;
         self.next_seq += 1;
-        let d = batch_digest(&batch);
-        let signature = sign(ctx, PREPARE, self.view, seq, &d);
-        let pp = pb::PrePrepare { view: self.view, seq, batch: Some(batch), signature };
-        ctx.persist(record(Record::Accepted(pp.clone())));
-        ctx.send_to_brokers(pb::body::Kind::PrePrepare(pp.clone()), &[]);
+        let batch = EncodedBatch::new(batch);
+        let signature = sign(ctx, PREPARE, self.view, seq, &batch.digest);
+        let pp = PrePrepare { view: self.view, seq, batch, signature };
+        ctx.persist(pp.batch.accepted_record(pp.view, seq, &pp.signature));
+        // Sealed from the encoding the digest was taken over, rather than a copy of the batch.
+        let body = Sealer::from_raw(ctx.me(), pp.batch.pre_prepare_body(pp.view, seq, &pp.signature).into());
+        let backups: Vec<NodeId> = self.replicas.iter().copied().filter(|&r| r != ctx.me()).collect();
+        ctx.send_sealed(&body, backups, |keys, to, body, macs| macs.extend(keys.mac_to(to, body)));
         self.accept(ctx, now, now, ctx.me(), pp);
     }
 
@@ -422,17 +439,18 @@ impl Replica {
         if !within_batch_limits(&ctx.cfg.cluster.params, pp.batch.as_ref()) {
             return ctx.fault(from, FaultKind::Oversized);
         }
-        let d = batch_digest(pp.batch.as_ref().unwrap_or(&pb::Batch::default()));
-        let known = self.log.get(&pp.seq).and_then(|s| s.proposal.as_ref()).map(|(d, _)| *d);
-        let parked =
-            self.parked.get(&pp.seq).map(|(_, p)| batch_digest(p.batch.as_ref().unwrap_or(&pb::Batch::default())));
+        let has_batch = pp.batch.is_some();
+        let batch = EncodedBatch::new(pp.batch.unwrap_or_default());
+        let known = self.log.get(&pp.seq).and_then(|s| s.proposal.as_ref());
+        let parked = self.parked.get(&pp.seq).map(|p| &p.pre_prepare.batch);
         if let Some(known) = known.or(parked) {
-            if known != d {
+            if known.digest != batch.digest {
                 ctx.fault(from, FaultKind::Equivocation);
             }
             return;
         }
-        self.parked.insert(pp.seq, (now, pp));
+        let pre_prepare = PrePrepare { view: pp.view, seq: pp.seq, batch, signature: pp.signature };
+        self.parked.insert(pp.seq, Parked { seen_at: now, pre_prepare, has_batch });
         self.unpark(ctx, now);
     }
 
@@ -452,18 +470,18 @@ impl Replica {
         let ready: Vec<u64> = self
             .parked
             .iter()
-            .filter(|(_, (_, pp))| pp.batch.as_ref().is_some_and(|b| b.ops.iter().all(&mut sent_by_client)))
+            .filter(|(_, p)| p.has_batch && p.pre_prepare.batch.ops.iter().all(&mut sent_by_client))
             .map(|(seq, _)| *seq)
             .collect();
         ctx.counters.macs_verified += macs_verified;
         for seq in ready {
-            let (seen_at, pp) = self.parked.remove(&seq).expect("parked");
-            if !unique_requests(pp.batch.as_ref().expect("checked")) {
+            let Parked { seen_at, pre_prepare: pp, .. } = self.parked.remove(&seq).expect("parked");
+            if !unique_requests(&pp.batch.ops) {
                 ctx.fault(primary(&self.replicas, pp.view), FaultKind::Unexpected);
                 continue;
             }
-            ctx.persist(record(Record::Accepted(pp.clone())));
-            let d = batch_digest(pp.batch.as_ref().expect("checked"));
+            ctx.persist(pp.batch.accepted_record(pp.view, seq, &pp.signature));
+            let d = pp.batch.digest;
             let signature = sign(ctx, PREPARE, self.view, seq, &d);
             let vote = pb::Vote { view: self.view, seq, digest: d.to_vec(), signature };
             ctx.send_to_brokers(pb::body::Kind::Prepare(vote.clone()), &[]);
@@ -475,18 +493,16 @@ impl Replica {
 
     /// Records a PRE-PREPARE accepted (and persisted) at `seen_at`, the primary's vote,
     /// and marks its requests.
-    fn accept(&mut self, ctx: &mut Ctx, now: Nanos, seen_at: Nanos, primary: NodeId, pp: pb::PrePrepare) {
-        let batch = pp.batch.unwrap_or_default();
-        let d = batch_digest(&batch);
-        for o in &batch.ops {
+    fn accept(&mut self, ctx: &mut Ctx, now: Nanos, seen_at: Nanos, primary: NodeId, pp: PrePrepare) {
+        for o in &pp.batch.ops {
             if let Some(arrived) = self.mark_in_log(o.client, o.request) {
                 ctx.counters.queue_wait_ns_total += now.saturating_sub(arrived);
                 ctx.counters.queue_waits += 1;
             }
         }
         let slot = self.log.entry(pp.seq).or_default();
-        slot.proposal = Some((d, batch.ops));
-        slot.prepares.insert(primary, (d, pp.signature.clone()));
+        slot.prepares.insert(primary, (pp.batch.digest, pp.signature.clone()));
+        slot.proposal = Some(pp.batch);
         slot.seen_at = seen_at;
         slot.accepted = Some((pp.view, pp.signature));
         self.progress(ctx, now, pp.seq);
@@ -565,8 +581,8 @@ impl Replica {
                 }
             };
             slot.commit_sent = true;
-            let (_, ops) = slot.proposal.as_ref().expect("prepared slots have a proposal");
-            let prepared = Prepared { certificate, ops: ops.clone() };
+            let batch = slot.proposal.clone().expect("prepared slots have a proposal");
+            let prepared = Prepared { certificate, batch };
             ctx.persist(prepared.record());
             self.prepared.insert(seq, prepared);
             let vote = pb::Vote { view, seq, digest: d.to_vec(), signature: Vec::new() };
@@ -578,7 +594,7 @@ impl Replica {
         {
             slot.committed = true;
             ctx.counters.batches += 1;
-            ctx.counters.batched_requests += slot.proposal.as_ref().map_or(0, |(_, ops)| ops.len() as u64);
+            ctx.counters.batched_requests += slot.proposal.as_ref().map_or(0, |b| b.ops.len() as u64);
             ctx.counters.consensus_ns_total += now.saturating_sub(slot.seen_at);
             self.execute_ready(ctx);
             self.propose(ctx, now);
@@ -590,11 +606,11 @@ impl Replica {
     fn execute_ready(&mut self, ctx: &mut Ctx) {
         while let Some(slot) = self.log.get(&(self.delivered + 1)).filter(|s| s.committed) {
             let seq = self.delivered + 1;
-            let (_, batch) = slot.proposal.as_ref().expect("committed slots have a proposal");
+            let batch = slot.proposal.as_ref().expect("committed slots have a proposal");
             let mut ops = Vec::new();
             let mut requests = Vec::new();
             let mut in_batch = BTreeSet::new();
-            for o in batch {
+            for o in &batch.ops {
                 let client = self.clients.entry(o.client).or_default();
                 if client.executed(o.request) || !in_batch.insert((o.client, o.request)) {
                     continue;
@@ -755,12 +771,10 @@ impl Replica {
         ctx.persist(record(Record::View(self.durable_view)));
         // A restart ignores slots accepted in an older view than the one it resumes in.
         for (&seq, slot) in &self.log {
-            if let (Some((view, signature)), Some((_, ops))) = (&slot.accepted, &slot.proposal)
+            if let (Some((view, signature)), Some(batch)) = (&slot.accepted, &slot.proposal)
                 && *view == self.durable_view
             {
-                let batch = Some(pb::Batch { ops: ops.clone() });
-                let pp = pb::PrePrepare { view: *view, seq, batch, signature: signature.clone() };
-                ctx.persist(record(Record::Accepted(pp)));
+                ctx.persist(batch.accepted_record(*view, seq, signature));
             }
         }
         for p in self.prepared.values() {
@@ -823,9 +837,7 @@ impl Replica {
             .range(after..)
             .take_while(|(seq, _)| **seq <= self.delivered)
             .filter(|(_, s)| s.committed)
-            .filter_map(|(&seq, s)| {
-                s.proposal.as_ref().map(|(_, ops)| pb::Committed { seq, batch: Some(pb::Batch { ops: ops.clone() }) })
-            })
+            .filter_map(|(&seq, s)| s.proposal.as_ref().map(|b| pb::Committed { seq, batch: Some(b.to_pb()) }))
             .collect();
         for c in committed {
             ctx.send(pb::body::Kind::Committed(c), [from]);
@@ -837,17 +849,17 @@ impl Replica {
         if c.seq <= self.delivered || !self.in_window(ctx, c.seq) {
             return ctx.stats.stale += 1;
         }
-        let batch = c.batch.unwrap_or_default();
-        let d = batch_digest(&batch);
+        let batch = EncodedBatch::new(c.batch.unwrap_or_default());
+        let d = batch.digest;
         let offers = self.catch_up.entry(c.seq).or_default();
-        offers.insert(from, (d, batch.ops));
-        if offers.values().filter(|(x, _)| *x == d).count() <= ctx.f {
+        offers.insert(from, batch);
+        if offers.values().filter(|b| b.digest == d).count() <= ctx.f {
             return;
         }
-        let (_, ops) = offers.remove(&from).expect("just inserted");
+        let batch = offers.remove(&from).expect("just inserted");
         self.catch_up.remove(&c.seq);
         let slot = self.log.entry(c.seq).or_default();
-        slot.proposal = Some((d, ops));
+        slot.proposal = Some(batch);
         slot.committed = true;
         self.caught_up(ctx, now);
     }
@@ -977,11 +989,10 @@ impl Replica {
             Some(Record::Accepted(pp)) if pp.view == self.view && pp.seq > self.low => {
                 let primary = primary(&self.replicas, pp.view);
                 self.next_seq = self.next_seq.max(pp.seq + 1);
-                let batch = pp.batch.unwrap_or_default();
-                let d = batch_digest(&batch);
+                let batch = EncodedBatch::new(pp.batch.unwrap_or_default());
                 let slot = self.log.entry(pp.seq).or_default();
-                slot.proposal = Some((d, batch.ops));
-                slot.prepares.insert(primary, (d, pp.signature.clone()));
+                slot.prepares.insert(primary, (batch.digest, pp.signature.clone()));
+                slot.proposal = Some(batch);
                 slot.seen_at = now;
                 slot.accepted = Some((pp.view, pp.signature));
             }
@@ -1001,7 +1012,7 @@ impl Replica {
                     slot.commits.insert(ctx.me(), d);
                 }
                 if self.prepared.get(&seq).is_none_or(|p| p.certificate.view <= certificate.view) {
-                    self.prepared.insert(seq, Prepared { certificate, ops: batch.ops });
+                    self.prepared.insert(seq, Prepared { certificate, batch: EncodedBatch::new(batch) });
                 }
             }
             Some(Record::Stable(cert)) if cert.seq > self.low => {
@@ -1101,9 +1112,9 @@ fn public_key(ctx: &Ctx, id: NodeId) -> Option<BlsPublicKey> {
 }
 
 /// No (client, request) twice in one batch: a primary that repeats one is faulty.
-fn unique_requests(batch: &pb::Batch) -> bool {
+fn unique_requests(ops: &[pb::Operation]) -> bool {
     let mut seen = BTreeSet::new();
-    batch.ops.iter().all(|o| seen.insert((o.client, o.request)))
+    ops.iter().all(|o| seen.insert((o.client, o.request)))
 }
 
 /// Verifies a certificate: 2f+1 distinct replicas' signatures on its message.

@@ -16,6 +16,7 @@ use prost::Message;
 use super::{CHECKPOINT, Early, PREPARE, Record, Replica, Slot, public_key, record, sign, verify_certificate};
 use crate::crypto::{BlsSignature, digest};
 use crate::node::Ctx;
+use crate::order::batch::EncodedBatch;
 use crate::order::{batch_digest, primary, signed_message};
 use crate::wire::pb;
 use crate::{FaultKind, Nanos, NodeId};
@@ -40,7 +41,7 @@ impl Replica {
         let timeout = ctx.cfg.cluster.params.request_timeout_ns.saturating_mul(1 << self.failed_views.min(16));
         self.suspect = match &self.changing {
             Some(c) => Some(c.deadline),
-            None if self.waiting.is_empty() => None,
+            None if self.waiting == 0 => None,
             None => Some(self.progress_at.saturating_add(timeout)),
         };
     }
@@ -77,10 +78,7 @@ impl Replica {
     fn prepared_certificates(&self) -> Vec<pb::PreparedEntry> {
         self.prepared
             .range(self.low + 1..)
-            .map(|(_, p)| pb::PreparedEntry {
-                certificate: Some(p.certificate.clone()),
-                batch: Some(pb::Batch { ops: p.ops.clone() }),
-            })
+            .map(|(_, p)| pb::PreparedEntry { certificate: Some(p.certificate.clone()), batch: Some(p.batch.to_pb()) })
             .collect()
     }
 
@@ -197,16 +195,16 @@ impl Replica {
                 self.unproposed_bytes += p.size;
             }
         }
-        self.waiting = self.clients.iter().flat_map(|(&c, s)| s.pending.keys().map(move |&r| (now, c, r))).collect();
-        self.unproposed = self.waiting.clone();
+        self.waiting = self.clients.values().map(|c| c.pending.len()).sum();
+        self.unproposed = self.clients.iter().flat_map(|(&c, s)| s.pending.keys().map(move |&r| (now, c, r))).collect();
         for seq in stable_seq + 1..=last {
             let ops = chosen.remove(&seq).map(|(_, ops)| ops).unwrap_or_default();
-            let batch = pb::Batch { ops };
-            let d = batch_digest(&batch);
+            let batch = EncodedBatch::new(pb::Batch { ops });
+            let d = batch.digest;
             for o in &batch.ops {
                 self.mark_in_log(o.client, o.request);
             }
-            self.log.insert(seq, Slot { proposal: Some((d, batch.ops)), seen_at: now, ..Slot::default() });
+            self.log.insert(seq, Slot { proposal: Some(batch), seen_at: now, ..Slot::default() });
             let vote = pb::Vote { view, seq, digest: d.to_vec(), signature: sign(ctx, PREPARE, view, seq, &d) };
             ctx.send_to_brokers(pb::body::Kind::Prepare(vote.clone()), &[]);
             let me = ctx.me();
