@@ -396,7 +396,12 @@ impl Ctx {
 
     /// Sends one body to every receiver (each frame gets its hop MAC when sealed).
     pub fn send(&mut self, body: pb::body::Kind, to: impl IntoIterator<Item = NodeId>) {
-        self.send_with_macs(&wire::encode_body(body), to, |_, _, _, _| {});
+        self.send_encoded(&wire::encode_body(body), to);
+    }
+
+    /// Sends an already encoded body to every receiver.
+    pub fn send_encoded(&mut self, body: &Bytes, to: impl IntoIterator<Item = NodeId>) {
+        self.send_with_macs(body, to, |_, _, _, _| {});
     }
 
     /// Sends one body to every broker but this node, then to `also`.

@@ -4,19 +4,20 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use bytes::Bytes;
 use prost::Message;
 
 use super::authenticated_bytes;
 use crate::broadcast::votes::Votes;
 use crate::config::Role;
 use crate::node::{Ctx, HandleError, Output};
-use crate::wire::{Opened, Sealer, pb};
+use crate::wire::{self, Opened, pb};
 use crate::{FaultKind, Nanos};
 
 /// A request sent and not yet completed.
 struct Pending {
-    /// The request sealed once, for retransmissions.
-    request: Sealer,
+    /// The request encoded once, for retransmissions.
+    request: Bytes,
     /// When it was last sent or retransmitted.
     sent_at: Nanos,
     /// Results by replica; only replicas vote, so at most n entries.
@@ -87,9 +88,9 @@ impl Client {
         let mut op = pb::Operation { client: ctx.me(), request, op, authenticator: vec![] };
         let covered = authenticated_bytes(&op);
         op.authenticator = ctx.brokers.iter().filter_map(|&r| ctx.keys.mac_to(r, &covered)).collect();
-        let sealed = Sealer::new(ctx.me(), pb::body::Kind::Request(op));
-        send_to_replicas(ctx, &sealed);
-        self.pending.insert(request, Pending { request: sealed, sent_at: now, replies: Votes::default() });
+        let encoded = wire::encode_body(pb::body::Kind::Request(op));
+        send_to_replicas(ctx, &encoded);
+        self.pending.insert(request, Pending { request: encoded, sent_at: now, replies: Votes::default() });
         self.by_time.insert((now, request));
         Ok(())
     }
@@ -145,10 +146,10 @@ impl Client {
     }
 }
 
-/// Sends a sealed request to every replica, each copy with its hop MAC.
-fn send_to_replicas(ctx: &mut Ctx, request: &Sealer) {
+/// Sends an encoded request to every replica.
+fn send_to_replicas(ctx: &mut Ctx, request: &Bytes) {
     let replicas = ctx.brokers.clone();
-    ctx.send_sealed(request, replicas, |keys, to, body, macs| macs.extend(keys.mac_to(to, body)));
+    ctx.send_encoded(request, replicas);
 }
 
 #[cfg(test)]

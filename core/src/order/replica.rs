@@ -16,7 +16,7 @@ use crate::config::Role;
 use crate::crypto::{BlsPublicKey, BlsSignature, Digest, digest};
 use crate::node::{Ctx, HandleError, Output, Status};
 use crate::wire::pb::replica_record::Kind as Record;
-use crate::wire::{Opened, Sealer, pb};
+use crate::wire::{Opened, pb};
 use crate::{FaultKind, Nanos, NodeId, Operation};
 
 const PREPARE: &[u8; 4] = b"prep";
@@ -418,10 +418,10 @@ impl Replica {
         let signature = sign(ctx, PREPARE, self.view, seq, &batch.digest);
         let pp = PrePrepare { view: self.view, seq, batch, signature };
         ctx.persist(pp.batch.accepted_record(pp.view, seq, &pp.signature));
-        // Sealed from the encoding the digest was taken over, rather than a copy of the batch.
-        let body = Sealer::from_raw(ctx.me(), pp.batch.pre_prepare_body(pp.view, seq, &pp.signature).into());
+        // Sent from the encoding the digest was taken over, rather than a copy of the batch.
+        let body = Bytes::from(pp.batch.pre_prepare_body(pp.view, seq, &pp.signature));
         let backups: Vec<NodeId> = self.replicas.iter().copied().filter(|&r| r != ctx.me()).collect();
-        ctx.send_sealed(&body, backups, |keys, to, body, macs| macs.extend(keys.mac_to(to, body)));
+        ctx.send_encoded(&body, backups);
         self.accept(ctx, now, now, ctx.me(), pp);
     }
 
