@@ -346,11 +346,12 @@ impl Ctx {
             for q in self.out.drain(..) {
                 match q {
                     Queued::Send(s) if s.to == to && !full => {
-                        full = size + s.bundled_len() > room;
+                        let len = s.bundled_len();
+                        full = size + len > room;
                         if full {
                             rest.push_back(Queued::Send(s));
                         } else {
-                            size += s.bundled_len();
+                            size += len;
                             bodies.push(s);
                         }
                     }
@@ -609,33 +610,7 @@ impl Node {
     pub fn handle(&mut self, now: Nanos, input: Input) -> Result<(), HandleError> {
         match input {
             Input::Message { from, bytes } => {
-                let max = self.ctx.cfg.cluster.params.max_message_bytes;
-                let opened = wire::open(&self.ctx.keys, from, bytes, max);
-                // The hop MAC was checked unless the frame failed before (size, decoding, sender).
-                if matches!(opened, Ok(_) | Err(FaultKind::BadMac)) {
-                    self.ctx.counters.macs_verified += 1;
-                }
-                match opened {
-                    Ok(bodies) => {
-                        for msg in bodies {
-                            let msg = match msg {
-                                Ok(msg) => msg,
-                                Err(kind) => {
-                                    self.ctx.fault(from, kind);
-                                    break;
-                                }
-                            };
-                            match &mut self.role {
-                                RoleMachine::Broker(b) => b.on_message(&mut self.ctx, msg),
-                                RoleMachine::Publisher(p) => p.on_message(&mut self.ctx, now, msg),
-                                RoleMachine::Subscriber(s) => s.on_message(&mut self.ctx, msg),
-                                RoleMachine::Replica(r) => r.on_message(&mut self.ctx, now, msg),
-                                RoleMachine::Client(c) => c.on_message(&mut self.ctx, msg),
-                            }
-                        }
-                    }
-                    Err(kind) => self.ctx.fault(from, kind),
-                }
+                self.on_frame(now, from, bytes);
                 Ok(())
             }
             Input::Request(req) => match (&mut self.role, req) {
@@ -675,6 +650,34 @@ impl Node {
                 RoleMachine::Client(c) => c.recover(&record),
                 _ => Err(HandleError::WrongRole { role: self.role(), request: "recover" }),
             },
+        }
+    }
+
+    /// Opens a frame and hands its bodies to the role machine in order; the first that
+    /// fails ends the frame with a fault.
+    fn on_frame(&mut self, now: Nanos, from: NodeId, bytes: Vec<u8>) {
+        let max = self.ctx.cfg.cluster.params.max_message_bytes;
+        let opened = wire::open(&self.ctx.keys, from, bytes, max);
+        // The hop MAC was checked unless the frame failed before (size, decoding, sender).
+        if matches!(opened, Ok(_) | Err(FaultKind::BadMac)) {
+            self.ctx.counters.macs_verified += 1;
+        }
+        let bodies = match opened {
+            Ok(bodies) => bodies,
+            Err(kind) => return self.ctx.fault(from, kind),
+        };
+        for msg in bodies {
+            let msg = match msg {
+                Ok(msg) => msg,
+                Err(kind) => return self.ctx.fault(from, kind),
+            };
+            match &mut self.role {
+                RoleMachine::Broker(b) => b.on_message(&mut self.ctx, msg),
+                RoleMachine::Publisher(p) => p.on_message(&mut self.ctx, now, msg),
+                RoleMachine::Subscriber(s) => s.on_message(&mut self.ctx, msg),
+                RoleMachine::Replica(r) => r.on_message(&mut self.ctx, now, msg),
+                RoleMachine::Client(c) => c.on_message(&mut self.ctx, msg),
+            }
         }
     }
 

@@ -117,20 +117,22 @@ pub fn open(keys: &Keyring, from: NodeId, bytes: Vec<u8>, max_bytes: u32) -> Res
     if !keys.verify_from(from, &frame.body, &frame.macs) {
         return Err(FaultKind::BadMac);
     }
-    Ok(match decode_body(&frame.body)? {
-        pb::body::Kind::Bundle(bundle) => Bodies::Bundle { sender: from, bodies: bundle.bodies.into_iter() },
-        body => Bodies::Lone(Some(Opened { sender: from, body, raw_body: frame.body, macs: frame.macs })),
-    })
+    bodies(frame)
 }
 
 /// The bodies a frame carries, in order, without authenticating it: for reading a node's
 /// own output. `None` if anything in it does not decode.
 pub fn bodies_of(bytes: &[u8]) -> Option<Vec<pb::body::Kind>> {
     let frame = pb::Frame::decode(bytes).ok()?;
-    match decode_body(&frame.body).ok()? {
-        pb::body::Kind::Bundle(bundle) => bundle.bodies.iter().map(|b| decode_body(&b.body).ok()).collect(),
-        body => Some(vec![body]),
-    }
+    bodies(frame).ok()?.map(|b| b.ok().map(|o| o.body)).collect()
+}
+
+fn bodies(frame: pb::Frame) -> Result<Bodies, FaultKind> {
+    let sender = frame.sender;
+    Ok(match decode_body(&frame.body)? {
+        pb::body::Kind::Bundle(bundle) => Bodies::Bundle { sender, bodies: bundle.bodies.into_iter() },
+        body => Bodies::Lone(Some(Opened { sender, body, raw_body: frame.body, macs: frame.macs })),
+    })
 }
 
 fn decode_body(bytes: &Bytes) -> Result<pb::body::Kind, FaultKind> {
@@ -185,16 +187,13 @@ impl Unsealed {
 /// Frame overhead around a bundle's bodies, an upper bound: sender, lengths, hop MAC.
 pub const BUNDLE_OVERHEAD: usize = 64;
 
-/// Seals bodies queued for one receiver into one frame: a lone body as itself, several as
-/// a [`pb::Bundle`]. The frame gets a hop MAC from this node unless a lone body already
-/// carries one (a Chain hop's MACs include one to the next position).
+/// Seals bodies queued for one receiver into one frame, a lone body as itself and
+/// several as a [`pb::Bundle`], with this node's hop MAC to the receiver last.
 pub fn seal(keys: &Keyring, mut bodies: Vec<Unsealed>) -> Vec<u8> {
     let to = bodies.first().expect("something to seal").to;
     if bodies.len() == 1 {
         let Unsealed { body, mut macs, .. } = bodies.pop().expect("one body");
-        if !macs.iter().any(|m| m.from == keys.me && m.to == to) {
-            macs.extend(keys.mac_to(to, &body));
-        }
+        macs.extend(keys.mac_to(to, &body));
         return frame(keys.me, &body, &macs);
     }
     // The bundle is encoded in place in the frame, and MACed there.
@@ -203,8 +202,8 @@ pub fn seal(keys: &Keyring, mut bodies: Vec<Unsealed>) -> Vec<u8> {
     let mut out = frame_start(keys.me, bundle.encoded_len(), 1);
     let start = out.len();
     bundle.encode_raw(&mut out);
-    let hop: Vec<pb::Mac> = keys.mac_to(to, &out[start..]).into_iter().collect();
-    append_macs(&mut out, &hop);
+    let hop = keys.mac_to(to, &out[start..]);
+    append_macs(&mut out, hop.as_slice());
     out
 }
 
