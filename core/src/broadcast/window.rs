@@ -8,12 +8,14 @@
 //! replica flooding distinct sequence numbers therefore moves nothing and allocates at
 //! most one attestation slot.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use crate::NodeId;
 
 #[derive(Debug)]
 enum Slot<T> {
+    /// Inside the window, nothing received yet.
+    Empty,
     Live(T),
     Done,
 }
@@ -31,7 +33,8 @@ pub enum Entry<'a, T> {
 pub struct Window<T> {
     low: u64,
     cap: u64,
-    slots: BTreeMap<u64, Slot<T>>,
+    /// Slot `i` is sequence number `low + i`; never longer than `cap`.
+    slots: VecDeque<Slot<T>>,
     /// Highest sequence number each replica sent beyond the window.
     attested: BTreeMap<NodeId, u64>,
 }
@@ -39,15 +42,16 @@ pub struct Window<T> {
 impl<T> Window<T> {
     /// Sequence numbers start at 1.
     pub fn new(cap: u32) -> Self {
-        Window { low: 1, cap: cap.max(1) as u64, slots: BTreeMap::new(), attested: BTreeMap::new() }
+        Window { low: 1, cap: cap.max(1) as u64, slots: VecDeque::new(), attested: BTreeMap::new() }
     }
 
     pub fn low(&self) -> u64 {
         self.low
     }
 
+    /// Instances holding state or marked done above the window's low end.
     pub fn live(&self) -> usize {
-        self.slots.len()
+        self.slots.iter().filter(|s| !matches!(s, Slot::Empty)).count()
     }
 
     pub fn is_beyond(&self, seq: u64) -> bool {
@@ -59,29 +63,39 @@ impl<T> Window<T> {
         if seq < self.low {
             return Entry::Done;
         }
-        if seq - self.low >= self.cap {
+        let at = seq - self.low;
+        if at >= self.cap {
             return Entry::Beyond;
         }
-        match self.slots.entry(seq).or_insert_with(|| Slot::Live(make())) {
+        let at = at as usize;
+        if at >= self.slots.len() {
+            self.slots.resize_with(at + 1, || Slot::Empty);
+        }
+        let slot = &mut self.slots[at];
+        if let Slot::Empty = slot {
+            *slot = Slot::Live(make());
+        }
+        match slot {
             Slot::Live(t) => Entry::Live(t),
-            Slot::Done => Entry::Done,
+            _ => Entry::Done,
         }
     }
 
     /// Marks `seq` finished, freeing its state.
     pub fn finish(&mut self, seq: u64) {
         if seq >= self.low && seq - self.low < self.cap {
-            self.slots.insert(seq, Slot::Done);
+            let at = (seq - self.low) as usize;
+            if at >= self.slots.len() {
+                self.slots.resize_with(at + 1, || Slot::Empty);
+            }
+            self.slots[at] = Slot::Done;
             self.advance();
         }
     }
 
     fn advance(&mut self) {
-        while let Some(entry) = self.slots.first_entry() {
-            if *entry.key() != self.low || !matches!(entry.get(), Slot::Done) {
-                break;
-            }
-            entry.remove();
+        while let Some(Slot::Done) = self.slots.front() {
+            self.slots.pop_front();
             self.low += 1;
         }
     }
@@ -92,8 +106,9 @@ impl<T> Window<T> {
         if new_low <= self.low {
             return;
         }
+        let dropped = (new_low - self.low).min(self.slots.len() as u64) as usize;
+        self.slots.drain(..dropped);
         self.low = new_low;
-        self.slots = self.slots.split_off(&new_low);
         self.attested.retain(|_, s| *s >= new_low + self.cap);
         self.advance();
     }
