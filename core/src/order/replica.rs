@@ -282,10 +282,10 @@ impl Replica {
             pb::body::Kind::Prepare(v) if from_replica => self.on_prepare(ctx, now, from, v),
             pb::body::Kind::Commit(v) if from_replica => self.on_commit(ctx, now, from, v),
             pb::body::Kind::Checkpoint(c) if from_replica => self.on_checkpoint(ctx, now, from, c),
-            pb::body::Kind::ViewChange(vc) if from_replica => self.on_view_change(ctx, now, from, vc),
+            pb::body::Kind::ViewChange(vc) if from_replica => self.on_view_change(ctx, now, from, *vc),
             pb::body::Kind::NewView(nv) if from_replica => self.on_new_view(ctx, now, from, nv),
             pb::body::Kind::FetchState(f) if from_replica => self.on_fetch_state(ctx, from, f),
-            pb::body::Kind::State(s) if from_replica => self.on_state(ctx, now, from, s),
+            pb::body::Kind::State(s) if from_replica => self.on_state(ctx, now, from, *s),
             pb::body::Kind::Committed(c) if from_replica => self.on_committed(ctx, now, from, c),
             _ => ctx.fault(from, FaultKind::Unexpected),
         }
@@ -830,7 +830,7 @@ impl Replica {
         let state = stable.into_iter().chain(own).max_by_key(|(seq, _, _)| *seq);
         let after = state.as_ref().map_or(f.seq, |(seq, _, _)| seq + 1);
         if let Some((seq, checkpoint, state)) = state {
-            ctx.send(pb::body::Kind::State(pb::State { seq, checkpoint, state }), [from]);
+            ctx.send(pb::body::Kind::State(Box::new(pb::State { seq, checkpoint, state })), [from]);
         }
         let committed: Vec<pb::Committed> = self
             .log

@@ -363,11 +363,11 @@ fn dump_shows_pbft_messages() {
         B::Prepare(pb::Vote { signature: vec![1; 48], ..vote.clone() }),
         B::Commit(vote.clone()),
         B::Checkpoint(pb::CheckpointVote { seq: 128, digest: d.to_vec(), signature: vec![] }),
-        B::ViewChange(view_change),
+        B::ViewChange(Box::new(view_change)),
         B::NewView(new_view),
         B::FetchState(pb::FetchState { seq: 256 }),
-        B::State(state),
-        B::State(pb::State { seq: 0, checkpoint: None, state: vec![0xff] }),
+        B::State(Box::new(state)),
+        B::State(Box::new(pb::State { seq: 0, checkpoint: None, state: vec![0xff] })),
     ];
     let mut writer = TraceWriter::new(&cfgs[0].encode(), "replica-0");
     for (i, body) in bodies.into_iter().enumerate() {

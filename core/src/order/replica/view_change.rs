@@ -62,7 +62,7 @@ impl Replica {
             signature: vec![],
         };
         vc.signature = sign(ctx, VIEW_CHANGE, target, 0, &digest(&vc.encode_to_vec()));
-        ctx.send_to_brokers(pb::body::Kind::ViewChange(vc.clone()), &[]);
+        ctx.send_to_brokers(pb::body::Kind::ViewChange(Box::new(vc.clone())), &[]);
         let me = ctx.me();
         self.record_view_change(ctx, now, me, vc);
     }
