@@ -62,7 +62,7 @@ fn f_plus_one_brokers_vouching_slide_a_lagging_subscriber_window() {
     let mut sub = node(&cfgs, SUB_A);
     let brokers: Vec<Forger> = BROKERS.iter().map(|&b| Forger::new(&cfgs[b as usize])).collect();
     let forward = |sub: &mut Node, b: NodeId, seq: u64| {
-        let body = pub_body(0, seq, Algorithm::Ab, pb::Step::Forward, format!("p{seq}").as_bytes());
+        let body = pub_body(0, seq, Algorithm::Ab, pb::Step::Send, format!("p{seq}").as_bytes());
         feed(sub, 0, b, &brokers[b as usize].frame(SUB_A, &body))
     };
     // Seq 1 never completes (one copy), pinning the window's low end at 1.
@@ -191,7 +191,7 @@ fn a_publisher_with_too_many_topics_is_refused_as_too_many_streams() {
     let mut sub = node(&cfgs, SUB_A);
     let relay = Forger::new(&cfgs[1]);
     for topic in 0..100 {
-        let body = pub_body(topic, 1, Algorithm::Ab, pb::Step::Forward, b"x");
+        let body = pub_body(topic, 1, Algorithm::Ab, pb::Step::Send, b"x");
         assert!(feed(&mut sub, 0, 1, &relay.frame(SUB_A, &body)).is_empty());
     }
     assert_eq!(sub.stats().unsubscribed, 50);
@@ -214,7 +214,7 @@ fn a_byzantine_broker_cannot_use_up_a_correct_publishers_stream_budget() {
                 net.inject(3, b, byzantine.frame(b, &echo));
             }
         }
-        let forward = pub_body(topic, 1, Algorithm::Ab, pb::Step::Forward, b"bogus");
+        let forward = pub_body(topic, 1, Algorithm::Ab, pb::Step::Send, b"bogus");
         for s in SUBSCRIBERS {
             net.inject(3, s, byzantine.frame(s, &forward));
         }
@@ -276,9 +276,8 @@ fn replayed_frames_at_a_broker_are_stale_and_do_not_count_toward_alpha() {
 fn replayed_frames_at_a_subscriber_deliver_once_and_count_as_stale() {
     let cfgs = cluster(Params::default(), vec![0]);
     let mut sub = node(&cfgs, SUB_A);
-    let forward = |b: NodeId| {
-        Forger::new(&cfgs[b as usize]).frame(SUB_A, &pub_body(0, 1, Algorithm::Ab, pb::Step::Forward, b"x"))
-    };
+    let forward =
+        |b: NodeId| Forger::new(&cfgs[b as usize]).frame(SUB_A, &pub_body(0, 1, Algorithm::Ab, pb::Step::Send, b"x"));
     // Before delivery a repeated copy is a duplicate vote: it neither counts nor is stale.
     assert!(replay(&mut sub, 0, &forward(0), 1_000).is_empty());
     assert_eq!(sub.stats().stale, 0);
@@ -309,7 +308,7 @@ fn valid_frames(cfgs: &[NodeConfig]) -> Vec<(NodeId, NodeId, Vec<u8>)> {
     vec![
         (0, PUBLISHER, p.frame(0, &pub_body(0, 1, Algorithm::Ab, pb::Step::Send, b"payload"))),
         (PUBLISHER, 1, b.frame(PUBLISHER, &status(pb::PubStatusKind::History, 0, 1))),
-        (SUB_A, 1, b.frame(SUB_A, &pub_body(0, 1, Algorithm::Ab, pb::Step::Forward, b"payload"))),
+        (SUB_A, 1, b.frame(SUB_A, &pub_body(0, 1, Algorithm::Ab, pb::Step::Send, b"payload"))),
     ]
 }
 

@@ -51,7 +51,7 @@ fn offer(broker: &mut Node, publisher: &Forger, topic: u64, seq: u64) -> Answer 
     let forwarded = publications(&outs)
         .iter()
         .filter(|(to, p)| {
-            SUBSCRIBERS.contains(to) && p.step == pb::Step::Forward as i32 && (p.topic, p.seq) == (topic, seq)
+            SUBSCRIBERS.contains(to) && p.step == pb::Step::Send as i32 && (p.topic, p.seq) == (topic, seq)
         })
         .count();
     Answer { status: st.first().map(|(_, s)| s.kind()), forwarded }

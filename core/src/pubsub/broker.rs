@@ -130,9 +130,9 @@ impl Broker {
         match (alg, step) {
             (Algorithm::Ab, _) => {
                 window.finish(p.seq);
+                // The source's body verbatim: nothing to re-encode.
                 if Self::admit(&mut self.flows, self.alpha, ctx, &p) {
-                    let subs = followers_of(&self.followers, p.topic);
-                    ctx.send(at_step(&p, pb::Step::Forward), subs.iter().copied());
+                    ctx.send_encoded(&raw, followers_of(&self.followers, p.topic).iter().copied());
                 }
             }
             (Algorithm::Chain, _) => {

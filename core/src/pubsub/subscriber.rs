@@ -93,7 +93,7 @@ impl Subscriber {
         };
         let allowed = ctx.role_of(from) == Some(Role::Broker)
             && match (alg, step) {
-                (Algorithm::Ab, pb::Step::Forward) | (Algorithm::Bracha, pb::Step::Ready) => true,
+                (Algorithm::Ab, pb::Step::Send) | (Algorithm::Bracha, pb::Step::Ready) => true,
                 (Algorithm::Chain, pb::Step::Hop) => from == self.chain.last(),
                 _ => false,
             };

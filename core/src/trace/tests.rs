@@ -250,7 +250,7 @@ fn dump_shows_every_record_decoded() {
         "Publication AB SEND publisher 4 topic 0 seq",
         "payload 5 bytes, 1 MAC",
         "-> Send to",
-        "AB FORWARD",
+        "-> Send to 5 (43 bytes): sender 0 Publication AB SEND publisher 4",
         "#1 1.500 ms Message from 4 (9 bytes): <9 undecodable bytes>",
         "-> Fault node 4 malformed",
         "#2 2.000 ms Timeout",
