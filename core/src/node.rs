@@ -4,7 +4,7 @@
 //! `poll_timeout()` gives the next deadline at which the host calls
 //! `handle(now, Input::Timeout)`. Time is an input; the node never reads a clock.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 
 use bytes::Bytes;
@@ -244,6 +244,8 @@ impl std::error::Error for HandleError {}
 enum Queued {
     Output(Output),
     Send(Unsealed),
+    /// A send already sealed into an earlier frame.
+    Taken,
 }
 
 /// What every role machine shares: its identity, keys, the cluster and the output queue.
@@ -260,6 +262,8 @@ pub(crate) struct Ctx {
     /// The counters of [`Status`], bumped where they happen; `Node::status` adds the gauges.
     pub counters: Status,
     out: VecDeque<Queued>,
+    /// Sends in `out` per receiver, so sealing stops looking once it has them all.
+    sends_out: BTreeMap<NodeId, usize>,
     /// Persist before send (DESIGN §2 rule 4): outputs produced after a `Persist` wait
     /// here, tagged with its token, until the host acknowledges every token up to it.
     held: VecDeque<(u64, Queued)>,
@@ -325,40 +329,54 @@ impl Ctx {
         if self.next_token > self.acked + 1 {
             self.held.push_back((self.next_token - 1, q));
         } else {
-            self.out.push_back(q);
+            self.release(q);
         }
+    }
+
+    fn release(&mut self, q: Queued) {
+        if let Queued::Send(s) = &q {
+            *self.sends_out.entry(s.to).or_default() += 1;
+        }
+        self.out.push_back(q);
     }
 
     /// The next output. A send takes with it the later sends queued for its receiver, in
     /// order, as far as a frame holds them.
     fn next_output(&mut self) -> Option<Output> {
-        let first = match self.out.pop_front()? {
-            Queued::Output(o) => return Some(o),
-            Queued::Send(s) => s,
+        let first = loop {
+            match self.out.pop_front()? {
+                Queued::Output(o) => return Some(o),
+                Queued::Send(s) => break s,
+                Queued::Taken => {}
+            }
         };
         let to = first.to;
         let room = (self.cfg.cluster.params.max_message_bytes as usize).saturating_sub(wire::BUNDLE_OVERHEAD);
         let mut size = first.bundled_len();
         let mut bodies = vec![first];
-        if self.out.iter().any(|q| matches!(q, Queued::Send(s) if s.to == to)) {
-            let mut full = false;
-            let mut rest = VecDeque::with_capacity(self.out.len());
-            for q in self.out.drain(..) {
-                match q {
-                    Queued::Send(s) if s.to == to && !full => {
-                        let len = s.bundled_len();
-                        full = size + len > room;
-                        if full {
-                            rest.push_back(Queued::Send(s));
-                        } else {
-                            size += len;
-                            bodies.push(s);
-                        }
-                    }
-                    q => rest.push_back(q),
-                }
+        let queued = self.sends_out.entry(to).or_default();
+        *queued = queued.saturating_sub(1);
+        // Later sends to `to` are taken in place, leaving tombstones: nothing else moves.
+        for q in self.out.iter_mut() {
+            if *queued == 0 {
+                break;
             }
-            self.out = rest;
+            let Queued::Send(s) = q else { continue };
+            if s.to != to {
+                continue;
+            }
+            let len = s.bundled_len();
+            if size + len > room {
+                break;
+            }
+            size += len;
+            *queued -= 1;
+            if let Queued::Send(s) = std::mem::replace(q, Queued::Taken) {
+                bodies.push(s);
+            }
+        }
+        if *queued == 0 {
+            self.sends_out.remove(&to);
         }
         Some(Output::Send { to, bytes: wire::seal(&self.keys, bodies) })
     }
@@ -386,8 +404,8 @@ impl Ctx {
             self.acked += 1;
         }
         while self.held.front().is_some_and(|(t, _)| *t <= self.acked) {
-            let (_, o) = self.held.pop_front().expect("front exists");
-            self.out.push_back(o);
+            let (_, q) = self.held.pop_front().expect("front exists");
+            self.release(q);
         }
     }
 
@@ -536,6 +554,7 @@ impl Node {
             stats: Stats::default(),
             counters: Status::default(),
             out: VecDeque::new(),
+            sends_out: BTreeMap::new(),
             held: VecDeque::new(),
             next_token: 1,
             acked: 0,
