@@ -575,7 +575,6 @@ impl Replica {
                 Err(bad) => {
                     for r in bad {
                         slot.prepares.remove(&r);
-                        ctx.fault(r, FaultKind::BadSignature);
                     }
                     return;
                 }
@@ -713,27 +712,16 @@ impl Replica {
     /// 2f+1 replicas signed checkpoint (seq, digest): verifies and aggregates their
     /// signatures into a certificate, and frees the log up to it.
     fn make_stable(&mut self, ctx: &mut Ctx, seq: u64, d: Digest, votes: &[(NodeId, Vec<u8>)]) {
-        let message = signed_message(CHECKPOINT, 0, seq, &d);
-        let mut signers = Vec::new();
-        let mut signatures = Vec::new();
-        for (r, s) in votes {
-            let (Some(pk), Ok(sig)) = (public_key(ctx, *r), <[u8; 96]>::try_from(s.as_slice())) else { continue };
-            if ctx.verify_signature(&pk, &message, &BlsSignature(sig)) {
-                signers.push(*r);
-                signatures.push(BlsSignature(sig));
-            } else {
-                ctx.fault(*r, FaultKind::BadSignature);
-                if let Some(v) = self.checkpoint_votes.get_mut(r) {
-                    v.remove(&seq);
+        match certify(ctx, CHECKPOINT, 0, seq, &d, votes, self.quorum) {
+            Ok(cert) => self.adopt_stable(ctx, cert, None),
+            Err(bad) => {
+                for r in bad {
+                    if let Some(v) = self.checkpoint_votes.get_mut(&r) {
+                        v.remove(&seq);
+                    }
                 }
             }
         }
-        if signers.len() < self.quorum {
-            return;
-        }
-        let Some(agg) = ctx.aggregate(&signatures) else { return };
-        let cert = pb::Certificate { view: 0, seq, digest: d.to_vec(), signers, signature: agg.0.to_vec() };
-        self.adopt_stable(ctx, cert, None);
     }
 
     /// A checkpoint certificate newer than ours: frees the log below it, persists it with
@@ -1060,8 +1048,9 @@ fn sign(ctx: &Ctx, kind: &[u8; 4], view: u64, seq: u64, d: &Digest) -> Vec<u8> {
 }
 
 /// Aggregates signatures on one (kind, view, seq, digest) into a certificate: a single
-/// aggregate check when all are valid; otherwise each is checked, and if fewer than
-/// `quorum` remain valid the invalid signers are returned as evidence.
+/// aggregate check when all are valid; otherwise each is checked, invalid signers are
+/// reported as faults, and if fewer than `quorum` remain valid they are returned so
+/// their votes can be dropped.
 fn certify(
     ctx: &mut Ctx,
     kind: &[u8; 4],
@@ -1089,6 +1078,9 @@ fn certify(
             let (good, bad): (Vec<_>, Vec<_>) =
                 parsed.iter().partition(|(_, k)| k.is_some_and(|(pk, sig)| ctx.verify_signature(&pk, &message, &sig)));
             let bad: Vec<NodeId> = bad.into_iter().map(|(r, _)| r).collect();
+            for &r in &bad {
+                ctx.fault(r, FaultKind::BadSignature);
+            }
             if good.len() < quorum {
                 return Err(bad);
             }
