@@ -16,6 +16,7 @@ fn main() {
             ".phalanx.v1.Publication",
             ".phalanx.v1.HistoryEntry",
             ".phalanx.v1.Reply",
+            ".phalanx.v1.Operation",
         ])
         // The rare large bodies are boxed, so the hot ones (publications, votes,
         // requests) move through decoding and dispatch as 72 bytes rather than 144.

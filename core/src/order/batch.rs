@@ -107,7 +107,7 @@ mod tests {
         let op = |request, op: &[u8]| pb::Operation {
             client: 4,
             request,
-            op: op.to_vec(),
+            op: Bytes::copy_from_slice(op),
             authenticator: (0..4).map(mac).collect(),
         };
         vec![

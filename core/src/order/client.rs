@@ -85,7 +85,7 @@ impl Client {
             let token = ctx.persist(pb::ClientLease { next_request: self.leased }.encode_to_vec());
             ctx.push(Output::Compact { token });
         }
-        let mut op = pb::Operation { client: ctx.me(), request, op, authenticator: vec![] };
+        let mut op = pb::Operation { client: ctx.me(), request, op: op.into(), authenticator: vec![] };
         let covered = authenticated_bytes(&op);
         op.authenticator = ctx.brokers.iter().filter_map(|&r| ctx.keys.mac_to(r, &covered)).collect();
         let encoded = wire::encode_body(pb::body::Kind::Request(op));
@@ -252,7 +252,7 @@ mod tests {
                     (r, pb::Operation { authenticator: vec![], ..o })
                 })
                 .collect();
-            let op = pb::Operation { client: CLIENT, request, op: op.to_vec(), authenticator: vec![] };
+            let op = pb::Operation { client: CLIENT, request, op: Bytes::copy_from_slice(op), authenticator: vec![] };
             assert_eq!(stripped, (0..4).map(|r| (r, op.clone())).collect::<Vec<_>>());
         }
         assert_eq!(fx.client.live_instances(), 2);
@@ -305,7 +305,7 @@ mod tests {
         fx.submit(0, b"op").unwrap();
         let unexpected = |node| vec![Output::Fault { node, kind: FaultKind::Unexpected }];
         assert_eq!(fx.reply(OUTSIDER, 1, b"ok"), unexpected(OUTSIDER));
-        let op = pb::Operation { client: CLIENT, request: 1, op: b"op".to_vec(), authenticator: vec![] };
+        let op = pb::Operation { client: CLIENT, request: 1, op: Bytes::from_static(b"op"), authenticator: vec![] };
         assert_eq!(fx.from(0, pb::body::Kind::Request(op)), unexpected(0));
         // Never sent: nothing to count it for.
         assert_eq!(fx.reply(0, 2, b"ok"), vec![]);

@@ -26,6 +26,8 @@ mod tests;
 pub(crate) use client::Client;
 pub(crate) use replica::Replica;
 
+use bytes::Bytes;
+
 use crate::crypto::Digest;
 use crate::wire::pb;
 use crate::{NodeId, Operation};
@@ -55,7 +57,7 @@ pub(crate) fn authenticated_bytes(o: &pb::Operation) -> Vec<u8> {
     const DOMAIN: &[u8] = b"phalanx/v1/op";
     // Fields 1 and 2 through a message with no op, then field 3 as prost writes it
     // (omitted when empty): no copy of the op just to encode it.
-    let numbers = pb::Operation { client: o.client, request: o.request, op: vec![], authenticator: vec![] };
+    let numbers = pb::Operation { client: o.client, request: o.request, op: Bytes::new(), authenticator: vec![] };
     let mut bytes = Vec::with_capacity(DOMAIN.len() + numbers.encoded_len() + o.op.len() + 6);
     bytes.extend_from_slice(DOMAIN);
     numbers.encode_raw(&mut bytes);
@@ -67,13 +69,13 @@ pub(crate) fn authenticated_bytes(o: &pb::Operation) -> Vec<u8> {
 
 impl From<pb::Operation> for Operation {
     fn from(o: pb::Operation) -> Self {
-        Operation { client: o.client, request: o.request, op: o.op }
+        Operation { client: o.client, request: o.request, op: o.op.to_vec() }
     }
 }
 
 impl From<&Operation> for pb::Operation {
     fn from(o: &Operation) -> Self {
-        pb::Operation { client: o.client, request: o.request, op: o.op.clone(), authenticator: vec![] }
+        pb::Operation { client: o.client, request: o.request, op: o.op.clone().into(), authenticator: vec![] }
     }
 }
 

@@ -24,7 +24,7 @@ const CHECKPOINT: &[u8; 4] = b"ckpt";
 
 /// A request received from its client and not yet executed.
 struct Pending {
-    op: Vec<u8>,
+    op: Bytes,
     authenticator: Vec<pb::Mac>,
     arrived: Nanos,
     /// Its encoded size in a batch, authenticator included.
@@ -615,7 +615,7 @@ impl Replica {
                     continue;
                 }
                 requests.push((o.client, o.request));
-                ops.push(Operation { client: o.client, request: o.request, op: o.op.clone() });
+                ops.push(Operation { client: o.client, request: o.request, op: o.op.to_vec() });
             }
             // Marked executed now so later batches skip them; results fill in on Executed.
             for &(c, r) in &requests {

@@ -197,8 +197,8 @@ fn authenticated_bytes_are_the_operation_encoded_without_its_authenticator() {
     use crate::wire::pb;
     let mac = pb::Mac { from: 4, to: 0, tag: vec![7; 32].into() };
     for (client, request, op) in [(0, 0, vec![]), (4, 1, vec![]), (4, 1 << 40, b"op".to_vec()), (9, 3, vec![0; 300])] {
-        let o = pb::Operation { client, request, op: op.clone(), authenticator: vec![mac.clone()] };
-        let unauthenticated = pb::Operation { client, request, op, authenticator: vec![] };
+        let o = pb::Operation { client, request, op: op.clone().into(), authenticator: vec![mac.clone()] };
+        let unauthenticated = pb::Operation { client, request, op: op.into(), authenticator: vec![] };
         assert_eq!(super::authenticated_bytes(&o), [&b"phalanx/v1/op"[..], &unauthenticated.encode_to_vec()].concat());
     }
 }

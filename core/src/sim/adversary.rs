@@ -203,7 +203,7 @@ fn equivocate(kind: &mut pb::body::Kind) {
     }
     match kind {
         pb::body::Kind::Publication(p) => p.payload = [&p.payload[..], b"/equivocated"].concat().into(),
-        pb::body::Kind::Request(op) => op.op.extend_from_slice(b"/equivocated"),
+        pb::body::Kind::Request(op) => op.op = [&op.op[..], b"/equivocated"].concat().into(),
         pb::body::Kind::PrePrepare(pp) => {
             let ops = &mut pp.batch.get_or_insert_default().ops;
             if ops.len() > 1 {

@@ -334,7 +334,12 @@ fn dump_shows_pbft_messages() {
     use pb::body::Kind as B;
     use pb::replica_record::Kind as R;
     let cfgs = pbft_cluster();
-    let op = |client, request, op: &[u8]| pb::Operation { client, request, op: op.to_vec(), authenticator: vec![] };
+    let op = |client, request, op: &[u8]| pb::Operation {
+        client,
+        request,
+        op: bytes::Bytes::copy_from_slice(op),
+        authenticator: vec![],
+    };
     let batch = pb::Batch { ops: vec![op(4, 1, b"abc"), op(4, 2, b"de")] };
     let d = crate::order::batch_digest(&batch);
     let hex: String = d[..4].iter().map(|b| format!("{b:02x}")).collect();
