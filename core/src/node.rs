@@ -425,8 +425,13 @@ impl Ctx {
 
     /// Sends one body to every broker but this node, then to `also`.
     pub fn send_to_brokers(&mut self, body: pb::body::Kind, also: &[NodeId]) {
+        self.send_encoded_to_brokers(&wire::encode_body(body), also);
+    }
+
+    /// Sends an already encoded body to every broker but this node, then to `also`.
+    pub fn send_encoded_to_brokers(&mut self, body: &Bytes, also: &[NodeId]) {
         let peers = std::mem::take(&mut self.other_brokers);
-        self.send(body, peers.iter().chain(also).copied());
+        self.send_encoded(body, peers.iter().chain(also).copied());
         self.other_brokers = peers;
     }
 

@@ -89,7 +89,7 @@ impl Client {
         let covered = authenticated_bytes(&op);
         op.authenticator = ctx.brokers.iter().filter_map(|&r| ctx.keys.mac_to(r, &covered)).collect();
         let encoded = wire::encode_body(pb::body::Kind::Request(op));
-        send_to_replicas(ctx, &encoded);
+        ctx.send_encoded_to_brokers(&encoded, &[]);
         self.pending.insert(request, Pending { request: encoded, sent_at: now, replies: Votes::default() });
         self.by_time.insert((now, request));
         Ok(())
@@ -133,7 +133,7 @@ impl Client {
             self.by_time.insert((now, request));
             let p = self.pending.get_mut(&request).expect("indexed requests are pending");
             p.sent_at = now;
-            send_to_replicas(ctx, &p.request);
+            ctx.send_encoded_to_brokers(&p.request, &[]);
         }
     }
 
@@ -144,12 +144,6 @@ impl Client {
     pub fn live_instances(&self) -> usize {
         self.pending.len()
     }
-}
-
-/// Sends an encoded request to every replica.
-fn send_to_replicas(ctx: &mut Ctx, request: &Bytes) {
-    let replicas = ctx.brokers.clone();
-    ctx.send_encoded(request, replicas);
 }
 
 #[cfg(test)]

@@ -26,8 +26,6 @@ mod tests;
 pub(crate) use client::Client;
 pub(crate) use replica::Replica;
 
-use bytes::Bytes;
-
 use crate::crypto::Digest;
 use crate::wire::pb;
 use crate::{NodeId, Operation};
@@ -55,15 +53,12 @@ pub(crate) fn batch_digest(batch: &pb::Batch) -> Digest {
 pub(crate) fn authenticated_bytes(o: &pb::Operation) -> Vec<u8> {
     use prost::Message;
     const DOMAIN: &[u8] = b"phalanx/v1/op";
-    // Fields 1 and 2 through a message with no op, then field 3 as prost writes it
-    // (omitted when empty): no copy of the op just to encode it.
-    let numbers = pb::Operation { client: o.client, request: o.request, op: Bytes::new(), authenticator: vec![] };
-    let mut bytes = Vec::with_capacity(DOMAIN.len() + numbers.encoded_len() + o.op.len() + 6);
+    // Cloning the op shares its bytes.
+    let unauthenticated =
+        pb::Operation { client: o.client, request: o.request, op: o.op.clone(), authenticator: vec![] };
+    let mut bytes = Vec::with_capacity(DOMAIN.len() + unauthenticated.encoded_len());
     bytes.extend_from_slice(DOMAIN);
-    numbers.encode_raw(&mut bytes);
-    if !o.op.is_empty() {
-        prost::encoding::bytes::encode(3, &o.op, &mut bytes);
-    }
+    unauthenticated.encode_raw(&mut bytes);
     bytes
 }
 

@@ -419,9 +419,7 @@ impl Replica {
         let pp = PrePrepare { view: self.view, seq, batch, signature };
         ctx.persist(pp.batch.accepted_record(pp.view, seq, &pp.signature));
         // Sent from the encoding the digest was taken over, rather than a copy of the batch.
-        let body = Bytes::from(pp.batch.pre_prepare_body(pp.view, seq, &pp.signature));
-        let backups: Vec<NodeId> = self.replicas.iter().copied().filter(|&r| r != ctx.me()).collect();
-        ctx.send_encoded(&body, backups);
+        ctx.send_encoded_to_brokers(&Bytes::from(pp.batch.pre_prepare_body(pp.view, seq, &pp.signature)), &[]);
         self.accept(ctx, now, now, ctx.me(), pp);
     }
 
