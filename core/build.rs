@@ -17,6 +17,12 @@ fn main() {
             ".phalanx.v1.HistoryEntry",
             ".phalanx.v1.Reply",
             ".phalanx.v1.Operation",
+            ".phalanx.v1.Requests",
+            ".phalanx.v1.RequestsBody",
+            ".phalanx.v1.PrePrepare",
+            ".phalanx.v1.Committed",
+            ".phalanx.v1.Proposal",
+            ".phalanx.v1.ExecutedRequests",
         ])
         // The rare large bodies are boxed, so the hot ones (publications, votes,
         // requests) move through decoding and dispatch as 72 bytes rather than 144.

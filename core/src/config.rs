@@ -111,9 +111,13 @@ impl Default for Params {
     }
 }
 
-/// Bytes a prepared slot adds to a VIEW-CHANGE beyond its batch (certificate, framing),
-/// and a message's fixed part; generous, so the bound below holds.
-const SLOT_OVERHEAD: u64 = 1024;
+/// Generous upper bounds on encodings, so that the message bounds below hold: a slot vote
+/// in a VIEW-CHANGE (seq, view, digest, framing), what a request adds to a batch beyond
+/// its op (length prefix and tag, plus at worst a `Requests` of its own: header, framing
+/// and one authenticator entry per replica), and a message's fixed part.
+const SLOT_VOTE_BYTES: u64 = 64;
+const REQUEST_OVERHEAD: u64 = 40;
+const MAC_ENTRY_BYTES: u64 = 32;
 const MESSAGE_OVERHEAD: u64 = 4096;
 
 /// Protobuf conversions, each field named once.
@@ -277,20 +281,26 @@ impl ClusterConfig {
             ));
         }
         if self.protocol == Protocol::Pbft {
-            p.validate_pbft(self.f)?;
+            p.validate_pbft(n)?;
         }
         Ok(())
     }
 }
 
 impl Params {
-    /// The largest VIEW-CHANGE: a prepared certificate and batch for every slot of the 2K
-    /// watermark window, each slot bounded by `batch_max_bytes` plus its certificate.
+    /// The largest VIEW-CHANGE: for every slot of the 4K window a replica accepts votes
+    /// in, one prepared claim and `VOTED_KEPT` votes, and its stable checkpoint.
     pub fn max_view_change_bytes(&self) -> u64 {
-        2 * self.checkpoint_interval as u64 * (self.batch_max_bytes as u64 + SLOT_OVERHEAD) + MESSAGE_OVERHEAD
+        4 * self.checkpoint_interval as u64 * (1 + crate::order::VOTED_KEPT as u64) * SLOT_VOTE_BYTES + MESSAGE_OVERHEAD
     }
 
-    fn validate_pbft(&self, f: u32) -> Result<(), ConfigError> {
+    /// The largest encoded batch among `n` replicas: `batch_max_bytes` of ops, and the
+    /// framing and authenticators of up to `batch_max_count` requests.
+    pub fn max_batch_bytes(&self, n: u64) -> u64 {
+        self.batch_max_bytes as u64 + self.batch_max_count as u64 * (REQUEST_OVERHEAD + n * MAC_ENTRY_BYTES)
+    }
+
+    fn validate_pbft(&self, n: u64) -> Result<(), ConfigError> {
         let p = self;
         if p.checkpoint_interval == 0 || p.batch_max_count == 0 {
             return err("params.checkpoint_interval and params.batch_max_count must be at least 1");
@@ -302,23 +312,31 @@ impl Params {
                 2 * p.checkpoint_interval as u64
             ));
         }
-        if p.batch_max_bytes == 0 || p.batch_max_bytes > p.max_message_bytes / 2 {
+        if p.batch_max_bytes == 0 {
+            return err("params.batch_max_bytes must be at least 1");
+        }
+        // A PRE-PREPARE (or a batch fetched) that could not be sent would stop ordering.
+        let batch = p.max_batch_bytes(n) + MESSAGE_OVERHEAD;
+        if batch > p.max_message_bytes as u64 {
             return err(format!(
-                "params.batch_max_bytes = {} must be between 1 and max_message_bytes / 2 = {}",
-                p.batch_max_bytes,
-                p.max_message_bytes / 2
+                "params.max_message_bytes = {} is too small for a PRE-PREPARE of up to {batch} bytes: \
+                 batch_max_bytes + batch_max_count * ({REQUEST_OVERHEAD} + n * {MAC_ENTRY_BYTES}) + {MESSAGE_OVERHEAD} \
+                 with n = {n}, batch_max_bytes = {}, batch_max_count = {}; \
+                 raise max_message_bytes or lower batch_max_bytes or batch_max_count",
+                p.max_message_bytes, p.batch_max_bytes, p.batch_max_count
             ));
         }
-        // A NEW-VIEW relays 2f+1 VIEW-CHANGEs; if it could not be sent, no view change
+        // A NEW-VIEW relays up to n VIEW-CHANGEs; if it could not be sent, no view change
         // could complete and a faulty primary would stop the cluster for good.
-        let new_view = (2 * f as u64 + 1) * p.max_view_change_bytes() + MESSAGE_OVERHEAD;
+        let new_view = n * p.max_view_change_bytes() + MESSAGE_OVERHEAD;
         if new_view > p.max_message_bytes as u64 {
             return err(format!(
                 "params.max_message_bytes = {} is too small for a NEW-VIEW of up to {new_view} bytes: \
-                 (2f+1) * (2 * checkpoint_interval * (batch_max_bytes + {SLOT_OVERHEAD}) + {MESSAGE_OVERHEAD}) \
-                 + {MESSAGE_OVERHEAD} with f = {f}, checkpoint_interval = {}, batch_max_bytes = {}; \
-                 raise max_message_bytes or lower checkpoint_interval or batch_max_bytes",
-                p.max_message_bytes, p.checkpoint_interval, p.batch_max_bytes
+                 n * (4 * checkpoint_interval * {} * {SLOT_VOTE_BYTES} + {MESSAGE_OVERHEAD}) + {MESSAGE_OVERHEAD} \
+                 with n = {n}, checkpoint_interval = {}; raise max_message_bytes or lower checkpoint_interval",
+                p.max_message_bytes,
+                1 + crate::order::VOTED_KEPT,
+                p.checkpoint_interval
             ));
         }
         if p.request_timeout_ns == 0 || p.client_retry_ns == 0 {
@@ -561,18 +579,21 @@ mod tests {
     }
 
     #[test]
-    fn a_new_view_must_fit_in_a_message() {
+    fn a_new_view_and_a_batch_must_fit_in_a_message() {
         let pbft = |f, params| ClusterSpec { protocol: Protocol::Pbft, f, params, ..spec(f) };
-        // The defaults hold up to f = 3.
-        for f in 1..=3 {
+        // The defaults hold up to f = 10.
+        for f in [1, 2, 3, 10] {
             generate_cluster(&pbft(f, Params::default()), [1; 32]).unwrap();
         }
-        let big = Params { checkpoint_interval: 128, batch_max_bytes: 256 << 10, ..Params::default() };
-        let e = generate_cluster(&pbft(1, big.clone()), [1; 32]).unwrap_err();
-        assert!(e.0.contains("too small for a NEW-VIEW") && e.0.contains("checkpoint_interval = 128"), "{e}");
-        assert!(big.max_view_change_bytes() > 256 * (256 << 10));
-        // Pub/sub clusters have no view change.
-        generate_cluster(&ClusterSpec { params: big, ..spec(1) }, [1; 32]).unwrap();
+        let long = Params { checkpoint_interval: 10_000, pipeline: 16, ..Params::default() };
+        let e = generate_cluster(&pbft(1, long.clone()), [1; 32]).unwrap_err();
+        assert!(e.0.contains("too small for a NEW-VIEW") && e.0.contains("checkpoint_interval = 10000"), "{e}");
+        let wide = Params { batch_max_count: 1_000_000, ..Params::default() };
+        let e = generate_cluster(&pbft(1, wide.clone()), [1; 32]).unwrap_err();
+        assert!(e.0.contains("too small for a PRE-PREPARE") && e.0.contains("batch_max_count = 1000000"), "{e}");
+        // Pub/sub clusters have no view change and no batches.
+        generate_cluster(&ClusterSpec { params: long, ..spec(1) }, [1; 32]).unwrap();
+        generate_cluster(&ClusterSpec { params: wide, ..spec(1) }, [1; 32]).unwrap();
     }
 
     #[test]

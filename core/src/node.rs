@@ -715,6 +715,10 @@ impl Node {
     }
 
     pub fn poll(&mut self) -> Option<Output> {
+        // A PBFT client's submissions since the last poll leave together.
+        if let RoleMachine::Client(c) = &mut self.role {
+            c.flush(&mut self.ctx);
+        }
         self.ctx.next_output()
     }
 

@@ -5,12 +5,18 @@ use bytes::Bytes;
 
 use crate::NodeId;
 
-#[derive(Debug, Default)]
-pub struct Votes {
+#[derive(Debug)]
+pub struct Votes<T = Bytes> {
     /// (sender, index into `contents`).
     voters: Vec<(NodeId, u32)>,
     /// Distinct contents and how many senders voted for each. At most one per sender.
-    contents: Vec<(Bytes, usize)>,
+    contents: Vec<(T, usize)>,
+}
+
+impl<T> Default for Votes<T> {
+    fn default() -> Self {
+        Votes { voters: Vec::new(), contents: Vec::new() }
+    }
 }
 
 /// The result of adding one vote.
@@ -24,10 +30,10 @@ pub enum Vote {
     Equivocation,
 }
 
-impl Votes {
-    pub fn add(&mut self, sender: NodeId, content: &Bytes) -> Vote {
+impl<T: PartialEq + Clone> Votes<T> {
+    pub fn add(&mut self, sender: NodeId, content: &T) -> Vote {
         if let Some(&(_, idx)) = self.voters.iter().find(|(s, _)| *s == sender) {
-            return if self.contents[idx as usize].0 == content { Vote::Duplicate } else { Vote::Equivocation };
+            return if self.contents[idx as usize].0 == *content { Vote::Duplicate } else { Vote::Equivocation };
         }
         let idx = match self.contents.iter().position(|(c, _)| c == content) {
             Some(i) => i,
@@ -43,7 +49,7 @@ impl Votes {
 
     /// Adds a vote and tells whether it is the one that brings its content to
     /// `threshold` (`Some(true)`: deliver now); `None` if `sender` equivocated.
-    pub fn reaches(&mut self, sender: NodeId, content: &Bytes, threshold: usize) -> Option<bool> {
+    pub fn reaches(&mut self, sender: NodeId, content: &T, threshold: usize) -> Option<bool> {
         match self.add(sender, content) {
             Vote::Counted(k) => Some(k == threshold),
             Vote::Duplicate => Some(false),
@@ -58,7 +64,7 @@ mod tests {
 
     #[test]
     fn counts_distinct_senders_per_content() {
-        let mut v = Votes::default();
+        let mut v = Votes::<Bytes>::default();
         let (m, x) = (Bytes::from_static(b"m"), Bytes::from_static(b"x"));
         assert_eq!(v.add(1, &m), Vote::Counted(1));
         assert_eq!(v.add(1, &m), Vote::Duplicate);

@@ -1,27 +1,32 @@
-//! The PBFT client: numbers its requests, sends each to every replica (so every replica
+//! The PBFT client: numbers its requests, sends them to every replica (so every replica
 //! can time the primary), retransmits until answered, and accepts a result once f+1
 //! replicas agree on it, since at least one of them is correct.
+//!
+//! Requests submitted between two polls leave together, as one `Requests` message under
+//! one MAC vector (up to what fits a batch): a host that submits a burst before polling
+//! pays for authentication once, and replicas order, execute and answer the burst as one.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::Bytes;
 use prost::Message;
 
-use super::authenticated_bytes;
+use super::Bundle;
 use crate::broadcast::votes::Votes;
 use crate::config::Role;
 use crate::node::{Ctx, HandleError, Output};
 use crate::wire::{self, Opened, pb};
 use crate::{FaultKind, Nanos};
 
-/// A request sent and not yet completed.
+/// Requests sent together and not yet completed.
 struct Pending {
-    /// The request encoded once, for retransmissions.
-    request: Bytes,
+    /// The `Requests` body encoded once, for retransmissions.
+    encoded: Bytes,
+    count: u64,
     /// When it was last sent or retransmitted.
     sent_at: Nanos,
-    /// Results by replica; only replicas vote, so at most n entries.
-    replies: Votes,
+    /// Result lists by replica; only replicas vote, so at most n entries.
+    replies: Votes<Vec<Bytes>>,
 }
 
 /// Request numbers reserved per persisted lease: one storage write per this many requests.
@@ -34,16 +39,33 @@ pub(crate) struct Client {
     /// it recovers, so it never reuses a number (replicas would answer a reused number
     /// with the cached result of the old request).
     leased: u64,
+    /// Ops submitted and not sent yet (the last numbers given out), their bytes, and when
+    /// the latest was submitted.
+    unsent: Vec<Bytes>,
+    unsent_bytes: usize,
+    submitted_at: Nanos,
+    /// Sent and not completed, by first request number.
     pending: BTreeMap<u64, Pending>,
-    /// `(sent_at, request)` of every pending request, so the next retransmission is
-    /// found without scanning them all.
+    /// Requests submitted and not completed, sent or not.
+    outstanding: usize,
+    /// `(sent_at, first)` of every pending `Requests`, so the next retransmission is found
+    /// without scanning them all.
     by_time: BTreeSet<(Nanos, u64)>,
 }
 
 impl Client {
     pub fn new(ctx: &Ctx) -> Self {
-        let retry_ns = ctx.cfg.cluster.params.client_retry_ns;
-        Client { retry_ns, next_request: 1, leased: 1, pending: BTreeMap::new(), by_time: BTreeSet::new() }
+        Client {
+            retry_ns: ctx.cfg.cluster.params.client_retry_ns,
+            next_request: 1,
+            leased: 1,
+            unsent: Vec::new(),
+            unsent_bytes: 0,
+            submitted_at: 0,
+            pending: BTreeMap::new(),
+            outstanding: 0,
+            by_time: BTreeSet::new(),
+        }
     }
 
     /// The number the next accepted `Submit` gets.
@@ -60,7 +82,7 @@ impl Client {
         Ok(())
     }
 
-    /// Numbers the op and sends it to every replica; refused (`Backpressure`) while
+    /// Numbers the op and queues it for the next poll; refused (`Backpressure`) while
     /// `client_queue` requests are outstanding, the most a replica holds per client.
     pub fn submit(&mut self, ctx: &mut Ctx, now: Nanos, op: Vec<u8>) -> Result<(), HandleError> {
         let p = &ctx.cfg.cluster.params;
@@ -73,8 +95,13 @@ impl Client {
                 p.batch_max_bytes
             )));
         }
-        if self.pending.len() >= p.client_queue as usize {
+        if self.outstanding >= p.client_queue as usize {
             return Err(HandleError::Backpressure);
+        }
+        // Requests sent together must fit one batch.
+        if self.unsent.len() >= p.batch_max_count as usize || self.unsent_bytes + op.len() > p.batch_max_bytes as usize
+        {
+            self.flush(ctx);
         }
         let request = self.next_request;
         self.next_request += 1;
@@ -85,17 +112,31 @@ impl Client {
             let token = ctx.persist(pb::ClientLease { next_request: self.leased }.encode_to_vec());
             ctx.push(Output::Compact { token });
         }
-        let mut op = pb::Operation { client: ctx.me(), request, op: op.into(), authenticator: vec![] };
-        let covered = authenticated_bytes(&op);
-        op.authenticator = ctx.brokers.iter().filter_map(|&r| ctx.keys.mac_to(r, &covered)).collect();
-        let encoded = wire::encode_body(pb::body::Kind::Request(op));
-        ctx.send_encoded_to_brokers(&encoded, &[]);
-        self.pending.insert(request, Pending { request: encoded, sent_at: now, replies: Votes::default() });
-        self.by_time.insert((now, request));
+        self.unsent_bytes += op.len();
+        self.unsent.push(op.into());
+        self.submitted_at = now;
+        self.outstanding += 1;
         Ok(())
     }
 
-    /// Counts a replica's reply; f+1 matching results complete the request.
+    /// Sends the ops submitted since the last flush, as one `Requests` to every replica.
+    pub fn flush(&mut self, ctx: &mut Ctx) {
+        if self.unsent.is_empty() {
+            return;
+        }
+        let ops = std::mem::take(&mut self.unsent);
+        self.unsent_bytes = 0;
+        let count = ops.len() as u64;
+        let first = self.next_request - count;
+        let requests = Bundle::seal(&ctx.keys, &ctx.brokers, first, ops);
+        let encoded = wire::encode_body(pb::body::Kind::Requests(requests));
+        ctx.send_encoded_to_brokers(&encoded, &[]);
+        let sent_at = self.submitted_at;
+        self.pending.insert(first, Pending { encoded, count, sent_at, replies: Votes::default() });
+        self.by_time.insert((sent_at, first));
+    }
+
+    /// Counts a replica's reply; f+1 matching result lists complete its requests.
     pub fn on_message(&mut self, ctx: &mut Ctx, msg: Opened) {
         let from = msg.sender;
         let pb::body::Kind::Reply(reply) = msg.body else {
@@ -104,22 +145,28 @@ impl Client {
         if ctx.role_of(from) != Some(Role::Broker) {
             return ctx.fault(from, FaultKind::Unexpected);
         }
-        let Some(p) = self.pending.get_mut(&reply.request) else {
+        let Some(p) = self.pending.get_mut(&reply.first) else {
             return ctx.stats.stale += 1;
         };
-        match p.replies.reaches(from, &reply.result, ctx.f + 1) {
-            // A request executes once, so a correct replica has one result for it.
+        if reply.results.len() as u64 != p.count {
+            return ctx.fault(from, FaultKind::Malformed);
+        }
+        match p.replies.reaches(from, &reply.results, ctx.f + 1) {
+            // Requests execute once, so a correct replica has one result list for them.
             None => ctx.fault(from, FaultKind::Equivocation),
             Some(false) => {}
             Some(true) => {
-                let p = self.pending.remove(&reply.request).expect("pending");
-                self.by_time.remove(&(p.sent_at, reply.request));
-                ctx.push(Output::Completed { request: reply.request, result: reply.result.into() });
+                let p = self.pending.remove(&reply.first).expect("pending");
+                self.by_time.remove(&(p.sent_at, reply.first));
+                self.outstanding -= reply.results.len();
+                for (request, result) in (reply.first..).zip(reply.results) {
+                    ctx.push(Output::Completed { request, result: result.into() });
+                }
             }
         }
     }
 
-    /// Retransmits every request unanswered for `client_retry_ns`: its first copies or
+    /// Retransmits every `Requests` unanswered for `client_retry_ns`: its first copies or
     /// their replies may have been lost, or a new primary may not have seen it.
     pub fn on_timeout(&mut self, ctx: &mut Ctx, now: Nanos) {
         let due: Vec<(Nanos, u64)> = self
@@ -128,12 +175,12 @@ impl Client {
             .take_while(|(sent_at, _)| sent_at.saturating_add(self.retry_ns) <= now)
             .copied()
             .collect();
-        for key @ (_, request) in due {
+        for key @ (_, first) in due {
             self.by_time.remove(&key);
-            self.by_time.insert((now, request));
-            let p = self.pending.get_mut(&request).expect("indexed requests are pending");
+            self.by_time.insert((now, first));
+            let p = self.pending.get_mut(&first).expect("indexed requests are pending");
             p.sent_at = now;
-            ctx.send_encoded_to_brokers(&p.request, &[]);
+            ctx.send_encoded_to_brokers(&p.encoded, &[]);
         }
     }
 
@@ -142,7 +189,7 @@ impl Client {
     }
 
     pub fn live_instances(&self) -> usize {
-        self.pending.len()
+        self.outstanding
     }
 }
 
@@ -185,10 +232,12 @@ mod tests {
             iter::from_fn(|| self.client.poll()).collect()
         }
 
-        /// Submits `op` as a host with instant storage would: leases are acknowledged at
-        /// once, and the outputs besides them returned.
-        fn submit(&mut self, now: Nanos, op: &[u8]) -> Result<Vec<Output>, HandleError> {
-            self.client.handle(now, Input::Request(Request::Submit { op: op.to_vec() }))?;
+        /// Submits `ops` before polling, as a host with instant storage would: leases are
+        /// acknowledged at once, and the outputs besides them returned.
+        fn submit_all(&mut self, now: Nanos, ops: &[&[u8]]) -> Result<Vec<Output>, HandleError> {
+            for op in ops {
+                self.client.handle(now, Input::Request(Request::Submit { op: op.to_vec() }))?;
+            }
             let mut outputs = Vec::new();
             while let Some(o) = self.client.poll() {
                 match o {
@@ -200,6 +249,10 @@ mod tests {
             Ok(outputs)
         }
 
+        fn submit(&mut self, now: Nanos, op: &[u8]) -> Result<Vec<Output>, HandleError> {
+            self.submit_all(now, &[op])
+        }
+
         /// `body` sent by `from` to the client, authenticated with `from`'s own key.
         fn from(&mut self, from: NodeId, body: pb::body::Kind) -> Vec<Output> {
             let cfg = &self.cfgs[from as usize];
@@ -209,28 +262,36 @@ mod tests {
             self.handle(0, Input::Message { from, bytes })
         }
 
-        fn reply(&mut self, from: NodeId, request: u64, result: &[u8]) -> Vec<Output> {
-            let reply = pb::Reply { view: 0, request, result: Bytes::copy_from_slice(result) };
-            self.from(from, pb::body::Kind::Reply(reply))
+        fn reply(&mut self, from: NodeId, first: u64, results: &[&[u8]]) -> Vec<Output> {
+            let results = results.iter().map(|r| Bytes::copy_from_slice(r)).collect();
+            self.from(from, pb::body::Kind::Reply(pb::Reply { view: 0, first, results }))
         }
     }
 
-    /// The operation each output sends, with its receiver.
-    fn requests(outputs: &[Output]) -> Vec<(NodeId, pb::Operation)> {
+    /// The requests each output sends, with its receiver: (to, first, ops).
+    fn requests(outputs: &[Output]) -> Vec<(NodeId, u64, Vec<Bytes>)> {
         let mut sent = Vec::new();
         for o in outputs {
             let Output::Send { to, bytes } = o else { panic!("not a send: {o:?}") };
             assert_eq!(pb::Frame::decode(bytes.as_slice()).unwrap().sender, CLIENT);
             for body in wire::bodies_of(bytes).unwrap() {
-                let pb::body::Kind::Request(op) = body else { panic!("not a request") };
-                sent.push((*to, op));
+                let pb::body::Kind::Requests(r) = body else { panic!("not requests") };
+                let b = Bundle::parse(r).unwrap();
+                assert_eq!(b.client, CLIENT);
+                // One authenticator entry per replica.
+                assert_eq!(b.authenticator.iter().map(|m| m.to).collect::<Vec<_>>(), [0, 1, 2, 3]);
+                sent.push((*to, b.first, b.ops));
             }
         }
         sent
     }
 
-    fn completed(request: u64, result: &[u8]) -> Vec<Output> {
-        vec![Output::Completed { request, result: result.to_vec() }]
+    fn ops(ops: &[&[u8]]) -> Vec<Bytes> {
+        ops.iter().map(|o| Bytes::copy_from_slice(o)).collect()
+    }
+
+    fn completed(first: u64, results: &[&[u8]]) -> Vec<Output> {
+        (first..).zip(results).map(|(request, r)| Output::Completed { request, result: r.to_vec() }).collect()
     }
 
     #[test]
@@ -238,33 +299,36 @@ mod tests {
         let mut fx = Fixture::new(Params::default());
         for (request, op) in [(1, b"a"), (2, b"b")] {
             let sent = requests(&fx.submit(0, op).unwrap());
-            // One authenticator entry per replica, the same request to each.
-            let stripped: Vec<_> = sent
-                .into_iter()
-                .map(|(r, o)| {
-                    assert_eq!(o.authenticator.iter().map(|m| m.to).collect::<Vec<_>>(), [0, 1, 2, 3]);
-                    (r, pb::Operation { authenticator: vec![], ..o })
-                })
-                .collect();
-            let op = pb::Operation { client: CLIENT, request, op: Bytes::copy_from_slice(op), authenticator: vec![] };
-            assert_eq!(stripped, (0..4).map(|r| (r, op.clone())).collect::<Vec<_>>());
+            assert_eq!(sent, (0..4).map(|r| (r, request, ops(&[op]))).collect::<Vec<_>>());
         }
         assert_eq!(fx.client.live_instances(), 2);
     }
 
     #[test]
+    fn requests_submitted_before_a_poll_leave_together_as_far_as_a_batch_holds() {
+        let mut fx = Fixture::new(Params { batch_max_count: 3, batch_max_bytes: 10, ..Params::default() });
+        let sent = requests(&fx.submit_all(0, &[b"a", b"b", b"c"]).unwrap());
+        assert_eq!(sent, (0..4).map(|r| (r, 1, ops(&[b"a", b"b", b"c"]))).collect::<Vec<_>>());
+        // Four ops exceed the count, and 6 + 6 bytes the bytes: split where they would.
+        let sent = requests(&fx.submit_all(0, &[b"1", b"2", b"3", b"4", b"555555", b"666666"]).unwrap());
+        let to_0: Vec<(u64, Vec<Bytes>)> = sent.into_iter().filter(|s| s.0 == 0).map(|s| (s.1, s.2)).collect();
+        assert_eq!(to_0, [(4, ops(&[b"1", b"2", b"3"])), (7, ops(&[b"4", b"555555"])), (9, ops(&[b"666666"]))]);
+        assert_eq!(fx.client.live_instances(), 9);
+    }
+
+    #[test]
     fn completes_once_on_f_plus_one_matching_replies() {
         let mut fx = Fixture::new(Params::default());
-        fx.submit(0, b"op").unwrap();
-        assert_eq!(fx.reply(2, 1, b"ok"), vec![]);
+        fx.submit_all(0, &[b"x", b"y"]).unwrap();
+        assert_eq!(fx.reply(2, 1, &[b"ok", b"ok2"]), vec![]);
         // The same replica again does not make two.
-        assert_eq!(fx.reply(2, 1, b"ok"), vec![]);
-        assert_eq!(fx.reply(0, 1, b"ok"), completed(1, b"ok"));
+        assert_eq!(fx.reply(2, 1, &[b"ok", b"ok2"]), vec![]);
+        assert_eq!(fx.reply(0, 1, &[b"ok", b"ok2"]), completed(1, &[b"ok", b"ok2"]));
         assert_eq!((fx.client.live_instances(), fx.client.poll_timeout()), (0, None));
         assert_eq!(fx.client.stats().stale, 0);
-        // Late replies for the completed request are stale, never a second completion.
-        assert_eq!(fx.reply(3, 1, b"ok"), vec![]);
-        assert_eq!(fx.reply(1, 1, b"other"), vec![]);
+        // Late replies for the completed requests are stale, never a second completion.
+        assert_eq!(fx.reply(3, 1, &[b"ok", b"ok2"]), vec![]);
+        assert_eq!(fx.reply(1, 1, &[b"other", b"ok2"]), vec![]);
         assert_eq!(fx.client.stats().stale, 2);
     }
 
@@ -272,11 +336,11 @@ mod tests {
     fn conflicting_results_wait_for_f_plus_one_matching() {
         let mut fx = Fixture::new(Params::default());
         fx.submit(0, b"op").unwrap();
-        assert_eq!(fx.reply(0, 1, b"lie"), vec![]);
-        assert_eq!(fx.reply(1, 1, b"ok"), vec![]);
+        assert_eq!(fx.reply(0, 1, &[b"lie"]), vec![]);
+        assert_eq!(fx.reply(1, 1, &[b"ok"]), vec![]);
         // Replica 0 changing its answer is evidence, and does not count.
-        assert_eq!(fx.reply(0, 1, b"ok"), vec![Output::Fault { node: 0, kind: FaultKind::Equivocation }]);
-        assert_eq!(fx.reply(2, 1, b"ok"), completed(1, b"ok"));
+        assert_eq!(fx.reply(0, 1, &[b"ok"]), vec![Output::Fault { node: 0, kind: FaultKind::Equivocation }]);
+        assert_eq!(fx.reply(2, 1, &[b"ok"]), completed(1, &[b"ok"]));
     }
 
     #[test]
@@ -285,28 +349,30 @@ mod tests {
         for op in [b"a", b"b", b"c"] {
             fx.submit(0, op).unwrap();
         }
-        assert_eq!(fx.reply(0, 3, b"c"), vec![]);
-        assert_eq!(fx.reply(0, 1, b"a"), vec![]);
-        assert_eq!(fx.reply(1, 3, b"c"), completed(3, b"c"));
+        assert_eq!(fx.reply(0, 3, &[b"c"]), vec![]);
+        assert_eq!(fx.reply(0, 1, &[b"a"]), vec![]);
+        assert_eq!(fx.reply(1, 3, &[b"c"]), completed(3, &[b"c"]));
         assert_eq!(fx.client.live_instances(), 2);
-        assert_eq!(fx.reply(3, 1, b"a"), completed(1, b"a"));
+        assert_eq!(fx.reply(3, 1, &[b"a"]), completed(1, &[b"a"]));
         assert_eq!(fx.client.live_instances(), 1);
     }
 
     #[test]
-    fn replies_from_non_replicas_other_bodies_and_unknown_requests() {
+    fn replies_from_non_replicas_other_bodies_unknown_requests_and_wrong_counts() {
         let mut fx = Fixture::new(Params::default());
         fx.submit(0, b"op").unwrap();
-        let unexpected = |node| vec![Output::Fault { node, kind: FaultKind::Unexpected }];
-        assert_eq!(fx.reply(OUTSIDER, 1, b"ok"), unexpected(OUTSIDER));
-        let op = pb::Operation { client: CLIENT, request: 1, op: Bytes::from_static(b"op"), authenticator: vec![] };
-        assert_eq!(fx.from(0, pb::body::Kind::Request(op)), unexpected(0));
+        let fault = |node, kind| vec![Output::Fault { node, kind }];
+        assert_eq!(fx.reply(OUTSIDER, 1, &[b"ok"]), fault(OUTSIDER, FaultKind::Unexpected));
+        let keys = Keyring::new(CryptoMode::InsecureTest, CLIENT, fx.cfgs[CLIENT as usize].mac_keys.clone());
+        let requests = Bundle::seal(&keys, &[0, 1, 2, 3], 1, ops(&[b"op"]));
+        assert_eq!(fx.from(0, pb::body::Kind::Requests(requests)), fault(0, FaultKind::Unexpected));
+        assert_eq!(fx.reply(0, 1, &[b"ok", b"extra"]), fault(0, FaultKind::Malformed));
         // Never sent: nothing to count it for.
-        assert_eq!(fx.reply(0, 2, b"ok"), vec![]);
+        assert_eq!(fx.reply(0, 2, &[b"ok"]), vec![]);
         assert_eq!(fx.client.stats().stale, 1);
-        // The outsider's reply did not count towards request 1.
-        assert_eq!(fx.reply(1, 1, b"ok"), vec![]);
-        assert_eq!(fx.reply(2, 1, b"ok"), completed(1, b"ok"));
+        // Neither the outsider's reply nor the malformed one counted towards request 1.
+        assert_eq!(fx.reply(1, 1, &[b"ok"]), vec![]);
+        assert_eq!(fx.reply(2, 1, &[b"ok"]), completed(1, &[b"ok"]));
     }
 
     #[test]
@@ -316,11 +382,11 @@ mod tests {
         fx.submit(0, b"b").unwrap();
         assert_eq!(fx.submit(0, b"c"), Err(HandleError::Backpressure));
         assert_eq!(fx.client.live_instances(), 2);
-        fx.reply(0, 1, b"a");
-        fx.reply(1, 1, b"a");
+        fx.reply(0, 1, &[b"a"]);
+        fx.reply(1, 1, &[b"a"]);
         // The refused op took no request number.
         let sent = requests(&fx.submit(0, b"c").unwrap());
-        assert!(sent.iter().all(|(_, op)| op.request == 3), "{sent:?}");
+        assert!(sent.iter().all(|(_, first, _)| *first == 3), "{sent:?}");
         assert_eq!(fx.submit(0, b"d"), Err(HandleError::Backpressure));
     }
 
@@ -328,7 +394,7 @@ mod tests {
     fn refuses_an_op_larger_than_a_batch() {
         let mut fx = Fixture::new(Params { batch_max_bytes: 100, ..Params::default() });
         assert!(matches!(fx.submit(0, &[0; 101]), Err(HandleError::Invalid(_))));
-        assert_eq!(requests(&fx.submit(0, &[0; 100]).unwrap())[0].1.request, 1);
+        assert_eq!(requests(&fx.submit(0, &[0; 100]).unwrap())[0].1, 1);
     }
 
     #[test]
@@ -343,17 +409,17 @@ mod tests {
         // Early: nothing.
         assert_eq!(fx.handle(1_000, Input::Timeout), vec![]);
         // Request 2 completes before its deadline, so only 1 and 3 go again.
-        fx.reply(0, 2, b"b");
-        fx.reply(1, 2, b"b");
+        fx.reply(0, 2, &[b"b"]);
+        fx.reply(1, 2, &[b"b"]);
         let again = fx.handle(1_450, Input::Timeout);
-        let sent: Vec<(NodeId, u64)> = requests(&again).into_iter().map(|(to, op)| (to, op.request)).collect();
+        let sent: Vec<(NodeId, u64)> = requests(&again).into_iter().map(|(to, first, _)| (to, first)).collect();
         // Both go in one frame to each replica.
         assert_eq!(again.len(), 4);
         assert_eq!(sent, (0..4).flat_map(|to| [1, 3].map(|r| (to, r))).collect::<Vec<_>>());
         assert_eq!(fx.client.poll_timeout(), Some(1_450 + retry));
         // A reply received before the retransmission still counts afterwards.
-        fx.reply(0, 1, b"a");
-        assert_eq!(fx.reply(3, 1, b"a"), completed(1, b"a"));
+        fx.reply(0, 1, &[b"a"]);
+        assert_eq!(fx.reply(3, 1, &[b"a"]), completed(1, &[b"a"]));
         assert_eq!(requests(&fx.handle(2_450, Input::Timeout)).len(), 4);
         assert_eq!(fx.client.poll_timeout(), Some(2_450 + retry));
     }

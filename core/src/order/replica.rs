@@ -1,7 +1,10 @@
 //! The PBFT replica: request intake, batching at the primary, the three-phase normal
 //! case with pipelining inside the watermark window, in-order execution through the
-//! host, exactly-once replies, and signed checkpoints that free the log.
+//! host, and exactly-once replies. Checkpoints, catch-up and state transfer are in
+//! `checkpoint`, the view change in `view_change`.
 
+mod checkpoint;
+mod clients;
 mod view_change;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -10,77 +13,64 @@ use std::sync::Arc;
 use bytes::Bytes;
 use prost::Message;
 
-use super::batch::EncodedBatch;
-use super::{authenticated_bytes, primary, signed_message};
+use self::clients::{ClientState, Waiting};
+use super::{Bundle, EncodedBatch, header, primary};
 use crate::config::Role;
-use crate::crypto::{BlsPublicKey, BlsSignature, Digest, digest};
+use crate::crypto::{Digest, digest};
 use crate::node::{Ctx, HandleError, Output, Status};
 use crate::wire::pb::replica_record::Kind as Record;
 use crate::wire::{Opened, pb};
 use crate::{FaultKind, Nanos, NodeId, Operation};
 
-const PREPARE: &[u8; 4] = b"prep";
-const CHECKPOINT: &[u8; 4] = b"ckpt";
-
-/// A request received from its client and not yet executed.
-struct Pending {
-    op: Bytes,
-    authenticator: Vec<pb::Mac>,
-    arrived: Nanos,
-    /// Its encoded size in a batch, authenticator included.
-    size: usize,
-}
-
-/// Per-client request state.
-#[derive(Default)]
-struct ClientState {
-    pending: BTreeMap<u64, Pending>,
-    /// Results of the latest executed requests (at most `client_queue`), for
-    /// retransmissions; every request at or below `floor` counts as executed. Both are
-    /// replicated state, covered by checkpoints.
-    replies: BTreeMap<u64, Bytes>,
-    floor: u64,
-    /// Handed to the host in a batch, result not back yet.
-    in_flight: BTreeSet<u64>,
-    /// Pending requests in no batch of the log yet: the primary may propose them.
-    unproposed: BTreeSet<u64>,
-}
-
-impl ClientState {
-    fn executed(&self, request: u64) -> bool {
-        request <= self.floor || self.replies.contains_key(&request) || self.in_flight.contains(&request)
-    }
-}
+/// Votes on one slot, at most one per replica.
+type Votes = Vec<(NodeId, Digest)>;
 
 /// One sequence number of the log in the current view.
 #[derive(Default)]
 struct Slot {
-    /// The batch accepted for this slot (from the primary's PRE-PREPARE).
+    /// The batch accepted for this slot (from the primary's PRE-PREPARE, or chosen by the
+    /// NEW-VIEW that started the view).
     proposal: Option<Arc<EncodedBatch>>,
-    /// PREPARE votes (the primary's PRE-PREPARE counts as its vote): digest and the
-    /// signature kept for prepared certificates.
-    prepares: BTreeMap<NodeId, (Digest, Vec<u8>)>,
-    commits: BTreeMap<NodeId, Digest>,
+    /// The batch a NEW-VIEW chose for this slot, while it is fetched.
+    wanted: Option<Digest>,
+    /// PREPARE votes (a PRE-PREPARE counts as its primary's).
+    prepares: Votes,
+    commits: Votes,
     commit_sent: bool,
     committed: bool,
-    /// When this replica first saw the proposal (its PRE-PREPARE, or the NEW-VIEW that
-    /// re-proposed it), for the consensus time in `Status`.
+    /// When this replica first saw the proposal, for the consensus time in `Status`.
     seen_at: Nanos,
-    /// The view and primary's signature of the PRE-PREPARE persisted as accepted, to
-    /// persist it again when storage is compacted.
-    accepted: Option<(u64, Vec<u8>)>,
+}
+
+/// Adds `from`'s vote unless it has one; `Err` if that one was for another digest.
+fn add_vote(votes: &mut Votes, from: NodeId, d: Digest) -> Result<(), ()> {
+    match votes.iter().find(|(r, _)| *r == from) {
+        Some((_, known)) if *known != d => Err(()),
+        Some(_) => Ok(()),
+        None => {
+            votes.push((from, d));
+            Ok(())
+        }
+    }
 }
 
 impl Slot {
-    fn votes_for(&self, d: &Digest) -> usize {
-        self.prepares.values().filter(|(x, _)| x == d).count()
-    }
-
     fn prepared(&self, quorum: usize) -> Option<Digest> {
         let d = self.proposal.as_ref()?.digest;
-        (self.votes_for(&d) >= quorum).then_some(d)
+        (self.prepares.iter().filter(|(_, x)| *x == d).count() >= quorum).then_some(d)
     }
 }
+
+/// A batch this replica voted for (PREPARE, or PRE-PREPARE as primary), in the latest
+/// view it did: what a VIEW-CHANGE reports and a fetch is answered from.
+struct Voted {
+    view: u64,
+    batch: Arc<EncodedBatch>,
+}
+
+/// Batches kept per slot in `voted`: a correct replica votes for one per view, and a slot
+/// sees another view only when a view change fails to settle it.
+pub(crate) const VOTED_KEPT: usize = 4;
 
 pub(crate) struct Replica {
     replicas: Vec<NodeId>,
@@ -88,7 +78,7 @@ pub(crate) struct Replica {
     view: u64,
     clients: BTreeMap<NodeId, ClientState>,
     log: BTreeMap<u64, Slot>,
-    /// PRE-PREPAREs whose requests have not all arrived yet, by seq, with when they came.
+    /// PRE-PREPAREs whose requests have not all arrived yet, by seq.
     parked: BTreeMap<u64, Parked>,
     /// Stable checkpoint: the log starts after it.
     low: u64,
@@ -96,25 +86,29 @@ pub(crate) struct Replica {
     stable_snapshot: Option<Vec<u8>>,
     /// Primary: the next sequence number to propose.
     next_seq: u64,
+    /// The NEW-VIEW that started this view chose the batches up to here; the primary
+    /// proposes above.
+    reproposed: u64,
     /// Last batch handed to the host, and last one it answered.
     delivered: u64,
     executed: u64,
-    /// Requests of each delivered batch awaiting their results.
-    executing: BTreeMap<u64, Vec<(NodeId, u64)>>,
+    /// Requests (client, first, count) of each delivered batch awaiting their results.
+    executing: BTreeMap<u64, Vec<(NodeId, u64, u64)>>,
     /// Snapshots this replica took at checkpoints not yet stable.
     snapshots: BTreeMap<u64, (Digest, Vec<u8>)>,
     /// Checkpoint votes: per replica, its latest few (seq → digest, signature).
     checkpoint_votes: BTreeMap<NodeId, BTreeMap<u64, (Digest, Vec<u8>)>>,
     batch_deadline: Option<Nanos>,
-    /// How many requests are pending (received, not executed): the request timer runs
-    /// while any are.
+    /// Requests pending (received, not executed): the request timer runs while any are.
     waiting: usize,
     /// The last time a batch executed, or requests started waiting after none did: the
     /// request timer measures time without progress, not the age of a long queue.
     progress_at: Nanos,
-    /// Pending requests in no batch yet, oldest first, and their bytes: the batch timer
-    /// and the batch size, without scanning every client.
+    /// Pending requests in no batch yet as (arrival, client, first), oldest first, and
+    /// how many requests and op bytes they hold: the batch timer and the batch size
+    /// without scanning every client.
     unproposed: BTreeSet<(Nanos, NodeId, u64)>,
+    unproposed_requests: usize,
     unproposed_bytes: usize,
     /// When this replica next suspects the primary.
     suspect: Option<Nanos>,
@@ -124,11 +118,14 @@ pub(crate) struct Replica {
     last_now: Nanos,
     /// Catch-up answers: committed batches per seq by replica, and uncertified
     /// checkpoint states by replica; f+1 matching ones are adopted.
-    catch_up: BTreeMap<u64, BTreeMap<NodeId, Arc<EncodedBatch>>>,
+    catch_up: BTreeMap<u64, BTreeMap<NodeId, (Digest, Bytes)>>,
     offered_states: BTreeMap<NodeId, (u64, Digest, Vec<u8>)>,
-    /// Prepared slots (the highest view each prepared in), with the votes that make
-    /// their certificate, for VIEW-CHANGE messages.
-    prepared: BTreeMap<u64, Prepared>,
+    /// Per slot above the stable checkpoint: the latest view it prepared in here, and
+    /// its digest (what this replica sent COMMIT for).
+    prepared: BTreeMap<u64, (u64, Digest)>,
+    /// Per slot above the stable checkpoint: the batches this replica voted for, the
+    /// latest view of each, at most `VOTED_KEPT`.
+    voted: BTreeMap<u64, Vec<Voted>>,
     /// A view change under way, if any.
     changing: Option<view_change::Changing>,
     /// The highest view persisted: a restart resumes in it.
@@ -149,40 +146,16 @@ enum Early {
     Commit(pb::Vote),
 }
 
-/// A PRE-PREPARE with its batch encoded.
-struct PrePrepare {
-    view: u64,
-    seq: u64,
-    batch: Arc<EncodedBatch>,
-    signature: Vec<u8>,
-}
-
-/// A PRE-PREPARE waiting for requests of its batch to arrive.
+/// A PRE-PREPARE waiting for requests of its batch to arrive: its requests, each
+/// authenticated (held by this replica, or carrying a valid authenticator entry for it)
+/// or not yet.
 struct Parked {
     seen_at: Nanos,
-    pre_prepare: PrePrepare,
-    /// False for one without a batch field: never accepted, but the digest of its empty
-    /// batch still exposes an equivocating primary.
-    has_batch: bool,
+    view: u64,
+    encoded: Bytes,
+    digest: Digest,
+    requests: Vec<Result<Arc<Bundle>, pb::Requests>>,
 }
-
-/// What a VIEW-CHANGE needs to prove a slot prepared: its certificate (2f+1 valid
-/// PREPARE signatures, aggregated) and batch.
-struct Prepared {
-    certificate: pb::Certificate,
-    batch: Arc<EncodedBatch>,
-}
-
-impl Prepared {
-    /// Persisted before this replica COMMITs: a restart keeps the proof, so a batch
-    /// committed anywhere survives even a whole-cluster restart (through a view change).
-    fn record(&self) -> Vec<u8> {
-        self.batch.prepared_record(&self.certificate)
-    }
-}
-
-/// Checkpoint votes kept per replica: enough to see the latest ones become stable.
-const CHECKPOINT_VOTES_KEPT: usize = 4;
 
 impl Replica {
     pub fn new(ctx: &Ctx) -> Self {
@@ -197,6 +170,7 @@ impl Replica {
             stable: None,
             stable_snapshot: None,
             next_seq: 1,
+            reproposed: 0,
             delivered: 0,
             executed: 0,
             executing: BTreeMap::new(),
@@ -206,6 +180,7 @@ impl Replica {
             waiting: 0,
             progress_at: 0,
             unproposed: BTreeSet::new(),
+            unproposed_requests: 0,
             unproposed_bytes: 0,
             suspect: None,
             fetch_at: None,
@@ -213,6 +188,7 @@ impl Replica {
             catch_up: BTreeMap::new(),
             offered_states: BTreeMap::new(),
             prepared: BTreeMap::new(),
+            voted: BTreeMap::new(),
             changing: None,
             durable_view: 0,
             failed_views: 0,
@@ -238,6 +214,7 @@ impl Replica {
             + self.parked.len()
             + self.executing.len()
             + self.snapshots.len()
+            + self.voted.values().map(Vec::len).sum::<usize>()
             + self.clients.values().map(|c| c.pending.len()).sum::<usize>()
     }
 
@@ -263,67 +240,73 @@ impl Replica {
     }
 
     fn dispatch(&mut self, ctx: &mut Ctx, now: Nanos, msg: Opened) {
+        use pb::body::Kind;
         let from = msg.sender;
         let from_replica = ctx.role_of(from) == Some(Role::Broker);
         match msg.body {
-            pb::body::Kind::Request(op) if ctx.role_of(from) == Some(Role::Publisher) && op.client == from => {
-                self.on_request(ctx, now, op)
-            }
-            pb::body::Kind::PrePrepare(pp) if from_replica && self.is_early(ctx, pp.view, pp.seq) => {
+            Kind::Requests(r) if ctx.role_of(from) == Some(Role::Publisher) => self.on_requests(ctx, now, from, r),
+            Kind::PrePrepare(pp) if from_replica && self.is_early(ctx, pp.view, pp.seq) => {
                 self.keep_early(ctx, from, pp.view, Early::PrePrepare(pp))
             }
-            pb::body::Kind::PrePrepare(pp) if from_replica => self.on_pre_prepare(ctx, now, from, pp),
-            pb::body::Kind::Prepare(v) if from_replica && self.is_early(ctx, v.view, v.seq) => {
+            Kind::PrePrepare(pp) if from_replica => self.on_pre_prepare(ctx, now, from, pp),
+            Kind::Prepare(v) if from_replica && self.is_early(ctx, v.view, v.seq) => {
                 self.keep_early(ctx, from, v.view, Early::Prepare(v))
             }
-            pb::body::Kind::Commit(v) if from_replica && self.is_early(ctx, v.view, v.seq) => {
+            Kind::Commit(v) if from_replica && self.is_early(ctx, v.view, v.seq) => {
                 self.keep_early(ctx, from, v.view, Early::Commit(v))
             }
-            pb::body::Kind::Prepare(v) if from_replica => self.on_prepare(ctx, now, from, v),
-            pb::body::Kind::Commit(v) if from_replica => self.on_commit(ctx, now, from, v),
-            pb::body::Kind::Checkpoint(c) if from_replica => self.on_checkpoint(ctx, now, from, c),
-            pb::body::Kind::ViewChange(vc) if from_replica => self.on_view_change(ctx, now, from, *vc),
-            pb::body::Kind::NewView(nv) if from_replica => self.on_new_view(ctx, now, from, nv),
-            pb::body::Kind::FetchState(f) if from_replica => self.on_fetch_state(ctx, from, f),
-            pb::body::Kind::State(s) if from_replica => self.on_state(ctx, now, from, *s),
-            pb::body::Kind::Committed(c) if from_replica => self.on_committed(ctx, now, from, c),
+            Kind::Prepare(v) if from_replica => self.on_prepare(ctx, now, from, v),
+            Kind::Commit(v) if from_replica => self.on_commit(ctx, now, from, v),
+            Kind::Checkpoint(c) if from_replica => self.on_checkpoint(ctx, now, from, c),
+            Kind::ViewChange(vc) if from_replica => self.on_view_change(ctx, now, from, *vc),
+            Kind::NewView(nv) if from_replica => self.on_new_view(ctx, now, from, nv),
+            Kind::FetchBatch(f) if from_replica => self.on_fetch_batch(ctx, from, f),
+            Kind::Proposal(p) if from_replica => self.on_proposal(ctx, now, from, p),
+            Kind::FetchState(f) if from_replica => self.on_fetch_state(ctx, from, f),
+            Kind::State(s) if from_replica => self.on_state(ctx, now, from, *s),
+            Kind::Committed(c) if from_replica => self.on_committed(ctx, now, from, c),
             _ => ctx.fault(from, FaultKind::Unexpected),
         }
     }
 
-    fn on_request(&mut self, ctx: &mut Ctx, now: Nanos, op: pb::Operation) {
-        let cap = ctx.cfg.cluster.params.client_queue as usize;
-        let client = self.clients.entry(op.client).or_default();
-        if let Some(result) = client.replies.get(&op.request) {
-            // A retransmission of an executed request: the cached reply, nothing re-executed.
-            let reply = pb::Reply { view: self.view, request: op.request, result: result.clone() };
-            return ctx.send(pb::body::Kind::Reply(reply), [op.client]);
+    /// A client's requests, straight from it: the frame's MAC already authenticated them,
+    /// so their authenticator is only for others. Executed ones are answered from the
+    /// reply cache; new ones wait for a batch.
+    fn on_requests(&mut self, ctx: &mut Ctx, now: Nanos, from: NodeId, r: pb::Requests) {
+        let Some(bundle) = Bundle::parse(r) else {
+            return ctx.fault(from, FaultKind::Malformed);
+        };
+        if bundle.client != from {
+            return ctx.fault(from, FaultKind::Unexpected);
         }
-        if client.executed(op.request) || client.pending.contains_key(&op.request) {
+        let p = &ctx.cfg.cluster.params;
+        let (cap, count) = (p.client_queue as usize, bundle.count());
+        // The client's rule: requests sent together fit one batch.
+        if count > p.batch_max_count as u64 || bundle.op_bytes > p.batch_max_bytes as usize {
+            return ctx.fault(from, FaultKind::Oversized);
+        }
+        let client = self.clients.entry(from).or_default();
+        if let Some(results) = client.results(bundle.first, count) {
+            // A retransmission of executed requests: the cached reply, nothing re-executed.
+            let reply = pb::Reply { view: self.view, first: bundle.first, results: results.clone() };
+            return ctx.send(pb::body::Kind::Reply(reply), [from]);
+        }
+        if client.done(bundle.first, bundle.last()) || client.pending_overlaps(bundle.first, bundle.last()) {
             return ctx.stats.stale += 1;
         }
-        if client.pending.len() >= cap {
-            return ctx.fault(op.client, FaultKind::QueueFull);
+        if client.pending_requests + count as usize > cap {
+            return ctx.fault(from, FaultKind::QueueFull);
         }
-        // The client's rule: an op alone must fit a batch (its MAC vector rides along
-        // within the max_message_bytes / 2 headroom); batches are cut by encoded size.
-        let size = op.encoded_len();
-        if op.op.len() > ctx.cfg.cluster.params.batch_max_bytes as usize {
-            // It could never fit a batch within max_message_bytes.
-            return ctx.fault(op.client, FaultKind::Oversized);
-        }
-        ctx.counters.macs_verified += 1;
-        if !ctx.keys.verify_from(op.client, &authenticated_bytes(&op), &op.authenticator) {
-            return ctx.fault(op.client, FaultKind::BadMac);
-        }
-        client.unproposed.insert(op.request);
-        self.unproposed.insert((now, op.client, op.request));
-        self.unproposed_bytes += size;
-        client.pending.insert(op.request, Pending { op: op.op, authenticator: op.authenticator, arrived: now, size });
+        client.pending_requests += count as usize;
+        client.unproposed.insert(bundle.first);
+        self.unproposed.insert((now, from, bundle.first));
+        self.unproposed_requests += count as usize;
+        self.unproposed_bytes += bundle.op_bytes;
+        client.pending.insert(bundle.first, Waiting { bundle: Arc::new(bundle), arrived: now });
         if self.waiting == 0 {
             self.progress_at = now;
         }
-        self.waiting += 1;
+        self.waiting += count as usize;
         self.unpark(ctx, now);
         self.propose(ctx, now);
     }
@@ -337,173 +320,214 @@ impl Replica {
         if !self.is_primary(ctx) || self.changing.is_some() {
             return;
         }
-        let p = ctx.cfg.cluster.params.clone();
+        let p = &ctx.cfg.cluster.params;
+        let (max_count, max_bytes, timeout) =
+            (p.batch_max_count as usize, p.batch_max_bytes as usize, p.batch_timeout_ns);
+        let pipeline = p.pipeline as u64;
         // Catch-up or state transfer may have taken this replica past its own proposals.
         self.next_seq = self.next_seq.max(self.delivered + 1);
         loop {
             let in_flight = self.next_seq - 1 - self.delivered;
-            if in_flight >= p.pipeline as u64 || !self.can_propose(ctx, self.next_seq) {
+            if in_flight >= pipeline || !self.can_propose(ctx, self.next_seq) || self.unproposed.is_empty() {
                 return;
             }
-            let (count, bytes, oldest) = self.unproposed_load();
-            if count == 0 {
+            let oldest = self.unproposed.first().map_or(Nanos::MAX, |(t, _, _)| *t);
+            let full = self.unproposed_requests >= max_count || self.unproposed_bytes >= max_bytes;
+            if !full && oldest.saturating_add(timeout) > now {
+                self.batch_deadline = Some(oldest.saturating_add(timeout));
                 return;
             }
-            let full = count >= p.batch_max_count as usize || bytes >= p.batch_max_bytes as usize;
-            if !full && oldest + p.batch_timeout_ns > now {
-                self.batch_deadline = Some(oldest + p.batch_timeout_ns);
-                return;
-            }
-            let batch = self.cut_batch(p.batch_max_count as usize, p.batch_max_bytes as usize);
-            self.pre_prepare(ctx, now, batch);
+            let bundles = self.cut_batch(max_count, max_bytes);
+            self.pre_prepare(ctx, now, bundles);
         }
     }
 
-    /// Requests not yet in the log: how many, their bytes, and the oldest arrival.
-    fn unproposed_load(&self) -> (usize, usize, Nanos) {
-        let oldest = self.unproposed.first().map_or(Nanos::MAX, |(t, _, _)| *t);
-        (self.unproposed.len(), self.unproposed_bytes, oldest)
-    }
-
-    /// A pending request went into a batch of the log: not to be proposed again. Returns
-    /// when it started waiting for one, if it was.
-    fn mark_in_log(&mut self, client: NodeId, request: u64) -> Option<Nanos> {
-        let c = self.clients.get_mut(&client)?;
-        if !c.unproposed.remove(&request) {
-            return None;
-        }
-        let p = &c.pending[&request];
-        self.unproposed.remove(&(p.arrived, client, request));
-        self.unproposed_bytes -= p.size;
-        Some(p.arrived)
-    }
-
-    /// A pending request is done with (executed here or in a transferred state).
-    fn forget_pending(&mut self, client: NodeId, request: u64) {
-        self.mark_in_log(client, request);
-        if self.clients.get_mut(&client).and_then(|c| c.pending.remove(&request)).is_some() {
-            self.waiting -= 1;
-        }
-    }
-
-    /// Takes up to the caps from the unproposed requests, one per client per round so
-    /// no client crowds out the others, each client's in request order.
-    fn cut_batch(&self, max_count: usize, max_bytes: usize) -> pb::Batch {
-        let mut ops: Vec<pb::Operation> = Vec::with_capacity(max_count.min(self.unproposed.len()));
-        let mut bytes = 0;
-        let mut queues: Vec<_> = self.clients.iter().map(|(&client, c)| (client, c, c.unproposed.iter())).collect();
+    /// Takes up to the caps from the unproposed requests, one bundle per client per round
+    /// so no client crowds out the others, each client's in request order. A bundle alone
+    /// always fits (clients and replicas check), so a batch is never empty.
+    fn cut_batch(&self, max_count: usize, max_bytes: usize) -> Vec<Arc<Bundle>> {
+        let mut bundles: Vec<Arc<Bundle>> = Vec::new();
+        let (mut count, mut bytes) = (0, 0);
+        let mut queues: Vec<_> = self.clients.values().map(|c| (c, c.unproposed.iter())).collect();
         loop {
-            let before = ops.len();
-            for (client, c, requests) in &mut queues {
-                let Some(&request) = requests.next() else { continue };
-                let p = &c.pending[&request];
-                if ops.len() >= max_count || (bytes > 0 && bytes + p.size > max_bytes) {
-                    return pb::Batch { ops };
+            let before = bundles.len();
+            for (c, firsts) in &mut queues {
+                let Some(first) = firsts.next() else { continue };
+                let b = &c.pending[first].bundle;
+                if !bundles.is_empty() && (count + b.ops.len() > max_count || bytes + b.op_bytes > max_bytes) {
+                    return bundles;
                 }
-                bytes += p.size;
-                let (op, authenticator) = (p.op.clone(), p.authenticator.clone());
-                ops.push(pb::Operation { client: *client, request, op, authenticator });
+                count += b.ops.len();
+                bytes += b.op_bytes;
+                bundles.push(b.clone());
             }
-            if ops.len() == before {
-                return pb::Batch { ops };
+            if bundles.len() == before {
+                return bundles;
             }
         }
     }
 
-    /// Primary: proposes `batch` at the next sequence number.
-    fn pre_prepare(&mut self, ctx: &mut Ctx, now: Nanos, batch: pb::Batch) {
+    /// Primary: proposes a batch of `bundles` at the next sequence number.
+    fn pre_prepare(&mut self, ctx: &mut Ctx, now: Nanos, bundles: Vec<Arc<Bundle>>) {
         let seq = self.next_seq;
         self.next_seq += 1;
-        let batch = EncodedBatch::new(batch);
-        let signature = sign(ctx, PREPARE, self.view, seq, &batch.digest);
-        let pp = PrePrepare { view: self.view, seq, batch, signature };
-        ctx.persist(pp.batch.accepted_record(pp.view, seq, &pp.signature));
-        // Sent from the encoding the digest was taken over, rather than a copy of the batch.
-        ctx.send_encoded_to_brokers(&Bytes::from(pp.batch.pre_prepare_body(pp.view, seq, &pp.signature)), &[]);
-        self.accept(ctx, now, now, ctx.me(), pp);
+        let batch = EncodedBatch::new(bundles);
+        self.vote_for(ctx, seq, &batch);
+        ctx.send_encoded_to_brokers(&batch.pre_prepare_body(self.view, seq), &[]);
+        self.accept(ctx, now, now, seq, batch);
+    }
+
+    /// Records this replica's vote for `batch` at `seq` in the current view, durably
+    /// before the vote leaves.
+    fn vote_for(&mut self, ctx: &mut Ctx, seq: u64, batch: &Arc<EncodedBatch>) {
+        ctx.persist(batch.accepted_record(self.view, seq));
+        self.note_voted(seq, self.view, batch.clone());
+    }
+
+    /// Adds a vote to `voted`: a later view for the same digest replaces the earlier, and
+    /// beyond `VOTED_KEPT` the oldest view goes.
+    fn note_voted(&mut self, seq: u64, view: u64, batch: Arc<EncodedBatch>) {
+        let votes = self.voted.entry(seq).or_default();
+        votes.retain(|v| v.batch.digest != batch.digest || v.view > view);
+        if votes.iter().all(|v| v.batch.digest != batch.digest) {
+            votes.push(Voted { view, batch });
+            votes.sort_by_key(|v| std::cmp::Reverse(v.view));
+            votes.truncate(VOTED_KEPT);
+        }
     }
 
     fn on_pre_prepare(&mut self, ctx: &mut Ctx, now: Nanos, from: NodeId, pp: pb::PrePrepare) {
-        if pp.view != self.view || from != primary(&self.replicas, pp.view) || from == ctx.me() {
+        if from != primary(&self.replicas, pp.view) || from == ctx.me() {
             return ctx.fault(from, FaultKind::Unexpected);
         }
-        if self.changing.is_some() {
+        // From another view's primary: late, or too far ahead to keep.
+        if pp.view != self.view || self.changing.is_some() {
             return ctx.stats.stale += 1;
         }
         if !self.in_window(ctx, pp.seq) {
             return ctx.stats.beyond_window += 1;
         }
-        // A batch no correct primary cuts would also break the bound on VIEW-CHANGE size.
-        if !within_batch_limits(&ctx.cfg.cluster.params, pp.batch.as_ref()) {
-            return ctx.fault(from, FaultKind::Oversized);
+        // The NEW-VIEW decided these slots; the primary has no say in them.
+        if pp.seq <= self.reproposed {
+            return ctx.fault(from, FaultKind::Unexpected);
         }
-        let has_batch = pp.batch.is_some();
-        let batch = EncodedBatch::new(pp.batch.unwrap_or_default());
-        let known = self.log.get(&pp.seq).and_then(|s| s.proposal.as_ref());
-        let parked = self.parked.get(&pp.seq).map(|p| &p.pre_prepare.batch);
-        if let Some(known) = known.or(parked) {
-            if known.digest != batch.digest {
+        let d = digest(&pp.batch);
+        let known = self.log.get(&pp.seq).and_then(|s| s.proposal.as_ref()).map(|b| b.digest);
+        if let Some(known) = known.or(self.parked.get(&pp.seq).map(|p| p.digest)) {
+            if known != d {
                 ctx.fault(from, FaultKind::Equivocation);
             }
             return;
         }
-        let pre_prepare = PrePrepare { view: pp.view, seq: pp.seq, batch, signature: pp.signature };
-        self.parked.insert(pp.seq, Parked { seen_at: now, pre_prepare, has_batch });
+        let Ok(batch) = pb::Batch::decode(pp.batch.clone()) else {
+            return ctx.fault(from, FaultKind::Malformed);
+        };
+        // No correct primary cuts more (a bundle holds at least one request).
+        if batch.requests.len() > ctx.cfg.cluster.params.batch_max_count as usize {
+            return ctx.fault(from, FaultKind::Oversized);
+        }
+        let requests = batch.requests.into_iter().map(Err).collect();
+        self.parked.insert(pp.seq, Parked { seen_at: now, view: pp.view, encoded: pp.batch, digest: d, requests });
         self.unpark(ctx, now);
     }
 
     /// Accepts parked PRE-PREPAREs whose every request a client sent (validity): one
-    /// this replica holds as is, or whose client's authenticator entry for this replica
-    /// verifies.
+    /// this replica holds byte for byte, or whose authenticator entry for this replica
+    /// verifies. A batch no correct primary cuts (overlapping requests, beyond the caps)
+    /// is refused as the primary's fault.
     fn unpark(&mut self, ctx: &mut Ctx, now: Nanos) {
-        let mut macs_verified = 0;
-        let mut sent_by_client = |o: &pb::Operation| {
-            let held =
-                self.clients.get(&o.client).and_then(|c| c.pending.get(&o.request)).is_some_and(|p| p.op == o.op);
-            held || (ctx.role_of(o.client) == Some(Role::Publisher) && {
-                macs_verified += 1;
-                ctx.keys.verify_from(o.client, &authenticated_bytes(o), &o.authenticator)
-            })
-        };
-        let ready: Vec<u64> = self
-            .parked
-            .iter()
-            .filter(|(_, p)| p.has_batch && p.pre_prepare.batch.ops.iter().all(&mut sent_by_client))
-            .map(|(seq, _)| *seq)
-            .collect();
-        ctx.counters.macs_verified += macs_verified;
+        let mut ready = Vec::new();
+        let mut malformed = Vec::new();
+        for (&seq, parked) in &mut self.parked {
+            let mut complete = true;
+            for r in &mut parked.requests {
+                let Err(requests) = r else { continue };
+                match authenticate(ctx, &self.clients, requests) {
+                    Authenticated::Yes(b) => *r = Ok(b),
+                    Authenticated::NotYet => complete = false,
+                    Authenticated::Malformed => {
+                        malformed.push(seq);
+                        complete = false;
+                        break;
+                    }
+                }
+            }
+            if complete {
+                ready.push(seq);
+            }
+        }
+        let primary = primary(&self.replicas, self.view);
+        for seq in malformed {
+            self.parked.remove(&seq);
+            ctx.fault(primary, FaultKind::Malformed);
+        }
         for seq in ready {
-            let Parked { seen_at, pre_prepare: pp, .. } = self.parked.remove(&seq).expect("parked");
-            if !unique_requests(&pp.batch.ops) {
-                ctx.fault(primary(&self.replicas, pp.view), FaultKind::Unexpected);
+            let Parked { seen_at, view, encoded, digest, requests } = self.parked.remove(&seq).expect("parked");
+            let bundles: Vec<Arc<Bundle>> = requests.into_iter().map(|r| r.expect("complete")).collect();
+            if !cuttable(&ctx.cfg.cluster.params, &bundles) {
+                ctx.fault(primary, FaultKind::Unexpected);
                 continue;
             }
-            ctx.persist(pp.batch.accepted_record(pp.view, seq, &pp.signature));
-            let d = pp.batch.digest;
-            let signature = sign(ctx, PREPARE, self.view, seq, &d);
-            let vote = pb::Vote { view: self.view, seq, digest: d.to_vec(), signature };
-            ctx.send_to_brokers(pb::body::Kind::Prepare(vote.clone()), &[]);
-            let primary = primary(&self.replicas, pp.view);
-            self.accept(ctx, now, seen_at, primary, pp);
-            self.on_prepare(ctx, now, ctx.me(), vote);
+            let batch = EncodedBatch::received(encoded, digest, bundles);
+            self.vote_for(ctx, seq, &batch);
+            let vote = pb::Vote { view, seq, digest: digest.to_vec() };
+            ctx.send_to_brokers(pb::body::Kind::Prepare(vote), &[]);
+            if let Some(slot) = self.slot(seq) {
+                // The PRE-PREPARE is the primary's vote.
+                let _ = add_vote(&mut slot.prepares, primary, digest);
+            }
+            self.accept(ctx, now, seen_at, seq, batch);
         }
     }
 
-    /// Records a PRE-PREPARE accepted (and persisted) at `seen_at`, the primary's vote,
-    /// and marks its requests.
-    fn accept(&mut self, ctx: &mut Ctx, now: Nanos, seen_at: Nanos, primary: NodeId, pp: PrePrepare) {
-        for o in &pp.batch.ops {
-            if let Some(arrived) = self.mark_in_log(o.client, o.request) {
+    /// The log slot for `seq` in the current view, made if missing; `None` outside the
+    /// window.
+    fn slot(&mut self, seq: u64) -> Option<&mut Slot> {
+        (seq > self.low).then(|| self.log.entry(seq).or_default())
+    }
+
+    /// Records an accepted proposal (already voted for and persisted) first seen at
+    /// `seen_at`, and marks its requests as in the log.
+    fn accept(&mut self, ctx: &mut Ctx, now: Nanos, seen_at: Nanos, seq: u64, batch: Arc<EncodedBatch>) {
+        for b in &batch.bundles {
+            if let Some(arrived) = self.mark_in_log(b.client, b.first) {
                 ctx.counters.queue_wait_ns_total += now.saturating_sub(arrived);
                 ctx.counters.queue_waits += 1;
             }
         }
-        let slot = self.log.entry(pp.seq).or_default();
-        slot.prepares.insert(primary, (pp.batch.digest, pp.signature.clone()));
-        slot.proposal = Some(pp.batch);
+        let me = ctx.me();
+        let Some(slot) = self.slot(seq) else { return };
+        // This replica's own vote: its PREPARE, or its PRE-PREPARE as primary.
+        let _ = add_vote(&mut slot.prepares, me, batch.digest);
+        slot.proposal = Some(batch);
+        slot.wanted = None;
         slot.seen_at = seen_at;
-        slot.accepted = Some((pp.view, pp.signature));
-        self.progress(ctx, now, pp.seq);
+        self.progress(ctx, now, seq);
+    }
+
+    /// A pending bundle went into a batch of the log: not to be proposed again. Returns
+    /// when it started waiting for one, if it was.
+    fn mark_in_log(&mut self, client: NodeId, first: u64) -> Option<Nanos> {
+        let c = self.clients.get_mut(&client)?;
+        if !c.unproposed.remove(&first) {
+            return None;
+        }
+        let w = &c.pending[&first];
+        self.unproposed.remove(&(w.arrived, client, first));
+        self.unproposed_requests -= w.bundle.ops.len();
+        self.unproposed_bytes -= w.bundle.op_bytes;
+        Some(w.arrived)
+    }
+
+    /// A pending bundle is done with (executed here or in a transferred state, or
+    /// superseded by requests of the same numbers).
+    fn forget_pending(&mut self, client: NodeId, first: u64) {
+        self.mark_in_log(client, first);
+        let Some(c) = self.clients.get_mut(&client) else { return };
+        if let Some(w) = c.pending.remove(&first) {
+            c.pending_requests -= w.bundle.ops.len();
+            self.waiting -= w.bundle.ops.len();
+        }
     }
 
     /// A message for a later view, within n views and the watermark window.
@@ -522,76 +546,48 @@ impl Replica {
     }
 
     fn on_prepare(&mut self, ctx: &mut Ctx, now: Nanos, from: NodeId, v: pb::Vote) {
-        let Ok(d) = Digest::try_from(v.digest.as_slice()) else {
-            return ctx.fault(from, FaultKind::Malformed);
-        };
-        if v.view != self.view || self.changing.is_some() || !self.in_window(ctx, v.seq) {
-            return ctx.stats.stale += 1;
-        }
-        let slot = self.log.entry(v.seq).or_default();
-        if let Some((known, _)) = slot.prepares.get(&from) {
-            if *known != d {
-                ctx.fault(from, FaultKind::Equivocation);
-            }
-            return;
-        }
-        slot.prepares.insert(from, (d, v.signature));
-        self.progress(ctx, now, v.seq);
+        self.on_vote(ctx, now, from, v, |s| &mut s.prepares);
     }
 
     fn on_commit(&mut self, ctx: &mut Ctx, now: Nanos, from: NodeId, v: pb::Vote) {
+        self.on_vote(ctx, now, from, v, |s| &mut s.commits);
+    }
+
+    /// A PREPARE or COMMIT: counted once per replica; a second vote for another digest
+    /// is equivocation.
+    fn on_vote(&mut self, ctx: &mut Ctx, now: Nanos, from: NodeId, v: pb::Vote, votes: fn(&mut Slot) -> &mut Votes) {
         let Ok(d) = Digest::try_from(v.digest.as_slice()) else {
             return ctx.fault(from, FaultKind::Malformed);
         };
         if v.view != self.view || self.changing.is_some() || !self.in_window(ctx, v.seq) {
             return ctx.stats.stale += 1;
         }
-        let slot = self.log.entry(v.seq).or_default();
-        if let Some(known) = slot.commits.get(&from) {
-            if *known != d {
-                ctx.fault(from, FaultKind::Equivocation);
-            }
-            return;
+        let Some(slot) = self.slot(v.seq) else { return };
+        if add_vote(votes(slot), from, d).is_err() {
+            return ctx.fault(from, FaultKind::Equivocation);
         }
-        slot.commits.insert(from, d);
         self.progress(ctx, now, v.seq);
     }
 
-    /// Moves a slot forward: COMMIT once prepared, committed on 2f+1 matching COMMITs,
-    /// then execution in order.
+    /// Moves a slot forward: COMMIT once prepared (durably noted first, for the view
+    /// change), committed on 2f+1 matching COMMITs, then execution in order.
     fn progress(&mut self, ctx: &mut Ctx, now: Nanos, seq: u64) {
-        let quorum = self.quorum;
-        let view = self.view;
+        let (quorum, view, me) = (self.quorum, self.view, ctx.me());
         let Some(slot) = self.log.get_mut(&seq) else { return };
-        if let Some(d) = slot.prepared(quorum).filter(|_| !slot.commit_sent) {
-            // COMMIT only holding a valid certificate: a batch committed anywhere then
-            // has f+1 correct replicas able to prove it prepared in any view change.
-            let votes: Vec<(NodeId, Vec<u8>)> =
-                slot.prepares.iter().filter(|(_, (x, _))| *x == d).map(|(r, (_, s))| (*r, s.clone())).collect();
-            let certificate = match certify(ctx, PREPARE, view, seq, &d, &votes, quorum) {
-                Ok(c) => c,
-                Err(bad) => {
-                    for r in bad {
-                        slot.prepares.remove(&r);
-                    }
-                    return;
-                }
-            };
+        let Some(d) = slot.prepared(quorum) else { return };
+        if !slot.commit_sent {
             slot.commit_sent = true;
-            let batch = slot.proposal.clone().expect("prepared slots have a proposal");
-            let prepared = Prepared { certificate, batch };
-            ctx.persist(prepared.record());
-            self.prepared.insert(seq, prepared);
-            let vote = pb::Vote { view, seq, digest: d.to_vec(), signature: Vec::new() };
-            ctx.send_to_brokers(pb::body::Kind::Commit(vote), &[]);
-            slot.commits.insert(ctx.me(), d);
+            let _ = add_vote(&mut slot.commits, me, d);
+            self.prepared.insert(seq, (view, d));
+            let vote = pb::SlotVote { seq, view, digest: d.to_vec() };
+            ctx.persist(record(Record::Prepared(vote)));
+            ctx.send_to_brokers(pb::body::Kind::Commit(pb::Vote { view, seq, digest: d.to_vec() }), &[]);
         }
-        if let Some(d) = slot.prepared(quorum).filter(|_| !slot.committed)
-            && slot.commits.values().filter(|x| **x == d).count() >= quorum
-        {
+        let slot = self.log.get_mut(&seq).expect("present");
+        if !slot.committed && slot.commits.iter().filter(|(_, x)| *x == d).count() >= quorum {
             slot.committed = true;
             ctx.counters.batches += 1;
-            ctx.counters.batched_requests += slot.proposal.as_ref().map_or(0, |b| b.ops.len() as u64);
+            ctx.counters.batched_requests += slot.proposal.as_ref().map_or(0, |b| b.requests());
             ctx.counters.consensus_ns_total += now.saturating_sub(slot.seen_at);
             self.execute_ready(ctx);
             self.propose(ctx, now);
@@ -599,27 +595,24 @@ impl Replica {
     }
 
     /// Hands committed batches to the host in sequence order, dropping requests already
-    /// executed (exactly once per client request).
+    /// executed (exactly once per client request): a bundle runs whole or not at all.
     fn execute_ready(&mut self, ctx: &mut Ctx) {
         while let Some(slot) = self.log.get(&(self.delivered + 1)).filter(|s| s.committed) {
             let seq = self.delivered + 1;
             let batch = slot.proposal.as_ref().expect("committed slots have a proposal");
-            let mut ops = Vec::new();
-            let mut requests = Vec::new();
-            let mut in_batch = BTreeSet::new();
-            for o in &batch.ops {
-                let client = self.clients.entry(o.client).or_default();
-                if client.executed(o.request) || !in_batch.insert((o.client, o.request)) {
+            let mut ops: Vec<Operation> = Vec::with_capacity(batch.requests() as usize);
+            let mut running = Vec::with_capacity(batch.bundles.len());
+            for b in &batch.bundles {
+                let client = self.clients.entry(b.client).or_default();
+                if client.done(b.first, b.last()) {
                     continue;
                 }
-                requests.push((o.client, o.request));
-                ops.push(Operation { client: o.client, request: o.request, op: o.op.to_vec() });
+                // From now on they count as executed, so later bundles skip them.
+                client.start(b.first, b.count());
+                running.push((b.client, b.first, b.count()));
+                ops.extend(b.operations());
             }
-            // Marked executed now so later batches skip them; results fill in on Executed.
-            for &(c, r) in &requests {
-                self.clients.get_mut(&c).expect("entry made").in_flight.insert(r);
-            }
-            self.executing.insert(seq, requests);
+            self.executing.insert(seq, running);
             self.delivered = seq;
             ctx.push(Output::Execute { seq, ops });
         }
@@ -638,11 +631,10 @@ impl Replica {
         if seq != self.executed + 1 || seq > self.delivered {
             return Err(HandleError::Invalid(format!("executed batch {seq}, but batch {} is next", self.executed + 1)));
         }
-        let requests = &self.executing[&seq];
-        if results.len() != requests.len() {
+        let expected: u64 = self.executing[&seq].iter().map(|(_, _, count)| count).sum();
+        if results.len() as u64 != expected {
             return Err(HandleError::Invalid(format!(
-                "batch {seq} has {} operations but {} results",
-                requests.len(),
+                "batch {seq} has {expected} operations but {} results",
                 results.len()
             )));
         }
@@ -653,288 +645,28 @@ impl Replica {
             )));
         }
         let cap = ctx.cfg.cluster.params.client_queue as usize;
-        for ((client, request), result) in self.executing.remove(&seq).expect("checked").into_iter().zip(results) {
-            self.forget_pending(client, request);
+        let mut results = results.into_iter().map(Bytes::from);
+        for (client, first, count) in self.executing.remove(&seq).expect("checked") {
+            let results: Vec<Bytes> = results.by_ref().take(count as usize).collect();
+            // Encoded before the results move into the reply cache, so they are not copied.
+            let mut body =
+                pb::Body { kind: Some(pb::body::Kind::Reply(pb::Reply { view: self.view, first, results })) };
+            ctx.send_encoded(&Bytes::from(body.encode_to_vec()), [client]);
+            let Some(pb::body::Kind::Reply(reply)) = body.kind.take() else { unreachable!("built above") };
             let state = self.clients.get_mut(&client).expect("executing clients exist");
-            let result = Bytes::from(result);
-            state.in_flight.remove(&request);
-            state.replies.insert(request, result.clone());
-            while state.replies.len() > cap {
-                let (oldest, _) = state.replies.pop_first().expect("non-empty");
-                state.floor = state.floor.max(oldest);
+            state.finish(first, reply.results, cap);
+            for done in state.pending_within(first, first + count - 1) {
+                self.forget_pending(client, done);
             }
-            let reply = pb::Reply { view: self.view, request, result };
-            ctx.send(pb::body::Kind::Reply(reply), [client]);
         }
         self.executed = seq;
         self.progress_at = now;
         if let Some(app) = snapshot {
-            let state = self.checkpoint_state(app);
-            let d = digest(&state);
-            self.snapshots.insert(seq, (d, state));
-            let signature = sign(ctx, CHECKPOINT, 0, seq, &d);
-            let vote = pb::CheckpointVote { seq, digest: d.to_vec(), signature };
-            ctx.send_to_brokers(pb::body::Kind::Checkpoint(vote.clone()), &[]);
-            self.on_checkpoint(ctx, now, ctx.me(), vote);
+            self.take_checkpoint(ctx, now, seq, app);
         }
         self.propose(ctx, now);
         self.rearm(ctx);
         Ok(())
-    }
-
-    fn on_checkpoint(&mut self, ctx: &mut Ctx, now: Nanos, from: NodeId, c: pb::CheckpointVote) {
-        let k = ctx.cfg.cluster.params.checkpoint_interval as u64;
-        let Ok(d) = Digest::try_from(c.digest.as_slice()) else {
-            return ctx.fault(from, FaultKind::Malformed);
-        };
-        if !c.seq.is_multiple_of(k) || c.seq <= self.low {
-            return ctx.stats.stale += 1;
-        }
-        let votes = self.checkpoint_votes.entry(from).or_default();
-        votes.insert(c.seq, (d, c.signature));
-        while votes.len() > CHECKPOINT_VOTES_KEPT {
-            votes.pop_first();
-        }
-        let matching: Vec<(NodeId, Vec<u8>)> = self
-            .checkpoint_votes
-            .iter()
-            .filter_map(|(r, v)| v.get(&c.seq).filter(|(x, _)| *x == d).map(|(_, s)| (*r, s.clone())))
-            .collect();
-        if matching.len() >= self.quorum {
-            self.make_stable(ctx, c.seq, d, &matching);
-            // The watermark window moved: the primary may have batches waiting for it.
-            self.propose(ctx, now);
-        }
-    }
-
-    /// 2f+1 replicas signed checkpoint (seq, digest): verifies and aggregates their
-    /// signatures into a certificate, and frees the log up to it.
-    fn make_stable(&mut self, ctx: &mut Ctx, seq: u64, d: Digest, votes: &[(NodeId, Vec<u8>)]) {
-        match certify(ctx, CHECKPOINT, 0, seq, &d, votes, self.quorum) {
-            Ok(cert) => self.adopt_stable(ctx, cert, None),
-            Err(bad) => {
-                for r in bad {
-                    if let Some(v) = self.checkpoint_votes.get_mut(&r) {
-                        v.remove(&seq);
-                    }
-                }
-            }
-        }
-    }
-
-    /// A checkpoint certificate newer than ours: frees the log below it, persists it with
-    /// its state if known (`state`, or this replica's own snapshot), and fetches the state
-    /// if this replica has not executed that far.
-    fn adopt_stable(&mut self, ctx: &mut Ctx, cert: pb::Certificate, state: Option<Vec<u8>>) {
-        let seq = cert.seq;
-        // Never an older checkpoint's state: it would be served with this certificate.
-        self.stable_snapshot = state.or_else(|| self.snapshots.get(&seq).map(|(_, state)| state.clone()));
-        self.stable = Some(cert);
-        self.low = seq;
-        self.log = self.log.split_off(&(seq + 1));
-        self.parked = self.parked.split_off(&(seq + 1));
-        self.snapshots = self.snapshots.split_off(&(seq + 1));
-        self.prepared = self.prepared.split_off(&(seq + 1));
-        for votes in self.checkpoint_votes.values_mut() {
-            *votes = votes.split_off(&(seq + 1));
-        }
-        self.next_seq = self.next_seq.max(seq + 1);
-        self.persist_stable(ctx);
-        self.fetch_state(ctx);
-    }
-
-    /// Persists the stable checkpoint. With its state, it is a point to restart from: the
-    /// records before it become obsolete once everything else a restart needs follows it
-    /// (the view, the slots above the checkpoint accepted in that view, and the prepared
-    /// ones), so the host is told it may compact its storage.
-    fn persist_stable(&self, ctx: &mut Ctx) {
-        let Some(cert) = self.stable.clone() else { return };
-        let Some(state) = self.stable_snapshot.clone() else {
-            ctx.persist(record(Record::Stable(cert)));
-            return;
-        };
-        let token = ctx.persist(record(Record::StableState(pb::StableState { certificate: Some(cert), state })));
-        ctx.persist(record(Record::View(self.durable_view)));
-        // A restart ignores slots accepted in an older view than the one it resumes in.
-        for (&seq, slot) in &self.log {
-            if let (Some((view, signature)), Some(batch)) = (&slot.accepted, &slot.proposal)
-                && *view == self.durable_view
-            {
-                ctx.persist(batch.accepted_record(*view, seq, signature));
-            }
-        }
-        for p in self.prepared.values() {
-            ctx.persist(p.record());
-        }
-        ctx.push(Output::Compact { token });
-    }
-
-    /// The state a checkpoint certifies: the application snapshot and the exactly-once
-    /// table, encoded deterministically.
-    fn checkpoint_state(&self, app: Vec<u8>) -> Vec<u8> {
-        let clients = self
-            .clients
-            .iter()
-            .map(|(&client, c)| pb::ClientRecord {
-                client,
-                floor: c.floor,
-                replies: c
-                    .replies
-                    .iter()
-                    .map(|(&request, result)| pb::ExecutedRequest { request, result: result.to_vec() })
-                    .collect(),
-            })
-            .collect();
-        pb::CheckpointState { app, clients }.encode_to_vec()
-    }
-
-    /// Asks the other replicas for what this replica has not executed: the state of the
-    /// stable checkpoint if it is behind it, asked again every `request_timeout_ns / 4`
-    /// until done.
-    fn fetch_state(&mut self, ctx: &mut Ctx) {
-        self.fetch_at = None;
-        if self.executed < self.low {
-            self.catch_up_request(ctx);
-            self.fetch_at = Some(self.last_now.saturating_add(ctx.cfg.cluster.params.request_timeout_ns / 4));
-        }
-    }
-
-    fn catch_up_request(&mut self, ctx: &mut Ctx) {
-        let seq = self.executed + 1;
-        ctx.send_to_brokers(pb::body::Kind::FetchState(pb::FetchState { seq }), &[]);
-    }
-
-    /// Answers a replica that lacks `f.seq` onwards: the state at the newest checkpoint
-    /// at or after it (certified if stable here, else bare: the fetcher checks it against
-    /// its own certificate or f+1 matching offers), then the committed batches after.
-    fn on_fetch_state(&mut self, ctx: &mut Ctx, from: NodeId, f: pb::FetchState) {
-        let stable = match (&self.stable, &self.stable_snapshot) {
-            (Some(cert), Some(state)) if cert.seq >= f.seq => Some((cert.seq, Some(cert.clone()), state.clone())),
-            _ => None,
-        };
-        let own = self.snapshots.range(f.seq..).next_back().map(|(&seq, (_, state))| (seq, None, state.clone()));
-        let state = stable.into_iter().chain(own).max_by_key(|(seq, _, _)| *seq);
-        let after = state.as_ref().map_or(f.seq, |(seq, _, _)| seq + 1);
-        if let Some((seq, checkpoint, state)) = state {
-            ctx.send(pb::body::Kind::State(Box::new(pb::State { seq, checkpoint, state })), [from]);
-        }
-        let committed: Vec<pb::Committed> = self
-            .log
-            .range(after..)
-            .take_while(|(seq, _)| **seq <= self.delivered)
-            .filter(|(_, s)| s.committed)
-            .filter_map(|(&seq, s)| s.proposal.as_ref().map(|b| pb::Committed { seq, batch: Some(b.to_pb()) }))
-            .collect();
-        for c in committed {
-            ctx.send(pb::body::Kind::Committed(c), [from]);
-        }
-    }
-
-    /// A committed batch offered in catch-up: adopted once f+1 replicas offer the same.
-    fn on_committed(&mut self, ctx: &mut Ctx, now: Nanos, from: NodeId, c: pb::Committed) {
-        if c.seq <= self.delivered || !self.in_window(ctx, c.seq) {
-            return ctx.stats.stale += 1;
-        }
-        let batch = EncodedBatch::new(c.batch.unwrap_or_default());
-        let d = batch.digest;
-        let offers = self.catch_up.entry(c.seq).or_default();
-        offers.insert(from, batch);
-        if offers.values().filter(|b| b.digest == d).count() <= ctx.f {
-            return;
-        }
-        let batch = offers.remove(&from).expect("just inserted");
-        self.catch_up.remove(&c.seq);
-        let slot = self.log.entry(c.seq).or_default();
-        slot.proposal = Some(batch);
-        slot.committed = true;
-        self.caught_up(ctx, now);
-    }
-
-    /// Progress through catch-up: execute, and drop a view change nobody else joined
-    /// (the primary was only keeping this replica in the dark).
-    fn caught_up(&mut self, ctx: &mut Ctx, now: Nanos) {
-        let before = self.executed.max(self.delivered);
-        self.execute_ready(ctx);
-        if self.delivered > before
-            && let Some(c) = &self.changing
-            && self.view_changes.values().filter(|r| r.view >= c.target).count() <= ctx.f
-        {
-            self.changing = None;
-            self.failed_views = 0;
-            self.progress_at = now;
-        }
-        self.catch_up = self.catch_up.split_off(&(self.delivered + 1));
-        self.propose(ctx, now);
-    }
-
-    /// State transfer: a state beyond what this replica executed whose digest a
-    /// checkpoint certificate names (the one sent along, or our own stable one).
-    fn on_state(&mut self, ctx: &mut Ctx, now: Nanos, from: NodeId, s: pb::State) {
-        if s.seq <= self.executed {
-            return ctx.stats.stale += 1;
-        }
-        let d = digest(&s.state);
-        let certified = match &s.checkpoint {
-            Some(cert) if cert.seq == s.seq && verify_certificate(ctx, CHECKPOINT, cert, self.quorum) => {
-                Some(cert.clone())
-            }
-            Some(_) => return ctx.fault(from, FaultKind::BadSignature),
-            None => self.stable.clone().filter(|c| c.seq == s.seq),
-        };
-        if let Some(cert) = &certified
-            && d.as_slice() != cert.digest
-        {
-            return ctx.fault(from, FaultKind::BadSignature);
-        }
-        // Without a certificate, f+1 replicas offering the same state include a correct one.
-        if certified.is_none() {
-            self.offered_states.insert(from, (s.seq, d, s.state.clone()));
-            let matching = self.offered_states.values().filter(|(seq, x, _)| *seq == s.seq && *x == d).count();
-            if matching <= ctx.f {
-                return;
-            }
-        }
-        self.offered_states.clear();
-        let Ok(state) = pb::CheckpointState::decode(s.state.as_slice()) else {
-            return ctx.fault(from, FaultKind::Malformed);
-        };
-        let newer = certified.filter(|c| c.seq > self.low);
-        self.install_state(ctx, s.seq, state);
-        match newer {
-            Some(cert) => self.adopt_stable(ctx, cert, Some(s.state)),
-            // The state of the checkpoint this replica saw become stable without it.
-            None if self.stable.as_ref().is_some_and(|c| c.seq == s.seq) => {
-                self.stable_snapshot = Some(s.state);
-                self.persist_stable(ctx);
-            }
-            None => {}
-        }
-        self.fetch_at = None;
-        self.caught_up(ctx, now);
-    }
-
-    /// Replaces what this replica executed with the state of checkpoint `seq`: the
-    /// exactly-once table, the application (the host restores it) and the execution point.
-    /// State transfer and a restart from a persisted stable checkpoint both install so.
-    fn install_state(&mut self, ctx: &mut Ctx, seq: u64, state: pb::CheckpointState) {
-        for c in state.clients {
-            let entry = self.clients.entry(c.client).or_default();
-            entry.floor = c.floor;
-            entry.replies = c.replies.into_iter().map(|e| (e.request, Bytes::from(e.result))).collect();
-            entry.in_flight.clear();
-            let executed: Vec<u64> = entry.pending.keys().copied().filter(|&r| entry.executed(r)).collect();
-            for r in executed {
-                self.forget_pending(c.client, r);
-            }
-        }
-        ctx.push(Output::Restore { seq, snapshot: state.app });
-        self.executing.clear();
-        self.executed = seq;
-        self.delivered = self.delivered.max(seq);
-        // Executed by a correct replica: the log below is settled, whether or not this
-        // replica has seen the certificate.
-        self.low = self.low.max(seq);
-        self.log = self.log.split_off(&(seq + 1));
     }
 
     pub fn on_timeout(&mut self, ctx: &mut Ctx, now: Nanos) {
@@ -961,50 +693,56 @@ impl Replica {
         self.batch_deadline.into_iter().chain(self.suspect).chain(self.fetch_at).min()
     }
 
-    /// Restores what was persisted before a crash: the accepted proposals, sent votes and
-    /// prepared certificates, so the replica never votes differently for a slot and can
-    /// prove what prepared, and the stable checkpoint, with its state when persisted.
+    /// Restores what was persisted before a crash: the view it entered (and one it was
+    /// changing to), the batches it voted for and the slots that prepared (so it never
+    /// votes differently for a slot and its VIEW-CHANGE tells what it did), and the
+    /// stable checkpoint, with its state when persisted.
     pub fn recover(&mut self, ctx: &mut Ctx, now: Nanos, bytes: &[u8]) -> Result<(), HandleError> {
         let invalid = |why: String| HandleError::Invalid(format!("persisted record: {why}"));
         let rec = pb::ReplicaRecord::decode(bytes).map_err(|e| invalid(format!("not a ReplicaRecord: {e}")))?;
         match rec.kind {
-            Some(Record::View(v)) => {
-                self.view = self.view.max(v);
-                self.durable_view = self.view;
+            // A view this replica started changing to: it resumes changing to it, until
+            // the record of entering it (if any) follows.
+            Some(Record::View(v)) if v > self.view && v > self.durable_view => {
+                self.durable_view = v;
+                let deadline = now.saturating_add(ctx.cfg.cluster.params.request_timeout_ns);
+                self.changing = Some(view_change::Changing { target: v, deadline });
             }
-            Some(Record::Accepted(pp)) if pp.view == self.view && pp.seq > self.low => {
-                let primary = primary(&self.replicas, pp.view);
-                self.next_seq = self.next_seq.max(pp.seq + 1);
-                let batch = EncodedBatch::new(pp.batch.unwrap_or_default());
-                let slot = self.log.entry(pp.seq).or_default();
-                slot.prepares.insert(primary, (batch.digest, pp.signature.clone()));
-                slot.proposal = Some(batch);
-                slot.seen_at = now;
-                slot.accepted = Some((pp.view, pp.signature));
-            }
-            Some(Record::Prepared(e)) => {
-                let (Some(certificate), Some(batch)) = (e.certificate, e.batch) else {
-                    return Err(invalid("a prepared slot without its certificate or batch".into()));
-                };
-                let seq = certificate.seq;
-                if seq <= self.low {
-                    return Ok(());
+            Some(Record::Entered(e)) if e.view >= self.view => {
+                self.view = e.view;
+                self.reproposed = e.reproposed;
+                self.durable_view = self.durable_view.max(e.view);
+                if self.changing.as_ref().is_some_and(|c| c.target <= e.view) {
+                    self.changing = None;
                 }
-                if certificate.view == self.view
-                    && let (Some(slot), Ok(d)) =
-                        (self.log.get_mut(&seq), Digest::try_from(certificate.digest.as_slice()))
-                {
+            }
+            Some(Record::Accepted(pp)) if pp.seq > self.low => {
+                let batch = EncodedBatch::vouched(pp.batch)
+                    .ok_or_else(|| invalid("an accepted batch that does not decode".into()))?;
+                self.note_voted(pp.seq, pp.view, batch.clone());
+                if pp.view == self.view {
+                    self.next_seq = self.next_seq.max(pp.seq + 1);
+                    let me = ctx.me();
+                    let slot = self.log.entry(pp.seq).or_default();
+                    let _ = add_vote(&mut slot.prepares, me, batch.digest);
+                    slot.proposal = Some(batch);
+                    slot.seen_at = now;
+                }
+            }
+            Some(Record::Prepared(v)) if v.seq > self.low => {
+                let d =
+                    Digest::try_from(v.digest.as_slice()).map_err(|_| invalid("a digest of another size".into()))?;
+                if self.prepared.get(&v.seq).is_none_or(|(view, _)| *view <= v.view) {
+                    self.prepared.insert(v.seq, (v.view, d));
+                }
+                if let Some(slot) = self.log.get_mut(&v.seq).filter(|_| v.view == self.view) {
                     slot.commit_sent = true;
-                    slot.commits.insert(ctx.me(), d);
-                }
-                if self.prepared.get(&seq).is_none_or(|p| p.certificate.view <= certificate.view) {
-                    self.prepared.insert(seq, Prepared { certificate, batch: EncodedBatch::new(batch) });
+                    let _ = add_vote(&mut slot.commits, ctx.me(), d);
                 }
             }
             Some(Record::Stable(cert)) if cert.seq > self.low => {
                 self.low = cert.seq;
-                self.log = self.log.split_off(&(cert.seq + 1));
-                self.prepared = self.prepared.split_off(&(cert.seq + 1));
+                self.free_below(cert.seq);
                 self.next_seq = self.next_seq.max(cert.seq + 1);
                 self.stable = Some(cert);
                 self.stable_snapshot = None;
@@ -1018,7 +756,8 @@ impl Replica {
                 let state = pb::CheckpointState::decode(s.state.as_slice())
                     .map_err(|e| invalid(format!("a stable state that does not decode: {e}")))?;
                 self.install_state(ctx, cert.seq, state);
-                self.prepared = self.prepared.split_off(&(cert.seq + 1));
+                self.low = cert.seq;
+                self.free_below(cert.seq);
                 self.next_seq = self.next_seq.max(cert.seq + 1);
                 self.stable = Some(cert);
                 self.stable_snapshot = Some(s.state);
@@ -1030,96 +769,48 @@ impl Replica {
     }
 }
 
-/// Whether `batch` is one `cut_batch` could have made: at most `batch_max_count`
-/// operations, and at most `batch_max_bytes` of encoded operations unless it is a single
-/// operation (whose op alone is within `batch_max_bytes`, as every replica admits).
-fn within_batch_limits(p: &crate::config::Params, batch: Option<&pb::Batch>) -> bool {
-    let ops = batch.map_or(&[][..], |b| &b.ops[..]);
-    let bytes: usize = ops.iter().map(Message::encoded_len).sum();
-    ops.len() <= p.batch_max_count as usize
-        && (bytes <= p.batch_max_bytes as usize || (ops.len() == 1 && ops[0].op.len() <= p.batch_max_bytes as usize))
+/// Whether a replica may take a batch's `Requests` as sent by their client.
+enum Authenticated {
+    Yes(Arc<Bundle>),
+    /// Neither held here nor carrying a valid authenticator entry for this replica: maybe
+    /// the client's own copy is still on its way.
+    NotYet,
+    Malformed,
 }
 
-/// This replica's signature on (kind, view, seq, digest).
-fn sign(ctx: &Ctx, kind: &[u8; 4], view: u64, seq: u64, d: &Digest) -> Vec<u8> {
-    ctx.sign(&signed_message(kind, view, seq, d)).0.to_vec()
-}
-
-/// Aggregates signatures on one (kind, view, seq, digest) into a certificate: a single
-/// aggregate check when all are valid; otherwise each is checked, invalid signers are
-/// reported as faults, and if fewer than `quorum` remain valid they are returned so
-/// their votes can be dropped.
-fn certify(
-    ctx: &mut Ctx,
-    kind: &[u8; 4],
-    view: u64,
-    seq: u64,
-    d: &Digest,
-    votes: &[(NodeId, Vec<u8>)],
-    quorum: usize,
-) -> Result<pb::Certificate, Vec<NodeId>> {
-    let message = signed_message(kind, view, seq, d);
-    let parsed: Vec<(NodeId, Option<(BlsPublicKey, BlsSignature)>)> = votes
-        .iter()
-        .map(|(r, s)| (*r, public_key(ctx, *r).zip(<[u8; 96]>::try_from(s.as_slice()).ok().map(BlsSignature))))
-        .collect();
-    let mut all_valid = || {
-        let keys: Option<Vec<(BlsPublicKey, BlsSignature)>> = parsed.iter().map(|(_, k)| *k).collect();
-        let keys = keys?;
-        let (pks, sigs): (Vec<BlsPublicKey>, Vec<BlsSignature>) = keys.into_iter().unzip();
-        let agg = ctx.aggregate(&sigs)?;
-        ctx.verify_aggregate(&pks, &message, &agg).then_some(agg)
-    };
-    let (signers, agg) = match all_valid() {
-        Some(agg) => (parsed.iter().map(|(r, _)| *r).collect::<Vec<_>>(), agg),
-        None => {
-            let (good, bad): (Vec<_>, Vec<_>) =
-                parsed.iter().partition(|(_, k)| k.is_some_and(|(pk, sig)| ctx.verify_signature(&pk, &message, &sig)));
-            let bad: Vec<NodeId> = bad.into_iter().map(|(r, _)| r).collect();
-            for &r in &bad {
-                ctx.fault(r, FaultKind::BadSignature);
-            }
-            if good.len() < quorum {
-                return Err(bad);
-            }
-            let sigs: Vec<BlsSignature> = good.iter().map(|(_, k)| k.expect("valid").1).collect();
-            let agg = ctx.aggregate(&sigs).ok_or_else(|| bad.clone())?;
-            (good.iter().map(|(r, _)| *r).collect(), agg)
-        }
-    };
-    if signers.len() < quorum {
-        return Err(vec![]);
+/// Requests from a PRE-PREPARE: the copy this replica holds if it is the same byte for
+/// byte (no MAC to check), else parsed and checked against the client's authenticator.
+fn authenticate(ctx: &mut Ctx, clients: &BTreeMap<NodeId, ClientState>, r: &pb::Requests) -> Authenticated {
+    if let Some((client, first)) = header(&r.body)
+        && let Some(w) = clients.get(&client).and_then(|c| c.pending.get(&first))
+        && w.bundle.body == r.body
+    {
+        return Authenticated::Yes(w.bundle.clone());
     }
-    Ok(pb::Certificate { view, seq, digest: d.to_vec(), signers, signature: agg.0.to_vec() })
+    let Some(bundle) = Bundle::parse(r.clone()) else { return Authenticated::Malformed };
+    if ctx.role_of(bundle.client) != Some(Role::Publisher) {
+        return Authenticated::Malformed;
+    }
+    ctx.counters.macs_verified += 1;
+    if bundle.authentic(&ctx.keys) { Authenticated::Yes(Arc::new(bundle)) } else { Authenticated::NotYet }
+}
+
+/// Whether `bundles` form a batch `cut_batch` could have made: within the caps on
+/// requests and op bytes (a lone bundle within them, as every replica admits), and no
+/// request twice.
+fn cuttable(p: &crate::config::Params, bundles: &[Arc<Bundle>]) -> bool {
+    let count: u64 = bundles.iter().map(|b| b.count()).sum();
+    let bytes: usize = bundles.iter().map(|b| b.op_bytes).sum();
+    let mut seen: BTreeMap<NodeId, BTreeMap<u64, u64>> = BTreeMap::new();
+    let disjoint = bundles.iter().all(|b| {
+        let ranges = seen.entry(b.client).or_default();
+        let clear = ranges.range(..=b.last()).next_back().is_none_or(|(&f, &c)| f + c <= b.first);
+        ranges.insert(b.first, b.count());
+        clear
+    });
+    disjoint && count <= p.batch_max_count as u64 && bytes <= p.batch_max_bytes as usize
 }
 
 fn record(kind: pb::replica_record::Kind) -> Vec<u8> {
     pb::ReplicaRecord { kind: Some(kind) }.encode_to_vec()
-}
-
-fn public_key(ctx: &Ctx, id: NodeId) -> Option<BlsPublicKey> {
-    ctx.cfg.cluster.node(id).map(|n| n.bls_public_key)
-}
-
-/// No (client, request) twice in one batch: a primary that repeats one is faulty.
-fn unique_requests(ops: &[pb::Operation]) -> bool {
-    let mut seen = BTreeSet::new();
-    ops.iter().all(|o| seen.insert((o.client, o.request)))
-}
-
-/// Verifies a certificate: 2f+1 distinct replicas' signatures on its message.
-fn verify_certificate(ctx: &mut Ctx, kind: &[u8; 4], cert: &pb::Certificate, quorum: usize) -> bool {
-    let signers: BTreeSet<NodeId> = cert.signers.iter().copied().collect();
-    if signers.len() != cert.signers.len() || signers.len() < quorum {
-        return false;
-    }
-    let Some(pks) = signers
-        .iter()
-        .map(|&s| public_key(ctx, s).filter(|_| ctx.role_of(s) == Some(Role::Broker)))
-        .collect::<Option<Vec<_>>>()
-    else {
-        return false;
-    };
-    let Ok(sig) = <[u8; 96]>::try_from(cert.signature.as_slice()) else { return false };
-    ctx.verify_aggregate(&pks, &signed_message(kind, cert.view, cert.seq, &cert.digest), &BlsSignature(sig))
 }

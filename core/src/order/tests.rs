@@ -132,8 +132,9 @@ fn every_replica_executes_the_same_batches_and_clients_complete() {
     }
 }
 
-/// Every frame's hop MAC is counted; a replica also checks the client authenticator of a
-/// request (when it arrives, or inside a batch that came first), and BLS signatures.
+/// Every frame's hop MAC is counted; a replica also checks a client's authenticator when
+/// its requests reach it inside a batch before they come from the client, and BLS
+/// signatures (checkpoints).
 #[test]
 fn status_counts_every_mac_and_signature_check() {
     let mut net = Net::new(1, 1, params());
@@ -148,7 +149,7 @@ fn status_counts_every_mac_and_signature_check() {
     for r in 0..4 {
         let status = net.nodes[r].status();
         let macs = status.macs_verified - net.received[r];
-        assert!((12..=24).contains(&macs), "replica {r}: {macs} authenticators checked for 12 requests");
+        assert!(macs <= 12, "replica {r}: {macs} authenticators checked for 12 requests");
         assert!(status.signatures_verified > 0, "replica {r}");
     }
 }
@@ -188,17 +189,4 @@ fn a_restarted_client_resumes_numbering_above_its_persisted_lease() {
     restarted.handle(0, Input::Recover { record }).unwrap();
     assert!(restarted.next_request().unwrap() > 2, "a restarted client would reuse request numbers");
     assert!(restarted.handle(0, Input::Recover { record: vec![0xff] }).is_err());
-}
-
-#[test]
-fn authenticated_bytes_are_the_operation_encoded_without_its_authenticator() {
-    use prost::Message;
-
-    use crate::wire::pb;
-    let mac = pb::Mac { from: 4, to: 0, tag: vec![7; 32].into() };
-    for (client, request, op) in [(0, 0, vec![]), (4, 1, vec![]), (4, 1 << 40, b"op".to_vec()), (9, 3, vec![0; 300])] {
-        let o = pb::Operation { client, request, op: op.clone().into(), authenticator: vec![mac.clone()] };
-        let unauthenticated = pb::Operation { client, request, op: op.into(), authenticator: vec![] };
-        assert_eq!(super::authenticated_bytes(&o), [&b"phalanx/v1/op"[..], &unauthenticated.encode_to_vec()].concat());
-    }
 }

@@ -9,7 +9,7 @@ use prost::Message;
 
 use super::{NetConfig, Rng};
 use crate::crypto::BlsSecretKey;
-use crate::order::{authenticated_bytes, batch_digest, signed_message};
+use crate::order::{header, signed_message};
 use crate::wire::{Keyring, encode_body, pb};
 use crate::{Nanos, NodeId};
 
@@ -194,27 +194,48 @@ fn alter(kind: &mut pb::body::Kind, macs: &mut Vec<pb::Mac>, field: u64, me: Nod
 }
 
 /// The other content an equivocating node sends some receivers: a different payload,
-/// op, result or digest, or for a PRE-PREPARE another batch of the same requests.
+/// op, result or digest, for a PRE-PREPARE another batch of the same requests, and for a
+/// VIEW-CHANGE claims that other batches prepared (and that it voted for them).
 fn equivocate(kind: &mut pb::body::Kind) {
     fn flip(digest: &mut [u8]) {
         if let Some(b) = digest.first_mut() {
             *b ^= 0xff;
         }
     }
+    fn altered(b: &[u8]) -> Bytes {
+        [b, b"/equivocated"].concat().into()
+    }
     match kind {
-        pb::body::Kind::Publication(p) => p.payload = [&p.payload[..], b"/equivocated"].concat().into(),
-        pb::body::Kind::Request(op) => op.op = [&op.op[..], b"/equivocated"].concat().into(),
-        pb::body::Kind::PrePrepare(pp) => {
-            let ops = &mut pp.batch.get_or_insert_default().ops;
-            if ops.len() > 1 {
-                ops.reverse();
-            } else {
-                ops.clear();
+        pb::body::Kind::Publication(p) => p.payload = altered(&p.payload),
+        pb::body::Kind::Requests(r) => {
+            if let Ok(mut body) = pb::RequestsBody::decode(r.body.clone())
+                && let Some(op) = body.ops.first_mut()
+            {
+                *op = altered(op);
+                r.body = body.encode_to_vec().into();
             }
+        }
+        pb::body::Kind::PrePrepare(pp) => {
+            let mut batch = pb::Batch::decode(pp.batch.clone()).unwrap_or_default();
+            if batch.requests.len() > 1 {
+                batch.requests.reverse();
+            } else {
+                batch.requests.clear();
+            }
+            pp.batch = batch.encode_to_vec().into();
         }
         pb::body::Kind::Prepare(v) | pb::body::Kind::Commit(v) => flip(&mut v.digest),
         pb::body::Kind::Checkpoint(c) => flip(&mut c.digest),
-        pb::body::Kind::Reply(r) => r.result = [&r.result[..], b"/equivocated"].concat().into(),
+        pb::body::Kind::Reply(r) => {
+            if let Some(result) = r.results.first_mut() {
+                *result = altered(result);
+            }
+        }
+        pb::body::Kind::ViewChange(vc) => {
+            for v in vc.prepared.iter_mut().chain(vc.voted.iter_mut()) {
+                flip(&mut v.digest);
+            }
+        }
         _ => {}
     }
 }
@@ -244,20 +265,17 @@ fn rewrite(
 }
 
 /// Encodes a changed body after making valid again what the node authenticates inside
-/// it (a client's authenticator, a primary's PRE-PREPARE signature, a replica's PREPARE
-/// signature) and, in `macs`, its own MACs over the body.
+/// it (a client's authenticator, a replica's VIEW-CHANGE signature) and, in `macs`, its
+/// own MACs over the body.
 fn reauthenticate(keys: &Keyring, bls: &BlsSecretKey, mut kind: pb::body::Kind, macs: &mut [pb::Mac]) -> Bytes {
     match &mut kind {
-        pb::body::Kind::Request(op) if op.client == keys.me => {
-            let covered = authenticated_bytes(op);
-            op.authenticator = op.authenticator.iter().filter_map(|m| keys.mac_to(m.to, &covered)).collect();
+        pb::body::Kind::Requests(r) if header(&r.body).is_some_and(|(client, _)| client == keys.me) => {
+            r.authenticator = r.authenticator.iter().filter_map(|m| keys.request_mac_to(m.to, &r.body)).collect();
         }
-        pb::body::Kind::PrePrepare(pp) => {
-            let d = batch_digest(pp.batch.as_ref().unwrap_or(&pb::Batch::default()));
-            pp.signature = bls.sign(&signed_message(b"prep", pp.view, pp.seq, &d)).0.to_vec();
-        }
-        pb::body::Kind::Prepare(v) => {
-            v.signature = bls.sign(&signed_message(b"prep", v.view, v.seq, &v.digest)).0.to_vec()
+        pb::body::Kind::ViewChange(vc) => {
+            vc.signature = vec![];
+            let d = crate::crypto::digest(&vc.encode_to_vec());
+            vc.signature = bls.sign(&signed_message(b"vchg", vc.view, 0, &d)).0.to_vec();
         }
         _ => {}
     }

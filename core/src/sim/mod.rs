@@ -127,14 +127,43 @@ struct Host {
 /// (`Executed`) complete as events of their own, for the incarnation that started them:
 /// a crash in between loses them.
 enum Event {
-    Message { to: usize, from: NodeId, bytes: Vec<u8> },
-    Timer { host: usize, generation: u64 },
-    Request { host: usize, request: Request },
-    Persisted { host: usize, incarnation: u32, token: u64, record: Vec<u8> },
-    Executed { host: usize, incarnation: u32, seq: u64, results: Vec<Vec<u8>>, snapshot: Option<Vec<u8>> },
-    Crash { host: usize },
-    Restart { host: usize },
-    Isolate { nodes: Vec<NodeId> },
+    Message {
+        to: usize,
+        from: NodeId,
+        bytes: Vec<u8>,
+    },
+    Timer {
+        host: usize,
+        generation: u64,
+    },
+    /// Requests fed one after another before the host polls the node, so a PBFT client
+    /// sends them together.
+    Requests {
+        host: usize,
+        requests: Vec<Request>,
+    },
+    Persisted {
+        host: usize,
+        incarnation: u32,
+        token: u64,
+        record: Vec<u8>,
+    },
+    Executed {
+        host: usize,
+        incarnation: u32,
+        seq: u64,
+        results: Vec<Vec<u8>>,
+        snapshot: Option<Vec<u8>>,
+    },
+    Crash {
+        host: usize,
+    },
+    Restart {
+        host: usize,
+    },
+    Isolate {
+        nodes: Vec<NodeId>,
+    },
     Heal,
 }
 
@@ -311,7 +340,12 @@ impl Sim {
     }
 
     pub fn request_at(&mut self, at: Nanos, host: usize, request: Request) {
-        self.schedule(at, Event::Request { host, request });
+        self.requests_at(at, host, vec![request]);
+    }
+
+    /// Feeds `requests` to `host` at `at`, all before polling it.
+    pub fn requests_at(&mut self, at: Nanos, host: usize, requests: Vec<Request>) {
+        self.schedule(at, Event::Requests { host, requests });
     }
 
     pub fn crash_at(&mut self, at: Nanos, host: usize) {
@@ -358,18 +392,21 @@ impl Sim {
                     self.input(host, Input::Timeout);
                 }
             }
-            Event::Request { host, request } => {
+            Event::Requests { host, requests } => {
                 if !self.hosts[host].crashed {
-                    let op = match &request {
-                        Request::Submit { op } => Some(op.clone()),
-                        _ => None,
-                    };
-                    if self.input(host, Input::Request(request))
-                        && let Some(op) = op
-                    {
-                        let (node, incarnation) = (self.hosts[host].id, self.incarnations[host]);
-                        self.log.submitted.push(Submission { at: self.now, host, node, incarnation, op });
+                    for request in requests {
+                        let op = match &request {
+                            Request::Submit { op } => Some(op.clone()),
+                            _ => None,
+                        };
+                        if self.feed(host, Input::Request(request))
+                            && let Some(op) = op
+                        {
+                            let (node, incarnation) = (self.hosts[host].id, self.incarnations[host]);
+                            self.log.submitted.push(Submission { at: self.now, host, node, incarnation, op });
+                        }
                     }
+                    self.after_input(host);
                 }
             }
             Event::Persisted { host, incarnation, token, record } => {
@@ -423,12 +460,18 @@ impl Sim {
 
     /// Feeds one input and drains the outputs; false if the node refused it.
     fn input(&mut self, host: usize, input: Input) -> bool {
+        let accepted = self.feed(host, input);
+        self.after_input(host);
+        accepted
+    }
+
+    /// Feeds one input without draining the outputs; false if the node refused it.
+    fn feed(&mut self, host: usize, input: Input) -> bool {
         let id = self.hosts[host].id;
         let result = self.hosts[host].machine.handle(self.now, input);
         if let Err(e) = &result {
             self.log.rejected_requests.push((id, e.to_string()));
         }
-        self.after_input(host);
         result.is_ok()
     }
 

@@ -28,6 +28,9 @@ pub struct Scenario {
     pub ops: u32,
     /// Time between a client's submissions.
     pub interval: Nanos,
+    /// Operations a client submits at once (before it is polled, so they travel as one
+    /// `Requests`).
+    pub burst: u32,
     /// Batching, checkpoint interval, pipeline depth, timeouts.
     pub params: Params,
     pub crypto: CryptoMode,
@@ -84,6 +87,7 @@ impl Scenario {
             clients: 3,
             ops: 8,
             interval: MS,
+            burst: 1,
             params: Params {
                 batch_max_count: 4,
                 batch_timeout_ns: MS / 2,
@@ -172,6 +176,7 @@ impl Scenario {
             let at = rng.below(20) * MS;
             s.partition = Some((at, at + (1 + rng.below(30)) * MS, vec![*rng.pick(&everyone)]));
         }
+        s.burst = 1 + rng.below(4) as u32;
         s
     }
 
@@ -220,12 +225,18 @@ impl Scenario {
             sim.add(cfg.clone(), self.behavior(id).clone(), record);
         }
         let twin_host = self.twin.map(|t| sim.add(configs[t as usize].clone(), Behavior::Correct, None));
+        let burst = self.burst.max(1);
         for c in self.client_ids() {
-            for i in 0..self.ops {
-                let at = i as Nanos * self.interval + (c - self.n()) as Nanos * 100_000;
-                sim.request_at(at, c as usize, Request::Submit { op: Self::op(c, i, false) });
+            for start in (0..self.ops).step_by(burst as usize) {
+                let at = (start / burst) as Nanos * self.interval + (c - self.n()) as Nanos * 100_000;
+                let submits = |twin| -> Vec<Request> {
+                    (start..(start + burst).min(self.ops))
+                        .map(|i| Request::Submit { op: Self::op(c, i, twin) })
+                        .collect()
+                };
+                sim.requests_at(at, c as usize, submits(false));
                 if self.twin == Some(c) {
-                    sim.request_at(at, twin_host.expect("twin added"), Request::Submit { op: Self::op(c, i, true) });
+                    sim.requests_at(at, twin_host.expect("twin added"), submits(true));
                 }
             }
         }
@@ -273,13 +284,14 @@ impl fmt::Display for Scenario {
         let p = &self.params;
         write!(
             f,
-            "pbft n={} f={} seed={} clients={} ops={} interval={}us batch={}/{}B/{}us K={} pipeline={} retry={}ms \
-             crypto={:?} net={:?}",
+            "pbft n={} f={} seed={} clients={} ops={} burst={} interval={}us batch={}/{}B/{}us K={} pipeline={} \
+             retry={}ms crypto={:?} net={:?}",
             self.n(),
             self.f,
             self.seed,
             self.clients,
             self.ops,
+            self.burst,
             self.interval / 1000,
             p.batch_max_count,
             p.batch_max_bytes,

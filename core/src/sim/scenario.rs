@@ -360,15 +360,19 @@ fn pbft_reference_cases() -> Vec<(&'static str, order_scenario::Scenario, NodeId
         ops: 6,
         ..order_scenario::Scenario::new(f, 1)
     };
-    let mut view_change = base(1);
-    view_change.replicas[0] = Behavior::Silent;
+    // Clients submit three operations at a time, so each `Requests` carries three.
+    let bursts = |f| order_scenario::Scenario { burst: 3, ..base(f) };
+    // The primary is cut off with batches in flight: the VIEW-CHANGEs claim prepared
+    // slots, and the NEW-VIEW chooses their batches again.
+    let mut view_change = bursts(1);
+    view_change.partition = Some((2 * MS, 2_000 * MS, vec![0]));
     let mut state_transfer = base(2);
     state_transfer.ops = 12;
     state_transfer.params.checkpoint_interval = 2;
     state_transfer.partition = Some((0, 40 * MS, vec![6]));
     vec![
-        ("pbft-n4f1-normal-backup", base(1), 1),
-        ("pbft-n4f1-client", base(1), 4),
+        ("pbft-n4f1-normal-backup", bursts(1), 1),
+        ("pbft-n4f1-client", bursts(1), 4),
         ("pbft-n4f1-view-change-backup", view_change, 2),
         ("pbft-n7f2-state-transfer-replica", state_transfer, 6),
     ]

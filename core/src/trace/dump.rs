@@ -115,28 +115,52 @@ fn digest(d: &[u8]) -> String {
     d.iter().take(4).map(|b| format!("{b:02x}")).collect()
 }
 
-/// Operation count and total op bytes of a batch.
+/// Operation count and total op bytes of an execution.
 fn ops(ops: &[pb::Operation]) -> String {
     format!("{} ops ({} bytes)", ops.len(), ops.iter().map(|o| o.op.len()).sum::<usize>())
 }
 
+/// A client's `Requests`: whose, which numbers, how many op bytes.
+fn requests(r: &pb::Requests) -> String {
+    match pb::RequestsBody::decode(r.body.clone()) {
+        Ok(b) if !b.ops.is_empty() => format!(
+            "client {} requests {}..={} ({} bytes)",
+            b.client,
+            b.first,
+            b.first.saturating_add(b.ops.len() as u64 - 1),
+            b.ops.iter().map(|o| o.len()).sum::<usize>()
+        ),
+        _ => format!("<requests: {}>", undecodable(r.body.len())),
+    }
+}
+
+/// An encoded batch: the digest votes carry (so a PREPARE or COMMIT can be matched to
+/// it), and its requests.
+fn batch(encoded: &bytes::Bytes) -> String {
+    match pb::Batch::decode(encoded.clone()) {
+        Ok(b) => {
+            let all: Vec<String> = b.requests.iter().map(requests).collect();
+            format!("digest {} batch {}", digest(&crate::crypto::digest(encoded)), list(&all))
+        }
+        Err(_) => format!("batch {}", undecodable(encoded.len())),
+    }
+}
+
 fn pre_prepare(p: &pb::PrePrepare) -> String {
-    let batch = match &p.batch {
-        // The digest votes carry, so a PREPARE or COMMIT can be matched to it.
-        Some(b) => format!("digest {} batch {}", digest(&crate::order::batch_digest(b)), ops(&b.ops)),
-        None => "no batch".into(),
-    };
-    format!("view {} seq {} {batch}", p.view, p.seq)
+    format!("view {} seq {} {}", p.view, p.seq, batch(&p.batch))
 }
 
 fn vote(v: &pb::Vote) -> String {
-    let signed = if v.signature.is_empty() { "" } else { " signed" };
-    format!("view {} seq {} digest {}{signed}", v.view, v.seq, digest(&v.digest))
+    format!("view {} seq {} digest {}", v.view, v.seq, digest(&v.digest))
+}
+
+fn slot_vote(v: &pb::SlotVote) -> String {
+    format!("seq {} view {} digest {}", v.seq, v.view, digest(&v.digest))
 }
 
 fn certificate(c: Option<&pb::Certificate>) -> String {
     match c {
-        Some(c) => format!("view {} seq {} digest {} signers {}", c.view, c.seq, digest(&c.digest), list(&c.signers)),
+        Some(c) => format!("seq {} digest {} signers {}", c.seq, digest(&c.digest), list(&c.signers)),
         None => "<no certificate>".into(),
     }
 }
@@ -157,14 +181,10 @@ fn replica_record(bytes: &[u8]) -> String {
     use pb::replica_record::Kind;
     match pb::ReplicaRecord::decode(bytes) {
         Ok(pb::ReplicaRecord { kind: Some(kind) }) => match kind {
-            Kind::View(v) => format!("view {v}"),
+            Kind::View(v) => format!("changing to view {v}"),
             Kind::Accepted(p) => format!("accepted PrePrepare {}", pre_prepare(&p)),
-            Kind::Prepared(e) => format!(
-                "prepared {} batch {}",
-                certificate(e.certificate.as_ref()),
-                e.batch.map_or_else(|| "<none>".into(), |b| ops(&b.ops))
-            ),
-            Kind::Committed(v) => format!("committed {}", vote(&v)),
+            Kind::Prepared(v) => format!("prepared {}", slot_vote(&v)),
+            Kind::Entered(e) => format!("entered view {} (its NEW-VIEW chose slots up to {})", e.view, e.reproposed),
             Kind::Stable(c) => format!("stable checkpoint {}", certificate(Some(&c))),
             Kind::StableState(s) => {
                 format!("stable checkpoint {} state {} bytes", certificate(s.certificate.as_ref()), s.state.len())
@@ -210,23 +230,26 @@ fn body(kind: &pb::body::Kind) -> String {
             format!("PubStatus {} topic {} seq {}", name(s.kind, pb::PubStatusKind::as_str_name), s.topic, s.seq)
         }
         Kind::Subscribe(s) => format!("Subscribe {}", topics(&s.topics)),
-        Kind::Request(o) => format!("Request client {} request {} op {} bytes", o.client, o.request, o.op.len()),
+        Kind::Requests(r) => format!("Requests {}", requests(r)),
         Kind::PrePrepare(p) => format!("PrePrepare {}", pre_prepare(p)),
         Kind::Prepare(v) => format!("Prepare {}", vote(v)),
         Kind::Commit(v) => format!("Commit {}", vote(v)),
-        Kind::Reply(r) => format!("Reply view {} request {} result {} bytes", r.view, r.request, r.result.len()),
+        Kind::Reply(r) => format!(
+            "Reply view {} requests from {}: {} results ({} bytes)",
+            r.view,
+            r.first,
+            r.results.len(),
+            r.results.iter().map(|x| x.len()).sum::<usize>()
+        ),
         Kind::Checkpoint(c) => format!("Checkpoint seq {} digest {}", c.seq, digest(&c.digest)),
         Kind::ViewChange(v) => {
-            let prepared: Vec<String> = v
-                .prepared
-                .iter()
-                .map(|e| e.certificate.as_ref().map_or_else(|| "?".into(), |c| c.seq.to_string()))
-                .collect();
+            let prepared: Vec<String> = v.prepared.iter().map(slot_vote).collect();
             format!(
-                "ViewChange to view {} stable {} prepared seqs {}",
+                "ViewChange to view {} stable {} prepared {} voted {} batches",
                 v.view,
                 certificate(v.stable.as_ref()),
-                list(&prepared)
+                list(&prepared),
+                v.voted.len()
             )
         }
         Kind::NewView(n) => {
@@ -234,10 +257,9 @@ fn body(kind: &pb::body::Kind) -> String {
             format!("NewView view {} view changes from {}", n.view, list(&senders))
         }
         Kind::FetchState(x) => format!("FetchState seq {}", x.seq),
-        Kind::Committed(x) => {
-            let ops = x.batch.as_ref().map_or(0, |b| b.ops.len());
-            format!("Committed seq {} batch {ops} ops", x.seq)
-        }
+        Kind::Committed(x) => format!("Committed seq {} {}", x.seq, batch(&x.batch)),
+        Kind::FetchBatch(x) => format!("FetchBatch seq {} digest {}", x.seq, digest(&x.digest)),
+        Kind::Proposal(x) => format!("Proposal seq {} {}", x.seq, batch(&x.batch)),
         Kind::Bundle(b) => {
             let bodies: Vec<String> = b
                 .bodies

@@ -280,7 +280,7 @@ fn client_trace() -> Vec<u8> {
     let cfgs = pbft_cluster();
     let mut recorder = Recorder::new(Node::new(cfgs[4].clone()).unwrap(), "client-4");
     let reply = |from| {
-        let reply = pb::Reply { view: 0, request: 1, result: bytes::Bytes::from_static(b"done") };
+        let reply = pb::Reply { view: 0, first: 1, results: vec![bytes::Bytes::from_static(b"done")] };
         frame_from(&cfgs, from, 4, pb::body::Kind::Reply(reply))
     };
     // The request leaves once the lease on its number is durable.
@@ -308,10 +308,10 @@ fn pbft_client_trace_replays_and_dumps() {
         "node 4 (Publisher) of 7 nodes, 4 brokers, f = 1",
         "#0 0.001 ms Request Submit op 4 bytes",
         "-> Send to 0 (",
-        "sender 4 Request client 4 request 1 op 4 bytes, 1 MAC",
+        "sender 4 Requests client 4 requests 1..=1 (4 bytes), 1 MAC",
         "-> Persist token 1 (3 bytes): lease: request numbers below 1025",
         "#2 0.002 ms Message from 1",
-        "sender 1 Reply view 0 request 1 result 4 bytes, 1 MAC",
+        "sender 1 Reply view 0 requests from 1: 1 results (4 bytes), 1 MAC",
         "-> Completed request 1 result 4 bytes",
     ] {
         assert!(text.contains(needle), "{needle:?} missing from\n{text}");
@@ -334,25 +334,21 @@ fn dump_shows_pbft_messages() {
     use pb::body::Kind as B;
     use pb::replica_record::Kind as R;
     let cfgs = pbft_cluster();
-    let op = |client, request, op: &[u8]| pb::Operation {
-        client,
-        request,
-        op: bytes::Bytes::copy_from_slice(op),
-        authenticator: vec![],
-    };
-    let batch = pb::Batch { ops: vec![op(4, 1, b"abc"), op(4, 2, b"de")] };
-    let d = crate::order::batch_digest(&batch);
+    let keys = Keyring::new(cfgs[4].cluster.crypto, 4, cfgs[4].mac_keys.clone());
+    let ops: Vec<bytes::Bytes> = [&b"abc"[..], b"de"].iter().map(|o| bytes::Bytes::copy_from_slice(o)).collect();
+    let requests = crate::order::Bundle::seal(&keys, &[0, 1, 2, 3], 1, ops);
+    let batch = bytes::Bytes::from(pb::Batch { requests: vec![requests.clone()] }.encode_to_vec());
+    let d = crate::crypto::digest(&batch);
     let hex: String = d[..4].iter().map(|b| format!("{b:02x}")).collect();
-    let vote = pb::Vote { view: 1, seq: 7, digest: d.to_vec(), signature: vec![] };
-    let cert = |seq, signers| pb::Certificate { view: 0, seq, digest: d.to_vec(), signers, signature: vec![1] };
-    let pre_prepare = pb::PrePrepare { view: 1, seq: 7, batch: Some(batch.clone()), signature: vec![1; 48] };
+    let vote = pb::Vote { view: 1, seq: 7, digest: d.to_vec() };
+    let slot_vote = |seq, view| pb::SlotVote { seq, view, digest: d.to_vec() };
+    let cert = |seq, signers| pb::Certificate { seq, digest: d.to_vec(), signers, signature: vec![1] };
+    let pre_prepare = pb::PrePrepare { view: 1, seq: 7, batch: batch.clone() };
     let view_change = pb::ViewChange {
         view: 2,
         stable: Some(cert(128, vec![0, 1, 3])),
-        prepared: vec![
-            pb::PreparedEntry { certificate: Some(cert(129, vec![0, 1, 2])), batch: Some(batch.clone()) },
-            pb::PreparedEntry { certificate: None, batch: None },
-        ],
+        prepared: vec![slot_vote(129, 1)],
+        voted: vec![slot_vote(129, 1), slot_vote(130, 0)],
         signature: vec![],
     };
     let new_view = pb::NewView {
@@ -363,13 +359,17 @@ fn dump_shows_pbft_messages() {
     let state = pb::State { seq: 128, checkpoint: Some(cert(128, vec![1, 2, 3])), state: state.encode_to_vec() };
     let record = |kind| pb::ReplicaRecord { kind: Some(kind) }.encode_to_vec();
     let bodies = [
+        B::Requests(requests),
         B::PrePrepare(pre_prepare.clone()),
-        B::PrePrepare(pb::PrePrepare { batch: None, ..pre_prepare.clone() }),
-        B::Prepare(pb::Vote { signature: vec![1; 48], ..vote.clone() }),
+        B::PrePrepare(pb::PrePrepare { batch: bytes::Bytes::from_static(&[0xff]), ..pre_prepare.clone() }),
+        B::Prepare(vote.clone()),
         B::Commit(vote.clone()),
         B::Checkpoint(pb::CheckpointVote { seq: 128, digest: d.to_vec(), signature: vec![] }),
         B::ViewChange(Box::new(view_change)),
         B::NewView(new_view),
+        B::FetchBatch(pb::FetchBatch { seq: 129, digest: d.to_vec() }),
+        B::Proposal(pb::Proposal { seq: 129, batch: batch.clone() }),
+        B::Committed(pb::Committed { seq: 7, batch: batch.clone() }),
         B::FetchState(pb::FetchState { seq: 256 }),
         B::State(Box::new(state)),
         B::State(Box::new(pb::State { seq: 0, checkpoint: None, state: vec![0xff] })),
@@ -378,17 +378,19 @@ fn dump_shows_pbft_messages() {
     for (i, body) in bodies.into_iter().enumerate() {
         writer.record(i as Nanos, &frame_from(&cfgs, 1, 0, body), &Ok(()), &[], None);
     }
-    let execute = Output::Execute { seq: 7, ops: batch.ops.iter().cloned().map(Operation::from).collect() };
-    let prepared = pb::PreparedEntry {
-        certificate: Some(pb::Certificate { view: 1, ..cert(7, vec![0, 2, 3]) }),
-        batch: Some(batch.clone()),
+    let execute = Output::Execute {
+        seq: 7,
+        ops: vec![
+            Operation { client: 4, request: 1, op: b"abc".to_vec() },
+            Operation { client: 4, request: 2, op: b"de".to_vec() },
+        ],
     };
     let stable_state = pb::StableState { certificate: Some(cert(128, vec![0, 1, 2])), state: vec![0; 12] };
     let mut persists = [
         R::View(2),
+        R::Entered(pb::EnteredView { view: 2, reproposed: 9 }),
         R::Accepted(pre_prepare),
-        R::Prepared(prepared),
-        R::Committed(vote),
+        R::Prepared(slot_vote(7, 1)),
         R::Stable(cert(128, vec![0, 1, 2])),
         R::StableState(stable_state),
     ]
@@ -409,28 +411,35 @@ fn dump_shows_pbft_messages() {
     writer.record(25, &Input::Recover { record: vec![0xff] }, &Ok(()), &[], None);
     let text = dump(&Trace::parse(&writer.into_bytes()).unwrap());
     for needle in [
-        format!("sender 1 PrePrepare view 1 seq 7 digest {hex} batch 2 ops (5 bytes), 1 MAC"),
-        "PrePrepare view 1 seq 7 no batch".into(),
-        format!("Prepare view 1 seq 7 digest {hex} signed, 1 MAC"),
+        "sender 1 Requests client 4 requests 1..=2 (5 bytes), 1 MAC".into(),
+        format!("sender 1 PrePrepare view 1 seq 7 digest {hex} batch [client 4 requests 1..=2 (5 bytes)], 1 MAC"),
+        "PrePrepare view 1 seq 7 batch <1 undecodable bytes>".into(),
+        format!("Prepare view 1 seq 7 digest {hex}, 1 MAC"),
         format!("Commit view 1 seq 7 digest {hex}, 1 MAC"),
         format!("Checkpoint seq 128 digest {hex}"),
-        format!("ViewChange to view 2 stable view 0 seq 128 digest {hex} signers [0, 1, 3] prepared seqs [129, ?]"),
+        format!(
+            "ViewChange to view 2 stable seq 128 digest {hex} signers [0, 1, 3] prepared [seq 129 view 1 digest {hex}] \
+             voted 2 batches"
+        ),
         "NewView view 2 view changes from [0, 2, 3]".into(),
+        format!("FetchBatch seq 129 digest {hex}"),
+        format!("Proposal seq 129 digest {hex} batch [client 4 requests 1..=2 (5 bytes)]"),
+        format!("Committed seq 7 digest {hex} batch"),
         "FetchState seq 256".into(),
-        format!("State checkpoint view 0 seq 128 digest {hex} signers [1, 2, 3] state app 10 bytes, 1 clients"),
+        format!("State checkpoint seq 128 digest {hex} signers [1, 2, 3] state app 10 bytes, 1 clients"),
         "State checkpoint <no certificate> state <1 undecodable bytes>".into(),
         "-> Execute seq 7: 2 ops (5 bytes)".into(),
         "-> Restore seq 128 snapshot 9 bytes".into(),
-        "-> Persist token 1 (2 bytes): view 2".into(),
-        format!("accepted PrePrepare view 1 seq 7 digest {hex} batch 2 ops"),
-        format!("prepared view 1 seq 7 digest {hex} signers [0, 2, 3] batch 2 ops (5 bytes)"),
-        format!("committed view 1 seq 7 digest {hex}"),
-        format!("stable checkpoint view 0 seq 128 digest {hex} signers [0, 1, 2]"),
-        format!("stable checkpoint view 0 seq 128 digest {hex} signers [0, 1, 2] state 12 bytes"),
+        "-> Persist token 1 (2 bytes): changing to view 2".into(),
+        "entered view 2 (its NEW-VIEW chose slots up to 9)".into(),
+        format!("accepted PrePrepare view 1 seq 7 digest {hex} batch [client 4"),
+        format!("prepared seq 7 view 1 digest {hex}"),
+        format!("stable checkpoint seq 128 digest {hex} signers [0, 1, 2]"),
+        format!("stable checkpoint seq 128 digest {hex} signers [0, 1, 2] state 12 bytes"),
         "-> Compact: records before token 1 are obsolete".into(),
         "Executed seq 7: 2 results (2 bytes), no snapshot".into(),
         "Executed seq 128: 0 results (0 bytes), snapshot 3 bytes".into(),
-        "Recover (2 bytes): view 3".into(),
+        "Recover (2 bytes): changing to view 3".into(),
         "Recover (1 bytes): <1 undecodable bytes>".into(),
     ] {
         assert!(text.contains(&needle), "{needle:?} missing from\n{text}");

@@ -25,13 +25,22 @@ pub mod pb {
 }
 
 const MAC_DOMAIN: &[u8] = b"phalanx/v1/mac";
+const REQUEST_DOMAIN: &[u8] = b"phalanx/v1/requests";
 
-/// One node's MAC keys: it computes tags from itself and verifies tags to itself.
+/// One node's MAC keys: it computes tags from itself and verifies tags to itself. Each
+/// peer has two keys derived from the pairwise one: a frame key and a request key (PBFT
+/// clients' authenticators), so a tag made for one purpose is never valid for the other.
 #[derive(Clone, Debug)]
 pub struct Keyring {
     pub mode: CryptoMode,
     pub me: NodeId,
-    keys: BTreeMap<NodeId, MacKey>,
+    keys: BTreeMap<NodeId, PeerKeys>,
+}
+
+#[derive(Clone, Debug)]
+struct PeerKeys {
+    frame: MacKey,
+    request: MacKey,
 }
 
 /// BLAKE3 hashes whole 1 KiB chunks in parallel groups of 8, 4 or 2, and a partial or
@@ -69,25 +78,45 @@ fn mac_input<'a>(from: NodeId, to: NodeId, body: &'a [u8], ends: &'a mut [u8; 16
 impl Keyring {
     /// From the pairwise keys; derives the frame keys from them.
     pub fn new(mode: CryptoMode, me: NodeId, pairwise: BTreeMap<NodeId, MacKey>) -> Self {
+        let derive = |k: &MacKey, domain| MacKey::from_bytes(*blake3::keyed_hash(k.as_bytes(), domain).as_bytes());
         let keys = pairwise
             .into_iter()
-            .map(|(peer, k)| (peer, MacKey::from_bytes(*blake3::keyed_hash(k.as_bytes(), MAC_DOMAIN).as_bytes())))
+            .map(|(peer, k)| (peer, PeerKeys { frame: derive(&k, MAC_DOMAIN), request: derive(&k, REQUEST_DOMAIN) }))
             .collect();
         Keyring { mode, me, keys }
     }
 
     /// The MAC entry from this node to `to` over `body`; `None` if we share no key.
     pub fn mac_to(&self, to: NodeId, body: &[u8]) -> Option<pb::Mac> {
-        let tag: MacTag = self.keys.get(&to)?.tag(self.mode, &mac_input(self.me, to, body, &mut [0; 16]));
-        Some(pb::Mac { from: self.me, to, tag: Bytes::copy_from_slice(&tag) })
+        self.tag_to(to, body, |k| &k.frame)
     }
 
     /// Whether `macs` holds a valid entry from `from` to this node over `body`.
     pub fn verify_from(&self, from: NodeId, body: &[u8], macs: &[pb::Mac]) -> bool {
-        let Some(key) = self.keys.get(&from) else { return false };
+        self.verify_with(from, body, macs, |k| &k.frame)
+    }
+
+    /// A PBFT client's authenticator entry for replica `to` over a `Requests` body.
+    pub fn request_mac_to(&self, to: NodeId, body: &[u8]) -> Option<pb::Mac> {
+        self.tag_to(to, body, |k| &k.request)
+    }
+
+    /// Whether a `Requests` authenticator holds a valid entry from client `from` to this
+    /// node over `body`.
+    pub fn verify_request_from(&self, from: NodeId, body: &[u8], macs: &[pb::Mac]) -> bool {
+        self.verify_with(from, body, macs, |k| &k.request)
+    }
+
+    fn tag_to(&self, to: NodeId, body: &[u8], key: impl Fn(&PeerKeys) -> &MacKey) -> Option<pb::Mac> {
+        let tag: MacTag = key(self.keys.get(&to)?).tag(self.mode, &mac_input(self.me, to, body, &mut [0; 16]));
+        Some(pb::Mac { from: self.me, to, tag: Bytes::copy_from_slice(&tag) })
+    }
+
+    fn verify_with(&self, from: NodeId, body: &[u8], macs: &[pb::Mac], key: impl Fn(&PeerKeys) -> &MacKey) -> bool {
+        let Some(keys) = self.keys.get(&from) else { return false };
         macs.iter()
             .find(|m| m.from == from && m.to == self.me)
-            .is_some_and(|m| key.verify(self.mode, &mac_input(from, self.me, body, &mut [0; 16]), &m.tag))
+            .is_some_and(|m| key(keys).verify(self.mode, &mac_input(from, self.me, body, &mut [0; 16]), &m.tag))
     }
 }
 

@@ -1,23 +1,44 @@
-//! View change. A replica whose oldest waiting request outlives `request_timeout_ns`
-//! (doubled for every view change that made no progress) suspects the primary and sends
-//! a signed VIEW-CHANGE for the next view, carrying its stable checkpoint certificate and
-//! a certificate (2f+1 aggregated PREPARE signatures) for every slot it prepared. It joins
-//! a higher view once f+1 replicas ask for one. The new primary, holding 2f+1 valid
-//! VIEW-CHANGEs, sends them as NEW-VIEW; every replica derives the same re-proposals from
-//! them — for each sequence number above the highest stable checkpoint, the batch of the
-//! highest-view certificate, or an empty batch — and PREPAREs them in the new view. A
-//! batch committed anywhere was prepared by f+1 correct replicas, one of which is in any
-//! 2f+1 VIEW-CHANGEs, so it is re-proposed unchanged.
+//! View change, the only part of ordering besides checkpoints that signs anything.
+//!
+//! A replica whose waiting requests see no progress for `request_timeout_ns` (doubled
+//! for every view change that made no progress) suspects the primary and sends a signed
+//! VIEW-CHANGE for the next view. For every slot above its stable checkpoint it states
+//! the latest view the slot prepared in there (the digest it sent COMMIT for) and the
+//! batches it voted for, each with the latest view it did. It joins a higher view once
+//! f+1 replicas ask for one.
+//!
+//! The new primary relays, in a NEW-VIEW, VIEW-CHANGEs from 2f+1 or more replicas once
+//! they settle every slot; every replica runs the same [`decide`] on them, so the
+//! primary has no say in the outcome. A slot above the highest stable checkpoint among
+//! them gets the batch `d` of a prepared claim `(v, d)` that *binds*: 2f+1 of them
+//! claim nothing higher than `v` for the slot and nothing else at `v`, and f+1 voted for
+//! `d` in view `v` or later (so a correct replica did, and the claim is no invention).
+//! With no binding claim, 2f+1 claiming nothing prepared there settle it as an empty
+//! batch; otherwise the primary waits for more VIEW-CHANGEs. This is the epoch change of
+//! Cachin, Guerraoui and Rodrigues' Byzantine read/write epoch consensus, and PBFT's
+//! MAC-based view change (Castro's thesis), with signed VIEW-CHANGEs in place of
+//! acknowledgements.
+//!
+//! Safety: a batch committed at slot s in view v prepared at f+1 correct replicas, one
+//! of which is in any 2f+1 VIEW-CHANGEs with a claim of view ≥ v for `d`; a claim for
+//! another batch would need a higher view and f+1 votes for it there, but correct
+//! replicas vote only `d` at s after v (by induction over the views), so `d` alone can
+//! bind. Liveness: once the VIEW-CHANGEs of all correct replicas are in, the highest
+//! claim among correct replicas binds, or 2f+1 of them claim nothing.
+//!
+//! Every replica then votes (PREPARE) for the chosen batches in the new view, fetching
+//! from its peers by digest any it does not hold (f+1 voted for it, so a correct
+//! replica holds it); the new primary proposes only above them.
 
 use std::collections::BTreeMap;
 
 use prost::Message;
 
-use super::{CHECKPOINT, Early, PREPARE, Record, Replica, Slot, public_key, record, sign, verify_certificate};
-use crate::crypto::{BlsSignature, digest};
+use super::checkpoint::{public_key, verify_certificate};
+use super::{Early, Record, Replica, VOTED_KEPT, record};
+use crate::crypto::{BlsSignature, Digest, digest};
 use crate::node::Ctx;
-use crate::order::batch::EncodedBatch;
-use crate::order::{batch_digest, primary, signed_message};
+use crate::order::{EncodedBatch, primary, signed_message};
 use crate::wire::pb;
 use crate::{FaultKind, Nanos, NodeId};
 
@@ -28,10 +49,71 @@ pub(super) struct Changing {
     pub deadline: Nanos,
 }
 
-/// A verified VIEW-CHANGE: its view and the signed bytes to relay in a NEW-VIEW.
+/// A verified VIEW-CHANGE: its view, the signed bytes to relay in a NEW-VIEW, and what
+/// it claims.
 pub(super) struct Received {
     pub view: u64,
     signed: pb::SignedViewChange,
+    claims: Claims,
+}
+
+/// What one VIEW-CHANGE states about the slots above its stable checkpoint.
+#[derive(Clone, Debug, Default)]
+struct Claims {
+    stable: Option<pb::Certificate>,
+    /// seq → (view, digest) it prepared in last.
+    prepared: BTreeMap<u64, (u64, Digest)>,
+    /// seq → (view, digest) of each batch it voted for.
+    voted: BTreeMap<u64, Vec<(u64, Digest)>>,
+}
+
+/// What a NEW-VIEW settles a slot with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Choice {
+    Batch(Digest),
+    Empty,
+}
+
+#[derive(Debug)]
+struct Decision {
+    /// The highest stable checkpoint among the VIEW-CHANGEs.
+    stable: Option<pb::Certificate>,
+    /// A choice for every slot from after it up to the highest prepared claim.
+    choices: BTreeMap<u64, Choice>,
+}
+
+/// The new view's re-proposals from `claims` (one per distinct replica, 2f+1 or more):
+/// `None` while some slot is unsettled.
+fn decide(claims: &[&Claims], f: usize) -> Option<Decision> {
+    let quorum = 2 * f + 1;
+    let stable = claims.iter().filter_map(|c| c.stable.as_ref()).max_by_key(|c| c.seq).cloned();
+    let low = stable.as_ref().map_or(0, |c| c.seq);
+    let last = claims.iter().filter_map(|c| c.prepared.range(low + 1..).next_back().map(|(&s, _)| s)).max();
+    let mut choices = BTreeMap::new();
+    for seq in low + 1..=last.unwrap_or(low) {
+        let mut candidates: Vec<(u64, Digest)> = claims.iter().filter_map(|c| c.prepared.get(&seq).copied()).collect();
+        // Highest view first; the digest only orders equal views deterministically.
+        candidates.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        candidates.dedup();
+        let binds = |&(view, d): &(u64, Digest)| {
+            let highest = claims
+                .iter()
+                .filter(|c| c.prepared.get(&seq).is_none_or(|&(v, x)| v < view || (v, x) == (view, d)))
+                .count();
+            let vouched = claims
+                .iter()
+                .filter(|c| c.voted.get(&seq).is_some_and(|vs| vs.iter().any(|&(v, x)| v >= view && x == d)))
+                .count();
+            highest >= quorum && vouched > f
+        };
+        let choice = match candidates.iter().find(|c| binds(c)) {
+            Some(&(_, d)) => Choice::Batch(d),
+            None if claims.iter().filter(|c| !c.prepared.contains_key(&seq)).count() >= quorum => Choice::Empty,
+            None => return None,
+        };
+        choices.insert(seq, choice);
+    }
+    Some(Decision { stable, choices })
 }
 
 impl Replica {
@@ -55,16 +137,30 @@ impl Replica {
         self.changing = Some(Changing { target, deadline: now.saturating_add(timeout) });
         self.batch_deadline = None;
         self.persist_view(ctx, target);
+        let above = self.low + 1;
+        let slot_vote = |seq: u64, view: u64, d: &Digest| pb::SlotVote { seq, view, digest: d.to_vec() };
         let mut vc = pb::ViewChange {
             view: target,
             stable: self.stable.clone(),
-            prepared: self.prepared_certificates(),
+            prepared: self.prepared.range(above..).map(|(&seq, (view, d))| slot_vote(seq, *view, d)).collect(),
+            voted: self
+                .voted
+                .range(above..)
+                .flat_map(|(&seq, vs)| vs.iter().map(move |v| slot_vote(seq, v.view, &v.batch.digest)))
+                .collect(),
             signature: vec![],
         };
-        vc.signature = sign(ctx, VIEW_CHANGE, target, 0, &digest(&vc.encode_to_vec()));
+        let signed = signed_message(VIEW_CHANGE, target, 0, &digest(&vc.encode_to_vec()));
+        vc.signature = ctx.sign(&signed).0.to_vec();
         ctx.send_to_brokers(pb::body::Kind::ViewChange(Box::new(vc.clone())), &[]);
-        let me = ctx.me();
-        self.record_view_change(ctx, now, me, vc);
+        // Votes are taken inside the window above the certified checkpoint, so a
+        // replica's own claims are within what every replica accepts.
+        let claims = self.claims(ctx, &vc);
+        debug_assert!(claims.is_some(), "own VIEW-CHANGE out of bounds: {vc:?}");
+        if let Some(claims) = claims {
+            let me = ctx.me();
+            self.record_view_change(ctx, now, me, vc, claims);
+        }
     }
 
     /// Persists a view before anything is sent in (or for) it: a restart resumes in the
@@ -74,47 +170,63 @@ impl Replica {
         self.durable_view = self.durable_view.max(view);
     }
 
-    /// Certificates for the prepared slots above the stable checkpoint.
-    fn prepared_certificates(&self) -> Vec<pb::PreparedEntry> {
-        self.prepared
-            .range(self.low + 1..)
-            .map(|(_, p)| pb::PreparedEntry { certificate: Some(p.certificate.clone()), batch: Some(p.batch.to_pb()) })
-            .collect()
-    }
-
     pub(super) fn on_view_change(&mut self, ctx: &mut Ctx, now: Nanos, from: NodeId, vc: pb::ViewChange) {
         if vc.view <= self.view || self.view_changes.get(&from).is_some_and(|r| r.view >= vc.view) {
             return ctx.stats.stale += 1;
         }
-        if !self.valid_view_change(ctx, from, &vc) {
-            return ctx.fault(from, FaultKind::BadSignature);
+        match self.valid_view_change(ctx, from, &vc) {
+            Some(claims) => self.record_view_change(ctx, now, from, vc, claims),
+            None => ctx.fault(from, FaultKind::BadSignature),
         }
-        self.record_view_change(ctx, now, from, vc);
     }
 
-    /// Signature, stable certificate, and every prepared certificate with its batch.
-    fn valid_view_change(&self, ctx: &mut Ctx, from: NodeId, vc: &pb::ViewChange) -> bool {
+    /// The claims of a VIEW-CHANGE whose signature and stable certificate verify.
+    fn valid_view_change(&self, ctx: &mut Ctx, from: NodeId, vc: &pb::ViewChange) -> Option<Claims> {
         let unsigned = pb::ViewChange { signature: vec![], ..vc.clone() };
         let message = signed_message(VIEW_CHANGE, vc.view, 0, &digest(&unsigned.encode_to_vec()));
-        let signed = match (<[u8; 96]>::try_from(vc.signature.as_slice()), public_key(ctx, from)) {
-            (Ok(s), Some(pk)) => ctx.verify_signature(&pk, &message, &BlsSignature(s)),
-            _ => false,
-        };
-        let stable_seq = vc.stable.as_ref().map_or(0, |c| c.seq);
-        let stable_ok = vc.stable.as_ref().is_none_or(|c| verify_certificate(ctx, CHECKPOINT, c, self.quorum));
-        let prepared_ok = vc.prepared.iter().all(|e| {
-            let (Some(c), Some(b)) = (&e.certificate, &e.batch) else { return false };
-            c.seq > stable_seq
-                && c.view < vc.view
-                && c.digest == batch_digest(b)
-                && verify_certificate(ctx, PREPARE, c, self.quorum)
-        });
-        signed && stable_ok && prepared_ok
+        let sig = <[u8; 96]>::try_from(vc.signature.as_slice()).ok()?;
+        if !ctx.verify_signature(&public_key(ctx, from)?, &message, &BlsSignature(sig)) {
+            return None;
+        }
+        if let Some(c) = &vc.stable
+            && !verify_certificate(ctx, c, self.quorum)
+        {
+            return None;
+        }
+        self.claims(ctx, vc)
     }
 
-    fn record_view_change(&mut self, ctx: &mut Ctx, now: Nanos, from: NodeId, vc: pb::ViewChange) {
+    /// What a VIEW-CHANGE claims, if it stays within what a correct replica reports:
+    /// slots above its stable checkpoint and inside the window, views before the one it
+    /// moves to, one prepared claim per slot, and at most `VOTED_KEPT` distinct votes.
+    fn claims(&self, ctx: &Ctx, vc: &pb::ViewChange) -> Option<Claims> {
+        let low = vc.stable.as_ref().map_or(0, |c| c.seq);
+        let high = low + 4 * ctx.cfg.cluster.params.checkpoint_interval as u64;
+        let parse = |v: &pb::SlotVote| {
+            let d = Digest::try_from(v.digest.as_slice()).ok()?;
+            (v.seq > low && v.seq <= high && v.view < vc.view).then_some((v.seq, (v.view, d)))
+        };
+        let mut claims = Claims { stable: vc.stable.clone(), ..Claims::default() };
+        for v in &vc.prepared {
+            let (seq, p) = parse(v)?;
+            if claims.prepared.insert(seq, p).is_some() {
+                return None;
+            }
+        }
+        for v in &vc.voted {
+            let (seq, (view, d)) = parse(v)?;
+            let votes = claims.voted.entry(seq).or_default();
+            if votes.len() >= VOTED_KEPT || votes.iter().any(|(_, x)| *x == d) {
+                return None;
+            }
+            votes.push((view, d));
+        }
+        Some(claims)
+    }
+
+    fn record_view_change(&mut self, ctx: &mut Ctx, now: Nanos, from: NodeId, vc: pb::ViewChange, claims: Claims) {
         let signed = pb::SignedViewChange { sender: from, view_change: vc.encode_to_vec() };
-        self.view_changes.insert(from, Received { view: vc.view, signed });
+        self.view_changes.insert(from, Received { view: vc.view, signed, claims });
         // f+1 replicas want a higher view: at least one is correct, so join the lowest.
         let mut higher: Vec<u64> = self.view_changes.values().map(|r| r.view).filter(|&v| v > self.view).collect();
         higher.sort_unstable();
@@ -123,92 +235,97 @@ impl Replica {
             let join = higher.iter().copied().find(|&v| v > current).expect("some view is higher");
             self.start_view_change(ctx, now, join);
         }
-        // The next primary announces the view once 2f+1 ask for it.
+        // The next primary announces the view once the VIEW-CHANGEs for it settle it.
         let Some(target) = self.changing.as_ref().map(|c| c.target) else { return };
         if primary(&self.replicas, target) != ctx.me() {
             return;
         }
-        let proofs: Vec<pb::SignedViewChange> =
-            self.view_changes.values().filter(|r| r.view == target).map(|r| r.signed.clone()).collect();
-        if proofs.len() >= self.quorum {
-            let nv = pb::NewView { view: target, view_changes: proofs };
-            ctx.send_to_brokers(pb::body::Kind::NewView(nv.clone()), &[]);
-            let me = ctx.me();
-            self.on_new_view(ctx, now, me, nv);
+        let proofs: Vec<&Received> = self.view_changes.values().filter(|r| r.view == target).collect();
+        if proofs.len() < self.quorum {
+            return;
         }
+        let claims: Vec<&Claims> = proofs.iter().map(|r| &r.claims).collect();
+        let Some(decision) = decide(&claims, ctx.f) else { return };
+        let nv = pb::NewView { view: target, view_changes: proofs.iter().map(|r| r.signed.clone()).collect() };
+        ctx.send_to_brokers(pb::body::Kind::NewView(nv), &[]);
+        self.enter_view(ctx, now, target, decision);
     }
 
+    /// A NEW-VIEW: valid if it relays valid VIEW-CHANGEs for its view from 2f+1 distinct
+    /// replicas that settle every slot.
     pub(super) fn on_new_view(&mut self, ctx: &mut Ctx, now: Nanos, from: NodeId, nv: pb::NewView) {
         if nv.view <= self.view || from != primary(&self.replicas, nv.view) {
             return ctx.stats.stale += 1;
         }
-        let mut proofs: BTreeMap<NodeId, pb::ViewChange> = BTreeMap::new();
+        let mut proofs: BTreeMap<NodeId, Claims> = BTreeMap::new();
         for s in &nv.view_changes {
             let Ok(vc) = pb::ViewChange::decode(s.view_change.as_slice()) else {
                 return ctx.fault(from, FaultKind::Malformed);
             };
-            let known = self.view_changes.get(&s.sender).is_some_and(|r| r.signed.view_change == s.view_change);
-            if vc.view != nv.view || !(known || self.valid_view_change(ctx, s.sender, &vc)) {
-                return ctx.fault(from, FaultKind::BadSignature);
-            }
-            proofs.insert(s.sender, vc);
+            let known = self.view_changes.get(&s.sender).filter(|r| r.signed.view_change == s.view_change);
+            let claims = match known {
+                Some(r) => Some(r.claims.clone()),
+                None => self.valid_view_change(ctx, s.sender, &vc),
+            };
+            match claims {
+                Some(claims) if vc.view == nv.view => proofs.insert(s.sender, claims),
+                _ => return ctx.fault(from, FaultKind::BadSignature),
+            };
         }
-        if proofs.len() < self.quorum {
-            return ctx.fault(from, FaultKind::Unexpected);
+        let claims: Vec<&Claims> = proofs.values().collect();
+        match decide(&claims, ctx.f).filter(|_| proofs.len() >= self.quorum) {
+            Some(decision) => self.enter_view(ctx, now, nv.view, decision),
+            None => ctx.fault(from, FaultKind::Unexpected),
         }
-        self.enter_view(ctx, now, nv.view, proofs.into_values().collect());
     }
 
-    /// Installs view `view` from 2f+1 valid VIEW-CHANGEs: adopts the highest stable
-    /// checkpoint among them and re-proposes, for each later sequence number, the batch
-    /// of the highest-view prepared certificate, or an empty batch.
-    fn enter_view(&mut self, ctx: &mut Ctx, now: Nanos, view: u64, proofs: Vec<pb::ViewChange>) {
-        self.persist_view(ctx, view);
-        ctx.counters.view_changes += 1;
-        let stable = proofs.iter().filter_map(|vc| vc.stable.clone()).max_by_key(|c| c.seq);
-        let stable_seq = stable.as_ref().map_or(0, |c| c.seq).max(self.low);
-        let mut chosen: BTreeMap<u64, (u64, Vec<pb::Operation>)> = BTreeMap::new();
-        for e in proofs.iter().flat_map(|vc| &vc.prepared) {
-            let (Some(c), Some(b)) = (&e.certificate, &e.batch) else { continue };
-            if c.seq > stable_seq && chosen.get(&c.seq).is_none_or(|(v, _)| c.view > *v) {
-                chosen.insert(c.seq, (c.view, b.ops.clone()));
-            }
-        }
-        let last = chosen.keys().next_back().copied().unwrap_or(stable_seq);
+    /// Installs `view` with `decision`: adopts its stable checkpoint if newer, returns
+    /// every pending request to the queue, and votes for the chosen batches (fetching
+    /// those it lacks) before the primary proposes above them.
+    fn enter_view(&mut self, ctx: &mut Ctx, now: Nanos, view: u64, decision: Decision) {
+        let last = decision.choices.keys().next_back().copied().unwrap_or(0);
         self.view = view;
+        self.reproposed = last;
+        self.durable_view = self.durable_view.max(view);
+        ctx.persist(record(Record::Entered(pb::EnteredView { view, reproposed: last })));
+        ctx.counters.view_changes += 1;
         self.changing = None;
         self.progress_at = now;
         self.failed_views = 0;
         self.view_changes.retain(|_, r| r.view > view);
         self.log.clear();
         self.parked.clear();
-        if let Some(cert) = stable.filter(|c| c.seq > self.low) {
+        if let Some(cert) = decision.stable.filter(|c| c.seq > self.low) {
             self.adopt_stable(ctx, cert, None);
         }
-        self.next_seq = last + 1;
-        // Requests not re-proposed may be proposed afresh; every waiting timer restarts.
+        self.next_seq = last.max(self.low) + 1;
+        // Requests not chosen again may be proposed afresh; every waiting timer restarts.
+        self.unproposed.clear();
+        self.unproposed_requests = 0;
         self.unproposed_bytes = 0;
-        for c in self.clients.values_mut() {
+        for (&client, c) in &mut self.clients {
             c.unproposed = c.pending.keys().copied().collect();
-            for p in c.pending.values_mut() {
-                p.arrived = now;
-                self.unproposed_bytes += p.size;
+            for (&first, w) in &mut c.pending {
+                w.arrived = now;
+                self.unproposed.insert((now, client, first));
+                self.unproposed_requests += w.bundle.ops.len();
+                self.unproposed_bytes += w.bundle.op_bytes;
             }
         }
-        self.waiting = self.clients.values().map(|c| c.pending.len()).sum();
-        self.unproposed = self.clients.iter().flat_map(|(&c, s)| s.pending.keys().map(move |&r| (now, c, r))).collect();
-        for seq in stable_seq + 1..=last {
-            let ops = chosen.remove(&seq).map(|(_, ops)| ops).unwrap_or_default();
-            let batch = EncodedBatch::new(pb::Batch { ops });
-            let d = batch.digest;
-            for o in &batch.ops {
-                self.mark_in_log(o.client, o.request);
+        let low = self.low;
+        for (seq, choice) in decision.choices.into_iter().filter(|(seq, _)| *seq > low) {
+            let batch = match choice {
+                Choice::Empty => Some(EncodedBatch::empty()),
+                Choice::Batch(d) => self.held_batch(seq, &d),
+            };
+            match (batch, choice) {
+                (Some(batch), _) => self.repropose(ctx, now, seq, batch),
+                (None, Choice::Batch(d)) => {
+                    self.log.entry(seq).or_default().wanted = Some(d);
+                    ctx.send_to_brokers(pb::body::Kind::FetchBatch(pb::FetchBatch { seq, digest: d.to_vec() }), &[]);
+                }
+                (None, Choice::Empty) => unreachable!("an empty batch is always at hand"),
             }
-            self.log.insert(seq, Slot { proposal: Some(batch), seen_at: now, ..Slot::default() });
-            let vote = pb::Vote { view, seq, digest: d.to_vec(), signature: sign(ctx, PREPARE, view, seq, &d) };
-            ctx.send_to_brokers(pb::body::Kind::Prepare(vote.clone()), &[]);
-            let me = ctx.me();
-            self.on_prepare(ctx, now, me, vote);
         }
         // Votes that arrived before this NEW-VIEW.
         let later = self.early.split_off(&(view + 1, 0));
@@ -223,5 +340,126 @@ impl Replica {
             }
         }
         self.propose(ctx, now);
+    }
+
+    /// A batch chosen by the NEW-VIEW: voted for in this view like a PRE-PREPARE.
+    fn repropose(&mut self, ctx: &mut Ctx, now: Nanos, seq: u64, batch: std::sync::Arc<EncodedBatch>) {
+        self.vote_for(ctx, seq, &batch);
+        let vote = pb::Vote { view: self.view, seq, digest: batch.digest.to_vec() };
+        ctx.send_to_brokers(pb::body::Kind::Prepare(vote), &[]);
+        self.accept(ctx, now, now, seq, batch);
+    }
+
+    /// The batch with digest `d` this replica voted for at `seq`, in any view.
+    fn held_batch(&self, seq: u64, d: &Digest) -> Option<std::sync::Arc<EncodedBatch>> {
+        self.voted.get(&seq)?.iter().find(|v| v.batch.digest == *d).map(|v| v.batch.clone())
+    }
+
+    pub(super) fn on_fetch_batch(&mut self, ctx: &mut Ctx, from: NodeId, f: pb::FetchBatch) {
+        let Ok(d) = Digest::try_from(f.digest.as_slice()) else {
+            return ctx.fault(from, FaultKind::Malformed);
+        };
+        match self.held_batch(f.seq, &d) {
+            Some(b) => {
+                ctx.send(pb::body::Kind::Proposal(pb::Proposal { seq: f.seq, batch: b.encoded.clone() }), [from])
+            }
+            None => ctx.stats.stale += 1,
+        }
+    }
+
+    /// A batch this replica fetched: taken if it is the one the NEW-VIEW chose.
+    pub(super) fn on_proposal(&mut self, ctx: &mut Ctx, now: Nanos, from: NodeId, p: pb::Proposal) {
+        let wanted = self.log.get(&p.seq).and_then(|s| s.wanted);
+        if self.changing.is_some() || wanted != Some(digest(&p.batch)) {
+            return ctx.stats.stale += 1;
+        }
+        // f+1 replicas voted for it, so a correct one authenticated its requests.
+        match EncodedBatch::vouched(p.batch) {
+            Some(batch) => self.repropose(ctx, now, p.seq, batch),
+            None => ctx.fault(from, FaultKind::Malformed),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: Digest = [1; 32];
+    const B: Digest = [2; 32];
+
+    fn stable(seq: u64) -> Option<pb::Certificate> {
+        Some(pb::Certificate { seq, ..Default::default() })
+    }
+
+    /// Claims above a stable checkpoint at 4.
+    fn claims(prepared: &[(u64, u64, Digest)], voted: &[(u64, u64, Digest)]) -> Claims {
+        let mut c = Claims { stable: stable(4), ..Claims::default() };
+        for &(seq, view, d) in prepared {
+            c.prepared.insert(seq, (view, d));
+        }
+        for &(seq, view, d) in voted {
+            c.voted.entry(seq).or_default().push((view, d));
+        }
+        c
+    }
+
+    fn choices(all: &[Claims], f: usize) -> Option<Vec<(u64, Choice)>> {
+        let refs: Vec<&Claims> = all.iter().collect();
+        decide(&refs, f).map(|d| d.choices.into_iter().collect())
+    }
+
+    /// f = 1. In view 1 the primary (replica 0) sent A to replicas 1 and 2 and B to 3; 1
+    /// and 2 prepared and committed A. Replica 0 now lies that B prepared.
+    fn equivocation() -> Vec<Claims> {
+        vec![
+            claims(&[(5, 1, B)], &[(5, 1, B)]),
+            claims(&[(5, 1, A)], &[(5, 1, A)]),
+            claims(&[(5, 1, A)], &[(5, 1, A)]),
+            claims(&[], &[(5, 1, B)]),
+        ]
+    }
+
+    #[test]
+    fn a_committed_batch_is_chosen_and_a_lie_is_not() {
+        let all = equivocation();
+        assert_eq!(choices(&all, 1), Some(vec![(5, Choice::Batch(A))]));
+        // Replica 2's claim alone with the liar's and 3's: neither A nor B binds, and too
+        // few claim nothing, so the primary waits.
+        assert_eq!(choices(&[all[0].clone(), all[1].clone(), all[3].clone()], 1), None);
+        // Any three that settle the slot settle it on A.
+        assert_eq!(choices(&[all[1].clone(), all[2].clone(), all[3].clone()], 1), Some(vec![(5, Choice::Batch(A))]));
+    }
+
+    #[test]
+    fn a_claim_needs_f_plus_one_votes_behind_it() {
+        // Only the liar voted for B at view 3: nothing binds, and three claim nothing.
+        let all =
+            vec![claims(&[(5, 3, B)], &[(5, 3, B)]), claims(&[], &[]), claims(&[], &[(5, 2, A)]), claims(&[], &[])];
+        assert_eq!(choices(&all, 1), Some(vec![(5, Choice::Empty)]));
+    }
+
+    #[test]
+    fn the_highest_binding_view_wins_and_unclaimed_slots_below_are_empty() {
+        // A prepared at view 1 somewhere, B at view 2 (voted by 2 of them): B binds.
+        let all = vec![
+            claims(&[(7, 1, A)], &[(7, 1, A)]),
+            claims(&[(7, 2, B)], &[(7, 2, B), (7, 1, A)]),
+            claims(&[], &[(7, 2, B)]),
+        ];
+        // Slots up to the highest claim are settled; 5 and 6 had no claims at all.
+        let got = choices(&all, 1).unwrap();
+        assert_eq!(got, vec![(5, Choice::Empty), (6, Choice::Empty), (7, Choice::Batch(B))]);
+        // Above a stable checkpoint at 6, only 7 is left.
+        let mut later = all.clone();
+        later[0].stable = stable(6);
+        assert_eq!(choices(&later, 1), Some(vec![(7, Choice::Batch(B))]));
+    }
+
+    #[test]
+    fn slots_at_or_below_the_highest_stable_checkpoint_are_settled_already() {
+        let mut all = equivocation();
+        all[3].stable = stable(5);
+        assert_eq!(choices(&all, 1), Some(vec![]));
     }
 }

@@ -1,0 +1,344 @@
+//! Checkpoints and catching up. Every K batches each replica signs the digest of its
+//! state (the application snapshot and the exactly-once table); 2f+1 matching
+//! signatures, aggregated, make a stable checkpoint that frees the log and storage below
+//! it. A replica left behind asks its peers: f+1 matching committed batches, or a
+//! checkpoint state whose digest a certificate (or f+1 peers) vouches for, bring it up.
+
+use std::collections::BTreeSet;
+
+use prost::Message;
+
+use super::{Record, Replica, record};
+use crate::config::Role;
+use crate::crypto::{BlsPublicKey, BlsSignature, Digest, digest};
+use crate::node::{Ctx, Output};
+use crate::order::{EncodedBatch, signed_message};
+use crate::wire::pb;
+use crate::{FaultKind, Nanos, NodeId};
+
+const CHECKPOINT: &[u8; 4] = b"ckpt";
+
+/// Checkpoint votes kept per replica: enough to see the latest ones become stable.
+const CHECKPOINT_VOTES_KEPT: usize = 4;
+
+impl Replica {
+    /// Batch `seq` executed with the application snapshot `app`: signs the checkpoint.
+    pub(super) fn take_checkpoint(&mut self, ctx: &mut Ctx, now: Nanos, seq: u64, app: Vec<u8>) {
+        let state = self.checkpoint_state(app);
+        let d = digest(&state);
+        self.snapshots.insert(seq, (d, state));
+        let signature = ctx.sign(&signed_message(CHECKPOINT, 0, seq, &d)).0.to_vec();
+        let vote = pb::CheckpointVote { seq, digest: d.to_vec(), signature };
+        ctx.send_to_brokers(pb::body::Kind::Checkpoint(vote.clone()), &[]);
+        self.on_checkpoint(ctx, now, ctx.me(), vote);
+    }
+
+    pub(super) fn on_checkpoint(&mut self, ctx: &mut Ctx, now: Nanos, from: NodeId, c: pb::CheckpointVote) {
+        let k = ctx.cfg.cluster.params.checkpoint_interval as u64;
+        let Ok(d) = Digest::try_from(c.digest.as_slice()) else {
+            return ctx.fault(from, FaultKind::Malformed);
+        };
+        if !c.seq.is_multiple_of(k) || c.seq <= self.low {
+            return ctx.stats.stale += 1;
+        }
+        let votes = self.checkpoint_votes.entry(from).or_default();
+        votes.insert(c.seq, (d, c.signature));
+        while votes.len() > CHECKPOINT_VOTES_KEPT {
+            votes.pop_first();
+        }
+        let matching: Vec<(NodeId, Vec<u8>)> = self
+            .checkpoint_votes
+            .iter()
+            .filter_map(|(r, v)| v.get(&c.seq).filter(|(x, _)| *x == d).map(|(_, s)| (*r, s.clone())))
+            .collect();
+        if matching.len() >= self.quorum {
+            self.make_stable(ctx, c.seq, d, &matching);
+            // The watermark window moved: the primary may have batches waiting for it.
+            self.propose(ctx, now);
+        }
+    }
+
+    /// 2f+1 replicas signed checkpoint (seq, digest): verifies and aggregates their
+    /// signatures into a certificate, and frees the log up to it.
+    fn make_stable(&mut self, ctx: &mut Ctx, seq: u64, d: Digest, votes: &[(NodeId, Vec<u8>)]) {
+        match certify(ctx, seq, &d, votes, self.quorum) {
+            Ok(cert) => self.adopt_stable(ctx, cert, None),
+            Err(bad) => {
+                for r in bad {
+                    if let Some(v) = self.checkpoint_votes.get_mut(&r) {
+                        v.remove(&seq);
+                    }
+                }
+            }
+        }
+    }
+
+    /// A checkpoint certificate newer than ours: frees the log below it, persists it with
+    /// its state if known (`state`, or this replica's own snapshot), and fetches the state
+    /// if this replica has not executed that far.
+    pub(super) fn adopt_stable(&mut self, ctx: &mut Ctx, cert: pb::Certificate, state: Option<Vec<u8>>) {
+        let seq = cert.seq;
+        // Never an older checkpoint's state: it would be served with this certificate.
+        self.stable_snapshot = state.or_else(|| self.snapshots.get(&seq).map(|(_, state)| state.clone()));
+        self.stable = Some(cert);
+        self.low = seq;
+        self.free_below(seq);
+        self.next_seq = self.next_seq.max(seq + 1);
+        self.persist_stable(ctx);
+        self.fetch_state(ctx);
+    }
+
+    /// Drops everything about slots at or below `seq`, now settled by a checkpoint.
+    pub(super) fn free_below(&mut self, seq: u64) {
+        let above = seq + 1;
+        self.log = self.log.split_off(&above);
+        self.parked = self.parked.split_off(&above);
+        self.snapshots = self.snapshots.split_off(&above);
+        self.prepared = self.prepared.split_off(&above);
+        self.voted = self.voted.split_off(&above);
+        for votes in self.checkpoint_votes.values_mut() {
+            *votes = votes.split_off(&above);
+        }
+    }
+
+    /// Persists the stable checkpoint. With its state, it is a point to restart from: the
+    /// records before it become obsolete once everything else a restart needs follows it
+    /// (the view it changes to and the one it is in, the votes and prepared slots above
+    /// the checkpoint), so the host is told it may compact its storage.
+    pub(super) fn persist_stable(&self, ctx: &mut Ctx) {
+        let Some(cert) = self.stable.clone() else { return };
+        let Some(state) = self.stable_snapshot.clone() else {
+            ctx.persist(record(Record::Stable(cert)));
+            return;
+        };
+        let token = ctx.persist(record(Record::StableState(pb::StableState { certificate: Some(cert), state })));
+        ctx.persist(record(Record::View(self.durable_view)));
+        ctx.persist(record(Record::Entered(pb::EnteredView { view: self.view, reproposed: self.reproposed })));
+        for (&seq, votes) in &self.voted {
+            for v in votes {
+                ctx.persist(v.batch.accepted_record(v.view, seq));
+            }
+        }
+        for (&seq, &(view, d)) in &self.prepared {
+            ctx.persist(record(Record::Prepared(pb::SlotVote { seq, view, digest: d.to_vec() })));
+        }
+        ctx.push(Output::Compact { token });
+    }
+
+    /// The state a checkpoint certifies: the application snapshot and the exactly-once
+    /// table, encoded deterministically.
+    fn checkpoint_state(&self, app: Vec<u8>) -> Vec<u8> {
+        let clients = self.clients.iter().map(|(&client, c)| c.record(client)).collect();
+        pb::CheckpointState { app, clients }.encode_to_vec()
+    }
+
+    /// Asks the other replicas for what this replica has not executed: the state of the
+    /// stable checkpoint if it is behind it, asked again every `request_timeout_ns / 4`
+    /// until done.
+    pub(super) fn fetch_state(&mut self, ctx: &mut Ctx) {
+        self.fetch_at = None;
+        if self.executed < self.low {
+            self.catch_up_request(ctx);
+            self.fetch_at = Some(self.last_now.saturating_add(ctx.cfg.cluster.params.request_timeout_ns / 4));
+        }
+    }
+
+    pub(super) fn catch_up_request(&mut self, ctx: &mut Ctx) {
+        let seq = self.executed + 1;
+        ctx.send_to_brokers(pb::body::Kind::FetchState(pb::FetchState { seq }), &[]);
+    }
+
+    /// Answers a replica that lacks `f.seq` onwards: the state at the newest checkpoint
+    /// at or after it (certified if stable here, else bare: the fetcher checks it against
+    /// its own certificate or f+1 matching offers), then the committed batches after.
+    pub(super) fn on_fetch_state(&mut self, ctx: &mut Ctx, from: NodeId, f: pb::FetchState) {
+        let stable = match (&self.stable, &self.stable_snapshot) {
+            (Some(cert), Some(state)) if cert.seq >= f.seq => Some((cert.seq, Some(cert.clone()), state.clone())),
+            _ => None,
+        };
+        let own = self.snapshots.range(f.seq..).next_back().map(|(&seq, (_, state))| (seq, None, state.clone()));
+        let state = stable.into_iter().chain(own).max_by_key(|(seq, _, _)| *seq);
+        let after = state.as_ref().map_or(f.seq, |(seq, _, _)| seq + 1);
+        if let Some((seq, checkpoint, state)) = state {
+            ctx.send(pb::body::Kind::State(Box::new(pb::State { seq, checkpoint, state })), [from]);
+        }
+        let committed: Vec<pb::Committed> = self
+            .log
+            .range(after..)
+            .take_while(|(seq, _)| **seq <= self.delivered)
+            .filter(|(_, s)| s.committed)
+            .filter_map(|(&seq, s)| s.proposal.as_ref().map(|b| pb::Committed { seq, batch: b.encoded.clone() }))
+            .collect();
+        for c in committed {
+            ctx.send(pb::body::Kind::Committed(c), [from]);
+        }
+    }
+
+    /// A committed batch offered in catch-up: adopted once f+1 replicas offer the same.
+    pub(super) fn on_committed(&mut self, ctx: &mut Ctx, now: Nanos, from: NodeId, c: pb::Committed) {
+        if c.seq <= self.delivered || !self.in_window(ctx, c.seq) {
+            return ctx.stats.stale += 1;
+        }
+        let d = digest(&c.batch);
+        let offers = self.catch_up.entry(c.seq).or_default();
+        offers.insert(from, (d, c.batch));
+        if offers.values().filter(|(x, _)| *x == d).count() <= ctx.f {
+            return;
+        }
+        let (_, encoded) = offers.remove(&from).expect("just inserted");
+        self.catch_up.remove(&c.seq);
+        // f+1 offers include a correct replica's: its requests were authenticated.
+        let Some(batch) = EncodedBatch::vouched(encoded) else {
+            return ctx.fault(from, FaultKind::Malformed);
+        };
+        let Some(slot) = self.slot(c.seq) else { return };
+        slot.proposal = Some(batch);
+        slot.committed = true;
+        self.caught_up(ctx, now);
+    }
+
+    /// Progress through catch-up: execute, and drop a view change nobody else joined
+    /// (the primary was only keeping this replica in the dark).
+    pub(super) fn caught_up(&mut self, ctx: &mut Ctx, now: Nanos) {
+        let before = self.executed.max(self.delivered);
+        self.execute_ready(ctx);
+        if self.delivered > before
+            && let Some(c) = &self.changing
+            && self.view_changes.values().filter(|r| r.view >= c.target).count() <= ctx.f
+        {
+            self.changing = None;
+            self.failed_views = 0;
+            self.progress_at = now;
+        }
+        self.catch_up = self.catch_up.split_off(&(self.delivered + 1));
+        self.propose(ctx, now);
+    }
+
+    /// State transfer: a state beyond what this replica executed whose digest a
+    /// checkpoint certificate names (the one sent along, or our own stable one).
+    pub(super) fn on_state(&mut self, ctx: &mut Ctx, now: Nanos, from: NodeId, s: pb::State) {
+        if s.seq <= self.executed {
+            return ctx.stats.stale += 1;
+        }
+        let d = digest(&s.state);
+        let certified = match &s.checkpoint {
+            Some(cert) if cert.seq == s.seq && verify_certificate(ctx, cert, self.quorum) => Some(cert.clone()),
+            Some(_) => return ctx.fault(from, FaultKind::BadSignature),
+            None => self.stable.clone().filter(|c| c.seq == s.seq),
+        };
+        if let Some(cert) = &certified
+            && d.as_slice() != cert.digest
+        {
+            return ctx.fault(from, FaultKind::BadSignature);
+        }
+        // Without a certificate, f+1 replicas offering the same state include a correct one.
+        if certified.is_none() {
+            self.offered_states.insert(from, (s.seq, d, s.state.clone()));
+            let matching = self.offered_states.values().filter(|(seq, x, _)| *seq == s.seq && *x == d).count();
+            if matching <= ctx.f {
+                return;
+            }
+        }
+        self.offered_states.clear();
+        let Ok(state) = pb::CheckpointState::decode(s.state.as_slice()) else {
+            return ctx.fault(from, FaultKind::Malformed);
+        };
+        let newer = certified.filter(|c| c.seq > self.low);
+        self.install_state(ctx, s.seq, state);
+        match newer {
+            Some(cert) => self.adopt_stable(ctx, cert, Some(s.state)),
+            // The state of the checkpoint this replica saw become stable without it.
+            None if self.stable.as_ref().is_some_and(|c| c.seq == s.seq) => {
+                self.stable_snapshot = Some(s.state);
+                self.persist_stable(ctx);
+            }
+            None => {}
+        }
+        self.fetch_at = None;
+        self.caught_up(ctx, now);
+    }
+
+    /// Replaces what this replica executed with the state of checkpoint `seq`: the
+    /// exactly-once table, the application (the host restores it) and the execution point.
+    /// State transfer and a restart from a persisted stable checkpoint both install so.
+    pub(super) fn install_state(&mut self, ctx: &mut Ctx, seq: u64, state: pb::CheckpointState) {
+        for record in state.clients {
+            let client = record.client;
+            let entry = self.clients.entry(client).or_default();
+            entry.install(record);
+            for first in entry.superseded() {
+                self.forget_pending(client, first);
+            }
+        }
+        ctx.push(Output::Restore { seq, snapshot: state.app });
+        self.executing.clear();
+        self.executed = seq;
+        self.delivered = self.delivered.max(seq);
+        // The window stays at the certified checkpoint: what this replica voted for above
+        // it still goes into its VIEW-CHANGEs.
+        self.log = self.log.split_off(&(seq + 1));
+    }
+}
+
+/// Aggregates checkpoint signatures on (seq, digest) into a certificate: a single
+/// aggregate check when all are valid; otherwise each is checked, invalid signers are
+/// reported as faults, and if fewer than `quorum` remain valid they are returned so
+/// their votes can be dropped.
+fn certify(
+    ctx: &mut Ctx,
+    seq: u64,
+    d: &Digest,
+    votes: &[(NodeId, Vec<u8>)],
+    quorum: usize,
+) -> Result<pb::Certificate, Vec<NodeId>> {
+    let message = signed_message(CHECKPOINT, 0, seq, d);
+    let parsed: Vec<(NodeId, Option<(BlsPublicKey, BlsSignature)>)> = votes
+        .iter()
+        .map(|(r, s)| (*r, public_key(ctx, *r).zip(<[u8; 96]>::try_from(s.as_slice()).ok().map(BlsSignature))))
+        .collect();
+    let mut all_valid = || {
+        let keys: Option<Vec<(BlsPublicKey, BlsSignature)>> = parsed.iter().map(|(_, k)| *k).collect();
+        let (pks, sigs): (Vec<BlsPublicKey>, Vec<BlsSignature>) = keys?.into_iter().unzip();
+        let agg = ctx.aggregate(&sigs)?;
+        ctx.verify_aggregate(&pks, &message, &agg).then_some(agg)
+    };
+    let (signers, agg) = match all_valid() {
+        Some(agg) => (parsed.iter().map(|(r, _)| *r).collect::<Vec<_>>(), agg),
+        None => {
+            let (good, bad): (Vec<_>, Vec<_>) =
+                parsed.iter().partition(|(_, k)| k.is_some_and(|(pk, sig)| ctx.verify_signature(&pk, &message, &sig)));
+            let bad: Vec<NodeId> = bad.into_iter().map(|(r, _)| r).collect();
+            for &r in &bad {
+                ctx.fault(r, FaultKind::BadSignature);
+            }
+            if good.len() < quorum {
+                return Err(bad);
+            }
+            let sigs: Vec<BlsSignature> = good.iter().map(|(_, k)| k.expect("valid").1).collect();
+            let agg = ctx.aggregate(&sigs).ok_or_else(|| bad.clone())?;
+            (good.iter().map(|(r, _)| *r).collect(), agg)
+        }
+    };
+    Ok(pb::Certificate { seq, digest: d.to_vec(), signers, signature: agg.0.to_vec() })
+}
+
+pub(super) fn public_key(ctx: &Ctx, id: NodeId) -> Option<BlsPublicKey> {
+    ctx.cfg.cluster.node(id).map(|n| n.bls_public_key)
+}
+
+/// Verifies a checkpoint certificate: 2f+1 distinct replicas' signatures on its message.
+pub(super) fn verify_certificate(ctx: &mut Ctx, cert: &pb::Certificate, quorum: usize) -> bool {
+    let signers: BTreeSet<NodeId> = cert.signers.iter().copied().collect();
+    if signers.len() != cert.signers.len() || signers.len() < quorum {
+        return false;
+    }
+    let Some(pks) = signers
+        .iter()
+        .map(|&s| public_key(ctx, s).filter(|_| ctx.role_of(s) == Some(Role::Broker)))
+        .collect::<Option<Vec<_>>>()
+    else {
+        return false;
+    };
+    let Ok(sig) = <[u8; 96]>::try_from(cert.signature.as_slice()) else { return false };
+    ctx.verify_aggregate(&pks, &signed_message(CHECKPOINT, 0, cert.seq, &cert.digest), &BlsSignature(sig))
+}
