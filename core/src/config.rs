@@ -102,7 +102,7 @@ impl Default for Params {
             batch_max_count: 1000,
             batch_max_bytes: 128 << 10,
             batch_timeout_ns: 1_000_000,
-            checkpoint_interval: 16,
+            checkpoint_interval: 64,
             pipeline: 16,
             request_timeout_ns: 500_000_000,
             client_queue: 256,
