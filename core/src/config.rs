@@ -59,7 +59,8 @@ pub struct Params {
     pub pipeline: u32,
     /// PBFT: a backup suspects the primary when a request waits this long.
     pub request_timeout_ns: u64,
-    /// PBFT: pending requests a replica holds per client; more are refused.
+    /// PBFT: requests a replica holds per client that wait for a batch; more are refused
+    /// (and a client keeps at most this many outstanding).
     pub client_queue: u32,
     /// PBFT: a client retransmits a request unanswered for this long.
     pub client_retry_ns: u64,

@@ -294,10 +294,10 @@ impl Replica {
         if client.done(bundle.first, bundle.last()) || client.pending_overlaps(bundle.first, bundle.last()) {
             return ctx.stats.stale += 1;
         }
-        if client.pending_requests + count as usize > cap {
+        if client.unproposed_requests + count as usize > cap {
             return ctx.fault(from, FaultKind::QueueFull);
         }
-        client.pending_requests += count as usize;
+        client.unproposed_requests += count as usize;
         client.unproposed.insert(bundle.first);
         self.unproposed.insert((now, from, bundle.first));
         self.unproposed_requests += count as usize;
@@ -343,12 +343,16 @@ impl Replica {
     }
 
     /// Takes up to the caps from the unproposed requests, one bundle per client per round
-    /// so no client crowds out the others, each client's in request order. A bundle alone
-    /// always fits (clients and replicas check), so a batch is never empty.
+    /// so no client crowds out the others, each client's in request order, starting with
+    /// the client whose requests have waited longest (so a client whose bundles fill
+    /// batches alone cannot starve the others). A bundle alone always fits (clients and
+    /// replicas check), so a batch is never empty.
     fn cut_batch(&self, max_count: usize, max_bytes: usize) -> Vec<Arc<Bundle>> {
         let mut bundles: Vec<Arc<Bundle>> = Vec::new();
         let (mut count, mut bytes) = (0, 0);
-        let mut queues: Vec<_> = self.clients.values().map(|c| (c, c.unproposed.iter())).collect();
+        let oldest = self.unproposed.first().map_or(0, |&(_, client, _)| client);
+        let order = self.clients.range(oldest..).chain(self.clients.range(..oldest));
+        let mut queues: Vec<_> = order.map(|(_, c)| (c, c.unproposed.iter())).collect();
         loop {
             let before = bundles.len();
             for (c, firsts) in &mut queues {
@@ -513,6 +517,7 @@ impl Replica {
             return None;
         }
         let w = &c.pending[&first];
+        c.unproposed_requests -= w.bundle.ops.len();
         self.unproposed.remove(&(w.arrived, client, first));
         self.unproposed_requests -= w.bundle.ops.len();
         self.unproposed_bytes -= w.bundle.op_bytes;
@@ -525,7 +530,6 @@ impl Replica {
         self.mark_in_log(client, first);
         let Some(c) = self.clients.get_mut(&client) else { return };
         if let Some(w) = c.pending.remove(&first) {
-            c.pending_requests -= w.bundle.ops.len();
             self.waiting -= w.bundle.ops.len();
         }
     }

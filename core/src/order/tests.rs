@@ -190,3 +190,56 @@ fn a_restarted_client_resumes_numbering_above_its_persisted_lease() {
     assert!(restarted.next_request().unwrap() > 2, "a restarted client would reuse request numbers");
     assert!(restarted.handle(0, Input::Recover { record: vec![0xff] }).is_err());
 }
+
+/// A client that ignores its own limit: a replica holds at most `client_queue` of its
+/// requests waiting for a batch and refuses the rest as `QueueFull`. Requests in a batch
+/// no longer count, so a replica that executes behind the others still takes the new
+/// requests of a client whose earlier ones completed elsewhere.
+#[test]
+fn a_replica_holds_at_most_client_queue_unbatched_requests_per_client() {
+    use bytes::Bytes;
+    use prost::Message;
+
+    use crate::order::Bundle;
+    use crate::wire::{self, Keyring, pb};
+    use crate::{FaultKind, Nanos};
+
+    let spec = ClusterSpec {
+        protocol: Protocol::Pbft,
+        crypto: CryptoMode::InsecureTest,
+        publishers: 1,
+        subscribers: 0,
+        params: Params { client_queue: 8, ..params() },
+        ..ClusterSpec::new(1)
+    };
+    let cfgs = generate_cluster(&spec, [5; 32]).unwrap();
+    let keys = |id: NodeId| Keyring::new(CryptoMode::InsecureTest, id, cfgs[id as usize].mac_keys.clone());
+    let (client, primary) = (keys(4), keys(0));
+    let mut backup = Node::new(cfgs[1].clone()).unwrap();
+    let request = |r: u64| Bundle::seal(&client, &[0, 1, 2, 3], r, vec![Bytes::from(format!("op{r}"))]);
+    // Delivers a body to the backup, acknowledging what it persists as a host would, and
+    // counts the requests it refused.
+    let mut deliver = |from: &Keyring, body: pb::body::Kind, now: Nanos| -> usize {
+        let body = wire::encode_body(body);
+        let bytes = wire::frame(from.me, &body, &[from.mac_to(1, &body).unwrap()]);
+        backup.handle(now, Input::Message { from: from.me, bytes }).unwrap();
+        let mut refused = 0;
+        while let Some(o) = backup.poll() {
+            match o {
+                Output::Persist { token, .. } => backup.handle(now, Input::Persisted { token }).unwrap(),
+                Output::Fault { node: 4, kind: FaultKind::QueueFull } => refused += 1,
+                _ => {}
+            }
+        }
+        refused
+    };
+    let refused: usize = (1..=12).map(|r| deliver(&client, pb::body::Kind::Requests(request(r)), r)).sum();
+    assert_eq!(refused, 4, "requests 9 to 12 are beyond client_queue");
+
+    // The primary batches requests 1 to 3: room for three more, and no more.
+    let batch = pb::Batch { requests: (1..=3).map(request).collect() };
+    let pp = pb::PrePrepare { view: 0, seq: 1, batch: batch.encode_to_vec().into() };
+    assert_eq!(deliver(&primary, pb::body::Kind::PrePrepare(pp), 20), 0);
+    let refused: usize = (13..=16).map(|r| deliver(&client, pb::body::Kind::Requests(request(r)), r)).sum();
+    assert_eq!(refused, 1, "request 16 is beyond client_queue again");
+}

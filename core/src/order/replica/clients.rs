@@ -23,10 +23,12 @@ pub(super) struct Waiting {
 pub(super) struct ClientState {
     /// By first request.
     pub pending: BTreeMap<u64, Waiting>,
-    /// The requests in `pending`.
-    pub pending_requests: usize,
-    /// Pending ones in no batch of the log yet: the primary may propose them.
+    /// Pending ones in no batch of the log yet: the primary may propose them. Their
+    /// requests are what `client_queue` bounds (those in the log are bounded by the
+    /// watermark window), so a replica that executes behind others does not refuse a
+    /// client whose earlier requests completed elsewhere.
     pub unproposed: BTreeSet<u64>,
+    pub unproposed_requests: usize,
     /// Results of the latest executed requests (at most `client_queue` of them), by first
     /// request; every request at or below `floor` counts as executed. Both are replicated
     /// state, covered by checkpoints.

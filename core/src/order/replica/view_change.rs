@@ -305,6 +305,7 @@ impl Replica {
         self.unproposed_bytes = 0;
         for (&client, c) in &mut self.clients {
             c.unproposed = c.pending.keys().copied().collect();
+            c.unproposed_requests = c.pending.values().map(|w| w.bundle.ops.len()).sum();
             for (&first, w) in &mut c.pending {
                 w.arrived = now;
                 self.unproposed.insert((now, client, first));
