@@ -67,11 +67,9 @@ pub struct BenchArgs {
     /// the protocol's, 1000).
     #[arg(long, conflicts_with = "config")]
     batch_timeout_us: Option<u64>,
-    /// Fresh cluster: consensus instances in flight at once. The default suits a small
-    /// machine, where the replicas are CPU-bound on each batch's signatures and fewer,
-    /// larger batches go further.
-    #[arg(long, default_value_t = 1, conflicts_with = "config")]
-    pipeline: u32,
+    /// Fresh cluster: consensus instances in flight at once (default: the protocol's, 16).
+    #[arg(long, conflicts_with = "config")]
+    pipeline: Option<u32>,
     /// Directory for `bench-<op size>B-<UTC time>.csv` and `.svg`.
     #[arg(long, default_value = "bench-results")]
     out: PathBuf,
@@ -272,15 +270,16 @@ fn load(client: &mut ClusterClient, index: u64, plan: &Plan, rec: &mut Recorder)
         if !rec.advance(Instant::now()) {
             return Ok(());
         }
+        // Every op the client may send now goes in one burst, so they leave together.
         let wait = match plan.interval {
             None => {
-                while in_flight.len() < plan.outstanding {
-                    match client.submit(op()) {
-                        Ok(request) => {
-                            in_flight.insert(request, Instant::now());
-                        }
+                let room = plan.outstanding.saturating_sub(in_flight.len());
+                if room > 0 {
+                    let now = Instant::now();
+                    match client.submit_burst((0..room).map(|_| op()).collect()) {
+                        Ok(requests) => in_flight.extend(requests.map(|r| (r, now))),
                         // Replicas still hold results we have not seen: wait for one.
-                        Err(ClientError::Refused(HandleError::Backpressure)) => break,
+                        Err(ClientError::Refused(HandleError::Backpressure)) => {}
                         Err(e) => return Err(e),
                     }
                 }
@@ -288,38 +287,42 @@ fn load(client: &mut ClusterClient, index: u64, plan: &Plan, rec: &mut Recorder)
             }
             Some(interval) => {
                 let mut due = plan.start + interval * issued;
-                for _ in 0..BURST {
-                    if due > Instant::now() || due >= end {
-                        break;
-                    }
+                let mut burst = Vec::new();
+                while burst.len() < BURST && due <= Instant::now() && due < end {
                     rec.tick.due += 1;
-                    if in_flight.len() >= plan.outstanding {
+                    if in_flight.len() + burst.len() >= plan.outstanding {
                         rec.tick.dropped += 1;
                     } else {
-                        match client.submit(op()) {
-                            Ok(request) => {
-                                in_flight.insert(request, due);
-                            }
-                            Err(ClientError::Refused(HandleError::Backpressure)) => rec.tick.dropped += 1,
-                            Err(e) => return Err(e),
-                        }
+                        burst.push(due);
                     }
                     issued += 1;
                     due = plan.start + interval * issued;
                 }
+                if !burst.is_empty() {
+                    let requests = match client.submit_burst(burst.iter().map(|_| op()).collect()) {
+                        Ok(requests) => requests,
+                        Err(ClientError::Refused(HandleError::Backpressure)) => 0..0,
+                        Err(e) => return Err(e),
+                    };
+                    rec.tick.dropped += (burst.len() - requests.clone().count()) as u64;
+                    in_flight.extend(requests.zip(burst));
+                }
                 due.saturating_duration_since(Instant::now()).min(POLL)
             }
         };
-        match client.next_completion(wait) {
-            Ok((request, result)) => {
+        // Everything completed so far, so the next burst refills all the room it freed.
+        match client.completions(wait) {
+            Ok(done) => {
                 let now = Instant::now();
                 if !rec.advance(now) {
                     return Ok(());
                 }
-                let Some(started) = in_flight.remove(&request) else { continue };
-                rec.tick.latencies.record(u64::try_from((now - started).as_nanos()).unwrap_or(u64::MAX));
-                if !matches!(Reply::decode(&result), Ok(Reply::Value(_))) {
-                    rec.tick.bad += 1;
+                for (request, result) in done {
+                    let Some(started) = in_flight.remove(&request) else { continue };
+                    rec.tick.latencies.record(u64::try_from((now - started).as_nanos()).unwrap_or(u64::MAX));
+                    if !matches!(Reply::decode(&result), Ok(Reply::Value(_))) {
+                        rec.tick.bad += 1;
+                    }
                 }
             }
             Err(ClientError::Timeout { .. }) => {}
@@ -683,7 +686,7 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
             let params = Params {
                 batch_max_count: a.batch_max_count.unwrap_or(d.batch_max_count),
                 batch_timeout_ns: a.batch_timeout_us.map_or(d.batch_timeout_ns, |us| us.saturating_mul(1_000)),
-                pipeline: a.pipeline,
+                pipeline: a.pipeline.unwrap_or(d.pipeline),
                 // Room for every request a client keeps in flight.
                 client_queue: d.client_queue.max(a.outstanding),
                 ..d

@@ -3,6 +3,7 @@
 //! returned once f+1 replicas agree on it — the core decides that, not this code.
 
 use std::collections::VecDeque;
+use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::mpsc::RecvTimeoutError;
 use std::time::{Duration, Instant};
@@ -40,8 +41,11 @@ impl std::error::Error for ClientError {}
 
 pub struct ClusterClient {
     node: Running,
-    /// Events that arrived while waiting for another one.
-    stash: VecDeque<AppEvent>,
+    /// What the protocol thread said and nobody has taken yet, by kind.
+    submitted: VecDeque<(Range<u64>, Option<HandleError>)>,
+    completions: VecDeque<(u64, Vec<u8>)>,
+    deliveries: VecDeque<Delivery>,
+    refusals: VecDeque<HandleError>,
 }
 
 impl ClusterClient {
@@ -53,7 +57,13 @@ impl ClusterClient {
             cluster.path.parent().unwrap_or(std::path::Path::new(".")).join(format!("data/client-{id}"))
         });
         let opts = StartOptions { data_dir: Some(data_dir), ..StartOptions::default() };
-        Ok(ClusterClient { node: runtime::start(cluster, id, &opts)?, stash: VecDeque::new() })
+        Ok(ClusterClient {
+            node: runtime::start(cluster, id, &opts)?,
+            submitted: VecDeque::new(),
+            completions: VecDeque::new(),
+            deliveries: VecDeque::new(),
+            refusals: VecDeque::new(),
+        })
     }
 
     pub fn id(&self) -> NodeId {
@@ -61,68 +71,100 @@ impl ClusterClient {
     }
 
     fn request(&self, request: Request) -> Result<(), ClientError> {
-        self.node.events.send(Event::Request(request)).map_err(|_| ClientError::Stopped("protocol thread gone".into()))
+        self.send(Event::Request(request))
     }
 
-    fn recv(&mut self, deadline: Instant) -> Result<AppEvent, ClientError> {
+    fn send(&self, event: Event) -> Result<(), ClientError> {
+        self.node.events.send(event).map_err(|_| ClientError::Stopped("protocol thread gone".into()))
+    }
+
+    /// Waits until the protocol thread says something (at most until `deadline`) and
+    /// sorts what it said.
+    fn receive(&mut self, deadline: Instant) -> Result<(), ClientError> {
         let wait = deadline.saturating_duration_since(Instant::now());
-        match self.node.app_events.recv_timeout(wait) {
-            Ok(e) => Ok(e),
-            Err(RecvTimeoutError::Timeout) => Err(ClientError::Timeout { request: None, waited: wait }),
-            Err(RecvTimeoutError::Disconnected) => Err(ClientError::Stopped("protocol thread gone".into())),
+        let events = match self.node.app_events.recv_timeout(wait) {
+            Ok(events) => events,
+            Err(RecvTimeoutError::Timeout) => return Err(ClientError::Timeout { request: None, waited: wait }),
+            Err(RecvTimeoutError::Disconnected) => return Err(ClientError::Stopped("protocol thread gone".into())),
+        };
+        for e in events {
+            match e {
+                AppEvent::Submitted { requests, refused } => self.submitted.push_back((requests, refused)),
+                AppEvent::Completed { request, result } => self.completions.push_back((request, result)),
+                AppEvent::Delivered(d) => self.deliveries.push_back(d),
+                AppEvent::Refused(e) => self.refusals.push_back(e),
+            }
         }
+        Ok(())
     }
 
     /// Submits `op` without waiting for its result; its request number, or `Refused`
     /// (`Backpressure` when `client_queue` requests are outstanding).
     pub fn submit(&mut self, op: Vec<u8>) -> Result<u64, ClientError> {
-        self.request(Request::Submit { op })?;
+        let requests = self.submit_burst(vec![op])?;
+        Ok(requests.start)
+    }
+
+    /// Submits `ops` together, without waiting for their results: they leave as one
+    /// message, as far as a batch holds them. Returns the numbers of the ops accepted, a
+    /// prefix of `ops`: shorter once `client_queue` requests are outstanding
+    /// (`Backpressure`), and `Refused` if the first op is refused for any reason.
+    pub fn submit_burst(&mut self, ops: Vec<Vec<u8>>) -> Result<Range<u64>, ClientError> {
+        self.send(Event::Submit(ops))?;
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            match self.recv(deadline)? {
-                AppEvent::Submitted { request } => return Ok(request),
-                AppEvent::Refused(e) => return Err(ClientError::Refused(e)),
-                other => self.stash.push_back(other),
+            match self.submitted.pop_front() {
+                Some((requests, Some(e))) if requests.is_empty() => return Err(ClientError::Refused(e)),
+                Some((requests, _)) => return Ok(requests),
+                None => self.receive(deadline)?,
             }
         }
     }
 
     /// The next completed request, waiting at most `timeout`.
     pub fn next_completion(&mut self, timeout: Duration) -> Result<(u64, Vec<u8>), ClientError> {
-        if let Some(i) = self.stash.iter().position(|e| matches!(e, AppEvent::Completed { .. })) {
-            let Some(AppEvent::Completed { request, result }) = self.stash.remove(i) else { unreachable!() };
-            return Ok((request, result));
-        }
         let deadline = Instant::now() + timeout;
         loop {
-            match self.recv(deadline)? {
-                AppEvent::Completed { request, result } => return Ok((request, result)),
-                other => self.stash.push_back(other),
+            match self.completions.pop_front() {
+                Some(c) => return Ok(c),
+                None => self.receive(deadline)?,
             }
         }
+    }
+
+    /// Every request completed so far, waiting at most `timeout` for the first.
+    pub fn completions(&mut self, timeout: Duration) -> Result<Vec<(u64, Vec<u8>)>, ClientError> {
+        if self.completions.is_empty() {
+            let first = self.next_completion(timeout)?;
+            self.completions.push_front(first);
+        }
+        Ok(self.completions.drain(..).collect())
     }
 
     /// Orders `op` and returns its result once f+1 replicas agree.
     pub fn execute(&mut self, op: Vec<u8>, timeout: Duration) -> Result<Vec<u8>, ClientError> {
         let started = Instant::now();
+        let left = |started: Instant| timeout.saturating_sub(started.elapsed());
         let request = loop {
             match self.submit(op.clone()) {
+                // Wait for a completion to make room, and keep it for its taker.
                 Err(ClientError::Refused(HandleError::Backpressure)) => {
-                    let (r, result) = self.next_completion(timeout.saturating_sub(started.elapsed()))?;
-                    self.stash.push_back(AppEvent::Completed { request: r, result });
+                    let done = self.next_completion(left(started))?;
+                    self.completions.push_back(done);
                 }
                 other => break other?,
             }
         };
+        let deadline = started + timeout;
         loop {
-            let left = timeout.saturating_sub(started.elapsed());
-            match self.next_completion(left) {
-                Ok((r, result)) if r == request => return Ok(result),
-                Ok(_) => {}
+            if let Some(i) = self.completions.iter().position(|(r, _)| *r == request) {
+                return Ok(self.completions.remove(i).expect("found").1);
+            }
+            match self.receive(deadline) {
                 Err(ClientError::Timeout { .. }) => {
                     return Err(ClientError::Timeout { request: Some(request), waited: started.elapsed() });
                 }
-                Err(e) => return Err(e),
+                other => other?,
             }
         }
     }
@@ -135,16 +177,14 @@ impl ClusterClient {
 
     /// The next delivery (pub/sub subscribers).
     pub fn next_delivery(&mut self, timeout: Duration) -> Result<Delivery, ClientError> {
-        if let Some(i) = self.stash.iter().position(|e| matches!(e, AppEvent::Delivered(_))) {
-            let Some(AppEvent::Delivered(d)) = self.stash.remove(i) else { unreachable!() };
-            return Ok(d);
-        }
         let deadline = Instant::now() + timeout;
         loop {
-            match self.recv(deadline)? {
-                AppEvent::Delivered(d) => return Ok(d),
-                AppEvent::Refused(e) => return Err(ClientError::Refused(e)),
-                other => self.stash.push_back(other),
+            if let Some(e) = self.refusals.pop_front() {
+                return Err(ClientError::Refused(e));
+            }
+            match self.deliveries.pop_front() {
+                Some(d) => return Ok(d),
+                None => self.receive(deadline)?,
             }
         }
     }

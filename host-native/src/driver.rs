@@ -3,14 +3,18 @@
 //! local application, a monotonic clock, durable storage and, on a PBFT replica, the
 //! key-value application it orders operations for.
 //!
-//! Each round takes every event waiting (up to [`ROUND_EVENTS`]), feeds them to the core,
-//! and then settles: frames go to the network thread in one batch, records the core
-//! asked to persist are synced with one `fdatasync` (group commit), and only then is
-//! `Persisted` fed back — which is what releases the votes that depended on them.
+//! Each round takes every event waiting (up to [`ROUND_EVENTS`]), feeds them all to the
+//! core before polling it (so what the round's inputs send to one peer leaves as one
+//! frame, and a client's submissions as one `Requests`), and then settles: frames go to
+//! the network thread in one batch, records the core asked to persist are synced with
+//! one `fdatasync` (group commit), and only then is `Persisted` fed back — which is what
+//! releases the votes that depended on them. A node recording its trace is polled after
+//! every input instead, since a trace record holds one input's outputs.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fs::File;
 use std::io::Write;
+use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
@@ -31,19 +35,26 @@ pub const ROUND_EVENTS: usize = 4096;
 /// What reaches the protocol thread.
 #[derive(Debug)]
 pub enum Event {
-    Message { from: NodeId, bytes: Vec<u8> },
+    /// Frames from peers, as the network thread read them in one turn of its loop.
+    Messages(crate::net::Received),
+    /// A publish or subscribe request.
     Request(Request),
+    /// PBFT: ops to order, submitted in one round so they leave together.
+    Submit(Vec<Vec<u8>>),
     Stop,
 }
 
 /// What the protocol thread tells the local application (clients, subscribers).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AppEvent {
-    /// A `Submit` was accepted and numbered `request`.
+    /// Of a `Submit`'s ops, the first `requests.len()` were accepted and numbered
+    /// `requests`; the next one was refused with `refused` (`Backpressure`: retry after a
+    /// completion), and the rest were not tried.
     Submitted {
-        request: u64,
+        requests: Range<u64>,
+        refused: Option<HandleError>,
     },
-    /// A request was refused (`Backpressure`: retry after a completion).
+    /// A publish or subscribe request was refused.
     Refused(HandleError),
     Completed {
         request: u64,
@@ -69,7 +80,9 @@ pub struct Driver {
     trace: Option<TraceSink>,
     outbox: Arc<Outbox>,
     metrics: Arc<Metrics>,
-    app_events: Option<Sender<AppEvent>>,
+    app_events: Option<Sender<Vec<AppEvent>>>,
+    /// What to tell the application at the end of the round.
+    told: Vec<AppEvent>,
     sends: Vec<(NodeId, Vec<u8>)>,
     tokens: Vec<u64>,
     followups: VecDeque<Input>,
@@ -118,7 +131,7 @@ pub struct DriverParts {
     pub trace: Option<TraceSink>,
     pub outbox: Arc<Outbox>,
     pub metrics: Arc<Metrics>,
-    pub app_events: Option<Sender<AppEvent>>,
+    pub app_events: Option<Sender<Vec<AppEvent>>>,
 }
 
 impl Driver {
@@ -133,6 +146,7 @@ impl Driver {
             outbox: parts.outbox,
             metrics: parts.metrics,
             app_events: parts.app_events,
+            told: Vec::new(),
             sends: Vec::new(),
             tokens: Vec::new(),
             followups: VecDeque::new(),
@@ -166,21 +180,24 @@ impl Driver {
             let mut stop = false;
             for ev in first.into_iter().chain(std::iter::from_fn(|| inbox.try_recv().ok()).take(ROUND_EVENTS)) {
                 match ev {
-                    Event::Message { from, bytes } => {
-                        let _ = self.input(Input::Message { from, bytes });
+                    Event::Messages(frames) => {
+                        for (from, bytes) in frames {
+                            let _ = self.feed(Input::Message { from, bytes });
+                        }
                     }
                     Event::Request(request) => {
-                        // Only a Submit gets a number; the request itself moves into the core.
-                        let number = self.node.next_request().filter(|_| matches!(request, Request::Submit { .. }));
-                        let accepted = self.input(Input::Request(request));
-                        self.answer_request(number, accepted);
+                        if let Err(e) = self.feed(Input::Request(request)) {
+                            self.tell_app(AppEvent::Refused(e));
+                        }
                     }
+                    Event::Submit(ops) => self.submit(ops),
                     Event::Stop => stop = true,
                 }
             }
             if self.node.poll_timeout().is_some_and(|at| at <= self.now()) {
-                let _ = self.input(Input::Timeout);
+                let _ = self.feed(Input::Timeout);
             }
+            self.drain();
             self.settle()?;
             self.export_gauges();
             if stop {
@@ -195,36 +212,54 @@ impl Driver {
         self.node.failure().map_or(Ok(()), |why| Err(DriverError::Engine(why)))
     }
 
-    /// `number`: the request number an accepted Submit got.
-    fn answer_request(&mut self, number: Option<u64>, accepted: Result<(), HandleError>) {
-        let event = match (number, accepted) {
-            (Some(request), Ok(())) => AppEvent::Submitted { request },
-            (None, Ok(())) => return,
-            (_, Err(e)) => AppEvent::Refused(e),
-        };
-        self.tell_app(event);
+    /// Submits `ops` in order until one is refused, and tells the application which were
+    /// accepted and their numbers (consecutive: a refused op takes none).
+    fn submit(&mut self, ops: Vec<Vec<u8>>) {
+        let first = self.node.next_request().unwrap_or(0);
+        let mut refused = None;
+        for op in ops {
+            if let Err(e) = self.feed(Input::Request(Request::Submit { op })) {
+                refused = Some(e);
+                break;
+            }
+        }
+        let end = self.node.next_request().unwrap_or(0);
+        self.tell_app(AppEvent::Submitted { requests: first..end, refused });
     }
 
     fn tell_app(&mut self, event: AppEvent) {
-        if let Some(tx) = &self.app_events
-            && tx.send(event).is_err()
-        {
-            // The application went away; nobody is listening any more.
-            self.app_events = None;
+        if self.app_events.is_some() {
+            self.told.push(event);
         }
     }
 
-    /// One `handle` call and its outputs (recorded when tracing).
+    /// Hands the application what the round produced, in one message.
+    fn tell_round(&mut self) {
+        if self.told.is_empty() {
+            return;
+        }
+        if let Some(tx) = &self.app_events
+            && tx.send(std::mem::take(&mut self.told)).is_err()
+        {
+            // The application went away; nobody is listening any more.
+            self.app_events = None;
+            self.told.clear();
+        }
+    }
+
+    /// One `handle` call and its outputs.
     fn input(&mut self, input: Input) -> Result<(), HandleError> {
+        let result = self.feed(input);
+        self.drain();
+        result
+    }
+
+    /// One `handle` call; its outputs wait for the next [`Driver::drain`] unless the
+    /// node is recording its trace, which takes each input's outputs with it.
+    fn feed(&mut self, input: Input) -> Result<(), HandleError> {
         let now = self.now();
         match self.trace.as_mut() {
-            None => {
-                let result = self.node.handle(now, input);
-                while let Some(out) = self.node.poll() {
-                    self.output(out);
-                }
-                result
-            }
+            None => self.node.handle(now, input),
             Some(_) => {
                 let result = self.node.handle(now, input.clone());
                 let outputs: Vec<Output> = std::iter::from_fn(|| self.node.poll()).collect();
@@ -236,6 +271,13 @@ impl Driver {
                 }
                 result
             }
+        }
+    }
+
+    /// Takes every output the node has.
+    fn drain(&mut self) {
+        while let Some(out) = self.node.poll() {
+            self.output(out);
         }
     }
 
@@ -323,6 +365,7 @@ impl Driver {
             self.metrics.persist_latency(started.elapsed());
             self.followups.extend(self.tokens.drain(..).map(|token| Input::Persisted { token }));
         }
+        self.tell_round();
         if let Some(sink) = self.trace.as_mut() {
             sink.file.write_all(&sink.writer.drain()).map_err(DriverError::Trace)?;
         }

@@ -13,7 +13,8 @@
 //! trusted past a lying length); each peer's send queue holds at most
 //! `send_queue_bytes`, beyond which frames are dropped and counted (the protocols
 //! retransmit); at most [`MAX_CONNECTIONS`] connections, [`MAX_PER_ID`] per claimed id.
-//! Frames leave in coalesced `writev` calls of up to [`WRITEV_FRAMES`] frames.
+//! Frames leave in coalesced `writev` calls of up to [`WRITEV_FRAMES`] frames, and reach
+//! the protocol thread in messages of up to [`DELIVER_FRAMES`].
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::io::{self, IoSlice, Read, Write};
@@ -33,6 +34,8 @@ pub const MAX_CONNECTIONS: usize = 1024;
 pub const MAX_PER_ID: usize = 4;
 const WRITEV_FRAMES: usize = 64;
 const READ_CHUNK: usize = 64 << 10;
+/// Most frames handed to the protocol thread in one message.
+const DELIVER_FRAMES: usize = 1024;
 const LISTENER: Token = Token(0);
 const WAKER: Token = Token(1);
 const FIRST_CONN: usize = 2;
@@ -186,8 +189,11 @@ struct Conn {
     /// Set on connections this node dialed: until the connect completes, nothing is sent.
     dialed: Option<NodeId>,
     connected: bool,
+    /// Received bytes: `rbuf[rstart..rend]` is unparsed; the rest is room, zeroed once
+    /// when the buffer grew rather than before every read.
     rbuf: Vec<u8>,
     rstart: usize,
+    rend: usize,
     queue: SendQueue,
 }
 
@@ -201,10 +207,14 @@ struct Dialer {
     pending: SendQueue,
 }
 
-/// The event loop. `deliver(from, bytes)` hands a received frame to the protocol thread
-/// (blocking when it is behind, which pushes back on the senders through TCP); it
-/// returns false when the protocol thread is gone.
-pub struct Network<D: FnMut(NodeId, Vec<u8>) -> bool> {
+/// Frames received, each with the peer it came from.
+pub type Received = Vec<(NodeId, Vec<u8>)>;
+
+/// The event loop. `deliver(frames)` hands the frames read in one turn of the loop to the
+/// protocol thread at once, waking it once rather than per frame (blocking when it is
+/// behind, which pushes back on the senders through TCP); it returns false when the
+/// protocol thread is gone.
+pub struct Network<D: FnMut(Received) -> bool> {
     cfg: NetConfig,
     poll: Poll,
     outbox: Arc<Outbox>,
@@ -216,9 +226,11 @@ pub struct Network<D: FnMut(NodeId, Vec<u8>) -> bool> {
     by_id: BTreeMap<NodeId, Vec<usize>>,
     metrics: Arc<Metrics>,
     deliver: D,
+    /// Frames read in this turn of the loop, not yet delivered.
+    received: Received,
 }
 
-impl<D: FnMut(NodeId, Vec<u8>) -> bool> Network<D> {
+impl<D: FnMut(Received) -> bool> Network<D> {
     /// Binds the listener (so a bad address fails here, in the caller's thread).
     pub fn new(cfg: NetConfig, metrics: Arc<Metrics>, deliver: D) -> io::Result<(Self, Arc<Outbox>)> {
         let poll = Poll::new()?;
@@ -257,6 +269,7 @@ impl<D: FnMut(NodeId, Vec<u8>) -> bool> Network<D> {
             by_id: BTreeMap::new(),
             metrics,
             deliver,
+            received: Vec::new(),
         };
         Ok((net, outbox))
     }
@@ -306,6 +319,9 @@ impl<D: FnMut(NodeId, Vec<u8>) -> bool> Network<D> {
                     }
                 }
             }
+            if !self.deliver_received() {
+                return Ok(());
+            }
             if self.stopped() {
                 return Ok(());
             }
@@ -328,6 +344,7 @@ impl<D: FnMut(NodeId, Vec<u8>) -> bool> Network<D> {
             connected: dialed.is_none(),
             rbuf: Vec::new(),
             rstart: 0,
+            rend: 0,
             queue: SendQueue::default(),
         };
         self.conns.insert(token, conn);
@@ -444,14 +461,22 @@ impl<D: FnMut(NodeId, Vec<u8>) -> bool> Network<D> {
     fn on_readable(&mut self, t: usize) -> bool {
         loop {
             let Some(c) = self.conns.get_mut(&t) else { return false };
-            let len = c.rbuf.len();
-            c.rbuf.resize(len + READ_CHUNK, 0);
-            let read = c.stream.read(&mut c.rbuf[len..]);
-            c.rbuf.truncate(len + *read.as_ref().unwrap_or(&0));
+            // Room for a chunk: the unparsed bytes move to the front, or the buffer grows
+            // (to at most a chunk beyond the largest frame, as parsing goes on per read).
+            if c.rbuf.len() - c.rend < READ_CHUNK {
+                c.rbuf.copy_within(c.rstart..c.rend, 0);
+                c.rend -= c.rstart;
+                c.rstart = 0;
+                if c.rbuf.len() - c.rend < READ_CHUNK {
+                    c.rbuf.resize(c.rend + READ_CHUNK, 0);
+                }
+            }
+            let read = c.stream.read(&mut c.rbuf[c.rend..]);
             match read {
                 Ok(0) => return false,
                 // Deliver as we go, so one busy peer cannot grow the buffer unbounded.
-                Ok(_) => {
+                Ok(n) => {
+                    c.rend += n;
                     if !self.parse(t) {
                         return false;
                     }
@@ -468,7 +493,7 @@ impl<D: FnMut(NodeId, Vec<u8>) -> bool> Network<D> {
         let max = self.cfg.max_frame;
         loop {
             let c = self.conns.get_mut(&t).expect("parsing a live connection");
-            let buf = &c.rbuf[c.rstart..];
+            let buf = &c.rbuf[c.rstart..c.rend];
             if c.peer.is_none() {
                 if buf.len() < 8 {
                     break;
@@ -506,17 +531,24 @@ impl<D: FnMut(NodeId, Vec<u8>) -> bool> Network<D> {
             let from = c.peer.expect("after the hello");
             c.rstart += 4 + len;
             self.metrics.bytes_in(Some(from), 4 + len as u64);
-            if !(self.deliver)(from, bytes) {
+            self.received.push((from, bytes));
+            // A peer that keeps the socket full is delivered in parts, as the channel
+            // takes them.
+            if self.received.len() >= DELIVER_FRAMES && !self.deliver_received() {
                 self.outbox.stop.store(true, Ordering::SeqCst);
                 return false;
             }
         }
         let c = self.conns.get_mut(&t).expect("parsing a live connection");
-        if c.rstart > 0 && (c.rstart == c.rbuf.len() || c.rstart > READ_CHUNK) {
-            c.rbuf.drain(..c.rstart);
-            c.rstart = 0;
+        if c.rstart == c.rend {
+            (c.rstart, c.rend) = (0, 0);
         }
         true
+    }
+
+    /// Hands what was read to the protocol thread; false if it is gone.
+    fn deliver_received(&mut self) -> bool {
+        self.received.is_empty() || (self.deliver)(std::mem::take(&mut self.received))
     }
 
     fn close(&mut self, t: usize) {

@@ -60,8 +60,8 @@ pub struct StartOptions {
 pub struct Running {
     pub id: NodeId,
     pub events: SyncSender<Event>,
-    /// Completions and deliveries, for clients and subscribers.
-    pub app_events: Receiver<AppEvent>,
+    /// Completions and deliveries, for clients and subscribers: each round's together.
+    pub app_events: Receiver<Vec<AppEvent>>,
     pub listen: Option<SocketAddr>,
     pub metrics: Arc<Metrics>,
     pub metrics_addr: Option<SocketAddr>,
@@ -156,7 +156,7 @@ pub fn start(cluster: &ClusterFile, id: NodeId, opts: &StartOptions) -> Result<R
         reconnect_max: Duration::from_millis(cluster.runtime.reconnect_max_ms),
     };
     let to_driver = events_tx.clone();
-    let deliver = move |from, bytes| to_driver.send(Event::Message { from, bytes }).is_ok();
+    let deliver = move |frames| to_driver.send(Event::Messages(frames)).is_ok();
     let listen_on = net_cfg.listen;
     let (network, outbox) = Network::new(net_cfg, metrics.clone(), deliver)
         .map_err(io(format!("node {id}: listening on {listen_on:?}")))?;
@@ -165,7 +165,7 @@ pub fn start(cluster: &ClusterFile, id: NodeId, opts: &StartOptions) -> Result<R
         Some(addr) => Some(metrics::serve(addr, metrics.clone()).map_err(io(format!("metrics on {addr}")))?.0),
         None => None,
     };
-    let (app_tx, app_rx): (Sender<AppEvent>, Receiver<AppEvent>) = mpsc::channel();
+    let (app_tx, app_rx): (Sender<Vec<AppEvent>>, Receiver<Vec<AppEvent>>) = mpsc::channel();
     let app = (cluster.protocol == Protocol::Pbft && role == Role::Broker).then(Kv::new);
     let pins = cores(cluster);
     let net = thread::Builder::new()
