@@ -23,6 +23,8 @@ fn main() {
             ".phalanx.v1.Committed",
             ".phalanx.v1.Proposal",
             ".phalanx.v1.ExecutedRequests",
+            ".phalanx.v1.Read",
+            ".phalanx.v1.ReadReply",
         ])
         // The rare large bodies are boxed, so the hot ones (publications, votes,
         // requests) move through decoding and dispatch as 72 bytes rather than 144.

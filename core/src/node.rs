@@ -58,6 +58,11 @@ pub enum Request {
     Subscribe { topics: Vec<u64> },
     /// PBFT client: order `op` and return its result (`Output::Completed`).
     Submit { op: Vec<u8> },
+    /// PBFT client: evaluate the read-only `op` against the replicas' executed state,
+    /// without ordering it, and return its result once 2f+1 replicas agree on it
+    /// (`Output::Completed`); if they disagree or do not all answer in time, `op` is
+    /// ordered like a `Submit` under the same request number.
+    Read { op: Vec<u8> },
 }
 
 /// A client's operation, as ordered by PBFT.
@@ -93,6 +98,12 @@ pub enum Input {
     /// A record persisted before a crash, fed back in order before any other input.
     Recover {
         record: Vec<u8>,
+    },
+    /// PBFT replica: the host's answer to `Output::Query`.
+    Answered {
+        client: NodeId,
+        request: u64,
+        result: Vec<u8>,
     },
 }
 
@@ -194,10 +205,19 @@ pub enum Output {
         seq: u64,
         ops: Vec<Operation>,
     },
-    /// PBFT client: request `request` completed with `result` (f+1 replicas agree).
+    /// PBFT client: request `request` completed with `result` (f+1 replicas agree on an
+    /// ordered request, 2f+1 on a read).
     Completed {
         request: u64,
         result: Vec<u8>,
+    },
+    /// PBFT replica: evaluate `client`'s read-only `op` against the application's current
+    /// state, without changing it, and answer `Input::Answered`. A host that cannot
+    /// answers nothing: the client then has the op ordered.
+    Query {
+        client: NodeId,
+        request: u64,
+        op: Vec<u8>,
     },
     /// PBFT replica: state transfer, or a restart from a persisted stable checkpoint —
     /// replace the application state with `snapshot`, taken after batch `seq`.
@@ -643,12 +663,14 @@ impl Node {
                 }
                 (RoleMachine::Subscriber(s), Request::Subscribe { topics }) => s.subscribe(&mut self.ctx, topics),
                 (RoleMachine::Client(c), Request::Submit { op }) => c.submit(&mut self.ctx, now, op),
+                (RoleMachine::Client(c), Request::Read { op }) => c.read(&mut self.ctx, now, op),
                 (_, req) => Err(HandleError::WrongRole {
                     role: self.role(),
                     request: match req {
                         Request::Publish { .. } => "publish",
                         Request::Subscribe { .. } => "subscribe",
                         Request::Submit { .. } => "submit",
+                        Request::Read { .. } => "read",
                     },
                 }),
             },
@@ -668,6 +690,10 @@ impl Node {
             Input::Executed { seq, results, snapshot } => match &mut self.role {
                 RoleMachine::Replica(r) => r.on_executed(&mut self.ctx, now, seq, results, snapshot),
                 _ => Err(HandleError::WrongRole { role: self.role(), request: "executed" }),
+            },
+            Input::Answered { client, request, result } => match &mut self.role {
+                RoleMachine::Replica(r) => r.on_answered(&mut self.ctx, client, request, result),
+                _ => Err(HandleError::WrongRole { role: self.role(), request: "answered" }),
             },
             Input::Recover { record } => match &mut self.role {
                 RoleMachine::Replica(r) => r.recover(&mut self.ctx, now, &record),
@@ -700,7 +726,7 @@ impl Node {
                 RoleMachine::Publisher(p) => p.on_message(&mut self.ctx, now, msg),
                 RoleMachine::Subscriber(s) => s.on_message(&mut self.ctx, msg),
                 RoleMachine::Replica(r) => r.on_message(&mut self.ctx, now, msg),
-                RoleMachine::Client(c) => c.on_message(&mut self.ctx, msg),
+                RoleMachine::Client(c) => c.on_message(&mut self.ctx, now, msg),
             }
         }
     }

@@ -2,7 +2,8 @@
 """A replicated counter whose application is written in Python: four PBFT replicas
 (f = 1) and a client in one asyncio program, talking over loopback TCP with phalanxd's
 framing. One replica (the primary) is stopped half-way; the other three change view and
-go on.
+go on. The final value is read without ordering: each replica answers it with
+Counter.query, and the client takes it once 2f+1 answers agree.
 
     python examples/python/counter.py
 """
@@ -15,7 +16,8 @@ import phalanx
 
 
 class Counter:
-    """The state machine: deterministic execute(op) -> result, snapshot(), restore()."""
+    """The state machine: deterministic execute(op) -> result, snapshot(), restore(), and
+    query(op) -> result for the read-only op ``read``."""
 
     def __init__(self) -> None:
         self.value = 0
@@ -23,6 +25,13 @@ class Counter:
     def execute(self, op: bytes) -> bytes:
         if op.startswith(b"add "):
             self.value += int(op[4:])
+        return str(self.value).encode()
+
+    def query(self, op: bytes) -> bytes:
+        # Read-only: must not change the state. Raising leaves the read unanswered, and
+        # the client then has the op ordered instead.
+        if op != b"read":
+            raise ValueError(f"{op!r} is not a read-only op")
         return str(self.value).encode()
 
     def snapshot(self) -> bytes:
@@ -60,7 +69,7 @@ async def main() -> None:
             await replicas[0].stop()
             totals = await asyncio.gather(*(client.execute(b"add 10") for _ in range(5)))
             print(f"5 concurrent 'add 10' -> {sorted(int(t) for t in totals)}")
-            print(f"read -> {int(await client.execute(b'read'))}")
+            print(f"read -> {int(await client.read(b'read'))}")
         await asyncio.sleep(0.2)
         for r in replicas[1:]:
             st = r.status()

@@ -34,10 +34,12 @@ pub fn input(i: wit::Input) -> Input {
         }),
         wit::Input::Request(wit::Request::Subscribe(topics)) => Input::Request(Request::Subscribe { topics }),
         wit::Input::Request(wit::Request::Submit(op)) => Input::Request(Request::Submit { op }),
+        wit::Input::Request(wit::Request::Read(op)) => Input::Request(Request::Read { op }),
         wit::Input::Timeout => Input::Timeout,
         wit::Input::Persisted(token) => Input::Persisted { token },
         wit::Input::Executed(e) => Input::Executed { seq: e.seq, results: e.results, snapshot: e.snapshot },
         wit::Input::Recover(record) => Input::Recover { record },
+        wit::Input::Answered(a) => Input::Answered { client: a.client, request: a.request, result: a.result },
     }
 }
 
@@ -84,6 +86,7 @@ pub fn output(o: Output) -> wit::Output {
         Output::Completed { request, result } => wit::Output::Completed(wit::Completed { request, result }),
         Output::Restore { seq, snapshot } => wit::Output::Restore(wit::Restore { seq, snapshot }),
         Output::Compact { token } => wit::Output::Compact(token),
+        Output::Query { client, request, op } => wit::Output::Query(wit::Query { client, request, op }),
     }
 }
 
@@ -152,6 +155,7 @@ pub fn summary(s: ReplaySummary) -> wit::ReplaySummary {
         persists,
         faults,
         executes,
+        queries,
         completions,
         restores,
         compactions,
@@ -167,6 +171,7 @@ pub fn summary(s: ReplaySummary) -> wit::ReplaySummary {
         persists: n(persists),
         faults: n(faults),
         executes: n(executes),
+        queries: n(queries),
         completions: n(completions),
         restores: n(restores),
         compactions: n(compactions),

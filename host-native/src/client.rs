@@ -110,7 +110,12 @@ impl ClusterClient {
     /// prefix of `ops`: shorter once `client_queue` requests are outstanding
     /// (`Backpressure`), and `Refused` if the first op is refused for any reason.
     pub fn submit_burst(&mut self, ops: Vec<Vec<u8>>) -> Result<Range<u64>, ClientError> {
-        self.send(Event::Submit(ops))?;
+        self.take(ops.into_iter().map(|op| Request::Submit { op }).collect())
+    }
+
+    /// Hands `requests` to the core in one round; the numbers of those it accepted.
+    fn take(&mut self, requests: Vec<Request>) -> Result<Range<u64>, ClientError> {
+        self.send(Event::Submit(requests))?;
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             match self.submitted.pop_front() {
@@ -143,26 +148,38 @@ impl ClusterClient {
 
     /// Orders `op` and returns its result once f+1 replicas agree.
     pub fn execute(&mut self, op: Vec<u8>, timeout: Duration) -> Result<Vec<u8>, ClientError> {
+        self.result_of(Request::Submit { op }, timeout)
+    }
+
+    /// Evaluates the read-only `op` without ordering it and returns its result once 2f+1
+    /// replicas agree (ordered instead if they do not).
+    pub fn read(&mut self, op: Vec<u8>, timeout: Duration) -> Result<Vec<u8>, ClientError> {
+        self.result_of(Request::Read { op }, timeout)
+    }
+
+    /// Hands over one request, waiting for room if `client_queue` requests are
+    /// outstanding, and waits for its result.
+    fn result_of(&mut self, request: Request, timeout: Duration) -> Result<Vec<u8>, ClientError> {
         let started = Instant::now();
         let left = |started: Instant| timeout.saturating_sub(started.elapsed());
-        let request = loop {
-            match self.submit(op.clone()) {
+        let number = loop {
+            match self.take(vec![request.clone()]) {
                 // Wait for a completion to make room, and keep it for its taker.
                 Err(ClientError::Refused(HandleError::Backpressure)) => {
                     let done = self.next_completion(left(started))?;
                     self.completions.push_back(done);
                 }
-                other => break other?,
+                other => break other?.start,
             }
         };
         let deadline = started + timeout;
         loop {
-            if let Some(i) = self.completions.iter().position(|(r, _)| *r == request) {
+            if let Some(i) = self.completions.iter().position(|(r, _)| *r == number) {
                 return Ok(self.completions.remove(i).expect("found").1);
             }
             match self.receive(deadline) {
                 Err(ClientError::Timeout { .. }) => {
-                    return Err(ClientError::Timeout { request: Some(request), waited: started.elapsed() });
+                    return Err(ClientError::Timeout { request: Some(number), waited: started.elapsed() });
                 }
                 other => other?,
             }

@@ -39,15 +39,15 @@ pub enum Event {
     Messages(crate::net::Received),
     /// A publish or subscribe request.
     Request(Request),
-    /// PBFT: ops to order, submitted in one round so they leave together.
-    Submit(Vec<Vec<u8>>),
+    /// PBFT: requests (`Submit` or `Read`) taken in one round, so they leave together.
+    Submit(Vec<Request>),
     Stop,
 }
 
 /// What the protocol thread tells the local application (clients, subscribers).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AppEvent {
-    /// Of a `Submit`'s ops, the first `requests.len()` were accepted and numbered
+    /// Of a `Submit`'s requests, the first `requests.len()` were accepted and numbered
     /// `requests`; the next one was refused with `refused` (`Backpressure`: retry after a
     /// completion), and the rest were not tried.
     Submitted {
@@ -212,13 +212,13 @@ impl Driver {
         self.node.failure().map_or(Ok(()), |why| Err(DriverError::Engine(why)))
     }
 
-    /// Submits `ops` in order until one is refused, and tells the application which were
-    /// accepted and their numbers (consecutive: a refused op takes none).
-    fn submit(&mut self, ops: Vec<Vec<u8>>) {
+    /// Feeds `requests` in order until one is refused, and tells the application which
+    /// were accepted and their numbers (consecutive: a refused request takes none).
+    fn submit(&mut self, requests: Vec<Request>) {
         let first = self.node.next_request().unwrap_or(0);
         let mut refused = None;
-        for op in ops {
-            if let Err(e) = self.feed(Input::Request(Request::Submit { op })) {
+        for request in requests {
+            if let Err(e) = self.feed(Input::Request(request)) {
                 refused = Some(e);
                 break;
             }
@@ -322,6 +322,12 @@ impl Driver {
                 self.metrics.execution_time(started.elapsed(), ops.len());
                 self.metrics.batch_size(ops.len());
                 self.followups.push_back(Input::Executed { seq, results, snapshot });
+            }
+            // Read-only: answered from the store as it is, between batches.
+            Output::Query { client, request, op } => {
+                if let Some(app) = self.app.as_ref() {
+                    self.followups.push_back(Input::Answered { client, request, result: app.query(&op) });
+                }
             }
             Output::Restore { seq, snapshot } => match Kv::restore(&snapshot) {
                 Ok(app) => {

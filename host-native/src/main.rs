@@ -140,6 +140,8 @@ enum ClientOp {
         key: String,
         value: String,
     },
+    /// Read a key without ordering the read (2f+1 replicas must agree; otherwise it is
+    /// ordered).
     Get {
         key: String,
     },
@@ -309,12 +311,13 @@ fn client_cmd(a: ClientArgs) -> Result<(), String> {
     };
     let timeout = Duration::from_secs_f64(a.timeout);
     let mut client = ClusterClient::start(&cluster, id, None).map_err(|e| e.to_string())?;
-    let op = match a.op {
-        ClientOp::Put { key, value } => kv::put(key.as_bytes(), value.as_bytes()),
-        ClientOp::Get { key } => kv::get(key.as_bytes()),
-        ClientOp::Delete { key } => kv::delete(key.as_bytes()),
+    // (op, whether it is a read that needs no ordering)
+    let (op, read) = match a.op {
+        ClientOp::Put { key, value } => (kv::put(key.as_bytes(), value.as_bytes()), false),
+        ClientOp::Get { key } => (kv::get(key.as_bytes()), true),
+        ClientOp::Delete { key } => (kv::delete(key.as_bytes()), false),
         ClientOp::Cas { key, expected, new } => {
-            kv::cas(key.as_bytes(), expected.as_deref().map(str::as_bytes), new.as_bytes())
+            (kv::cas(key.as_bytes(), expected.as_deref().map(str::as_bytes), new.as_bytes()), false)
         }
         ClientOp::Publish { topic, algorithm, message } => {
             let algorithm = match algorithm {
@@ -343,7 +346,8 @@ fn client_cmd(a: ClientArgs) -> Result<(), String> {
             return client.stop();
         }
     };
-    let result = client.execute(op, timeout).map_err(|e| e.to_string());
+    let result = if read { client.read(op, timeout) } else { client.execute(op, timeout) };
+    let result = result.map_err(|e| e.to_string());
     let stopped = client.stop();
     println!("{}", show_reply(&result?));
     stopped

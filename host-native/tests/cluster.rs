@@ -104,6 +104,35 @@ fn a_backup_killed_and_restarted_catches_up_and_nothing_acknowledged_is_lost() {
     cl.stop().unwrap();
 }
 
+/// Reads answered without ordering: every key reads back its last write, and no batch is
+/// ordered for them; with a replica down, 2f+1 of the other three still agree.
+#[test]
+fn reads_are_answered_without_ordering() {
+    let mut c = cluster("reads", &[]);
+    let mut cl = client(&c, 0);
+    writes(&mut cl, 0, 80);
+    let read = |cl: &mut ClusterClient, key: &str| {
+        let result = cl.read(kv::get(key.as_bytes()), TIMEOUT).unwrap();
+        match Reply::decode(&result).unwrap() {
+            Reply::Value(v) => v.map(|v| String::from_utf8(v).unwrap()),
+            other => panic!("read {key}: {other:?}"),
+        }
+    };
+    // Every replica executed the writes, so all four answer alike.
+    eventually("every replica executes the writes", || {
+        (1..4).all(|r| metric(&c, r, "phalanx_executed_seq") >= metric(&c, 0, "phalanx_executed_seq"))
+    });
+    let ordered = metric(&c, 0, "phalanx_batched_requests_total");
+    for k in 0..40 {
+        assert_eq!(read(&mut cl, &format!("k{k}")), Some(format!("v{}", 40 + k)), "key k{k}");
+    }
+    assert_eq!(read(&mut cl, "never-written"), None);
+    assert_eq!(metric(&c, 0, "phalanx_batched_requests_total"), ordered, "reads were ordered");
+    c.kill(3);
+    assert_eq!(read(&mut cl, "k7"), Some("v47".into()));
+    cl.stop().unwrap();
+}
+
 #[test]
 fn killing_the_primary_changes_the_view_and_the_workload_continues() {
     let mut c = cluster("primary", &[]);

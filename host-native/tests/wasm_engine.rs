@@ -9,8 +9,8 @@ use std::sync::OnceLock;
 use phalanx_core::crypto::CryptoMode;
 use phalanx_core::trace::{Trace, replay, replay_on};
 use phalanx_core::{
-    Algorithm, ClusterSpec, HandleError, Input, Machine, Nanos, Node, NodeConfig, Output, Params, Protocol, Request,
-    Stats, Status, generate_cluster,
+    Algorithm, ClusterSpec, HandleError, Input, Machine, Nanos, Node, NodeConfig, NodeId, Output, Params, Protocol,
+    Request, Role, Stats, Status, generate_cluster,
 };
 use phalanx_host::engine::wasm::{WasmNode, WasmRuntime};
 use phalanx_host::engine::{CryptoBackend, Engine, EngineFailure, EngineKind, WasmOptions};
@@ -111,23 +111,53 @@ fn step(m: &mut dyn Engine, now: Nanos, input: Input) -> Step {
     (result, outputs, m.poll_timeout(), m.next_request(), m.status())
 }
 
+/// The PBFT client of `configs` (the first publisher).
+fn pbft_client(configs: &[NodeConfig]) -> &NodeConfig {
+    configs.iter().find(|c| c.cluster.node(c.id).is_some_and(|n| n.role == Role::Publisher)).unwrap()
+}
+
+/// The frames `client` sends for a read-only request, each as the input of the replica it
+/// is addressed to: what makes a replica ask its host an `Output::Query`.
+fn read_frames(client: &NodeConfig) -> Vec<(NodeId, Input)> {
+    let mut node = Node::new(client.clone()).unwrap();
+    node.handle(0, Input::Request(Request::Read { op: b"get".to_vec() })).unwrap();
+    let mut frames = Vec::new();
+    while let Some(output) = node.poll() {
+        match output {
+            // The request number's lease is persisted before the read leaves.
+            Output::Persist { token, .. } => node.handle(0, Input::Persisted { token }).unwrap(),
+            Output::Send { to, bytes } => frames.push((to, Input::Message { from: client.id, bytes })),
+            _ => {}
+        }
+    }
+    assert!(!frames.is_empty(), "the read goes out");
+    frames
+}
+
 /// Every kind of input, including refused ones (each wrong-role name, `Invalid`,
 /// `Backpressure`), crosses the boundary and comes back exactly as the native core
-/// answers it: results with their text, outputs, deadlines, request numbers, counters.
+/// answers it: results with their text, outputs (a replica's `Query` among them),
+/// deadlines, request numbers, counters.
 #[test]
 fn every_input_output_and_refusal_crosses_the_boundary_exactly() {
     let params = Params { alpha: 2, publish_queue: 4, client_queue: 4, ..Params::default() };
     let big = vec![0xab; (params.max_message_bytes as usize / 2) + 1];
+    let client = pbft_client(&cluster(Protocol::Pbft, CryptoMode::InsecureTest, params.clone())).id;
     let mut inputs = vec![
         Input::Request(Request::Publish { topic: 0, payload: b"hello".to_vec(), algorithm: Algorithm::Ab }),
         Input::Request(Request::Publish { topic: 1, payload: big.clone(), algorithm: Algorithm::Bracha }),
         Input::Request(Request::Subscribe { topics: vec![0, 1, u64::MAX] }),
         Input::Request(Request::Subscribe { topics: (0..2000).collect() }),
         Input::Request(Request::Submit { op: b"incr".to_vec() }),
-        Input::Request(Request::Submit { op: big }),
+        Input::Request(Request::Submit { op: big.clone() }),
+        Input::Request(Request::Read { op: b"get".to_vec() }),
+        Input::Request(Request::Read { op: big }),
         Input::Persisted { token: 1 },
         Input::Executed { seq: 1, results: vec![b"r".to_vec(), vec![]], snapshot: Some(b"snap".to_vec()) },
         Input::Executed { seq: 2, results: vec![], snapshot: None },
+        // An answer to the read each replica was sent first (below), and one to a non-client.
+        Input::Answered { client, request: 1, result: b"value".to_vec() },
+        Input::Answered { client: 0, request: 1, result: vec![] },
         Input::Recover { record: b"not a record".to_vec() },
         Input::Message { from: 0, bytes: b"not a frame".to_vec() },
         Input::Message { from: 99, bytes: vec![] },
@@ -142,8 +172,11 @@ fn every_input_output_and_refusal_crosses_the_boundary_exactly() {
     inputs.push(Input::Timeout);
 
     let mut refusals = std::collections::BTreeSet::new();
+    let mut queries = 0;
     for protocol in [Protocol::PubSub, Protocol::Pbft] {
-        for config in cluster(protocol, CryptoMode::InsecureTest, params.clone()) {
+        let configs = cluster(protocol, CryptoMode::InsecureTest, params.clone());
+        let reads = if protocol == Protocol::Pbft { read_frames(pbft_client(&configs)) } else { vec![] };
+        for config in &configs {
             let bytes = config.encode();
             let (native, wasm) = match (Node::from_config_bytes(&bytes), default_runtime().instantiate(&bytes)) {
                 (Ok(n), Ok(w)) => (n, w),
@@ -155,10 +188,12 @@ fn every_input_output_and_refusal_crosses_the_boundary_exactly() {
                 (n, w) => panic!("node {}: native {:?}, wasm {:?}", config.id, n.err(), w.err()),
             };
             let (mut native, mut wasm): (Box<dyn Engine>, Box<dyn Engine>) = (Box::new(native), Box::new(wasm));
-            for (i, input) in inputs.iter().enumerate() {
+            let read = reads.iter().filter(|(to, _)| *to == config.id).map(|(_, input)| input);
+            for (i, input) in read.chain(&inputs).enumerate() {
                 let now = 1_000_000_000 * (i as u64 + 1);
                 let expected = step(native.as_mut(), now, input.clone());
                 assert_eq!(step(wasm.as_mut(), now, input.clone()), expected, "node {} input #{i}", config.id);
+                queries += expected.1.iter().filter(|o| matches!(o, Output::Query { .. })).count();
                 if let Err(e) = &expected.0 {
                     refusals.insert(match e {
                         HandleError::WrongRole { request, .. } => format!("wrong role: {request}"),
@@ -170,10 +205,12 @@ fn every_input_output_and_refusal_crosses_the_boundary_exactly() {
             assert_eq!(wasm.failure(), None);
         }
     }
-    let names = ["publish", "subscribe", "submit", "executed", "recover"].map(|r| format!("wrong role: {r}"));
+    let names = ["publish", "subscribe", "submit", "read", "executed", "answered", "recover"]
+        .map(|r| format!("wrong role: {r}"));
     for expected in names.iter().map(String::as_str).chain(["backpressure", "invalid", "config"]) {
         assert!(refusals.contains(expected), "no {expected} among {refusals:?}");
     }
+    assert_eq!(queries, 4, "each of the 4 replicas asks its host the read's query");
 }
 
 /// After a failure the node takes nothing and yields nothing, and says why.

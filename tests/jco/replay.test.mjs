@@ -31,7 +31,8 @@ function show(s) {
   const hex = Buffer.from(s.digest).toString("hex");
   return `${s.records} records (${s.refused} refused), ${s.outputs} outputs (${s.sends} sends, ` +
     `${s.deliveries} deliveries, ${s.persists} persists, ${s.faults} faults, ${s.executes} executes, ` +
-    `${s.completions} completions, ${s.restores} restores, ${s.compactions} compactions), digest ${hex}`;
+    `${s.queries} queries, ${s.completions} completions, ${s.restores} restores, ` +
+    `${s.compactions} compactions), digest ${hex}`;
 }
 
 function nativeReplay(file) {
@@ -62,6 +63,21 @@ function nodeConfig(trace) {
   throw new Error("the trace header has no node_config");
 }
 
+// A machine for the node a trace was recorded at.
+async function machineOf(trace) {
+  return node.Machine.create(nodeConfig(await readFile(path.join(tracesDir, trace))));
+}
+
+// Every output waiting, with each persist acknowledged as durable (the client's requests
+// leave once their lease record is).
+function drainPersisting(machine) {
+  const outputs = machine.drain();
+  for (const o of outputs.filter((o) => o.tag === "persist")) {
+    machine.handle(0n, { tag: "persisted", val: o.val.token });
+  }
+  return outputs.concat(machine.drain());
+}
+
 const traces = (await readdir(tracesDir)).filter((f) => f.endsWith(".trace")).sort();
 
 test("there are traces to replay", () => assert.ok(traces.length > 0));
@@ -75,21 +91,38 @@ for (const name of traces) {
 }
 
 test("a machine driven from JavaScript sends a request once its lease is persisted", async () => {
-  const config = nodeConfig(await readFile(path.join(tracesDir, "pbft-n4f1-client.trace")));
-  const client = node.Machine.create(config);
+  const client = await machineOf("pbft-n4f1-client.trace");
   assert.equal(client.nextRequest(), 1n);
   client.handle(0n, { tag: "request", val: { tag: "submit", val: new TextEncoder().encode("op") } });
-  // Persist before send: the request leaves once its lease record is acknowledged.
-  let outputs = client.drain();
-  for (const o of outputs.filter((o) => o.tag === "persist")) {
-    client.handle(0n, { tag: "persisted", val: o.val.token });
-  }
-  outputs = outputs.concat(client.drain());
+  const outputs = drainPersisting(client);
   const sends = outputs.filter((o) => o.tag === "send");
   assert.ok(sends.length >= 1, `the request goes out: ${JSON.stringify(outputs.map((o) => o.tag))}`);
   assert.equal(client.poll(), undefined);
   assert.notEqual(client.pollTimeout(), undefined, "a retry is scheduled");
   assert.equal(client.nextRequest(), 2n);
+});
+
+test("a read goes from a client to a replica's host as a query, and its answer back", async () => {
+  // The two traces were recorded in one cluster: client 4 and replica 1.
+  const client = await machineOf("pbft-n4f1-client.trace");
+  const replica = await machineOf("pbft-n4f1-normal-backup.trace");
+  const op = new TextEncoder().encode("get");
+  client.handle(0n, { tag: "request", val: { tag: "read", val: op } });
+  const read = drainPersisting(client).find((o) => o.tag === "send" && o.val.peer === 1);
+  replica.handle(0n, { tag: "message", val: { peer: 4, bytes: read.val.bytes } });
+  assert.deepEqual(replica.drain(), [{ tag: "query", val: { client: 4, request: 1n, op } }]);
+  replica.handle(0n, { tag: "answered", val: { client: 4, request: 1n, result: new TextEncoder().encode("v") } });
+  const [reply] = replica.drain();
+  assert.equal(reply.tag, "send");
+  assert.equal(reply.val.peer, 4);
+  // One answer of the 2f+1 = 3 a read needs: taken, nothing completes yet.
+  client.handle(0n, { tag: "message", val: { peer: 1, bytes: reply.val.bytes } });
+  assert.deepEqual(client.drain(), []);
+  // Only a replica answers queries.
+  assert.throws(
+    () => client.handle(0n, { tag: "answered", val: { client: 4, request: 1n, result: new Uint8Array() } }),
+    { payload: { tag: "wrong-role", val: { role: "publisher", request: "answered" } } },
+  );
 });
 
 test("a bad configuration is an error, not a crash", () => {

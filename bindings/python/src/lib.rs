@@ -181,9 +181,10 @@ impl Operation {
 
 /// An input to `Node.handle`. Build one with its variant: `Input.Message(sender, data)`,
 /// `Input.Publish(topic, payload, algorithm)`, `Input.Subscribe(topics)`,
-/// `Input.Submit(op)`, `Input.Timeout()`, `Input.Persisted(token)`,
-/// `Input.Executed(seq, results, snapshot)`, `Input.Recover(record)` (also exported at
-/// the top of the `phalanx` package under the same names).
+/// `Input.Submit(op)`, `Input.Read(op)`, `Input.Timeout()`, `Input.Persisted(token)`,
+/// `Input.Executed(seq, results, snapshot)`, `Input.Recover(record)`,
+/// `Input.Answered(client, request, result)` (also exported at the top of the `phalanx`
+/// package under the same names).
 #[pyclass(module = "phalanx._native", eq)]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Input {
@@ -195,6 +196,10 @@ pub enum Input {
     Subscribe { topics: Vec<u64> },
     /// PBFT client: order `op`; its result arrives as `Output.Completed`.
     Submit { op: Buf },
+    /// PBFT client: evaluate the read-only `op` at every replica without ordering it; its
+    /// result arrives as `Output.Completed` once 2f+1 replicas agree (otherwise the core
+    /// orders it like a `Submit`, under the same request number).
+    Read { op: Buf },
     /// A deadline from `poll_timeout` has passed.
     Timeout {},
     /// The host made the record of `Output.Persist(token, ...)` durable.
@@ -204,6 +209,8 @@ pub enum Input {
     Executed { seq: u64, results: Vec<Buf>, snapshot: Option<Buf> },
     /// A record persisted before a restart, fed back in order before any other input.
     Recover { record: Buf },
+    /// PBFT replica: the result of the read-only op of `Output.Query(client, request, op)`.
+    Answered { client: u32, request: u64, result: Buf },
 }
 
 #[pymethods]
@@ -216,6 +223,7 @@ impl Input {
             }
             Input::Subscribe { topics } => format!("Subscribe(topics={topics:?})"),
             Input::Submit { op } => format!("Submit(op={})", show(&op.0)),
+            Input::Read { op } => format!("Read(op={})", show(&op.0)),
             Input::Timeout {} => "Timeout()".into(),
             Input::Persisted { token } => format!("Persisted(token={token})"),
             Input::Executed { seq, results, snapshot } => format!(
@@ -224,6 +232,9 @@ impl Input {
                 show_opt(snapshot)
             ),
             Input::Recover { record } => format!("Recover(record={})", show(&record.0)),
+            Input::Answered { client, request, result } => {
+                format!("Answered(client={client}, request={request}, result={})", show(&result.0))
+            }
         }
     }
 }
@@ -239,6 +250,7 @@ impl Input {
             }),
             Input::Subscribe { topics } => CoreInput::Request(Request::Subscribe { topics: topics.clone() }),
             Input::Submit { op } => CoreInput::Request(Request::Submit { op: op.0.clone() }),
+            Input::Read { op } => CoreInput::Request(Request::Read { op: op.0.clone() }),
             Input::Timeout {} => CoreInput::Timeout,
             Input::Persisted { token } => CoreInput::Persisted { token: *token },
             Input::Executed { seq, results, snapshot } => CoreInput::Executed {
@@ -247,6 +259,9 @@ impl Input {
                 snapshot: snapshot.as_ref().map(|s| s.0.clone()),
             },
             Input::Recover { record } => CoreInput::Recover { record: record.0.clone() },
+            Input::Answered { client, request, result } => {
+                CoreInput::Answered { client: *client, request: *request, result: result.0.clone() }
+            }
         })
     }
 
@@ -258,12 +273,14 @@ impl Input {
             }
             CoreInput::Request(Request::Subscribe { topics }) => Input::Subscribe { topics },
             CoreInput::Request(Request::Submit { op }) => Input::Submit { op: Buf(op) },
+            CoreInput::Request(Request::Read { op }) => Input::Read { op: Buf(op) },
             CoreInput::Timeout => Input::Timeout {},
             CoreInput::Persisted { token } => Input::Persisted { token },
             CoreInput::Executed { seq, results, snapshot } => {
                 Input::Executed { seq, results: results.into_iter().map(Buf).collect(), snapshot: snapshot.map(Buf) }
             }
             CoreInput::Recover { record } => Input::Recover { record: Buf(record) },
+            CoreInput::Answered { client, request, result } => Input::Answered { client, request, result: Buf(result) },
         }
     }
 }
@@ -271,8 +288,9 @@ impl Input {
 /// An output drained from `Node.poll`. Variants: `Output.Send(to, data)`,
 /// `Output.Deliver(publisher, topic, seq, payload, algorithm, from_history)`,
 /// `Output.Persist(token, record)`, `Output.Fault(node, kind)`, `Output.Execute(seq, ops)`,
-/// `Output.Completed(request, result)`, `Output.Restore(seq, snapshot)`,
-/// `Output.Compact(token)`. Outputs compare equal when every field is equal.
+/// `Output.Completed(request, result)`, `Output.Query(client, request, op)`,
+/// `Output.Restore(seq, snapshot)`, `Output.Compact(token)`. Outputs compare equal when
+/// every field is equal.
 #[pyclass(module = "phalanx._native", eq)]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Output {
@@ -287,8 +305,13 @@ pub enum Output {
     Fault { node: u32, kind: String },
     /// PBFT replica: execute batch `seq` in order, exactly once, then feed `Input.Executed`.
     Execute { seq: u64, ops: Vec<Operation> },
-    /// PBFT client: request `request` completed with `result` (f+1 replicas agree).
+    /// PBFT client: request `request` completed with `result` (f+1 replicas agree on an
+    /// ordered request, 2f+1 on a read).
     Completed { request: u64, result: Buf },
+    /// PBFT replica: evaluate `client`'s read-only `op` against the application's current
+    /// state, without changing it, and feed `Input.Answered(client, request, result)`; a
+    /// host that cannot answers nothing (the client then has the op ordered).
+    Query { client: u32, request: u64, op: Buf },
     /// PBFT replica: replace the application state with `snapshot`, taken after batch `seq`.
     Restore { seq: u64, snapshot: Buf },
     /// The records persisted before the one with `token` are obsolete.
@@ -313,6 +336,9 @@ impl Output {
             ),
             Output::Completed { request, result } => {
                 format!("Completed(request={request}, result={})", show(&result.0))
+            }
+            Output::Query { client, request, op } => {
+                format!("Query(client={client}, request={request}, op={})", show(&op.0))
             }
             Output::Restore { seq, snapshot } => format!("Restore(seq={seq}, snapshot={})", show(&snapshot.0)),
             Output::Compact { token } => format!("Compact(token={token})"),
@@ -344,6 +370,7 @@ impl Output {
                     .collect(),
             },
             CoreOutput::Completed { request, result } => Output::Completed { request, result: Buf(result) },
+            CoreOutput::Query { client, request, op } => Output::Query { client, request, op: Buf(op) },
             CoreOutput::Restore { seq, snapshot } => Output::Restore { seq, snapshot: Buf(snapshot) },
             CoreOutput::Compact { token } => Output::Compact { token },
         }
@@ -481,7 +508,7 @@ impl Node {
         self.node.poll_timeout()
     }
 
-    /// PBFT client: the request number the next accepted `Submit` gets.
+    /// PBFT client: the request number the next accepted `Submit` or `Read` gets.
     fn next_request(&self) -> Option<u64> {
         self.node.next_request()
     }
@@ -869,6 +896,7 @@ impl Trace {
         d.set_item("persists", s.persists)?;
         d.set_item("faults", s.faults)?;
         d.set_item("executes", s.executes)?;
+        d.set_item("queries", s.queries)?;
         d.set_item("completions", s.completions)?;
         d.set_item("restores", s.restores)?;
         d.set_item("compactions", s.compactions)?;
@@ -1040,8 +1068,9 @@ fn kv_decode_reply<'py>(py: Python<'py>, reply: Buf) -> PyResult<Bound<'py, PyTu
 }
 
 /// The key-value store `phalanxd` replicates, as a Python replica application:
-/// `execute(op) -> result`, `snapshot() -> bytes`, `restore(bytes)`. A Python replica
-/// running it agrees byte for byte with native replicas (same results, same checkpoints).
+/// `execute(op) -> result`, `query(op) -> result` (a get, read-only), `snapshot() -> bytes`,
+/// `restore(bytes)`. A Python replica running it agrees byte for byte with native
+/// replicas (same results, same answers to reads, same checkpoints).
 #[pyclass(module = "phalanx._native")]
 #[derive(Default)]
 pub struct KvStore {
@@ -1057,6 +1086,12 @@ impl KvStore {
 
     fn execute<'py>(&mut self, py: Python<'py>, op: Buf) -> Bound<'py, PyBytes> {
         PyBytes::new(py, &self.kv.execute(&op.0))
+    }
+
+    /// Evaluates a read-only op (a get) without changing the store; any other op gives
+    /// an invalid-operation result.
+    fn query<'py>(&self, py: Python<'py>, op: Buf) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, &self.kv.query(&op.0))
     }
 
     fn snapshot<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {

@@ -53,14 +53,15 @@ def test_client_submit_produces_sends(pbft):
     assert client.poll_timeout() is not None
 
 
-def test_a_full_round_in_memory(pbft):
-    """Four replica nodes and a client wired in memory: the client's put completes."""
-    nodes = {i: phalanx.Node(pbft[i]) for i in range(5)}
+def run_in_memory(nodes, apps, request, *, now=1_000, answer_queries=True):
+    """Feeds `request` to the client (node 4) of four replica nodes wired in memory, with
+    `KvStore` applications, and delivers every send, persistence, execution and (when
+    `answer_queries`) answer to a read, firing the earliest timer when nothing else is
+    left, until the request completed and nothing is in flight. Returns the `Completed`
+    output, the time then, the ops executed and the `Query` outputs."""
     ci = 4
-    now = 1_000
-    queue = [(ci, phalanx.Submit(phalanx.kv.put(b"k", b"v")))]
-    apps = {i: phalanx.KvStore() for i in range(4)}
-    completed = []
+    queue = [(ci, request)]
+    completed, executed, queries = [], [], []
     for _ in range(10_000):
         if not queue:
             # Fire the earliest timer.
@@ -78,13 +79,97 @@ def test_a_full_round_in_memory(pbft):
             elif isinstance(out, phalanx.Execute):
                 results = [apps[i].execute(op.op) for op in out.ops]
                 assert all(isinstance(op, phalanx.Operation) and op.client == ci for op in out.ops)
+                executed.extend(op.op for op in out.ops)
                 snap = apps[i].snapshot() if out.seq % nodes[i].checkpoint_interval == 0 else None
                 queue.append((i, phalanx.Executed(out.seq, results, snap)))
+            elif isinstance(out, phalanx.Query):
+                assert out.client == ci and i != ci
+                queries.append(out)
+                if answer_queries:
+                    queue.append((i, phalanx.Answered(out.client, out.request, apps[i].query(out.op))))
             elif isinstance(out, phalanx.Completed):
                 completed.append(out)
     assert len(completed) == 1
-    assert phalanx.kv.decode_value(completed[0].result) is None
+    return completed[0], now, executed, queries
+
+
+def in_memory_cluster(configs):
+    return {i: phalanx.Node(configs[i]) for i in range(5)}, {i: phalanx.KvStore() for i in range(4)}
+
+
+def test_a_full_round_in_memory(pbft):
+    """Four replica nodes and a client wired in memory: the client's put completes."""
+    nodes, apps = in_memory_cluster(pbft)
+    completed, _, executed, queries = run_in_memory(nodes, apps, phalanx.Submit(phalanx.kv.put(b"k", b"v")))
+    assert phalanx.kv.decode_value(completed.result) is None
+    assert executed == [phalanx.kv.put(b"k", b"v")] * 4 and queries == []
     assert all(apps[i].get(b"k") == b"v" for i in range(4))
+
+
+def test_a_read_in_memory_completes_without_ordering(pbft):
+    """A read goes to every replica, each emits `Query`, and 2f+1 matching `Answered`
+    complete it: nothing is ordered or executed."""
+    nodes, apps = in_memory_cluster(pbft)
+    _, now, _, _ = run_in_memory(nodes, apps, phalanx.Submit(phalanx.kv.put(b"k", b"v")))
+    request = nodes[4].next_request()
+    read = phalanx.Read(phalanx.kv.get(b"k"))
+    completed, _, executed, queries = run_in_memory(nodes, apps, read, now=now + 1_000)
+    assert completed.request == request and phalanx.kv.decode_value(completed.result) == b"v"
+    assert executed == []
+    assert queries == [phalanx.Query(4, request, phalanx.kv.get(b"k"))] * 4
+    assert all(n.status()["executed"] == 1 for i, n in nodes.items() if i < 4)
+
+
+def test_an_unanswered_read_in_memory_is_ordered(pbft):
+    """Replicas whose host answers no `Query`: the client has the read ordered after
+    `client_retry_ns`, under the same request number."""
+    nodes, apps = in_memory_cluster(pbft)
+    _, now, _, _ = run_in_memory(nodes, apps, phalanx.Submit(phalanx.kv.put(b"k", b"v")))
+    request = nodes[4].next_request()
+    start = now + 1_000
+    read = phalanx.Read(phalanx.kv.get(b"k"))
+    completed, end, executed, queries = run_in_memory(nodes, apps, read, now=start, answer_queries=False)
+    assert completed.request == request and phalanx.kv.decode_value(completed.result) == b"v"
+    assert len(queries) == 4 and executed == [phalanx.kv.get(b"k")] * 4
+    assert end - start >= 250_000_000  # client_retry_ns by default
+
+
+def test_read_kinds_round_trip_and_repr(pbft):
+    read = phalanx.Read(bytearray(b"get"))
+    assert read == phalanx.Read(b"get") and read != phalanx.Read(b"got") and read.op == b"get"
+    assert isinstance(read, phalanx.Input) and repr(read) == "Read(op=b'get')"
+    answered = phalanx.Answered(4, 7, b"v")
+    assert (answered.client, answered.request, answered.result) == (4, 7, b"v")
+    assert answered == phalanx.Answered(4, 7, b"v") and answered != phalanx.Answered(4, 8, b"v")
+    assert isinstance(answered, phalanx.Input)
+    assert repr(answered) == "Answered(client=4, request=7, result=b'v')"
+    query = phalanx.Query(4, 7, b"x" * 30)
+    assert (query.client, query.request, query.op) == (4, 7, b"x" * 30) and isinstance(query, phalanx.Output)
+    assert repr(query) == "Query(client=4, request=7, op=b'" + "x" * 24 + "'…(30 bytes))"
+    assert query != phalanx.Query(5, 7, b"x" * 30)
+
+    # Through the core: the client's Read reaches a replica as a Query, whose Answered
+    # goes back to the client as a Send.
+    client, replica = phalanx.Node(pbft[4]), phalanx.Node(pbft[0])
+    request = client.next_request()
+    (persist,) = client.handle_many([(0, phalanx.Read(b"get"))])
+    frames = [o for o in client.handle_many([(1, phalanx.Persisted(persist.token))]) if isinstance(o, phalanx.Send)]
+    assert sorted(f.to for f in frames) == [0, 1, 2, 3]
+    frame = next(f.data for f in frames if f.to == 0)
+    assert replica.handle_many([(2, phalanx.Message(4, frame))]) == [phalanx.Query(4, request, b"get")]
+    replica.handle(3, phalanx.Answered(4, request, b"result"))
+    (reply,) = replica.drain()
+    assert isinstance(reply, phalanx.Send) and reply.to == 4
+    client.handle(4, phalanx.Message(0, reply.data))
+    assert client.drain() == []  # one answer of 2f+1
+
+    # The wrong role, or an answer to a node that is not a client, is refused.
+    with pytest.raises(phalanx.HandleError, match="cannot handle"):
+        replica.handle(5, phalanx.Read(b"get"))
+    with pytest.raises(phalanx.HandleError, match="cannot handle"):
+        client.handle(5, phalanx.Answered(4, request, b"result"))
+    with pytest.raises(phalanx.HandleError, match="not a client"):
+        replica.handle(5, phalanx.Answered(1, request, b"result"))
 
 
 def test_inputs_compare_and_repr():

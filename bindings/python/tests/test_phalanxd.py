@@ -134,6 +134,8 @@ def test_mixed_cluster_python_and_native_replicas(native_cluster):
                 c.kill(0)
                 assert await client.cas(b"key1", b"value1", b"changed") == (True, b"value1")
                 assert await client.get(b"key1") == b"changed"
+                # A read, answered by KvStore.query here and by phalanxd's store there.
+                assert phalanx.kv.decode_value(await client.read(phalanx.kv.get(b"key1"))) == b"changed"
                 end = loop.time() + 10
                 while loop.time() < end and store.get(b"key1") != b"changed":
                     await asyncio.sleep(0.05)

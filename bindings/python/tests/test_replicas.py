@@ -1,10 +1,12 @@
 """A cluster of four Python-hosted replicas on loopback (asyncio, phalanxd's framing):
-they agree on a workload, also with one replica stopped; and a file-backed replica
-recovers from its log."""
+they agree on a workload, also with one replica stopped; a file-backed replica recovers
+from its log; reads are answered without ordering by applications with `query`, and
+ordered otherwise."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 
 import pytest
@@ -43,22 +45,56 @@ class Counter:
         self.value, self.ops = json.loads(snapshot)
 
 
-def cluster(seed: int, clients: int = 1):
-    configs = phalanx.generate_cluster(f=1, protocol="pbft", clients=clients, seed=seed, params=PARAMS)
+class ReadableCounter(Counter):
+    """The counter with a read-only op: `query(b"get")` is its value, unexecuted."""
+
+    def __init__(self):
+        super().__init__()
+        self.queries = 0
+
+    def query(self, op: bytes) -> bytes:
+        self.queries += 1
+        if op != b"get":
+            raise ValueError(f"{op!r} is not read-only")
+        return str(self.value).encode()
+
+
+def cluster(seed: int, clients: int = 1, **params):
+    configs = phalanx.generate_cluster(f=1, protocol="pbft", clients=clients, seed=seed, params={**PARAMS, **params})
     ports = free_ports(4)
     addrs = {i: ("127.0.0.1", ports[i]) for i in range(4)}
     return configs, addrs
 
 
-async def settle(replicas, want_ops, timeout=10.0):
-    """Waits until every replica has executed `want_ops` operations."""
+async def eventually(condition, what, timeout=10.0):
+    """Waits until `condition()` holds; fails with `what()` after `timeout` seconds."""
     loop = asyncio.get_running_loop()
     end = loop.time() + timeout
-    while loop.time() < end:
-        if all(r.app.ops >= want_ops for r in replicas):
-            return
+    while loop.time() < end and not condition():
         await asyncio.sleep(0.02)
-    raise AssertionError(f"replicas executed {[r.app.ops for r in replicas]}, expected {want_ops}")
+    assert condition(), what()
+
+
+async def settle(replicas, want_ops, timeout=10.0):
+    """Waits until every replica has executed `want_ops` operations."""
+    await eventually(
+        lambda: all(r.app.ops >= want_ops for r in replicas),
+        lambda: f"replicas executed {[r.app.ops for r in replicas]}, expected {want_ops}",
+        timeout,
+    )
+
+
+@contextlib.asynccontextmanager
+async def running(configs, addrs, apps):
+    """Replicas 0, 1, … with the applications `apps`, started, and stopped on the way out."""
+    replicas = [phalanx.Replica(configs[i], addrs, app) for i, app in enumerate(apps)]
+    try:
+        for r in replicas:
+            await r.start()
+        yield replicas
+    finally:
+        for r in replicas:
+            await r.stop()
 
 
 def test_four_python_replicas_agree_with_one_stopped():
@@ -172,3 +208,75 @@ def test_replica_argument_errors():
         phalanx.Client(configs[4], {0: addrs[0]})
     with pytest.raises(phalanx.ConfigError):
         phalanx.Replica(b"garbage", addrs, Counter())
+
+
+def test_a_read_completes_without_ordering():
+    """Three replicas answer reads with `query` (2f+1), the fourth's application has
+    none: reads complete from the three matching answers, and nothing is executed."""
+
+    async def main():
+        configs, addrs = cluster(seed=15)
+        apps = [ReadableCounter(), ReadableCounter(), ReadableCounter(), Counter()]
+        async with running(configs, addrs, apps) as replicas:
+            async with phalanx.Client(configs[4], addrs, timeout=15) as client:
+                for i in range(1, 6):
+                    await client.execute(b"add:%d" % i)
+                await settle(replicas, 5)
+                executed = [r.status()["executed"] for r in replicas]
+                assert await client.read(b"get") == b"15"
+                assert await asyncio.gather(*(client.read(b"get") for _ in range(5))) == [b"15"] * 5
+                # Every replica got each read as a Query; three answered it.
+                await eventually(
+                    lambda: [r.answered_queries for r in replicas] == [6, 6, 6, 0],
+                    lambda: f"answered {[r.answered_queries for r in replicas]}",
+                )
+                assert [a.queries for a in apps[:3]] == [6, 6, 6]
+                # Longer than client_retry_ns: a read that fell back to ordering would show.
+                await asyncio.sleep(0.3)
+                assert [r.app.ops for r in replicas] == [5] * 4
+                assert [r.status()["executed"] for r in replicas] == executed
+                # Ordered ops go on as before.
+                assert int(await client.execute(b"add:1")) == 16
+                assert await client.read(b"get") == b"16"
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_a_read_without_query_is_ordered():
+    """Applications without `query`: the replicas never answer, so the client has the
+    read ordered after `client_retry_ns`, and it completes as an executed op."""
+
+    async def main():
+        retry = 20 * MS
+        configs, addrs = cluster(seed=16, client_retry_ns=retry)
+        async with running(configs, addrs, [Counter() for _ in range(4)]) as replicas:
+            async with phalanx.Client(configs[4], addrs, timeout=15) as client:
+                assert await client.execute(b"add:7") == b"7"
+                loop = asyncio.get_running_loop()
+                started = loop.time()
+                assert await client.read(b"get") == b"7"
+                assert loop.time() - started >= 0.9 * retry / 1e9
+                await settle(replicas, 2)
+                assert all(r.answered_queries == 0 for r in replicas)
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_replica_answers_queries_only_with_bytes_from_query():
+    configs, addrs = cluster(seed=17)
+    query = phalanx.Query(4, 9, b"get")
+
+    class Raising(Counter):
+        def query(self, op):
+            raise RuntimeError("no")
+
+    class NotBytes(Counter):
+        def query(self, op):
+            return "15"
+
+    app = ReadableCounter()
+    app.value = 15
+    assert phalanx.Replica(configs[0], addrs, app)._on_output(query) == phalanx.Answered(4, 9, b"15")
+    for app in (Counter(), Raising(), NotBytes()):
+        replica = phalanx.Replica(configs[0], addrs, app)
+        assert replica._on_output(query) is None and replica.answered_queries == 0

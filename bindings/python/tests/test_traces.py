@@ -22,6 +22,10 @@ def test_trace_replays_through_python(path):
     assert isinstance(trace, phalanx.Trace) and len(trace) > 0
     native = trace.replay_native()
     assert native["records"] == len(trace)
+    outputs = [o for r in trace for o in r.outputs]
+    assert native["executes"] == sum(isinstance(o, phalanx.Execute) for o in outputs)
+    assert native["queries"] == sum(isinstance(o, phalanx.Query) for o in outputs)
+    assert native["completions"] == sum(isinstance(o, phalanx.Completed) for o in outputs)
     # Record by record: handle, drain, compare outputs and the next deadline.
     assert trace.replay() == native["outputs"]
     # The batch form: one handle_many call.

@@ -47,6 +47,16 @@ impl<T: PartialEq + Clone> Votes<T> {
         Vote::Counted(self.contents[idx].1)
     }
 
+    /// The most senders that back any one content.
+    pub fn most(&self) -> usize {
+        self.contents.iter().map(|(_, k)| *k).max().unwrap_or(0)
+    }
+
+    /// The senders that voted.
+    pub fn voters(&self) -> usize {
+        self.voters.len()
+    }
+
     /// Adds a vote and tells whether it is the one that brings its content to
     /// `threshold` (`Some(true)`: deliver now); `None` if `sender` equivocated.
     pub fn reaches(&mut self, sender: NodeId, content: &T, threshold: usize) -> Option<bool> {
@@ -72,5 +82,6 @@ mod tests {
         assert_eq!(v.add(3, &m), Vote::Counted(2));
         assert_eq!(v.add(2, &m), Vote::Equivocation);
         assert_eq!(v.add(4, &m), Vote::Counted(3));
+        assert_eq!((v.most(), v.voters()), (3, 4));
     }
 }

@@ -5,6 +5,11 @@
 //! Requests submitted between two polls leave together, as one `Requests` message under
 //! one MAC vector (up to what fits a batch): a host that submits a burst before polling
 //! pays for authentication once, and replicas order, execute and answer the burst as one.
+//!
+//! A read-only request goes to every replica unordered; each answers from the state it
+//! executed, and 2f+1 matching results (so f+1 correct replicas hold that result) complete
+//! it. When the replicas disagree, or not all answer within `client_retry_ns`, the client
+//! has the op ordered under the same request number instead.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -16,7 +21,7 @@ use crate::broadcast::votes::Votes;
 use crate::config::Role;
 use crate::node::{Ctx, HandleError, Output};
 use crate::wire::{self, Opened, pb};
-use crate::{FaultKind, Nanos};
+use crate::{FaultKind, Nanos, NodeId};
 
 /// Requests sent together and not yet completed.
 struct Pending {
@@ -27,6 +32,14 @@ struct Pending {
     sent_at: Nanos,
     /// Result lists by replica; only replicas vote, so at most n entries.
     replies: Votes<Vec<Bytes>>,
+}
+
+/// A read-only request sent and not yet completed.
+struct Reading {
+    op: Bytes,
+    sent_at: Nanos,
+    /// Results by replica.
+    replies: Votes<Bytes>,
 }
 
 /// Request numbers reserved per persisted lease: one storage write per this many requests.
@@ -46,10 +59,12 @@ pub(crate) struct Client {
     submitted_at: Nanos,
     /// Sent and not completed, by first request number.
     pending: BTreeMap<u64, Pending>,
+    /// Read-only requests sent and not completed or ordered, by request number.
+    reads: BTreeMap<u64, Reading>,
     /// Requests submitted and not completed, sent or not.
     outstanding: usize,
-    /// `(sent_at, first)` of every pending `Requests`, so the next retransmission is found
-    /// without scanning them all.
+    /// `(sent_at, number)` of every pending `Requests` (by its first request) and read, so
+    /// the next retransmission or fallback is found without scanning them all.
     by_time: BTreeSet<(Nanos, u64)>,
 }
 
@@ -63,6 +78,7 @@ impl Client {
             unsent_bytes: 0,
             submitted_at: 0,
             pending: BTreeMap::new(),
+            reads: BTreeMap::new(),
             outstanding: 0,
             by_time: BTreeSet::new(),
         }
@@ -85,9 +101,38 @@ impl Client {
     /// Numbers the op and queues it for the next poll; refused (`Backpressure`) while
     /// `client_queue` requests are outstanding, the most a replica holds per client.
     pub fn submit(&mut self, ctx: &mut Ctx, now: Nanos, op: Vec<u8>) -> Result<(), HandleError> {
+        self.admit(ctx, &op)?;
         let p = &ctx.cfg.cluster.params;
-        // A larger op could never be batched without the PRE-PREPARE exceeding
-        // max_message_bytes, so it would wait forever.
+        // Requests sent together must fit one batch.
+        if self.unsent.len() >= p.batch_max_count as usize || self.unsent_bytes + op.len() > p.batch_max_bytes as usize
+        {
+            self.flush(ctx);
+        }
+        self.number(ctx);
+        self.unsent_bytes += op.len();
+        self.unsent.push(op.into());
+        self.submitted_at = now;
+        Ok(())
+    }
+
+    /// Numbers a read-only op and sends it to every replica, unordered.
+    pub fn read(&mut self, ctx: &mut Ctx, now: Nanos, op: Vec<u8>) -> Result<(), HandleError> {
+        self.admit(ctx, &op)?;
+        // Ops submitted before keep the numbers just before this one.
+        self.flush(ctx);
+        let request = self.number(ctx);
+        let op = Bytes::from(op);
+        ctx.send_to_brokers(pb::body::Kind::Read(pb::Read { request, op: op.clone() }), &[]);
+        self.reads.insert(request, Reading { op, sent_at: now, replies: Votes::default() });
+        self.by_time.insert((now, request));
+        Ok(())
+    }
+
+    /// Whether one more op may be taken: it must fit a batch (a larger one could never be
+    /// ordered without the PRE-PREPARE exceeding `max_message_bytes`), and at most
+    /// `client_queue` requests may be outstanding (`Backpressure`).
+    fn admit(&self, ctx: &Ctx, op: &[u8]) -> Result<(), HandleError> {
+        let p = &ctx.cfg.cluster.params;
         if op.len() > p.batch_max_bytes as usize {
             return Err(HandleError::Invalid(format!(
                 "op of {} bytes exceeds batch_max_bytes = {}",
@@ -98,11 +143,11 @@ impl Client {
         if self.outstanding >= p.client_queue as usize {
             return Err(HandleError::Backpressure);
         }
-        // Requests sent together must fit one batch.
-        if self.unsent.len() >= p.batch_max_count as usize || self.unsent_bytes + op.len() > p.batch_max_bytes as usize
-        {
-            self.flush(ctx);
-        }
+        Ok(())
+    }
+
+    /// The next request number, leased durably first when the lease runs out.
+    fn number(&mut self, ctx: &mut Ctx) -> u64 {
         let request = self.next_request;
         self.next_request += 1;
         if request >= self.leased {
@@ -112,11 +157,8 @@ impl Client {
             let token = ctx.persist(pb::ClientLease { next_request: self.leased }.encode_to_vec());
             ctx.push(Output::Compact { token });
         }
-        self.unsent_bytes += op.len();
-        self.unsent.push(op.into());
-        self.submitted_at = now;
         self.outstanding += 1;
-        Ok(())
+        request
     }
 
     /// Sends the ops submitted since the last flush, as one `Requests` to every replica.
@@ -136,15 +178,54 @@ impl Client {
         self.by_time.insert((sent_at, first));
     }
 
-    /// Counts a replica's reply; f+1 matching result lists complete its requests.
-    pub fn on_message(&mut self, ctx: &mut Ctx, msg: Opened) {
+    /// Counts a replica's reply: f+1 matching result lists complete ordered requests,
+    /// 2f+1 matching results a read.
+    pub fn on_message(&mut self, ctx: &mut Ctx, now: Nanos, msg: Opened) {
         let from = msg.sender;
-        let pb::body::Kind::Reply(reply) = msg.body else {
-            return ctx.fault(from, FaultKind::Unexpected);
-        };
         if ctx.role_of(from) != Some(Role::Broker) {
             return ctx.fault(from, FaultKind::Unexpected);
         }
+        match msg.body {
+            pb::body::Kind::Reply(reply) => self.on_reply(ctx, from, reply),
+            pb::body::Kind::ReadReply(reply) => self.on_read_reply(ctx, now, from, reply),
+            _ => ctx.fault(from, FaultKind::Unexpected),
+        }
+    }
+
+    fn on_read_reply(&mut self, ctx: &mut Ctx, now: Nanos, from: NodeId, reply: pb::ReadReply) {
+        let Some(r) = self.reads.get_mut(&reply.request) else {
+            return ctx.stats.stale += 1;
+        };
+        let quorum = 2 * ctx.f + 1;
+        match r.replies.reaches(from, &reply.result, quorum) {
+            // A replica answers a read once, from one state.
+            None => ctx.fault(from, FaultKind::Equivocation),
+            Some(true) => {
+                let r = self.reads.remove(&reply.request).expect("reading");
+                self.by_time.remove(&(r.sent_at, reply.request));
+                self.outstanding -= 1;
+                ctx.push(Output::Completed { request: reply.request, result: reply.result.into() });
+            }
+            // Replicas at different points: no 2f+1 can match any more, so order it.
+            Some(false) if r.replies.most() + ctx.n - r.replies.voters() < quorum => {
+                self.by_time.remove(&(r.sent_at, reply.request));
+                self.order_read(ctx, now, reply.request);
+            }
+            Some(false) => {}
+        }
+    }
+
+    /// Has read `request` ordered instead, as a `Requests` of its own.
+    fn order_read(&mut self, ctx: &mut Ctx, now: Nanos, request: u64) {
+        let r = self.reads.remove(&request).expect("a read in flight");
+        let requests = Bundle::seal(&ctx.keys, &ctx.brokers, request, vec![r.op]);
+        let encoded = wire::encode_body(pb::body::Kind::Requests(requests));
+        ctx.send_encoded_to_brokers(&encoded, &[]);
+        self.pending.insert(request, Pending { encoded, count: 1, sent_at: now, replies: Votes::default() });
+        self.by_time.insert((now, request));
+    }
+
+    fn on_reply(&mut self, ctx: &mut Ctx, from: NodeId, reply: pb::Reply) {
         let Some(p) = self.pending.get_mut(&reply.first) else {
             return ctx.stats.stale += 1;
         };
@@ -166,8 +247,9 @@ impl Client {
         }
     }
 
-    /// Retransmits every `Requests` unanswered for `client_retry_ns`: its first copies or
-    /// their replies may have been lost, or a new primary may not have seen it.
+    /// Retransmits every `Requests` unanswered for `client_retry_ns` (its first copies or
+    /// their replies may have been lost, or a new primary may not have seen it), and has
+    /// every read unsettled as long ordered instead.
     pub fn on_timeout(&mut self, ctx: &mut Ctx, now: Nanos) {
         let due: Vec<(Nanos, u64)> = self
             .by_time
@@ -175,10 +257,14 @@ impl Client {
             .take_while(|(sent_at, _)| sent_at.saturating_add(self.retry_ns) <= now)
             .copied()
             .collect();
-        for key @ (_, first) in due {
+        for key @ (_, number) in due {
             self.by_time.remove(&key);
-            self.by_time.insert((now, first));
-            let p = self.pending.get_mut(&first).expect("indexed requests are pending");
+            if self.reads.contains_key(&number) {
+                self.order_read(ctx, now, number);
+                continue;
+            }
+            self.by_time.insert((now, number));
+            let p = self.pending.get_mut(&number).expect("indexed requests are pending or read");
             p.sent_at = now;
             ctx.send_encoded_to_brokers(&p.encoded, &[]);
         }
@@ -395,6 +481,66 @@ mod tests {
         let mut fx = Fixture::new(Params { batch_max_bytes: 100, ..Params::default() });
         assert!(matches!(fx.submit(0, &[0; 101]), Err(HandleError::Invalid(_))));
         assert_eq!(requests(&fx.submit(0, &[0; 100]).unwrap())[0].1, 1);
+    }
+
+    fn read_reply(fx: &mut Fixture, from: NodeId, request: u64, result: &[u8]) -> Vec<Output> {
+        let reply = pb::ReadReply { request, result: Bytes::copy_from_slice(result) };
+        fx.from(from, pb::body::Kind::ReadReply(reply))
+    }
+
+    /// What a client's frames carry: (to, body); other outputs are passed over.
+    fn sent(outputs: &[Output]) -> Vec<(NodeId, pb::body::Kind)> {
+        let mut sent = Vec::new();
+        for o in outputs {
+            if let Output::Send { to, bytes } = o {
+                sent.extend(wire::bodies_of(bytes).unwrap().into_iter().map(|b| (*to, b)));
+            }
+        }
+        sent
+    }
+
+    #[test]
+    fn a_read_completes_on_two_f_plus_one_matching_results() {
+        let mut fx = Fixture::new(Params::default());
+        fx.client.handle(0, Input::Request(Request::Read { op: b"get".to_vec() })).unwrap();
+        let out: Vec<Output> = iter::from_fn(|| fx.client.poll()).collect();
+        let Some(Output::Persist { token, .. }) = out.first() else { panic!("{out:?}") };
+        let reads = sent(&fx.handle(0, Input::Persisted { token: *token }));
+        let read = pb::Read { request: 1, op: Bytes::from_static(b"get") };
+        assert_eq!(reads, (0..4).map(|r| (r, pb::body::Kind::Read(read.clone()))).collect::<Vec<_>>());
+        assert_eq!(read_reply(&mut fx, 0, 1, b"v"), vec![]);
+        // An ordered reply does not count for a read.
+        assert_eq!(fx.reply(1, 1, &[b"v"]), vec![]);
+        assert_eq!(read_reply(&mut fx, 1, 1, b"v"), vec![]);
+        assert_eq!(read_reply(&mut fx, 3, 1, b"v"), completed(1, &[b"v"]));
+        assert_eq!((fx.client.live_instances(), fx.client.poll_timeout()), (0, None));
+    }
+
+    #[test]
+    fn a_read_the_replicas_disagree_on_or_leave_unanswered_is_ordered() {
+        let retry = 1_000;
+        let mut fx = Fixture::new(Params { client_retry_ns: retry, ..Params::default() });
+        fx.submit(0, b"first").unwrap();
+        fx.client.handle(10, Input::Request(Request::Read { op: b"get".to_vec() })).unwrap();
+        assert_eq!(sent(&iter::from_fn(|| fx.client.poll()).collect::<Vec<_>>()).len(), 4);
+        // Three different answers: no four can make 2f+1 = 3 matching now.
+        assert_eq!(read_reply(&mut fx, 0, 2, b"a"), vec![]);
+        assert_eq!(read_reply(&mut fx, 1, 2, b"b"), vec![]);
+        let ordered = requests(&read_reply(&mut fx, 2, 2, b"c"));
+        assert_eq!(ordered, (0..4).map(|r| (r, 2, ops(&[b"get"]))).collect::<Vec<_>>());
+        // Late read replies are stale; f+1 ordered replies complete it.
+        assert_eq!(read_reply(&mut fx, 3, 2, b"a"), vec![]);
+        assert_eq!(fx.reply(0, 2, &[b"b"]), vec![]);
+        assert_eq!(fx.reply(3, 2, &[b"b"]), completed(2, &[b"b"]));
+
+        // Unanswered: ordered at the retry deadline, when request 1 is retransmitted too.
+        fx.client.handle(20, Input::Request(Request::Read { op: b"get".to_vec() })).unwrap();
+        iter::from_fn(|| fx.client.poll()).for_each(drop);
+        assert_eq!(read_reply(&mut fx, 0, 3, b"v"), vec![]);
+        let again: Vec<(NodeId, u64)> =
+            requests(&fx.handle(20 + retry, Input::Timeout)).into_iter().map(|(to, first, _)| (to, first)).collect();
+        assert_eq!(again, (0..4).flat_map(|to| [1, 3].map(|r| (to, r))).collect::<Vec<_>>());
+        assert_eq!(fx.client.live_instances(), 2);
     }
 
     #[test]

@@ -245,6 +245,7 @@ impl Replica {
         let from_replica = ctx.role_of(from) == Some(Role::Broker);
         match msg.body {
             Kind::Requests(r) if ctx.role_of(from) == Some(Role::Publisher) => self.on_requests(ctx, now, from, r),
+            Kind::Read(r) if ctx.role_of(from) == Some(Role::Publisher) => self.on_read(ctx, from, r),
             Kind::PrePrepare(pp) if from_replica && self.is_early(ctx, pp.view, pp.seq) => {
                 self.keep_early(ctx, from, pp.view, Early::PrePrepare(pp))
             }
@@ -309,6 +310,30 @@ impl Replica {
         self.waiting += count as usize;
         self.unpark(ctx, now);
         self.propose(ctx, now);
+    }
+
+    /// A client's read-only request: the host answers it from the application's state,
+    /// unordered (`Output::Query`, then `Input::Answered`).
+    fn on_read(&mut self, ctx: &mut Ctx, from: NodeId, r: pb::Read) {
+        if r.op.len() > ctx.cfg.cluster.params.batch_max_bytes as usize {
+            return ctx.fault(from, FaultKind::Oversized);
+        }
+        ctx.push(Output::Query { client: from, request: r.request, op: r.op.to_vec() });
+    }
+
+    /// The host's answer to a read: to the client that asked.
+    pub fn on_answered(
+        &mut self,
+        ctx: &mut Ctx,
+        client: NodeId,
+        request: u64,
+        result: Vec<u8>,
+    ) -> Result<(), HandleError> {
+        if ctx.role_of(client) != Some(Role::Publisher) {
+            return Err(HandleError::Invalid(format!("answered a read of node {client}, which is not a client")));
+        }
+        ctx.send(pb::body::Kind::ReadReply(pb::ReadReply { request, result: result.into() }), [client]);
+        Ok(())
     }
 
     /// Primary: cuts batches while the pipeline has room and a batch is full or its

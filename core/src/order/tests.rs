@@ -54,7 +54,11 @@ impl Net {
         while let Some(out) = self.nodes[id as usize].poll() {
             match out {
                 Output::Send { to, bytes } if !self.silent.contains(&id) => self.queue.push_back((id, to, bytes)),
-                Output::Send { .. } | Output::Fault { .. } | Output::Deliver(_) | Output::Compact { .. } => {}
+                Output::Send { .. }
+                | Output::Fault { .. }
+                | Output::Deliver(_)
+                | Output::Compact { .. }
+                | Output::Query { .. } => {}
                 Output::Persist { token, .. } => self.input(id, Input::Persisted { token }),
                 Output::Execute { seq, ops } => {
                     let k = self.nodes[id as usize].config().cluster.params.checkpoint_interval as u64;

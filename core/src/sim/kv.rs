@@ -216,6 +216,17 @@ impl Kv {
         self.apply(op).encode()
     }
 
+    /// Evaluates a read-only operation (a get) without changing the store; any other
+    /// operation is an error result.
+    pub fn query(&self, op: &[u8]) -> Vec<u8> {
+        let reply = match Op::decode(op) {
+            Ok(Op::Get { key }) => Reply::Value(self.map.get(&key).cloned()),
+            Ok(_) => Reply::Invalid("not a read-only operation".into()),
+            Err(why) => Reply::Invalid(why),
+        };
+        reply.encode()
+    }
+
     fn apply(&mut self, op: &[u8]) -> Reply {
         match Op::decode(op) {
             Ok(Op::Put { key, value }) => Reply::Value(self.map.insert(key, value)),

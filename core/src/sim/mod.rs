@@ -155,6 +155,13 @@ enum Event {
         results: Vec<Vec<u8>>,
         snapshot: Option<Vec<u8>>,
     },
+    Answered {
+        host: usize,
+        incarnation: u32,
+        client: NodeId,
+        request: u64,
+        result: Vec<u8>,
+    },
     Crash {
         host: usize,
     },
@@ -207,6 +214,8 @@ pub struct Submission {
     pub node: NodeId,
     pub incarnation: u32,
     pub op: Vec<u8>,
+    /// Submitted as a read-only request (`Request::Read`).
+    pub read: bool,
 }
 
 /// A request a client host saw complete (`Output::Completed`).
@@ -396,14 +405,15 @@ impl Sim {
                 if !self.hosts[host].crashed {
                     for request in requests {
                         let op = match &request {
-                            Request::Submit { op } => Some(op.clone()),
+                            Request::Submit { op } => Some((op.clone(), false)),
+                            Request::Read { op } => Some((op.clone(), true)),
                             _ => None,
                         };
                         if self.feed(host, Input::Request(request))
-                            && let Some(op) = op
+                            && let Some((op, read)) = op
                         {
                             let (node, incarnation) = (self.hosts[host].id, self.incarnations[host]);
-                            self.log.submitted.push(Submission { at: self.now, host, node, incarnation, op });
+                            self.log.submitted.push(Submission { at: self.now, host, node, incarnation, op, read });
                         }
                     }
                     self.after_input(host);
@@ -418,6 +428,11 @@ impl Sim {
             Event::Executed { host, incarnation, seq, results, snapshot } => {
                 if self.alive(host, incarnation) {
                     self.input(host, Input::Executed { seq, results, snapshot });
+                }
+            }
+            Event::Answered { host, incarnation, client, request, result } => {
+                if self.alive(host, incarnation) {
+                    self.input(host, Input::Answered { client, request, result });
                 }
             }
             Event::Crash { host } => {
@@ -498,6 +513,11 @@ impl Sim {
                     self.hosts[host].storage.retain(|(i, t, _)| *i == incarnation && *t >= token);
                 }
                 Output::Execute { seq, ops } => self.execute(host, seq, ops),
+                // Read-only: answered from the store as it is, at the same simulated time.
+                Output::Query { client, request, op } => {
+                    let (incarnation, result) = (self.incarnations[host], self.hosts[host].app.query(&op));
+                    self.schedule(self.now, Event::Answered { host, incarnation, client, request, result });
+                }
                 Output::Restore { seq, snapshot } => {
                     // A replica restores only a snapshot whose digest 2f+1 replicas
                     // certified; one that does not decode is left for the checker, which

@@ -31,6 +31,8 @@ pub struct Scenario {
     /// Operations a client submits at once (before it is polled, so they travel as one
     /// `Requests`).
     pub burst: u32,
+    /// Gets go as read-only requests (`Request::Read`), answered without ordering.
+    pub reads: bool,
     /// Batching, checkpoint interval, pipeline depth, timeouts.
     pub params: Params,
     pub crypto: CryptoMode,
@@ -88,6 +90,7 @@ impl Scenario {
             ops: 8,
             interval: MS,
             burst: 1,
+            reads: false,
             params: Params {
                 batch_max_count: 4,
                 batch_timeout_ns: MS / 2,
@@ -129,6 +132,12 @@ impl Scenario {
             2 => kv::cas(key.as_bytes(), Some(value(i - 2).as_bytes()), value(i).as_bytes()),
             _ => kv::delete(key.as_bytes()),
         }
+    }
+
+    /// The request for the i-th operation of `client`: its gets are reads when `reads`.
+    fn request(&self, client: NodeId, i: u32, twin: bool) -> Request {
+        let op = Self::op(client, i, twin);
+        if self.reads && i % 4 == 1 { Request::Read { op } } else { Request::Submit { op } }
     }
 
     /// A scenario drawn from `seed`: batching, checkpoint and pipeline parameters; up to
@@ -177,6 +186,7 @@ impl Scenario {
             s.partition = Some((at, at + (1 + rng.below(30)) * MS, vec![*rng.pick(&everyone)]));
         }
         s.burst = 1 + rng.below(4) as u32;
+        s.reads = rng.chance(500_000);
         s
     }
 
@@ -230,9 +240,7 @@ impl Scenario {
             for start in (0..self.ops).step_by(burst as usize) {
                 let at = (start / burst) as Nanos * self.interval + (c - self.n()) as Nanos * 100_000;
                 let submits = |twin| -> Vec<Request> {
-                    (start..(start + burst).min(self.ops))
-                        .map(|i| Request::Submit { op: Self::op(c, i, twin) })
-                        .collect()
+                    (start..(start + burst).min(self.ops)).map(|i| self.request(c, i, twin)).collect()
                 };
                 sim.requests_at(at, c as usize, submits(false));
                 if self.twin == Some(c) {
@@ -284,7 +292,7 @@ impl fmt::Display for Scenario {
         let p = &self.params;
         write!(
             f,
-            "pbft n={} f={} seed={} clients={} ops={} burst={} interval={}us batch={}/{}B/{}us K={} pipeline={} \
+            "pbft n={} f={} seed={} clients={} ops={} burst={} reads={} interval={}us batch={}/{}B/{}us K={} pipeline={} \
              retry={}ms crypto={:?} net={:?}",
             self.n(),
             self.f,
@@ -292,6 +300,7 @@ impl fmt::Display for Scenario {
             self.clients,
             self.ops,
             self.burst,
+            self.reads,
             self.interval / 1000,
             p.batch_max_count,
             p.batch_max_bytes,
@@ -340,6 +349,9 @@ pub struct Expectations {
     pub converge: BTreeSet<usize>,
 }
 
+/// A read-only op, and the results it has in the states of the agreed order.
+type Read<'a> = (&'a [u8], BTreeSet<Vec<u8>>);
+
 /// Every violated property, each named with the hosts, sequence numbers and requests
 /// involved:
 ///
@@ -352,15 +364,28 @@ pub struct Expectations {
 /// - validity: a correct client's request r executes with the r-th operation it
 ///   submitted (clients number requests 1, 2, 3 … in submission order);
 /// - client correctness: a correct client completes each request once, with the result
-///   of executing the agreed order on a fresh store;
+///   of executing the agreed order on a fresh store (a read answered without ordering:
+///   with the op's result in some state of the agreed order);
 /// - liveness (if expected): every request of a correct client completes, and every
 ///   correct replica that never crashed executes (or restores) up to the last agreed seq.
 pub fn check(log: &Log, exp: &Expectations) -> Vec<String> {
     let mut violations = Vec::new();
     let mut submitted: BTreeMap<NodeId, Vec<&[u8]>> = BTreeMap::new();
+    // Read-only requests of correct clients, with what they may return: the op's result
+    // in some state of the agreed order.
+    let mut reads: BTreeMap<(NodeId, u64), Read> = BTreeMap::new();
     for s in log.submitted.iter().filter(|s| exp.correct_clients.contains(&s.host)) {
-        submitted.entry(s.node).or_default().push(&s.op);
+        let sent = submitted.entry(s.node).or_default();
+        sent.push(&s.op);
+        if s.read {
+            reads.insert((s.node, sent.len() as u64), (&s.op, BTreeSet::new()));
+        }
     }
+    let mut readable = |state: &Kv| {
+        for (op, results) in reads.values_mut() {
+            results.insert(state.query(op));
+        }
+    };
     let mut agreed: BTreeMap<u64, (usize, &[Operation])> = BTreeMap::new();
     let mut last: BTreeMap<usize, u64> = BTreeMap::new();
     let mut next: BTreeMap<(usize, u32), u64> = BTreeMap::new();
@@ -438,6 +463,7 @@ pub fn check(log: &Log, exp: &Expectations) -> Vec<String> {
         }
     };
     check_restores(0, &reference, &mut violations);
+    readable(&reference);
     for (&seq, (_, ops)) in &agreed {
         if seq != replayed + 1 {
             violations.push(format!(
@@ -457,6 +483,7 @@ pub fn check(log: &Log, exp: &Expectations) -> Vec<String> {
         }
         replayed = seq;
         check_restores(seq, &reference, &mut violations);
+        readable(&reference);
     }
     for (seq, hosts) in restores {
         violations.push(format!(
@@ -472,17 +499,23 @@ pub fn check(log: &Log, exp: &Expectations) -> Vec<String> {
         if !done.insert((client, request)) {
             violations.push(format!("client: client {client} completed request {request} twice"));
         }
-        match results.get(&(client, request)) {
-            Some(r) if *r == c.result => {}
-            Some(r) => violations.push(format!(
+        match (results.get(&(client, request)), reads.get(&(client, request))) {
+            (Some(r), _) if *r == c.result => {}
+            (Some(r), _) => violations.push(format!(
                 "client: client {client} completed request {request} with {:?}, but the agreed order gives {:?}",
                 kv::Reply::decode(&c.result),
                 kv::Reply::decode(r)
             )),
-            None if replayed_all => violations.push(format!(
+            // A read answered without ordering.
+            (None, Some((_, possible))) if possible.contains(&c.result) => {}
+            (None, Some(_)) => violations.push(format!(
+                "client: client {client} read {:?} as request {request}, which no state of the agreed order gives",
+                kv::Reply::decode(&c.result)
+            )),
+            (None, None) if replayed_all => violations.push(format!(
                 "client: client {client} completed request {request}, which no correct replica executed"
             )),
-            None => {}
+            (None, None) => {}
         }
     }
     if exp.liveness {
@@ -565,7 +598,7 @@ mod tests {
         let mut log = Log::default();
         let ops = [kv::put(b"a", b"1"), kv::get(b"a")];
         for o in &ops {
-            log.submitted.push(Submission { at: 0, host: 4, node: 4, incarnation: 0, op: o.clone() });
+            log.submitted.push(Submission { at: 0, host: 4, node: 4, incarnation: 0, op: o.clone(), read: false });
         }
         for host in [0, 1] {
             log.executed.push(batch(host, 0, 1, vec![op(4, 1, ops[0].clone())]));

@@ -362,6 +362,8 @@ fn pbft_reference_cases() -> Vec<(&'static str, order_scenario::Scenario, NodeId
     };
     // Clients submit three operations at a time, so each `Requests` carries three.
     let bursts = |f| order_scenario::Scenario { burst: 3, ..base(f) };
+    // Gets go as reads: Read and ReadReply frames, and a replica's Query and Answered.
+    let reads = |f| order_scenario::Scenario { reads: true, ..bursts(f) };
     // The primary is cut off with batches in flight: the VIEW-CHANGEs claim prepared
     // slots, and the NEW-VIEW chooses their batches again.
     let mut view_change = bursts(1);
@@ -371,8 +373,8 @@ fn pbft_reference_cases() -> Vec<(&'static str, order_scenario::Scenario, NodeId
     state_transfer.params.checkpoint_interval = 2;
     state_transfer.partition = Some((0, 40 * MS, vec![6]));
     vec![
-        ("pbft-n4f1-normal-backup", bursts(1), 1),
-        ("pbft-n4f1-client", bursts(1), 4),
+        ("pbft-n4f1-normal-backup", reads(1), 1),
+        ("pbft-n4f1-client", reads(1), 4),
         ("pbft-n4f1-view-change-backup", view_change, 2),
         ("pbft-n7f2-state-transfer-replica", state_transfer, 6),
     ]

@@ -259,6 +259,8 @@ fn body(kind: &pb::body::Kind) -> String {
         Kind::FetchState(x) => format!("FetchState seq {}", x.seq),
         Kind::Committed(x) => format!("Committed seq {} {}", x.seq, batch(&x.batch)),
         Kind::FetchBatch(x) => format!("FetchBatch seq {} digest {}", x.seq, digest(&x.digest)),
+        Kind::Read(r) => format!("Read request {} op {} bytes", r.request, r.op.len()),
+        Kind::ReadReply(r) => format!("ReadReply request {} result {} bytes", r.request, r.result.len()),
         Kind::Proposal(x) => format!("Proposal seq {} {}", x.seq, batch(&x.batch)),
         Kind::Bundle(b) => {
             let bodies: Vec<String> = b
@@ -295,6 +297,7 @@ fn describe_input(input: Option<&pb::InputRecord>, client: bool) -> String {
             ),
             Some(Req::Subscribe(s)) => format!("Request Subscribe {}", topics(&s.topics)),
             Some(Req::Submit(s)) => format!("Request Submit op {} bytes", s.op.len()),
+            Some(Req::Read(r)) => format!("Request Read op {} bytes", r.op.len()),
             None => "Request <no kind>".into(),
         },
         Some(Kind::Timeout(_)) => "Timeout".into(),
@@ -307,6 +310,9 @@ fn describe_input(input: Option<&pb::InputRecord>, client: bool) -> String {
             e.snapshot.as_ref().map_or_else(|| "no snapshot".into(), |s| format!("snapshot {} bytes", s.len()))
         ),
         Some(Kind::Recover(r)) => format!("Recover ({} bytes): {}", r.record.len(), persisted(&r.record, client)),
+        Some(Kind::Answered(a)) => {
+            format!("Answered client {} request {}: result {} bytes", a.client, a.request, a.result.len())
+        }
         None => "<no input>".into(),
     }
 }
@@ -331,6 +337,7 @@ pub(super) fn describe_output(o: &pb::OutputRecord) -> String {
         Some(Kind::Completed(c)) => format!("Completed request {} result {} bytes", c.request, c.result.len()),
         Some(Kind::Restore(r)) => format!("Restore seq {} snapshot {} bytes", r.seq, r.snapshot.len()),
         Some(Kind::Compact(c)) => format!("Compact: records before token {} are obsolete", c.token),
+        Some(Kind::Query(q)) => format!("Query client {} request {} op {} bytes", q.client, q.request, q.op.len()),
         None => "<no output>".into(),
     }
 }

@@ -112,12 +112,16 @@ pub fn input_to_pb(input: &Input) -> pb::InputRecord {
             request(Req::Subscribe(pb::SubscribeRequest { topics: topics.clone() }))
         }
         Input::Request(Request::Submit { op }) => request(Req::Submit(pb::SubmitRequest { op: op.clone() })),
+        Input::Request(Request::Read { op }) => request(Req::Read(pb::ReadRequest { op: op.clone() })),
         Input::Timeout => Kind::Timeout(pb::TimeoutInput {}),
         Input::Persisted { token } => Kind::Persisted(pb::PersistedInput { token: *token }),
         Input::Executed { seq, results, snapshot } => {
             Kind::Executed(pb::ExecutedInput { seq: *seq, results: results.clone(), snapshot: snapshot.clone() })
         }
         Input::Recover { record } => Kind::Recover(pb::RecoverInput { record: record.clone() }),
+        Input::Answered { client, request, result } => {
+            Kind::Answered(pb::AnsweredInput { client: *client, request: *request, result: result.clone() })
+        }
     };
     pb::InputRecord { kind: Some(kind) }
 }
@@ -134,11 +138,13 @@ pub fn input_from_pb(record: pb::InputRecord) -> Result<Input, TraceError> {
             }
             Req::Subscribe(s) => Request::Subscribe { topics: s.topics },
             Req::Submit(s) => Request::Submit { op: s.op },
+            Req::Read(r) => Request::Read { op: r.op },
         }),
         Kind::Timeout(_) => Input::Timeout,
         Kind::Persisted(p) => Input::Persisted { token: p.token },
         Kind::Executed(e) => Input::Executed { seq: e.seq, results: e.results, snapshot: e.snapshot },
         Kind::Recover(r) => Input::Recover { record: r.record },
+        Kind::Answered(a) => Input::Answered { client: a.client, request: a.request, result: a.result },
     })
 }
 
@@ -164,6 +170,9 @@ pub fn output_to_pb(output: &Output) -> pb::OutputRecord {
         }
         Output::Restore { seq, snapshot } => Kind::Restore(pb::RestoreOutput { seq: *seq, snapshot: snapshot.clone() }),
         Output::Compact { token } => Kind::Compact(pb::CompactOutput { token: *token }),
+        Output::Query { client, request, op } => {
+            Kind::Query(pb::QueryOutput { client: *client, request: *request, op: op.clone() })
+        }
     };
     pb::OutputRecord { kind: Some(kind) }
 }
@@ -191,5 +200,6 @@ pub fn output_from_pb(record: pb::OutputRecord) -> Result<Output, TraceError> {
         Kind::Completed(c) => Output::Completed { request: c.request, result: c.result },
         Kind::Restore(r) => Output::Restore { seq: r.seq, snapshot: r.snapshot },
         Kind::Compact(c) => Output::Compact { token: c.token },
+        Kind::Query(q) => Output::Query { client: q.client, request: q.request, op: q.op },
     })
 }

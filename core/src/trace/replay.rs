@@ -24,6 +24,8 @@ pub struct ReplaySummary {
     /// PBFT: batches handed to the host, requests completed at a client, state transfers
     /// (and restarts from a stable checkpoint), storage compactions.
     pub executes: usize,
+    /// PBFT: read-only requests a replica asked its host to answer.
+    pub queries: usize,
     pub completions: usize,
     pub restores: usize,
     pub compactions: usize,
@@ -37,7 +39,7 @@ impl fmt::Display for ReplaySummary {
         write!(
             f,
             "{} records ({} refused), {} outputs ({} sends, {} deliveries, {} persists, {} faults, {} executes, \
-             {} completions, {} restores, {} compactions), digest ",
+             {} queries, {} completions, {} restores, {} compactions), digest ",
             self.records,
             self.refused,
             self.outputs,
@@ -46,6 +48,7 @@ impl fmt::Display for ReplaySummary {
             self.persists,
             self.faults,
             self.executes,
+            self.queries,
             self.completions,
             self.restores,
             self.compactions
@@ -73,6 +76,7 @@ fn output_bytes(o: &pb::OutputRecord) -> Option<(&'static str, &[u8])> {
         Kind::Persist(p) => Some(("persist", &p.record)),
         Kind::Completed(c) => Some(("completed", &c.result)),
         Kind::Restore(r) => Some(("restore", &r.snapshot)),
+        Kind::Query(q) => Some(("query", &q.op)),
         Kind::Fault(_) | Kind::Execute(_) | Kind::Compact(_) => None,
     }
 }
@@ -106,6 +110,7 @@ pub fn replay_on(trace: &Trace, node: &mut dyn Machine) -> Result<ReplaySummary,
         persists: 0,
         faults: 0,
         executes: 0,
+        queries: 0,
         completions: 0,
         restores: 0,
         compactions: 0,
@@ -150,6 +155,7 @@ pub fn replay_on(trace: &Trace, node: &mut dyn Machine) -> Result<ReplaySummary,
                 Output::Completed { .. } => summary.completions += 1,
                 Output::Restore { .. } => summary.restores += 1,
                 Output::Compact { .. } => summary.compactions += 1,
+                Output::Query { .. } => summary.queries += 1,
             }
         }
         if let Some(why) = node.failure() {

@@ -127,6 +127,7 @@ fn recorder_is_transparent_and_replay_reproduces_the_run() {
             persists: 0,
             faults: outputs.len() - sends,
             executes: 0,
+            queries: 0,
             completions: 0,
             restores: 0,
             compactions: 0,
@@ -302,7 +303,11 @@ fn pbft_client_trace_replays_and_dumps() {
     let trace = Trace::parse(&client_trace()).unwrap();
     let summary = replay(&trace).unwrap();
     assert_eq!((summary.records, summary.sends, summary.completions, summary.outputs), (4, 4, 1, 7));
-    assert!(summary.to_string().contains("4 sends, 0 deliveries, 1 persists, 0 faults, 0 executes, 1 completions"));
+    assert!(
+        summary
+            .to_string()
+            .contains("4 sends, 0 deliveries, 1 persists, 0 faults, 0 executes, 0 queries, 1 completions")
+    );
     let text = dump(&trace);
     for needle in [
         "node 4 (Publisher) of 7 nodes, 4 brokers, f = 1",

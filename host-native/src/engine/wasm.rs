@@ -322,10 +322,12 @@ fn input_to_wit(i: Input) -> wit::Input {
         }
         Input::Request(Request::Subscribe { topics }) => wit::Input::Request(wit::Request::Subscribe(topics)),
         Input::Request(Request::Submit { op }) => wit::Input::Request(wit::Request::Submit(op)),
+        Input::Request(Request::Read { op }) => wit::Input::Request(wit::Request::Read(op)),
         Input::Timeout => wit::Input::Timeout,
         Input::Persisted { token } => wit::Input::Persisted(token),
         Input::Executed { seq, results, snapshot } => wit::Input::Executed(wit::Executed { seq, results, snapshot }),
         Input::Recover { record } => wit::Input::Recover(record),
+        Input::Answered { client, request, result } => wit::Input::Answered(wit::Answered { client, request, result }),
     }
 }
 
@@ -365,6 +367,7 @@ fn output_from_wit(o: wit::Output) -> Output {
         wit::Output::Completed(c) => Output::Completed { request: c.request, result: c.result },
         wit::Output::Restore(r) => Output::Restore { seq: r.seq, snapshot: r.snapshot },
         wit::Output::Compact(token) => Output::Compact { token },
+        wit::Output::Query(q) => Output::Query { client: q.client, request: q.request, op: q.op },
     }
 }
 
@@ -377,7 +380,7 @@ fn handle_error(e: wit::HandleError) -> HandleError {
                 wit::Role::Subscriber => Role::Subscriber,
             },
             // The core's names are static; an unknown one cannot come from this core.
-            request: ["publish", "subscribe", "submit", "executed", "recover"]
+            request: ["publish", "subscribe", "submit", "read", "executed", "answered", "recover"]
                 .into_iter()
                 .find(|r| *r == w.request)
                 .unwrap_or("unknown"),

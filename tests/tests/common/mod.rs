@@ -203,7 +203,8 @@ impl Net {
                 | Output::Execute { .. }
                 | Output::Completed { .. }
                 | Output::Restore { .. }
-                | Output::Compact { .. } => {
+                | Output::Compact { .. }
+                | Output::Query { .. } => {
                     panic!("the pub/sub family persists, executes and restores nothing")
                 }
             }

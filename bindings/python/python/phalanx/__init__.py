@@ -4,7 +4,8 @@ The sans-IO node API (``Node``, ``Input``, ``Output``) is the Rust core itself, 
 a thin pyo3 adapter (``phalanx._native``). On top of it, in Python:
 
 - ``Trace`` (load, iterate and ``replay()`` a trace through this API) and ``simulate``;
-- ``Client``: an asyncio client of a ``phalanxd`` cluster (key-value put/get/delete/cas);
+- ``Client``: an asyncio client of a ``phalanxd`` cluster (key-value put/get/delete/cas,
+  ``execute`` for ordered ops and ``read`` for read-only ones);
 - ``Replica``: an asyncio PBFT replica whose application is a Python object, speaking
   ``phalanxd``'s wire framing so Python and native replicas form one cluster.
 
@@ -61,10 +62,12 @@ Message = Input.Message
 Publish = Input.Publish
 Subscribe = Input.Subscribe
 Submit = Input.Submit
+Read = Input.Read
 Timeout = Input.Timeout
 Persisted = Input.Persisted
 Executed = Input.Executed
 Recover = Input.Recover
+Answered = Input.Answered
 
 # Output variants: ``isinstance(out, phalanx.Send)``.
 Send = Output.Send
@@ -73,6 +76,7 @@ Persist = Output.Persist
 Fault = Output.Fault
 Execute = Output.Execute
 Completed = Output.Completed
+Query = Output.Query
 Restore = Output.Restore
 Compact = Output.Compact
 
@@ -141,6 +145,7 @@ from .client import Client  # noqa: E402
 from .replica import Replica  # noqa: E402
 
 __all__ = [
+    "Answered",
     "BackpressureError",
     "Client",
     "ClusterFile",
@@ -165,6 +170,8 @@ __all__ = [
     "Persisted",
     "PhalanxError",
     "Publish",
+    "Query",
+    "Read",
     "Recover",
     "Replica",
     "Restore",

@@ -88,8 +88,8 @@ def _frame(data: bytes) -> bytes:
 
 class Host:
     """Runs one core node on asyncio. ``on_output`` sees the outputs the host does not
-    handle itself (``Execute``, ``Restore``, ``Completed``, ``Deliver``); it may return
-    follow-up inputs (e.g. ``Executed``)."""
+    handle itself (``Execute``, ``Query``, ``Restore``, ``Completed``, ``Deliver``); it may
+    return follow-up inputs (e.g. ``Executed``, ``Answered``)."""
 
     def __init__(
         self,

@@ -1,11 +1,12 @@
 """``phalanx.Client``: an asyncio client of a PBFT cluster (``phalanxd`` or Python
-``Replica``\\ s). The core client node decides when a result stands: f+1 replicas agree."""
+``Replica``\\ s). The core client node decides when a result stands: f+1 replicas agree
+on an ordered op (``execute``), 2f+1 on a read-only one (``read``)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
-from typing import Dict, Mapping, Optional, Tuple, Union
+from typing import Callable, Dict, Mapping, Optional, Tuple, Union
 
 from . import kv
 from ._host import Address, Host, Hosted
@@ -97,6 +98,23 @@ class Client(Hosted):
     async def execute(self, op: bytes, *, timeout: Optional[float] = None) -> bytes:
         """Orders ``op`` and returns its result once f+1 replicas agree. Raises
         ``phalanx.TimeoutError`` if that takes longer than ``timeout`` seconds."""
+        return await self._request(Input.Submit, op, timeout, "no f+1 matching replies")
+
+    async def read(self, op: bytes, *, timeout: Optional[float] = None) -> bytes:
+        """Evaluates the read-only ``op`` at every replica without ordering it, and
+        returns its result once 2f+1 replicas agree (each replica's application answers
+        with ``query(op)``, from the state it has executed). When they disagree, or 2f+1
+        matching answers do not arrive within the cluster's ``client_retry_ns`` (e.g. the
+        replicas' application has no ``query``), the core has ``op`` ordered like
+        ``execute`` instead, under the same request number. Raises
+        ``phalanx.TimeoutError`` if it takes longer than ``timeout`` seconds."""
+        return await self._request(Input.Read, op, timeout, "no 2f+1 matching answers nor f+1 matching replies")
+
+    async def _request(
+        self, kind: Callable[[bytes], Input], op: bytes, timeout: Optional[float], missing: str
+    ) -> bytes:
+        """Feeds ``kind(op)`` (``Submit`` or ``Read``) under the next request number,
+        waiting while the core applies backpressure, and awaits its ``Completed``."""
         from . import TimeoutError
 
         if not isinstance(op, (bytes, bytearray, memoryview)):
@@ -111,7 +129,7 @@ class Client(Hosted):
             if request is not None:
                 self._pending[request] = fut
             try:
-                self._host.process(Input.Submit(bytes(op)), raise_errors=True)
+                self._host.process(kind(bytes(op)), raise_errors=True)
                 break
             except BackpressureError:
                 self._pending.pop(request, None)
@@ -132,7 +150,7 @@ class Client(Hosted):
             return await asyncio.wait_for(asyncio.shield(fut), max(deadline - loop.time(), 0))
         except asyncio.TimeoutError:
             raise TimeoutError(
-                f"client {self.id}: request {request}: no f+1 matching replies within {timeout:g}s "
+                f"client {self.id}: request {request}: {missing} within {timeout:g}s "
                 f"(is a quorum of replicas running and reachable?)"
             ) from None
 

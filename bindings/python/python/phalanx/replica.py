@@ -19,7 +19,11 @@ class Replica(Hosted):
 
     - ``app.execute(op: bytes) -> bytes`` runs one ordered operation (deterministic!);
     - ``app.snapshot() -> bytes`` captures the state at checkpoints;
-    - ``app.restore(snapshot: bytes)`` replaces it (state transfer, restart).
+    - ``app.restore(snapshot: bytes)`` replaces it (state transfer, restart);
+    - optionally ``app.query(op: bytes) -> bytes`` evaluates a client's read-only op
+      (``Client.read``) against the current state WITHOUT changing it. Without it the
+      replica answers no read, and clients have their reads ordered (``execute``) after
+      ``client_retry_ns``.
 
     ``Replica(config, replicas, app)`` listens on its own address in ``replicas`` (or
     ``listen``) and dials the others. Persistence: with ``storage=None`` the core's
@@ -28,7 +32,9 @@ class Replica(Hosted):
     with ``storage=<directory>`` they go to phalanxd's write-ahead log, synced before
     being acknowledged, and are fed back (``Input.Recover``) on start.
 
-    An exception from ``execute`` is logged and the operation's result is ``b""``.
+    An exception from ``execute`` is logged and the operation's result is ``b""``; an
+    exception from ``query``, or a result that is not bytes, is logged and the read is
+    left unanswered (the client has it ordered).
     To share state with native ``phalanxd`` replicas use ``phalanx.KvStore()``.
     """
 
@@ -45,6 +51,8 @@ class Replica(Hosted):
             if not callable(getattr(app, name, None)):
                 raise TypeError(f"the application must have a callable {name}() method ({type(app).__name__} has none)")
         self.app = app
+        query = getattr(app, "query", None)
+        self._query = query if callable(query) else None
         self._host = Host(config, replicas, on_output=self._on_output, storage=storage, listen=None)
         node = self._host.node
         if node.protocol != "pbft" or node.role != "broker":
@@ -52,6 +60,7 @@ class Replica(Hosted):
         self._host._listen = listen or self._host._replicas[node.id]
         self._checkpoint_interval = node.checkpoint_interval
         self.executed_ops = 0
+        self.answered_queries = 0
 
     @classmethod
     def from_cluster_file(
@@ -84,10 +93,35 @@ class Replica(Hosted):
             if out.seq % self._checkpoint_interval == 0:
                 snapshot = bytes(self.app.snapshot())
             return Input.Executed(out.seq, results, snapshot)
+        if isinstance(out, Output.Query):
+            return self._answer(out)
         if isinstance(out, Output.Restore):
             log.info("replica %d: restoring the application at batch %d", self.id, out.seq)
             self.app.restore(out.snapshot)
         return None
+
+    def _answer(self, out: Output.Query) -> Optional[Input]:
+        """The application's answer to a read-only op, or nothing (the client orders it)."""
+        if self._query is None:
+            return None
+        try:
+            result = self._query(out.op)
+        except Exception:
+            log.exception(
+                "replica %d: query raised on request %d of client %d; not answered", self.id, out.request, out.client
+            )
+            return None
+        if not isinstance(result, (bytes, bytearray, memoryview)):
+            log.error(
+                "replica %d: query returned %s, not bytes, on request %d of client %d; not answered",
+                self.id,
+                type(result).__name__,
+                out.request,
+                out.client,
+            )
+            return None
+        self.answered_queries += 1
+        return Input.Answered(out.client, out.request, bytes(result))
 
     def __repr__(self) -> str:
         return f"Replica(id={self.id}, app={type(self.app).__name__})"
