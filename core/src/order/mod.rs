@@ -14,8 +14,11 @@
 //!
 //! Clients send their requests to every replica (as BFT-SMaRt does), so validity needs
 //! no relayed client authenticators in the common case and every replica can time the
-//! primary. Requests a client submits together travel as one [`Bundle`] under one MAC
-//! vector and execute together. A client accepts a result on f+1 matching replies.
+//! primary: a backup whose requests wait forwards them to the primary after half the
+//! request timeout (the client may have skipped it), and suspects the primary after the
+//! whole. Requests a client submits together travel as one [`Bundle`] under one MAC
+//! vector and execute together. A client accepts a result on f+1 matching replies, and a
+//! read-only request, answered without ordering, on 2f+1.
 //!
 //! Properties, with at most f Byzantine replicas: agreement and total order (no two
 //! correct replicas execute different batches at one sequence number), exactly-once

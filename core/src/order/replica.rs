@@ -110,7 +110,11 @@ pub(crate) struct Replica {
     unproposed: BTreeSet<(Nanos, NodeId, u64)>,
     unproposed_requests: usize,
     unproposed_bytes: usize,
-    /// When this replica next suspects the primary.
+    /// When this replica next forwards the requests waiting for a batch to the primary
+    /// (the request timer's first stage), and the `progress_at` it last did so for.
+    forward_at: Option<Nanos>,
+    forwarded_for: Option<Nanos>,
+    /// When this replica next suspects the primary (the second stage).
     suspect: Option<Nanos>,
     /// When to ask again for the state of a stable checkpoint not executed here.
     fetch_at: Option<Nanos>,
@@ -182,6 +186,8 @@ impl Replica {
             unproposed: BTreeSet::new(),
             unproposed_requests: 0,
             unproposed_bytes: 0,
+            forward_at: None,
+            forwarded_for: None,
             suspect: None,
             fetch_at: None,
             last_now: 0,
@@ -245,6 +251,7 @@ impl Replica {
         let from_replica = ctx.role_of(from) == Some(Role::Broker);
         match msg.body {
             Kind::Requests(r) if ctx.role_of(from) == Some(Role::Publisher) => self.on_requests(ctx, now, from, r),
+            Kind::Requests(r) if from_replica => self.on_forwarded(ctx, now, from, r),
             Kind::Read(r) if ctx.role_of(from) == Some(Role::Publisher) => self.on_read(ctx, from, r),
             Kind::PrePrepare(pp) if from_replica && self.is_early(ctx, pp.view, pp.seq) => {
                 self.keep_early(ctx, from, pp.view, Early::PrePrepare(pp))
@@ -271,8 +278,7 @@ impl Replica {
     }
 
     /// A client's requests, straight from it: the frame's MAC already authenticated them,
-    /// so their authenticator is only for others. Executed ones are answered from the
-    /// reply cache; new ones wait for a batch.
+    /// so their authenticator is only for others.
     fn on_requests(&mut self, ctx: &mut Ctx, now: Nanos, from: NodeId, r: pb::Requests) {
         let Some(bundle) = Bundle::parse(r) else {
             return ctx.fault(from, FaultKind::Malformed);
@@ -280,6 +286,30 @@ impl Replica {
         if bundle.client != from {
             return ctx.fault(from, FaultKind::Unexpected);
         }
+        self.take_requests(ctx, now, bundle);
+    }
+
+    /// A client's requests, forwarded by a replica that waited for them to be proposed:
+    /// taken if the client's authenticator entry for this replica verifies. One that does
+    /// not proves nothing against the forwarder (the client may have made it so).
+    fn on_forwarded(&mut self, ctx: &mut Ctx, now: Nanos, from: NodeId, r: pb::Requests) {
+        let Some(bundle) = Bundle::parse(r) else {
+            return ctx.fault(from, FaultKind::Malformed);
+        };
+        if ctx.role_of(bundle.client) != Some(Role::Publisher) {
+            return ctx.fault(from, FaultKind::Unexpected);
+        }
+        ctx.counters.macs_verified += 1;
+        if !bundle.authentic(&ctx.keys) {
+            return ctx.stats.stale += 1;
+        }
+        self.take_requests(ctx, now, bundle);
+    }
+
+    /// Requests a client sent: executed ones are answered from the reply cache; new ones
+    /// wait for a batch, within `client_queue`.
+    fn take_requests(&mut self, ctx: &mut Ctx, now: Nanos, bundle: Bundle) {
+        let from = bundle.client;
         let p = &ctx.cfg.cluster.params;
         let (cap, count) = (p.client_queue as usize, bundle.count());
         // The client's rule: requests sent together fit one batch.
@@ -703,6 +733,9 @@ impl Replica {
         if self.fetch_at.is_some_and(|d| d <= now) {
             self.fetch_state(ctx);
         }
+        if self.forward_at.is_some_and(|d| d <= now) {
+            self.forward_waiting(ctx);
+        }
         if self.batch_deadline.is_some_and(|d| d <= now) {
             self.propose(ctx, now);
         }
@@ -719,7 +752,7 @@ impl Replica {
     }
 
     pub fn next_deadline(&self) -> Option<Nanos> {
-        self.batch_deadline.into_iter().chain(self.suspect).chain(self.fetch_at).min()
+        self.batch_deadline.into_iter().chain(self.forward_at).chain(self.suspect).chain(self.fetch_at).min()
     }
 
     /// Restores what was persisted before a crash: the view it entered (and one it was

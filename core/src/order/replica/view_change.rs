@@ -1,8 +1,8 @@
 //! View change, the only part of ordering besides checkpoints that signs anything.
 //!
 //! A replica whose waiting requests see no progress for `request_timeout_ns` (doubled
-//! for every view change that made no progress) suspects the primary and sends a signed
-//! VIEW-CHANGE for the next view. For every slot above its stable checkpoint it states
+//! for every view change that made no progress; at half of it, it forwarded them to the
+//! primary) suspects the primary and sends a signed VIEW-CHANGE for the next view. For every slot above its stable checkpoint it states
 //! the latest view the slot prepared in there (the digest it sent COMMIT for) and the
 //! batches it voted for, each with the latest view it did. It joins a higher view once
 //! f+1 replicas ask for one.
@@ -117,15 +117,36 @@ fn decide(claims: &[&Claims], f: usize) -> Option<Decision> {
 }
 
 impl Replica {
-    /// When this replica next suspects the primary: the view change under way times out,
-    /// or requests wait without a batch executing for the request timeout.
+    /// The request timer, in two stages. While requests wait without a batch executing, a
+    /// backup first forwards them to the primary after half the request timeout (a client
+    /// may have sent them to some replicas only), and suspects the primary after the
+    /// whole of it; a view change under way times out on its own deadline.
     pub(super) fn rearm(&mut self, ctx: &Ctx) {
         let timeout = ctx.cfg.cluster.params.request_timeout_ns.saturating_mul(1 << self.failed_views.min(16));
+        let waiting = self.changing.is_none() && self.waiting > 0;
+        let forwarded = self.forwarded_for == Some(self.progress_at);
+        self.forward_at =
+            (waiting && !forwarded && !self.is_primary(ctx)).then(|| self.progress_at.saturating_add(timeout / 2));
         self.suspect = match &self.changing {
             Some(c) => Some(c.deadline),
             None if self.waiting == 0 => None,
             None => Some(self.progress_at.saturating_add(timeout)),
         };
+    }
+
+    /// The request timer's first stage: every request this replica holds that no batch
+    /// of its log carries goes to the primary, once per stretch without progress.
+    pub(super) fn forward_waiting(&mut self, ctx: &mut Ctx) {
+        self.forwarded_for = Some(self.progress_at);
+        let primary = primary(&self.replicas, self.view);
+        let waiting: Vec<pb::Requests> = self
+            .clients
+            .values()
+            .flat_map(|c| c.unproposed.iter().map(|first| c.pending[first].bundle.to_pb()))
+            .collect();
+        for requests in waiting {
+            ctx.send(pb::body::Kind::Requests(requests), [primary]);
+        }
     }
 
     /// Moves to `target` (never back): persists it, then sends a signed VIEW-CHANGE.
