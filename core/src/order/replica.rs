@@ -704,16 +704,15 @@ impl Replica {
             )));
         }
         let cap = ctx.cfg.cluster.params.client_queue as usize;
-        let mut results = results.into_iter().map(Bytes::from);
+        let mut results = results.into_iter();
         for (client, first, count) in self.executing.remove(&seq).expect("checked") {
-            let results: Vec<Bytes> = results.by_ref().take(count as usize).collect();
-            // Encoded before the results move into the reply cache, so they are not copied.
-            let mut body =
-                pb::Body { kind: Some(pb::body::Kind::Reply(pb::Reply { view: self.view, first, results })) };
-            ctx.send_encoded(&Bytes::from(body.encode_to_vec()), [client]);
-            let Some(pb::body::Kind::Reply(reply)) = body.kind.take() else { unreachable!("built above") };
+            let results: Vec<Vec<u8>> = results.by_ref().take(count as usize).collect();
+            let reply = ReplyBody { reply: Some(HostReply { view: self.view, first, results }) };
+            ctx.send_encoded(&Bytes::from(reply.encode_to_vec()), [client]);
+            // The host's vectors become the cached results without a copy.
+            let results = reply.reply.expect("built above").results.into_iter().map(Bytes::from).collect();
             let state = self.clients.get_mut(&client).expect("executing clients exist");
-            state.finish(first, reply.results, cap);
+            state.finish(first, results, cap);
             for done in state.pending_within(first, first + count - 1) {
                 self.forget_pending(client, done);
             }
@@ -873,6 +872,41 @@ fn cuttable(p: &crate::config::Params, bundles: &[Arc<Bundle>]) -> bool {
     disjoint && count <= p.batch_max_count as u64 && bytes <= p.batch_max_bytes as usize
 }
 
+/// `pb::Body` of kind `Reply`, with the results as the host handed them over: encoding
+/// copies their bytes, where `Bytes` made of them would each be promoted to a shared
+/// buffer (an allocation) by the encoder's clone.
+#[derive(Clone, PartialEq, Message)]
+struct ReplyBody {
+    #[prost(message, optional, tag = "8")]
+    reply: Option<HostReply>,
+}
+
+/// `pb::Reply`.
+#[derive(Clone, PartialEq, Message)]
+struct HostReply {
+    #[prost(uint64, tag = "1")]
+    view: u64,
+    #[prost(uint64, tag = "2")]
+    first: u64,
+    #[prost(bytes = "vec", repeated, tag = "3")]
+    results: Vec<Vec<u8>>,
+}
+
 fn record(kind: pb::replica_record::Kind) -> Vec<u8> {
     pb::ReplicaRecord { kind: Some(kind) }.encode_to_vec()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_host_reply_encodes_as_the_body_it_stands_for() {
+        for (view, first, results) in [(0, 1, vec![]), (3, 1 << 40, vec![vec![], b"ok".to_vec(), vec![7; 300]])] {
+            let ours = ReplyBody { reply: Some(HostReply { view, first, results: results.clone() }) };
+            let results = results.into_iter().map(Bytes::from).collect();
+            let theirs = pb::Body { kind: Some(pb::body::Kind::Reply(pb::Reply { view, first, results })) };
+            assert_eq!(ours.encode_to_vec(), theirs.encode_to_vec());
+        }
+    }
 }
