@@ -146,7 +146,8 @@ impl Client {
         Ok(())
     }
 
-    /// The next request number, leased durably first when the lease runs out.
+    /// The next request number, leased durably first when the lease runs out, and counted
+    /// as outstanding.
     fn number(&mut self, ctx: &mut Ctx) -> u64 {
         let request = self.next_request;
         self.next_request += 1;
@@ -168,12 +169,17 @@ impl Client {
         }
         let ops = std::mem::take(&mut self.unsent);
         self.unsent_bytes = 0;
+        let first = self.next_request - ops.len() as u64;
+        self.send_requests(ctx, self.submitted_at, first, ops);
+    }
+
+    /// Sends `ops`, numbered from `first`, as one `Requests` to every replica, and waits
+    /// for their replies.
+    fn send_requests(&mut self, ctx: &mut Ctx, sent_at: Nanos, first: u64, ops: Vec<Bytes>) {
         let count = ops.len() as u64;
-        let first = self.next_request - count;
         let requests = Bundle::seal(&ctx.keys, &ctx.brokers, first, ops);
         let encoded = wire::encode_body(pb::body::Kind::Requests(requests));
         ctx.send_encoded_to_brokers(&encoded, &[]);
-        let sent_at = self.submitted_at;
         self.pending.insert(first, Pending { encoded, count, sent_at, replies: Votes::default() });
         self.by_time.insert((sent_at, first));
     }
@@ -218,11 +224,7 @@ impl Client {
     /// Has read `request` ordered instead, as a `Requests` of its own.
     fn order_read(&mut self, ctx: &mut Ctx, now: Nanos, request: u64) {
         let r = self.reads.remove(&request).expect("a read in flight");
-        let requests = Bundle::seal(&ctx.keys, &ctx.brokers, request, vec![r.op]);
-        let encoded = wire::encode_body(pb::body::Kind::Requests(requests));
-        ctx.send_encoded_to_brokers(&encoded, &[]);
-        self.pending.insert(request, Pending { encoded, count: 1, sent_at: now, replies: Votes::default() });
-        self.by_time.insert((now, request));
+        self.send_requests(ctx, now, request, vec![r.op]);
     }
 
     fn on_reply(&mut self, ctx: &mut Ctx, from: NodeId, reply: pb::Reply) {

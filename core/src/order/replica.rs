@@ -152,13 +152,13 @@ enum Early {
 
 /// A PRE-PREPARE waiting for requests of its batch to arrive: its requests, each
 /// authenticated (held by this replica, or carrying a valid authenticator entry for it)
-/// or not yet.
+/// or waiting for the client's own copy, byte for byte the same.
 struct Parked {
     seen_at: Nanos,
     view: u64,
     encoded: Bytes,
     digest: Digest,
-    requests: Vec<Result<Arc<Bundle>, pb::Requests>>,
+    requests: Vec<Result<Arc<Bundle>, Bundle>>,
 }
 
 impl Replica {
@@ -250,8 +250,7 @@ impl Replica {
         let from = msg.sender;
         let from_replica = ctx.role_of(from) == Some(Role::Broker);
         match msg.body {
-            Kind::Requests(r) if ctx.role_of(from) == Some(Role::Publisher) => self.on_requests(ctx, now, from, r),
-            Kind::Requests(r) if from_replica => self.on_forwarded(ctx, now, from, r),
+            Kind::Requests(r) => self.on_requests(ctx, now, from, r),
             Kind::Read(r) if ctx.role_of(from) == Some(Role::Publisher) => self.on_read(ctx, from, r),
             Kind::PrePrepare(pp) if from_replica && self.is_early(ctx, pp.view, pp.seq) => {
                 self.keep_early(ctx, from, pp.view, Early::PrePrepare(pp))
@@ -277,31 +276,30 @@ impl Replica {
         }
     }
 
-    /// A client's requests, straight from it: the frame's MAC already authenticated them,
-    /// so their authenticator is only for others.
+    /// A client's requests: straight from it (the frame's MAC already authenticated them,
+    /// so their authenticator is only for others), or forwarded by a replica that waited
+    /// for them to be proposed (taken if the client's authenticator entry for this
+    /// replica verifies; one that does not proves nothing against the forwarder, as the
+    /// client may have made it so).
     fn on_requests(&mut self, ctx: &mut Ctx, now: Nanos, from: NodeId, r: pb::Requests) {
+        let forwarded = match ctx.role_of(from) {
+            Some(Role::Publisher) => false,
+            Some(Role::Broker) => true,
+            _ => return ctx.fault(from, FaultKind::Unexpected),
+        };
         let Some(bundle) = Bundle::parse(r) else {
             return ctx.fault(from, FaultKind::Malformed);
         };
-        if bundle.client != from {
+        if forwarded {
+            if ctx.role_of(bundle.client) != Some(Role::Publisher) {
+                return ctx.fault(from, FaultKind::Unexpected);
+            }
+            ctx.counters.macs_verified += 1;
+            if !bundle.authentic(&ctx.keys) {
+                return ctx.stats.stale += 1;
+            }
+        } else if bundle.client != from {
             return ctx.fault(from, FaultKind::Unexpected);
-        }
-        self.take_requests(ctx, now, bundle);
-    }
-
-    /// A client's requests, forwarded by a replica that waited for them to be proposed:
-    /// taken if the client's authenticator entry for this replica verifies. One that does
-    /// not proves nothing against the forwarder (the client may have made it so).
-    fn on_forwarded(&mut self, ctx: &mut Ctx, now: Nanos, from: NodeId, r: pb::Requests) {
-        let Some(bundle) = Bundle::parse(r) else {
-            return ctx.fault(from, FaultKind::Malformed);
-        };
-        if ctx.role_of(bundle.client) != Some(Role::Publisher) {
-            return ctx.fault(from, FaultKind::Unexpected);
-        }
-        ctx.counters.macs_verified += 1;
-        if !bundle.authentic(&ctx.keys) {
-            return ctx.stats.stale += 1;
         }
         self.take_requests(ctx, now, bundle);
     }
@@ -328,12 +326,9 @@ impl Replica {
         if client.unproposed_requests + count as usize > cap {
             return ctx.fault(from, FaultKind::QueueFull);
         }
-        client.unproposed_requests += count as usize;
-        client.unproposed.insert(bundle.first);
-        self.unproposed.insert((now, from, bundle.first));
-        self.unproposed_requests += count as usize;
-        self.unproposed_bytes += bundle.op_bytes;
-        client.pending.insert(bundle.first, Waiting { bundle: Arc::new(bundle), arrived: now });
+        let first = bundle.first;
+        client.pending.insert(first, Waiting { bundle: Arc::new(bundle), arrived: now });
+        self.queue_unproposed(from, first);
         if self.waiting == 0 {
             self.progress_at = now;
         }
@@ -485,41 +480,37 @@ impl Replica {
         if batch.requests.len() > ctx.cfg.cluster.params.batch_max_count as usize {
             return ctx.fault(from, FaultKind::Oversized);
         }
-        let requests = batch.requests.into_iter().map(Err).collect();
+        let mut requests = Vec::with_capacity(batch.requests.len());
+        for r in batch.requests {
+            match authenticate(ctx, &self.clients, r) {
+                Some(authenticated) => requests.push(authenticated),
+                None => return ctx.fault(from, FaultKind::Malformed),
+            }
+        }
         self.parked.insert(pp.seq, Parked { seen_at: now, view: pp.view, encoded: pp.batch, digest: d, requests });
         self.unpark(ctx, now);
     }
 
-    /// Accepts parked PRE-PREPAREs whose every request a client sent (validity): one
-    /// this replica holds byte for byte, or whose authenticator entry for this replica
-    /// verifies. A batch no correct primary cuts (overlapping requests, beyond the caps)
-    /// is refused as the primary's fault.
+    /// Accepts parked PRE-PREPAREs whose every request a client sent (validity): the
+    /// authenticator checks were made when each arrived, so what is left to wait for is
+    /// the client's own copy of a request whose authenticator did not verify. A batch no
+    /// correct primary cuts (overlapping requests, beyond the caps) is refused as the
+    /// primary's fault.
     fn unpark(&mut self, ctx: &mut Ctx, now: Nanos) {
         let mut ready = Vec::new();
-        let mut malformed = Vec::new();
         for (&seq, parked) in &mut self.parked {
-            let mut complete = true;
             for r in &mut parked.requests {
-                let Err(requests) = r else { continue };
-                match authenticate(ctx, &self.clients, requests) {
-                    Authenticated::Yes(b) => *r = Ok(b),
-                    Authenticated::NotYet => complete = false,
-                    Authenticated::Malformed => {
-                        malformed.push(seq);
-                        complete = false;
-                        break;
-                    }
+                if let Err(b) = r
+                    && let Some(copy) = held(&self.clients, b.client, b.first, &b.body)
+                {
+                    *r = Ok(copy);
                 }
             }
-            if complete {
+            if parked.requests.iter().all(Result::is_ok) {
                 ready.push(seq);
             }
         }
         let primary = primary(&self.replicas, self.view);
-        for seq in malformed {
-            self.parked.remove(&seq);
-            ctx.fault(primary, FaultKind::Malformed);
-        }
         for seq in ready {
             let Parked { seen_at, view, encoded, digest, requests } = self.parked.remove(&seq).expect("parked");
             let bundles: Vec<Arc<Bundle>> = requests.into_iter().map(|r| r.expect("complete")).collect();
@@ -562,6 +553,18 @@ impl Replica {
         slot.wanted = None;
         slot.seen_at = seen_at;
         self.progress(ctx, now, seq);
+    }
+
+    /// A pending bundle waits for a batch: indexed by its arrival for the batch timer, and
+    /// counted towards the batch size and the client's `client_queue`.
+    fn queue_unproposed(&mut self, client: NodeId, first: u64) {
+        let c = self.clients.get_mut(&client).expect("pending bundles have a client");
+        let w = &c.pending[&first];
+        c.unproposed.insert(first);
+        c.unproposed_requests += w.bundle.ops.len();
+        self.unproposed.insert((w.arrived, client, first));
+        self.unproposed_requests += w.bundle.ops.len();
+        self.unproposed_bytes += w.bundle.op_bytes;
     }
 
     /// A pending bundle went into a batch of the log: not to be proposed again. Returns
@@ -830,30 +833,28 @@ impl Replica {
     }
 }
 
-/// Whether a replica may take a batch's `Requests` as sent by their client.
-enum Authenticated {
-    Yes(Arc<Bundle>),
-    /// Neither held here nor carrying a valid authenticator entry for this replica: maybe
-    /// the client's own copy is still on its way.
-    NotYet,
-    Malformed,
+/// The copy of client `client`'s requests from `first` this replica holds, if it is `body`
+/// byte for byte.
+fn held(clients: &BTreeMap<NodeId, ClientState>, client: NodeId, first: u64, body: &[u8]) -> Option<Arc<Bundle>> {
+    let w = clients.get(&client)?.pending.get(&first)?;
+    (w.bundle.body == body).then(|| w.bundle.clone())
 }
 
 /// Requests from a PRE-PREPARE: the copy this replica holds if it is the same byte for
-/// byte (no MAC to check), else parsed and checked against the client's authenticator.
-fn authenticate(ctx: &mut Ctx, clients: &BTreeMap<NodeId, ClientState>, r: &pb::Requests) -> Authenticated {
-    if let Some((client, first)) = header(&r.body)
-        && let Some(w) = clients.get(&client).and_then(|c| c.pending.get(&first))
-        && w.bundle.body == r.body
-    {
-        return Authenticated::Yes(w.bundle.clone());
+/// byte (no MAC to check), else parsed and checked against the client's authenticator
+/// (`Err` if that fails: the client's own copy may still come). `None` if they do not
+/// parse or name no client.
+fn authenticate(
+    ctx: &mut Ctx,
+    clients: &BTreeMap<NodeId, ClientState>,
+    r: pb::Requests,
+) -> Option<Result<Arc<Bundle>, Bundle>> {
+    if let Some(copy) = header(&r.body).and_then(|(client, first)| held(clients, client, first, &r.body)) {
+        return Some(Ok(copy));
     }
-    let Some(bundle) = Bundle::parse(r.clone()) else { return Authenticated::Malformed };
-    if ctx.role_of(bundle.client) != Some(Role::Publisher) {
-        return Authenticated::Malformed;
-    }
+    let bundle = Bundle::parse(r).filter(|b| ctx.role_of(b.client) == Some(Role::Publisher))?;
     ctx.counters.macs_verified += 1;
-    if bundle.authentic(&ctx.keys) { Authenticated::Yes(Arc::new(bundle)) } else { Authenticated::NotYet }
+    Some(if bundle.authentic(&ctx.keys) { Ok(Arc::new(bundle)) } else { Err(bundle) })
 }
 
 /// Whether `bundles` form a batch `cut_batch` could have made: within the caps on

@@ -31,6 +31,7 @@
 //! replica holds it); the new primary proposes only above them.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use prost::Message;
 
@@ -324,15 +325,17 @@ impl Replica {
         self.unproposed.clear();
         self.unproposed_requests = 0;
         self.unproposed_bytes = 0;
+        let mut waiting = Vec::new();
         for (&client, c) in &mut self.clients {
-            c.unproposed = c.pending.keys().copied().collect();
-            c.unproposed_requests = c.pending.values().map(|w| w.bundle.ops.len()).sum();
+            c.unproposed.clear();
+            c.unproposed_requests = 0;
             for (&first, w) in &mut c.pending {
                 w.arrived = now;
-                self.unproposed.insert((now, client, first));
-                self.unproposed_requests += w.bundle.ops.len();
-                self.unproposed_bytes += w.bundle.op_bytes;
+                waiting.push((client, first));
             }
+        }
+        for (client, first) in waiting {
+            self.queue_unproposed(client, first);
         }
         let low = self.low;
         for (seq, choice) in decision.choices.into_iter().filter(|(seq, _)| *seq > low) {
@@ -365,7 +368,7 @@ impl Replica {
     }
 
     /// A batch chosen by the NEW-VIEW: voted for in this view like a PRE-PREPARE.
-    fn repropose(&mut self, ctx: &mut Ctx, now: Nanos, seq: u64, batch: std::sync::Arc<EncodedBatch>) {
+    fn repropose(&mut self, ctx: &mut Ctx, now: Nanos, seq: u64, batch: Arc<EncodedBatch>) {
         self.vote_for(ctx, seq, &batch);
         let vote = pb::Vote { view: self.view, seq, digest: batch.digest.to_vec() };
         ctx.send_to_brokers(pb::body::Kind::Prepare(vote), &[]);
@@ -373,7 +376,7 @@ impl Replica {
     }
 
     /// The batch with digest `d` this replica voted for at `seq`, in any view.
-    fn held_batch(&self, seq: u64, d: &Digest) -> Option<std::sync::Arc<EncodedBatch>> {
+    fn held_batch(&self, seq: u64, d: &Digest) -> Option<Arc<EncodedBatch>> {
         self.voted.get(&seq)?.iter().find(|v| v.batch.digest == *d).map(|v| v.batch.clone())
     }
 
