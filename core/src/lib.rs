@@ -20,7 +20,9 @@ pub mod crypto;
 mod node;
 pub mod order;
 pub mod pubsub;
+pub mod quorum;
 pub mod sim;
+pub mod statement;
 pub mod trace;
 pub mod wire;
 

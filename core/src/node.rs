@@ -13,6 +13,7 @@ use crate::config::{ConfigError, NodeConfig, Protocol, Role};
 use crate::crypto::{BlsBackend, BlsPublicKey, BlsSignature, CryptoMode, aggregate, fast_aggregate_verify};
 use crate::order::{Client, Replica};
 use crate::pubsub::{Broker, Publisher, Subscriber};
+use crate::quorum::Quorums;
 use crate::wire::{self, Keyring, Unsealed, pb};
 
 pub type NodeId = u32;
@@ -140,14 +141,12 @@ pub enum FaultKind {
     ConflictingHistory,
     /// More streams than `max_topics_per_publisher` for one publisher.
     TooManyStreams,
-    /// A client with `client_queue` requests pending sent more; refused.
-    QueueFull,
     /// A signature that does not verify (view change, checkpoint or state transfer).
     BadSignature,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 11] = [
+    pub const ALL: [FaultKind; 10] = [
         FaultKind::Oversized,
         FaultKind::Malformed,
         FaultKind::ForgedSender,
@@ -157,7 +156,6 @@ impl FaultKind {
         FaultKind::Equivocation,
         FaultKind::ConflictingHistory,
         FaultKind::TooManyStreams,
-        FaultKind::QueueFull,
         FaultKind::BadSignature,
     ];
 
@@ -172,7 +170,6 @@ impl FaultKind {
             FaultKind::Equivocation => "equivocation",
             FaultKind::ConflictingHistory => "conflicting_history",
             FaultKind::TooManyStreams => "too_many_streams",
-            FaultKind::QueueFull => "queue_full",
             FaultKind::BadSignature => "bad_signature",
         }
     }
@@ -276,8 +273,8 @@ pub(crate) struct Ctx {
     pub brokers: Vec<NodeId>,
     /// The brokers other than this node, for sending to all of them without a fresh list.
     other_brokers: Vec<NodeId>,
-    pub n: usize,
-    pub f: usize,
+    /// Every threshold, from n (the brokers) and f.
+    pub quorums: Quorums,
     pub stats: Stats,
     /// The counters of [`Status`], bumped where they happen; `Node::status` adds the gauges.
     pub counters: Status,
@@ -481,6 +478,11 @@ pub struct Stats {
     pub beyond_window: u64,
     /// For topics this subscriber does not follow.
     pub unsubscribed: u64,
+    /// PBFT replica: requests refused because their client already had `client_queue`
+    /// requests waiting for a batch here. A correct client keeps no more outstanding, but
+    /// a replica that executes behind the others may still hold some it completed
+    /// elsewhere: a bound met, not evidence against the client.
+    pub refused: u64,
 }
 
 /// What a host exports as metrics (BFT-SMaRt's operator set), from [`Node::status`].
@@ -570,8 +572,7 @@ impl Node {
         let keys = Keyring::new(cfg.cluster.crypto, cfg.id, cfg.mac_keys.clone());
         let other_brokers = brokers.iter().copied().filter(|&b| b != cfg.id).collect();
         let ctx = Ctx {
-            n: brokers.len(),
-            f: cfg.cluster.f as usize,
+            quorums: Quorums::new(brokers.len(), cfg.cluster.f as usize),
             brokers,
             other_brokers,
             keys,
@@ -649,6 +650,11 @@ impl Node {
 
     pub fn config(&self) -> &NodeConfig {
         &self.ctx.cfg
+    }
+
+    #[cfg(test)]
+    pub(crate) fn ctx_mut(&mut self) -> &mut Ctx {
+        &mut self.ctx
     }
 
     pub fn handle(&mut self, now: Nanos, input: Input) -> Result<(), HandleError> {

@@ -54,7 +54,6 @@ fn fault_kind(k: FaultKind) -> wit::FaultKind {
         FaultKind::Equivocation => wit::FaultKind::Equivocation,
         FaultKind::ConflictingHistory => wit::FaultKind::ConflictingHistory,
         FaultKind::TooManyStreams => wit::FaultKind::TooManyStreams,
-        FaultKind::QueueFull => wit::FaultKind::QueueFull,
         FaultKind::BadSignature => wit::FaultKind::BadSignature,
     }
 }
@@ -123,7 +122,7 @@ pub fn status(status: Status, stats: &Stats) -> wit::Status {
         macs_verified,
         signatures_verified,
     } = status;
-    let Stats { stale, beyond_window, unsubscribed } = *stats;
+    let Stats { stale, beyond_window, unsubscribed, refused } = *stats;
     wit::Status {
         view,
         primary,
@@ -142,6 +141,7 @@ pub fn status(status: Status, stats: &Stats) -> wit::Status {
         stale,
         beyond_window,
         unsubscribed,
+        refused,
     }
 }
 

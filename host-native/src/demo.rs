@@ -182,10 +182,6 @@ pub fn run(a: DemoArgs) -> Result<(), String> {
             "\nreplica {} was killed mid-run and rejoined; {} writes acknowledged, none lost.",
             a.kill, acked.writes
         );
-        println!(
-            "(queue_full, if any: requests a replica refused while catching up, its bound on pending \
-             requests per client; the client's other replicas answered them.)"
-        );
         Ok(())
     })();
     let _ = client.stop();

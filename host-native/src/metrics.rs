@@ -316,6 +316,12 @@ impl Metrics {
             "Messages beyond the window and not yet vouched for.",
             stats.beyond_window,
         );
+        counter(
+            o,
+            "phalanx_requests_refused_total",
+            "Client requests refused because the client already had client_queue requests waiting here.",
+            stats.refused,
+        );
 
         counter(
             o,

@@ -215,8 +215,8 @@ fn retransmitting_client_gets_its_cached_result_and_executes_once() {
         assert_all_completed(&s, &eager);
         assert_replicas_agree(&s, &eager, &(0..n as usize).collect::<Vec<_>>());
         assert!(eager.log.messages_sent > patient.log.messages_sent + (s.clients * s.ops * n) as u64, "{s}");
-        // Without retransmissions a request gets n replies, f+1 of which complete it.
-        let normal = ((n - f - 1) * s.clients * s.ops) as u64;
+        // Without retransmissions a request gets n replies, 2f+1 of which complete it.
+        let normal = ((n - 2 * f - 1) * s.clients * s.ops) as u64;
         assert_eq!(stale_replies(&s, &patient), normal, "{s}");
         assert!(stale_replies(&s, &eager) > normal, "{s}: no cached reply reached a client");
     }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use phalanx_core::crypto::CryptoMode;
 use phalanx_core::sim::adversary::Behavior;
 use phalanx_core::sim::kv;
-use phalanx_core::sim::order_scenario::{Expectations, Outcome, Scenario, check};
+use phalanx_core::sim::order_scenario::{Expectations, Liveness, Outcome, Scenario, check};
 use phalanx_core::sim::{Applied, NetConfig, Sim};
 use phalanx_core::trace::{Trace, dump};
 use phalanx_core::{ClusterSpec, FaultKind, Nanos, NodeId, Params, Protocol, Request, generate_cluster};
@@ -274,7 +274,7 @@ fn whole_cluster_restarts_from_storage_and_loses_nothing() {
         let exp = Expectations {
             correct_replicas: replicas.iter().copied().collect(),
             correct_clients: (n..n + clients).map(|c| c as usize).collect(),
-            liveness: true,
+            liveness: Some(Liveness { stable_at: up, bound: 2_000 * MS, end: sim.now() }),
             converge: replicas.iter().copied().collect(),
         };
         let violations = check(&sim.log, &exp);

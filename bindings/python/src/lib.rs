@@ -570,13 +570,14 @@ impl Node {
         Ok(d)
     }
 
-    /// Benign drops (stale, beyond_window, unsubscribed) as a dict.
+    /// Benign drops (stale, beyond_window, unsubscribed) and refusals (refused) as a dict.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.node.stats();
         let d = PyDict::new(py);
         d.set_item("stale", s.stale)?;
         d.set_item("beyond_window", s.beyond_window)?;
         d.set_item("unsubscribed", s.unsubscribed)?;
+        d.set_item("refused", s.refused)?;
         Ok(d)
     }
 

@@ -32,7 +32,7 @@ def test_node_properties(pbft):
     assert "Node(id=0" in repr(node)
     st = node.status()
     assert st["view"] == 0 and st["primary"] is True and st["executed"] == 0
-    assert set(node.stats()) == {"stale", "beyond_window", "unsubscribed"}
+    assert set(node.stats()) == {"stale", "beyond_window", "unsubscribed", "refused"}
 
 
 def test_client_submit_produces_sends(pbft):

@@ -11,9 +11,9 @@
 
 use bytes::Bytes;
 
-use super::Thresholds;
 use super::votes::{Vote, Votes};
 use crate::NodeId;
+use crate::quorum::Quorums;
 
 /// What a replica must do after a step.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -42,10 +42,10 @@ impl BrachaReplica {
         !std::mem::replace(&mut self.echoed, true)
     }
 
-    pub fn on_echo(&mut self, t: Thresholds, from: NodeId, m: &Bytes) -> ReplicaStep {
+    pub fn on_echo(&mut self, q: Quorums, from: NodeId, m: &Bytes) -> ReplicaStep {
         let mut step = ReplicaStep::default();
         match self.echoes.add(from, m) {
-            Vote::Counted(k) if k >= t.echo() && !self.ready_sent => {
+            Vote::Counted(k) if k >= q.intersecting() && !self.ready_sent => {
                 self.ready_sent = true;
                 step.ready = Some(m.clone());
             }
@@ -55,15 +55,15 @@ impl BrachaReplica {
         step
     }
 
-    pub fn on_ready(&mut self, t: Thresholds, from: NodeId, m: &Bytes) -> ReplicaStep {
+    pub fn on_ready(&mut self, q: Quorums, from: NodeId, m: &Bytes) -> ReplicaStep {
         let mut step = ReplicaStep::default();
         match self.readies.add(from, m) {
             Vote::Counted(k) => {
-                if k >= t.ready_amplify() && !self.ready_sent {
+                if k >= q.one_correct() && !self.ready_sent {
                     self.ready_sent = true;
                     step.ready = Some(m.clone());
                 }
-                if k >= t.ready_deliver() && !self.delivered {
+                if k >= q.f_plus_one_correct() && !self.delivered {
                     self.delivered = true;
                     step.deliver = Some(m.clone());
                 }
@@ -81,7 +81,7 @@ impl BrachaReplica {
 }
 
 /// A destination's state for one instance: it sees only READYs, and delivers at
-/// [`Thresholds::ready_deliver`] matching ones.
+/// [`Quorums::f_plus_one_correct`] matching ones.
 pub type BrachaDestination = Votes;
 
 #[cfg(test)]
@@ -92,7 +92,7 @@ mod tests {
     /// (f+1) make it send its own READY; the third delivers.
     #[test]
     fn ready_amplification_without_an_echo_quorum() {
-        let t = Thresholds { n: 4, f: 1 };
+        let t = Quorums::new(4, 1);
         let m = &Bytes::from_static(b"m");
         let mut r4 = BrachaReplica::default();
         assert_eq!(r4.on_echo(t, 2, m), ReplicaStep::default());
@@ -106,7 +106,7 @@ mod tests {
 
     #[test]
     fn echo_quorum_needs_matching_content() {
-        let t = Thresholds { n: 4, f: 1 };
+        let t = Quorums::new(4, 1);
         let (m, x) = (&Bytes::from_static(b"m"), &Bytes::from_static(b"x"));
         let mut r = BrachaReplica::default();
         assert!(r.on_send());

@@ -12,6 +12,7 @@
 //! one faulty member blocks delivery (Fig 3.6); the history publication is the fallback.
 
 use crate::NodeId;
+use crate::quorum::Quorums;
 use crate::wire::{Keyring, pb};
 
 #[derive(Clone, Debug)]
@@ -22,8 +23,8 @@ pub struct ChainPath {
 
 impl ChainPath {
     /// The chain of the first 2f+1 of `brokers` (sorted ascending).
-    pub fn new(brokers: &[NodeId], f: usize) -> Self {
-        ChainPath { members: brokers[..(2 * f + 1).min(brokers.len())].to_vec(), f }
+    pub fn new(brokers: &[NodeId], q: Quorums) -> Self {
+        ChainPath { members: brokers[..q.f_plus_one_correct().min(brokers.len())].to_vec(), f: q.f() }
     }
 
     pub fn head(&self) -> NodeId {
@@ -148,7 +149,7 @@ mod tests {
     /// f = 1, brokers 0..4, chain 0,1,2, source 4, destinations 5 and 6 (Fig 5.5).
     #[test]
     fn each_hop_verifies_f_plus_one_predecessors() {
-        let path = ChainPath::new(&[0, 1, 2, 3], 1);
+        let path = ChainPath::new(&[0, 1, 2, 3], Quorums::new(4, 1));
         let (src, dests) = (4, [5, 6]);
         let body = b"publication".as_slice();
         // Each frame's hop MAC (sender -> receiver) is the frame's, not the chain's.
@@ -174,7 +175,7 @@ mod tests {
     /// member 0's MAC, which was made over the genuine body, and rejects.
     #[test]
     fn an_altering_member_is_caught_by_the_next() {
-        let path = ChainPath::new(&[0, 1, 2, 3], 1);
+        let path = ChainPath::new(&[0, 1, 2, 3], Quorums::new(4, 1));
         let m0 = hop(&path, &ring(4), 4, b"m1", &[], 0, &[5]);
         let m1 = hop(&path, &ring(0), 4, b"m1", &m0, 1, &[5]);
         let forged = hop(&path, &ring(1), 4, b"m1'", &m1, 2, &[5]);

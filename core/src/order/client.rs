@@ -202,7 +202,7 @@ impl Client {
         let Some(r) = self.reads.get_mut(&reply.request) else {
             return ctx.stats.stale += 1;
         };
-        let quorum = 2 * ctx.f + 1;
+        let quorum = ctx.quorums.intersecting();
         match r.replies.reaches(from, &reply.result, quorum) {
             // A replica answers a read once, from one state.
             None => ctx.fault(from, FaultKind::Equivocation),
@@ -213,7 +213,7 @@ impl Client {
                 ctx.push(Output::Completed { request: reply.request, result: reply.result.into() });
             }
             // Replicas at different points: no 2f+1 can match any more, so order it.
-            Some(false) if r.replies.most() + ctx.n - r.replies.voters() < quorum => {
+            Some(false) if r.replies.most() + ctx.quorums.n() - r.replies.voters() < quorum => {
                 self.by_time.remove(&(r.sent_at, reply.request));
                 self.order_read(ctx, now, reply.request);
             }
@@ -234,7 +234,7 @@ impl Client {
         if reply.results.len() as u64 != p.count {
             return ctx.fault(from, FaultKind::Malformed);
         }
-        match p.replies.reaches(from, &reply.results, ctx.f + 1) {
+        match p.replies.reaches(from, &reply.results, ctx.quorums.intersecting()) {
             // Requests execute once, so a correct replica has one result list for them.
             None => ctx.fault(from, FaultKind::Equivocation),
             Some(false) => {}
@@ -405,13 +405,15 @@ mod tests {
     }
 
     #[test]
-    fn completes_once_on_f_plus_one_matching_replies() {
+    fn completes_once_on_an_intersecting_quorum_of_matching_replies() {
         let mut fx = Fixture::new(Params::default());
         fx.submit_all(0, &[b"x", b"y"]).unwrap();
         assert_eq!(fx.reply(2, 1, &[b"ok", b"ok2"]), vec![]);
         // The same replica again does not make two.
         assert_eq!(fx.reply(2, 1, &[b"ok", b"ok2"]), vec![]);
-        assert_eq!(fx.reply(0, 1, &[b"ok", b"ok2"]), completed(1, &[b"ok", b"ok2"]));
+        // f+1 = 2 is not enough: a read's quorum could meet these two only in a faulty one.
+        assert_eq!(fx.reply(0, 1, &[b"ok", b"ok2"]), vec![]);
+        assert_eq!(fx.reply(1, 1, &[b"ok", b"ok2"]), completed(1, &[b"ok", b"ok2"]));
         assert_eq!((fx.client.live_instances(), fx.client.poll_timeout()), (0, None));
         assert_eq!(fx.client.stats().stale, 0);
         // Late replies for the completed requests are stale, never a second completion.
@@ -421,14 +423,15 @@ mod tests {
     }
 
     #[test]
-    fn conflicting_results_wait_for_f_plus_one_matching() {
+    fn conflicting_results_wait_for_a_quorum_of_matching_ones() {
         let mut fx = Fixture::new(Params::default());
         fx.submit(0, b"op").unwrap();
         assert_eq!(fx.reply(0, 1, &[b"lie"]), vec![]);
         assert_eq!(fx.reply(1, 1, &[b"ok"]), vec![]);
         // Replica 0 changing its answer is evidence, and does not count.
         assert_eq!(fx.reply(0, 1, &[b"ok"]), vec![Output::Fault { node: 0, kind: FaultKind::Equivocation }]);
-        assert_eq!(fx.reply(2, 1, &[b"ok"]), completed(1, &[b"ok"]));
+        assert_eq!(fx.reply(2, 1, &[b"ok"]), vec![]);
+        assert_eq!(fx.reply(3, 1, &[b"ok"]), completed(1, &[b"ok"]));
     }
 
     #[test]
@@ -439,8 +442,10 @@ mod tests {
         }
         assert_eq!(fx.reply(0, 3, &[b"c"]), vec![]);
         assert_eq!(fx.reply(0, 1, &[b"a"]), vec![]);
-        assert_eq!(fx.reply(1, 3, &[b"c"]), completed(3, &[b"c"]));
+        assert_eq!(fx.reply(1, 3, &[b"c"]), vec![]);
+        assert_eq!(fx.reply(2, 3, &[b"c"]), completed(3, &[b"c"]));
         assert_eq!(fx.client.live_instances(), 2);
+        assert_eq!(fx.reply(1, 1, &[b"a"]), vec![]);
         assert_eq!(fx.reply(3, 1, &[b"a"]), completed(1, &[b"a"]));
         assert_eq!(fx.client.live_instances(), 1);
     }
@@ -460,7 +465,8 @@ mod tests {
         assert_eq!(fx.client.stats().stale, 1);
         // Neither the outsider's reply nor the malformed one counted towards request 1.
         assert_eq!(fx.reply(1, 1, &[b"ok"]), vec![]);
-        assert_eq!(fx.reply(2, 1, &[b"ok"]), completed(1, &[b"ok"]));
+        assert_eq!(fx.reply(2, 1, &[b"ok"]), vec![]);
+        assert_eq!(fx.reply(3, 1, &[b"ok"]), completed(1, &[b"ok"]));
     }
 
     #[test]
@@ -470,8 +476,9 @@ mod tests {
         fx.submit(0, b"b").unwrap();
         assert_eq!(fx.submit(0, b"c"), Err(HandleError::Backpressure));
         assert_eq!(fx.client.live_instances(), 2);
-        fx.reply(0, 1, &[b"a"]);
-        fx.reply(1, 1, &[b"a"]);
+        for r in 0..3 {
+            fx.reply(r, 1, &[b"a"]);
+        }
         // The refused op took no request number.
         let sent = requests(&fx.submit(0, b"c").unwrap());
         assert!(sent.iter().all(|(_, first, _)| *first == 3), "{sent:?}");
@@ -533,6 +540,7 @@ mod tests {
         // Late read replies are stale; f+1 ordered replies complete it.
         assert_eq!(read_reply(&mut fx, 3, 2, b"a"), vec![]);
         assert_eq!(fx.reply(0, 2, &[b"b"]), vec![]);
+        assert_eq!(fx.reply(1, 2, &[b"b"]), vec![]);
         assert_eq!(fx.reply(3, 2, &[b"b"]), completed(2, &[b"b"]));
 
         // Unanswered: ordered at the retry deadline, when request 1 is retransmitted too.
@@ -557,8 +565,9 @@ mod tests {
         // Early: nothing.
         assert_eq!(fx.handle(1_000, Input::Timeout), vec![]);
         // Request 2 completes before its deadline, so only 1 and 3 go again.
-        fx.reply(0, 2, &[b"b"]);
-        fx.reply(1, 2, &[b"b"]);
+        for r in 0..3 {
+            fx.reply(r, 2, &[b"b"]);
+        }
         let again = fx.handle(1_450, Input::Timeout);
         let sent: Vec<(NodeId, u64)> = requests(&again).into_iter().map(|(to, first, _)| (to, first)).collect();
         // Both go in one frame to each replica.
@@ -567,6 +576,7 @@ mod tests {
         assert_eq!(fx.client.poll_timeout(), Some(1_450 + retry));
         // A reply received before the retransmission still counts afterwards.
         fx.reply(0, 1, &[b"a"]);
+        fx.reply(1, 1, &[b"a"]);
         assert_eq!(fx.reply(3, 1, &[b"a"]), completed(1, &[b"a"]));
         assert_eq!(requests(&fx.handle(2_450, Input::Timeout)).len(), 4);
         assert_eq!(fx.client.poll_timeout(), Some(2_450 + retry));

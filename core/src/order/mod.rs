@@ -40,18 +40,6 @@ pub(crate) use requests::{Bundle, header};
 use crate::wire::pb;
 use crate::{NodeId, Operation};
 
-/// What a BLS signature of the ordering protocol covers: kind, view, seq and digest,
-/// fixed-width and domain-separated.
-pub(crate) fn signed_message(kind: &[u8; 4], view: u64, seq: u64, digest: &[u8]) -> Vec<u8> {
-    let mut m = Vec::with_capacity(17 + 4 + 16 + digest.len());
-    m.extend_from_slice(b"phalanx/v1/order/");
-    m.extend_from_slice(kind);
-    m.extend_from_slice(&view.to_le_bytes());
-    m.extend_from_slice(&seq.to_le_bytes());
-    m.extend_from_slice(digest);
-    m
-}
-
 /// The primary of `view` among `replicas` (ascending ids).
 pub(crate) fn primary(replicas: &[NodeId], view: u64) -> NodeId {
     replicas[(view % replicas.len() as u64) as usize]

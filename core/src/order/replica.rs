@@ -13,7 +13,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use prost::Message;
 
-use self::clients::{ClientState, Waiting};
+use self::clients::{Executed, Queue, Waiting};
 use super::{Bundle, EncodedBatch, header, primary};
 use crate::config::Role;
 use crate::crypto::{Digest, digest};
@@ -74,9 +74,12 @@ pub(crate) const VOTED_KEPT: usize = 4;
 
 pub(crate) struct Replica {
     replicas: Vec<NodeId>,
-    quorum: usize,
     view: u64,
-    clients: BTreeMap<NodeId, ClientState>,
+    /// Requests waiting here, per client: what this replica heard, and when.
+    queues: BTreeMap<NodeId, Queue>,
+    /// The exactly-once table, per client: written by execution alone, and so the same
+    /// at every correct replica that executed the same batches.
+    table: BTreeMap<NodeId, Executed>,
     log: BTreeMap<u64, Slot>,
     /// PRE-PREPAREs whose requests have not all arrived yet, by seq.
     parked: BTreeMap<u64, Parked>,
@@ -92,6 +95,9 @@ pub(crate) struct Replica {
     /// Last batch handed to the host, and last one it answered.
     delivered: u64,
     executed: u64,
+    /// Batches up to here were handed to the host before a state transfer replaced what
+    /// they would have done: the host's answers for them are superseded, not wrong.
+    superseded: u64,
     /// Requests (client, first, count) of each delivered batch awaiting their results.
     executing: BTreeMap<u64, Vec<(NodeId, u64, u64)>>,
     /// Snapshots this replica took at checkpoints not yet stable.
@@ -165,9 +171,9 @@ impl Replica {
     pub fn new(ctx: &Ctx) -> Self {
         Replica {
             replicas: ctx.brokers.clone(),
-            quorum: 2 * ctx.f + 1,
             view: 0,
-            clients: BTreeMap::new(),
+            queues: BTreeMap::new(),
+            table: BTreeMap::new(),
             log: BTreeMap::new(),
             parked: BTreeMap::new(),
             low: 0,
@@ -177,6 +183,7 @@ impl Replica {
             reproposed: 0,
             delivered: 0,
             executed: 0,
+            superseded: 0,
             executing: BTreeMap::new(),
             snapshots: BTreeMap::new(),
             checkpoint_votes: BTreeMap::new(),
@@ -221,7 +228,7 @@ impl Replica {
             + self.executing.len()
             + self.snapshots.len()
             + self.voted.values().map(Vec::len).sum::<usize>()
-            + self.clients.values().map(|c| c.pending.len()).sum::<usize>()
+            + self.queues.values().map(|c| c.pending.len()).sum::<usize>()
     }
 
     fn is_primary(&self, ctx: &Ctx) -> bool {
@@ -314,17 +321,22 @@ impl Replica {
         if count > p.batch_max_count as u64 || bundle.op_bytes > p.batch_max_bytes as usize {
             return ctx.fault(from, FaultKind::Oversized);
         }
-        let client = self.clients.entry(from).or_default();
-        if let Some(results) = client.results(bundle.first, count) {
-            // A retransmission of executed requests: the cached reply, nothing re-executed.
-            let reply = pb::Reply { view: self.view, first: bundle.first, results: results.clone() };
-            return ctx.send(pb::body::Kind::Reply(reply), [from]);
+        if let Some(executed) = self.table.get(&from) {
+            if let Some(results) = executed.results(bundle.first, count) {
+                // A retransmission of executed requests: the cached reply, nothing re-executed.
+                let reply = pb::Reply { view: self.view, first: bundle.first, results: results.clone() };
+                return ctx.send(pb::body::Kind::Reply(reply), [from]);
+            }
+            if executed.done(bundle.first, bundle.last()) {
+                return ctx.stats.stale += 1;
+            }
         }
-        if client.done(bundle.first, bundle.last()) || client.pending_overlaps(bundle.first, bundle.last()) {
+        let client = self.queues.entry(from).or_default();
+        if client.pending_overlaps(bundle.first, bundle.last()) {
             return ctx.stats.stale += 1;
         }
         if client.unproposed_requests + count as usize > cap {
-            return ctx.fault(from, FaultKind::QueueFull);
+            return ctx.stats.refused += 1;
         }
         let first = bundle.first;
         client.pending.insert(first, Waiting { bundle: Arc::new(bundle), arrived: now });
@@ -401,7 +413,7 @@ impl Replica {
         let mut bundles: Vec<Arc<Bundle>> = Vec::new();
         let (mut count, mut bytes) = (0, 0);
         let oldest = self.unproposed.first().map_or(0, |&(_, client, _)| client);
-        let order = self.clients.range(oldest..).chain(self.clients.range(..oldest));
+        let order = self.queues.range(oldest..).chain(self.queues.range(..oldest));
         let mut queues: Vec<_> = order.map(|(_, c)| (c, c.unproposed.iter())).collect();
         loop {
             let before = bundles.len();
@@ -482,7 +494,7 @@ impl Replica {
         }
         let mut requests = Vec::with_capacity(batch.requests.len());
         for r in batch.requests {
-            match authenticate(ctx, &self.clients, r) {
+            match authenticate(ctx, &self.queues, r) {
                 Some(authenticated) => requests.push(authenticated),
                 None => return ctx.fault(from, FaultKind::Malformed),
             }
@@ -493,27 +505,36 @@ impl Replica {
 
     /// Accepts parked PRE-PREPAREs whose every request a client sent (validity): the
     /// authenticator checks were made when each arrived, so what is left to wait for is
-    /// the client's own copy of a request whose authenticator did not verify. A batch no
-    /// correct primary cuts (overlapping requests, beyond the caps) is refused as the
-    /// primary's fault.
+    /// the client's own copy of a request whose authenticator did not verify — or f+1
+    /// votes for the batch (the PRE-PREPARE and backups' PREPAREs), one of them by a
+    /// correct replica that authenticated every request itself (a faulty client may have
+    /// sent this replica other bytes, or none, and the others a copy whose authenticator
+    /// fails here). A
+    /// batch no correct primary cuts (overlapping requests, beyond the caps) is refused as
+    /// the primary's fault.
     fn unpark(&mut self, ctx: &mut Ctx, now: Nanos) {
+        let primary = primary(&self.replicas, self.view);
         let mut ready = Vec::new();
         for (&seq, parked) in &mut self.parked {
             for r in &mut parked.requests {
                 if let Err(b) = r
-                    && let Some(copy) = held(&self.clients, b.client, b.first, &b.body)
+                    && let Some(copy) = held(&self.queues, b.client, b.first, &b.body)
                 {
                     *r = Ok(copy);
                 }
             }
-            if parked.requests.iter().all(Result::is_ok) {
+            let backups_voted = self
+                .log
+                .get(&seq)
+                .map_or(0, |slot| slot.prepares.iter().filter(|&&(r, d)| r != primary && d == parked.digest).count());
+            let vouched = 1 + backups_voted >= ctx.quorums.one_correct();
+            if vouched || parked.requests.iter().all(Result::is_ok) {
                 ready.push(seq);
             }
         }
-        let primary = primary(&self.replicas, self.view);
         for seq in ready {
             let Parked { seen_at, view, encoded, digest, requests } = self.parked.remove(&seq).expect("parked");
-            let bundles: Vec<Arc<Bundle>> = requests.into_iter().map(|r| r.expect("complete")).collect();
+            let bundles: Vec<Arc<Bundle>> = requests.into_iter().map(|r| r.unwrap_or_else(Arc::new)).collect();
             if !cuttable(&ctx.cfg.cluster.params, &bundles) {
                 ctx.fault(primary, FaultKind::Unexpected);
                 continue;
@@ -558,7 +579,7 @@ impl Replica {
     /// A pending bundle waits for a batch: indexed by its arrival for the batch timer, and
     /// counted towards the batch size and the client's `client_queue`.
     fn queue_unproposed(&mut self, client: NodeId, first: u64) {
-        let c = self.clients.get_mut(&client).expect("pending bundles have a client");
+        let c = self.queues.get_mut(&client).expect("pending bundles have a queue");
         let w = &c.pending[&first];
         c.unproposed.insert(first);
         c.unproposed_requests += w.bundle.ops.len();
@@ -570,7 +591,7 @@ impl Replica {
     /// A pending bundle went into a batch of the log: not to be proposed again. Returns
     /// when it started waiting for one, if it was.
     fn mark_in_log(&mut self, client: NodeId, first: u64) -> Option<Nanos> {
-        let c = self.clients.get_mut(&client)?;
+        let c = self.queues.get_mut(&client)?;
         if !c.unproposed.remove(&first) {
             return None;
         }
@@ -586,9 +607,12 @@ impl Replica {
     /// superseded by requests of the same numbers).
     fn forget_pending(&mut self, client: NodeId, first: u64) {
         self.mark_in_log(client, first);
-        let Some(c) = self.clients.get_mut(&client) else { return };
+        let Some(c) = self.queues.get_mut(&client) else { return };
         if let Some(w) = c.pending.remove(&first) {
             self.waiting -= w.bundle.ops.len();
+        }
+        if c.pending.is_empty() {
+            self.queues.remove(&client);
         }
     }
 
@@ -608,11 +632,39 @@ impl Replica {
     }
 
     fn on_prepare(&mut self, ctx: &mut Ctx, now: Nanos, from: NodeId, v: pb::Vote) {
+        let seq = v.seq;
         self.on_vote(ctx, now, from, v, |s| &mut s.prepares);
+        if self.parked.contains_key(&seq) {
+            self.unpark(ctx, now);
+        }
     }
 
     fn on_commit(&mut self, ctx: &mut Ctx, now: Nanos, from: NodeId, v: pb::Vote) {
+        let seq = v.seq;
         self.on_vote(ctx, now, from, v, |s| &mut s.commits);
+        self.fetch_committed(ctx, seq);
+    }
+
+    /// A slot f+1 replicas sent COMMIT for, whose PRE-PREPARE this replica never got (a
+    /// faulty primary may have left it out): a correct replica prepared that batch, so it
+    /// is fetched from them by digest, and voted for like a PRE-PREPARE when it comes.
+    fn fetch_committed(&mut self, ctx: &mut Ctx, seq: u64) {
+        if self.changing.is_some() || self.parked.contains_key(&seq) {
+            return;
+        }
+        let Some(slot) = self.log.get_mut(&seq).filter(|s| s.proposal.is_none() && s.wanted.is_none()) else {
+            return;
+        };
+        let Some(&(_, d)) = slot
+            .commits
+            .iter()
+            .find(|(_, d)| slot.commits.iter().filter(|(_, x)| x == d).count() >= ctx.quorums.one_correct())
+        else {
+            return;
+        };
+        slot.wanted = Some(d);
+        let voters: Vec<NodeId> = slot.commits.iter().filter(|(_, x)| *x == d).map(|(r, _)| *r).collect();
+        ctx.send(pb::body::Kind::FetchBatch(pb::FetchBatch { seq, digest: d.to_vec() }), voters);
     }
 
     /// A PREPARE or COMMIT: counted once per replica; a second vote for another digest
@@ -634,7 +686,7 @@ impl Replica {
     /// Moves a slot forward: COMMIT once prepared (durably noted first, for the view
     /// change), committed on 2f+1 matching COMMITs, then execution in order.
     fn progress(&mut self, ctx: &mut Ctx, now: Nanos, seq: u64) {
-        let (quorum, view, me) = (self.quorum, self.view, ctx.me());
+        let (quorum, view, me) = (ctx.quorums.intersecting(), self.view, ctx.me());
         let Some(slot) = self.log.get_mut(&seq) else { return };
         let Some(d) = slot.prepared(quorum) else { return };
         if !slot.commit_sent {
@@ -657,20 +709,27 @@ impl Replica {
     }
 
     /// Hands committed batches to the host in sequence order, dropping requests already
-    /// executed (exactly once per client request): a bundle runs whole or not at all.
+    /// executed (exactly once per client request): a bundle runs whole or not at all. A
+    /// checkpoint's batch is the last handed over until the host answers it, so the state
+    /// the checkpoint signs holds exactly the batches up to it.
     fn execute_ready(&mut self, ctx: &mut Ctx) {
+        let (k, cap) =
+            (ctx.cfg.cluster.params.checkpoint_interval as u64, ctx.cfg.cluster.params.client_queue as usize);
         while let Some(slot) = self.log.get(&(self.delivered + 1)).filter(|s| s.committed) {
+            if self.delivered > self.executed && self.delivered.is_multiple_of(k) {
+                return;
+            }
             let seq = self.delivered + 1;
             let batch = slot.proposal.as_ref().expect("committed slots have a proposal");
             let mut ops: Vec<Operation> = Vec::with_capacity(batch.requests() as usize);
             let mut running = Vec::with_capacity(batch.bundles.len());
             for b in &batch.bundles {
-                let client = self.clients.entry(b.client).or_default();
+                let client = self.table.entry(b.client).or_default();
                 if client.done(b.first, b.last()) {
                     continue;
                 }
                 // From now on they count as executed, so later bundles skip them.
-                client.start(b.first, b.count());
+                client.start(b.first, b.count(), cap);
                 running.push((b.client, b.first, b.count()));
                 ops.extend(b.operations());
             }
@@ -690,6 +749,9 @@ impl Replica {
     ) -> Result<(), HandleError> {
         self.last_now = now;
         let k = ctx.cfg.cluster.params.checkpoint_interval as u64;
+        if seq <= self.superseded && !self.executing.contains_key(&seq) {
+            return Ok(());
+        }
         if seq != self.executed + 1 || seq > self.delivered {
             return Err(HandleError::Invalid(format!("executed batch {seq}, but batch {} is next", self.executed + 1)));
         }
@@ -706,7 +768,6 @@ impl Replica {
                 if snapshot.is_some() { "is not one" } else { "is one" }
             )));
         }
-        let cap = ctx.cfg.cluster.params.client_queue as usize;
         let mut results = results.into_iter();
         for (client, first, count) in self.executing.remove(&seq).expect("checked") {
             let results: Vec<Vec<u8>> = results.by_ref().take(count as usize).collect();
@@ -714,16 +775,17 @@ impl Replica {
             ctx.send_encoded(&Bytes::from(reply.encode_to_vec()), [client]);
             // The host's vectors become the cached results without a copy.
             let results = reply.reply.expect("built above").results.into_iter().map(Bytes::from).collect();
-            let state = self.clients.get_mut(&client).expect("executing clients exist");
-            state.finish(first, results, cap);
-            for done in state.pending_within(first, first + count - 1) {
-                self.forget_pending(client, done);
+            self.table.get_mut(&client).expect("executing clients have a row").finish(first, results);
+            let done = self.queues.get(&client).map(|q| q.pending_within(first, first + count - 1));
+            for first in done.unwrap_or_default() {
+                self.forget_pending(client, first);
             }
         }
         self.executed = seq;
         self.progress_at = now;
         if let Some(app) = snapshot {
             self.take_checkpoint(ctx, now, seq, app);
+            self.execute_ready(ctx);
         }
         self.propose(ctx, now);
         self.rearm(ctx);
@@ -742,13 +804,7 @@ impl Replica {
             self.propose(ctx, now);
         }
         if self.suspect.is_some_and(|d| d <= now) {
-            // Maybe only this replica is behind: ask the others, and suspect the primary.
-            self.catch_up_request(ctx);
-            let target = self.changing.as_ref().map_or(self.view, |c| c.target) + 1;
-            if self.changing.is_some() {
-                self.failed_views += 1;
-            }
-            self.start_view_change(ctx, now, target);
+            self.on_view_timer(ctx, now);
         }
         self.rearm(ctx);
     }
@@ -769,8 +825,7 @@ impl Replica {
             // the record of entering it (if any) follows.
             Some(Record::View(v)) if v > self.view && v > self.durable_view => {
                 self.durable_view = v;
-                let deadline = now.saturating_add(ctx.cfg.cluster.params.request_timeout_ns);
-                self.changing = Some(view_change::Changing { target: v, deadline });
+                self.changing = Some(view_change::Changing::new(v, now, ctx.cfg.cluster.params.request_timeout_ns));
             }
             Some(Record::Entered(e)) if e.view >= self.view => {
                 self.view = e.view;
@@ -835,8 +890,8 @@ impl Replica {
 
 /// The copy of client `client`'s requests from `first` this replica holds, if it is `body`
 /// byte for byte.
-fn held(clients: &BTreeMap<NodeId, ClientState>, client: NodeId, first: u64, body: &[u8]) -> Option<Arc<Bundle>> {
-    let w = clients.get(&client)?.pending.get(&first)?;
+fn held(queues: &BTreeMap<NodeId, Queue>, client: NodeId, first: u64, body: &[u8]) -> Option<Arc<Bundle>> {
+    let w = queues.get(&client)?.pending.get(&first)?;
     (w.bundle.body == body).then(|| w.bundle.clone())
 }
 
@@ -846,10 +901,10 @@ fn held(clients: &BTreeMap<NodeId, ClientState>, client: NodeId, first: u64, bod
 /// parse or name no client.
 fn authenticate(
     ctx: &mut Ctx,
-    clients: &BTreeMap<NodeId, ClientState>,
+    queues: &BTreeMap<NodeId, Queue>,
     r: pb::Requests,
 ) -> Option<Result<Arc<Bundle>, Bundle>> {
-    if let Some(copy) = header(&r.body).and_then(|(client, first)| held(clients, client, first, &r.body)) {
+    if let Some(copy) = header(&r.body).and_then(|(client, first)| held(queues, client, first, &r.body)) {
         return Some(Ok(copy));
     }
     let bundle = Bundle::parse(r).filter(|b| ctx.role_of(b.client) == Some(Role::Publisher))?;

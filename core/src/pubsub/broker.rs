@@ -6,7 +6,6 @@ use std::collections::BTreeMap;
 use bytes::Bytes;
 
 use super::{MAX_SUBSCRIBED_TOPICS, StreamKey, at_step, check_publication};
-use crate::broadcast::Thresholds;
 use crate::broadcast::bracha::{BrachaReplica, ReplicaStep};
 use crate::broadcast::chain::ChainPath;
 use crate::broadcast::window::{Entry, Streams};
@@ -25,7 +24,6 @@ struct Flow {
 }
 
 pub(crate) struct Broker {
-    t: Thresholds,
     chain: ChainPath,
     alpha: u32,
     /// Each subscriber's topic filter, and its inverse kept for the hot path: the
@@ -44,8 +42,7 @@ impl Broker {
         let cluster = &ctx.cfg.cluster;
         let p = &cluster.params;
         let mut broker = Broker {
-            t: Thresholds { n: ctx.n, f: ctx.f },
-            chain: ChainPath::new(&ctx.brokers, ctx.f),
+            chain: ChainPath::new(&ctx.brokers, ctx.quorums),
             alpha: p.alpha,
             subscriptions: BTreeMap::new(),
             followers: BTreeMap::new(),
@@ -119,7 +116,7 @@ impl Broker {
             if from_source {
                 window.slide_to(p.seq);
             } else if from_broker {
-                window.attest(from, p.seq, ctx.f + 1);
+                window.attest(from, p.seq, ctx.quorums.one_correct());
             }
         }
         let r = match window.entry(p.seq, BrachaReplica::default) {
@@ -152,16 +149,16 @@ impl Broker {
                 // them, and a refused one reaches subscribers through the next history.
                 if r.on_send() && (p.history || Self::admit(&mut self.flows, self.alpha, ctx, &p)) {
                     ctx.send_to_brokers(at_step(&p, pb::Step::Echo), &[]);
-                    let step = r.on_echo(self.t, ctx.me(), &p.payload);
+                    let step = r.on_echo(ctx.quorums, ctx.me(), &p.payload);
                     self.bracha_progress(ctx, from, &p, step);
                 }
             }
             (_, pb::Step::Echo) => {
-                let step = r.on_echo(self.t, from, &p.payload);
+                let step = r.on_echo(ctx.quorums, from, &p.payload);
                 self.bracha_progress(ctx, from, &p, step);
             }
             _ => {
-                let step = r.on_ready(self.t, from, &p.payload);
+                let step = r.on_ready(ctx.quorums, from, &p.payload);
                 self.bracha_progress(ctx, from, &p, step);
             }
         }
@@ -190,7 +187,7 @@ impl Broker {
             let ready = pb::Publication { payload: content, ..p.clone() };
             let subs = followers_of(&self.followers, p.topic);
             ctx.send_to_brokers(at_step(&ready, pb::Step::Ready), subs);
-            step = r.on_ready(self.t, ctx.me(), &ready.payload);
+            step = r.on_ready(ctx.quorums, ctx.me(), &ready.payload);
         }
     }
 

@@ -35,7 +35,7 @@ pub(crate) struct Publisher {
 
 impl Publisher {
     pub fn new(ctx: &Ctx) -> Self {
-        Publisher { chain: ChainPath::new(&ctx.brokers, ctx.f), topics: BTreeMap::new() }
+        Publisher { chain: ChainPath::new(&ctx.brokers, ctx.quorums), topics: BTreeMap::new() }
     }
 
     pub fn publish(
@@ -168,7 +168,7 @@ impl Publisher {
             return;
         }
         t.asked.insert(from);
-        if t.asked.len() > ctx.f {
+        if t.asked.len() >= ctx.quorums.one_correct() {
             self.send_history(ctx, s.topic);
             self.release_queued(ctx, now, s.topic);
         }

@@ -7,7 +7,6 @@ use bytes::Bytes;
 use prost::Message;
 
 use super::{MAX_SUBSCRIBED_TOPICS, StreamKey, check_publication};
-use crate::broadcast::Thresholds;
 use crate::broadcast::chain::ChainPath;
 use crate::broadcast::votes::Votes;
 use crate::broadcast::window::{Entry, Streams};
@@ -32,7 +31,6 @@ struct Order {
 }
 
 pub(crate) struct Subscriber {
-    t: Thresholds,
     chain: ChainPath,
     alpha: u32,
     window: u64,
@@ -48,8 +46,7 @@ impl Subscriber {
     pub fn new(ctx: &Ctx, topics: Vec<u64>) -> Self {
         let p = &ctx.cfg.cluster.params;
         Subscriber {
-            t: Thresholds { n: ctx.n, f: ctx.f },
-            chain: ChainPath::new(&ctx.brokers, ctx.f),
+            chain: ChainPath::new(&ctx.brokers, ctx.quorums),
             alpha: p.alpha,
             window: p.window as u64,
             topics,
@@ -107,7 +104,7 @@ impl Subscriber {
             return ctx.fault(from, FaultKind::TooManyStreams);
         };
         if window.is_beyond(p.seq) {
-            window.attest(from, p.seq, ctx.f + 1);
+            window.attest(from, p.seq, ctx.quorums.one_correct());
         }
         let inst = match window.entry(p.seq, Instance::default) {
             Entry::Live(inst) => inst,
@@ -115,8 +112,8 @@ impl Subscriber {
             Entry::Beyond => return ctx.stats.beyond_window += 1,
         };
         let deliver = match alg {
-            Algorithm::Ab => inst.copies.reaches(from, &p.payload, self.t.ab_deliver()),
-            Algorithm::Bracha => inst.readies.reaches(from, &p.payload, self.t.ready_deliver()),
+            Algorithm::Ab => inst.copies.reaches(from, &p.payload, ctx.quorums.intersecting()),
+            Algorithm::Bracha => inst.readies.reaches(from, &p.payload, ctx.quorums.f_plus_one_correct()),
             Algorithm::Chain => {
                 if !self.chain.verify_upstream(
                     &ctx.keys,

@@ -1,16 +1,16 @@
 //! Byzantine behaviours. A Byzantine node runs the real protocol with its real keys; its
 //! behaviour rewrites each frame it sends. Rewritten frames are re-MACed with the node's
 //! own keys (and what it signs, re-signed), so they authenticate as coming from it: the
-//! protocols, not the MACs, must catch the lie. Other nodes' MACs and signatures (Chain's
-//! upstream MACs, certificates) cannot be forged.
+//! protocols, not the MACs, must catch the lie. Faulty nodes collude ([`super::keyed`]):
+//! the keyed behaviours also sign and MAC with the other faulty nodes' keys, whatever
+//! their role. Correct nodes' MACs and signatures cannot be forged.
 
 use bytes::Bytes;
 use prost::Message;
 
+use super::keyed::{Coalition, Forge, Pool};
 use super::{NetConfig, Rng};
-use crate::crypto::BlsSecretKey;
-use crate::order::{header, signed_message};
-use crate::wire::{Keyring, encode_body, pb};
+use crate::wire::pb;
 use crate::{Nanos, NodeId};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -33,9 +33,28 @@ pub enum Behavior {
     Replay,
     /// Claims to be this other node, at the transport and in the frame.
     ForgeSender(NodeId),
+    /// Changes one field of every body it sends to these nodes, any field of any kind,
+    /// sealed and signed validly by the coalition ([`super::keyed::Forge::rewrite`]).
+    Lie(Vec<NodeId>),
+    /// Runs the protocol, and sends this many bodies of any kind its role may or may not
+    /// send, invented from what the coalition saw, at random times to random nodes
+    /// ([`super::keyed::Forge::invent`]).
+    Inject(u32),
+    /// PBFT replica: each time its node executes a batch, relays a NEW-VIEW for the next
+    /// view it is primary of, made of the coalition's VIEW-CHANGEs (clients' among them)
+    /// claiming nothing prepared, then proposes empty batches at the slots just
+    /// committed. A replica that took it would re-decide committed slots.
+    Hijack,
 }
 
 impl Behavior {
+    /// Whether a node behaving so joins the coalition, lending the other faulty nodes its
+    /// keys. A node that only omits messages (the experiments model a lossy link or a
+    /// crashed node so) lies about nothing and keeps its keys.
+    pub fn colludes(&self) -> bool {
+        !matches!(self, Behavior::Correct | Behavior::Silent | Behavior::OnlyTo(_) | Behavior::DropTo(_))
+    }
+
     /// Short label for reports.
     pub fn label(&self) -> String {
         match self {
@@ -48,34 +67,47 @@ impl Behavior {
             Behavior::CorruptMacs => "corrupt-macs".into(),
             Behavior::Replay => "replay".into(),
             Behavior::ForgeSender(id) => format!("forge-sender-as-{id}"),
+            Behavior::Lie(to) => format!("lie-to{to:?}"),
+            Behavior::Inject(budget) => format!("inject{budget}"),
+            Behavior::Hijack => "hijack".into(),
         }
     }
 }
 
 /// Replica faults drawn for one adversarial run: up to f faulty replicas among `n`, each
-/// with a random behaviour; a faulty one that behaves correctly becomes a twin or
-/// crashes and restarts instead.
+/// with a random behaviour; a faulty one that behaves correctly becomes a twin, is split
+/// into two personas, or crashes and restarts instead.
 pub struct ReplicaFaults {
     pub behaviors: Vec<Behavior>,
     pub twin: Option<NodeId>,
+    /// A replica split in two personas, and the replicas its second persona serves.
+    pub split: Option<(NodeId, Vec<NodeId>)>,
     pub crash: Option<(NodeId, Nanos, Nanos)>,
 }
 
-/// Draws [`ReplicaFaults`]; `everyone` lists every node, for selective behaviours.
-pub fn draw_replica_faults(rng: &mut Rng, n: u32, f: u32, everyone: &[NodeId]) -> ReplicaFaults {
+/// Draws [`ReplicaFaults`]; `everyone` lists every node, for selective behaviours. With
+/// `keyed`, faulty replicas also lie with the coalition's keys, inject invented bodies,
+/// hijack view changes (PBFT) and split into personas.
+pub fn draw_replica_faults(rng: &mut Rng, n: u32, f: u32, everyone: &[NodeId], keyed: bool) -> ReplicaFaults {
     const MS: Nanos = 1_000_000;
     let some = |rng: &mut Rng| -> Vec<NodeId> { everyone.iter().copied().filter(|_| rng.chance(500_000)).collect() };
     let mut faulty: Vec<NodeId> = Vec::new();
     let budget = rng.below(f as u64 + 1) as usize;
+    // Keyed runs make the first primary faulty half the time: its lies matter most.
+    if keyed && budget > 0 && rng.chance(500_000) {
+        faulty.push(0);
+    }
     while faulty.len() < budget {
         let b = rng.below(n as u64) as NodeId;
         if !faulty.contains(&b) {
             faulty.push(b);
         }
     }
-    let mut out = ReplicaFaults { behaviors: vec![Behavior::Correct; n as usize], twin: None, crash: None };
+    let mut out =
+        ReplicaFaults { behaviors: vec![Behavior::Correct; n as usize], twin: None, split: None, crash: None };
+    let kinds = if keyed { 12 } else { 9 };
     for &b in &faulty {
-        out.behaviors[b as usize] = match rng.below(9) {
+        out.behaviors[b as usize] = match rng.below(kinds) {
             0 => Behavior::Silent,
             1 => Behavior::OnlyTo(some(rng)),
             2 => Behavior::DropTo(some(rng)),
@@ -84,11 +116,19 @@ pub fn draw_replica_faults(rng: &mut Rng, n: u32, f: u32, everyone: &[NodeId]) -
             5 => Behavior::CorruptMacs,
             6 => Behavior::Replay,
             7 => Behavior::ForgeSender(*rng.pick(everyone)),
+            9 => Behavior::Lie(some(rng)),
+            10 => Behavior::Inject(20 + rng.below(200) as u32),
+            11 => Behavior::Hijack,
             _ => Behavior::Correct,
         };
     }
     if let Some(&b) = faulty.iter().find(|&&b| out.behaviors[b as usize] == Behavior::Correct) {
-        if rng.chance(500_000) {
+        let split = keyed && rng.chance(if b == 0 { 700_000 } else { 300_000 });
+        if split {
+            // About half the other replicas hear the second persona.
+            let others: Vec<NodeId> = (0..n).filter(|&r| r != b).collect();
+            out.split = Some((b, others.into_iter().filter(|_| rng.chance(500_000)).collect()));
+        } else if rng.chance(500_000) {
             out.twin = Some(b);
         } else {
             let at = rng.below(20) * MS;
@@ -99,32 +139,38 @@ pub fn draw_replica_faults(rng: &mut Rng, n: u32, f: u32, everyone: &[NodeId]) -
 }
 
 /// A network drawn for one adversarial run: latency spread, and sometimes duplicates
-/// or drops (runs with drops check safety only).
-pub fn draw_net(rng: &mut Rng) -> NetConfig {
-    NetConfig {
+/// or drops (for the first tens of milliseconds, or for good where `lossy_for_good`).
+pub fn draw_net(rng: &mut Rng, lossy_for_good: bool) -> NetConfig {
+    let mut net = NetConfig {
         min_latency: 50_000,
         max_latency: 200_000 + rng.below(10) * 1_000_000,
         duplicate_ppm: if rng.chance(500_000) { 50_000 } else { 0 },
         drop_ppm: if rng.chance(100_000) { 50_000 } else { 0 },
+        ..NetConfig::default()
+    };
+    if !lossy_for_good {
+        net.lossy_until = (5 + rng.below(60)) * 1_000_000;
     }
+    net
 }
 
 /// A frame to put on the network: (receiver, claimed sender, bytes).
 pub type Frame = (NodeId, NodeId, Vec<u8>);
 
-/// Applies `behavior` to one frame that node `keys.me` sends to `to`.
+/// Applies `behavior` to one frame that node `me` sends to `to`. The coalition holds
+/// the keys of `me` and of every other faulty node.
 pub fn tamper(
     behavior: &Behavior,
-    keys: &Keyring,
-    bls: &BlsSecretKey,
+    me: NodeId,
+    coalition: &Coalition,
+    pool: &Pool,
     rng: &mut Rng,
     seen: &mut Vec<(NodeId, Vec<u8>)>,
     to: NodeId,
     bytes: Vec<u8>,
 ) -> Vec<Frame> {
-    let me = keys.me;
     match behavior {
-        Behavior::Correct => vec![(to, me, bytes)],
+        Behavior::Correct | Behavior::Inject(_) | Behavior::Hijack => vec![(to, me, bytes)],
         Behavior::Silent => vec![],
         Behavior::OnlyTo(set) => {
             if set.contains(&to) {
@@ -142,11 +188,11 @@ pub fn tamper(
         }
         Behavior::AlterTo(set) if set.contains(&to) => {
             let field = rng.below(5);
-            vec![(to, me, rewrite(keys, bls, &bytes, |kind, macs| alter(kind, macs, field, me)))]
+            vec![(to, me, coalition.rewrite(me, to, me, &bytes, |kind, macs| alter(kind, macs, field, me)))]
         }
         Behavior::AlterTo(_) => vec![(to, me, bytes)],
         Behavior::Equivocate if to % 2 == 1 => {
-            vec![(to, me, rewrite(keys, bls, &bytes, |kind, _| equivocate(kind)))]
+            vec![(to, me, coalition.rewrite(me, to, me, &bytes, |kind, _| equivocate(kind)))]
         }
         Behavior::Equivocate => vec![(to, me, bytes)],
         Behavior::CorruptMacs => {
@@ -171,6 +217,10 @@ pub fn tamper(
             }
             out
         }
+        Behavior::Lie(set) if set.contains(&to) => {
+            vec![(to, me, Forge { rng, pool, coalition, me }.rewrite(to, &bytes))]
+        }
+        Behavior::Lie(_) => vec![(to, me, bytes)],
         Behavior::ForgeSender(victim) => {
             let Ok(mut frame) = pb::Frame::decode(bytes.as_slice()) else { return vec![] };
             frame.sender = *victim;
@@ -239,54 +289,4 @@ fn equivocate(kind: &mut pb::body::Kind) {
         }
         _ => {}
     }
-}
-
-/// Decodes a frame, lets `mutate` change its body and MAC list (each body and its MACs,
-/// in a bundle), and makes what the node itself authenticates valid again with its own
-/// keys.
-fn rewrite(
-    keys: &Keyring,
-    bls: &BlsSecretKey,
-    bytes: &[u8],
-    mut mutate: impl FnMut(&mut pb::body::Kind, &mut Vec<pb::Mac>),
-) -> Vec<u8> {
-    let Ok(mut frame) = pb::Frame::decode(bytes) else { return bytes.to_vec() };
-    let Ok(pb::Body { kind: Some(mut kind) }) = pb::Body::decode(frame.body.clone()) else { return bytes.to_vec() };
-    if let pb::body::Kind::Bundle(bundle) = &mut kind {
-        for b in &mut bundle.bodies {
-            let Ok(pb::Body { kind: Some(mut inner) }) = pb::Body::decode(b.body.clone()) else { continue };
-            mutate(&mut inner, &mut b.macs);
-            b.body = reauthenticate(keys, bls, inner, &mut b.macs);
-        }
-    } else {
-        mutate(&mut kind, &mut frame.macs);
-    }
-    frame.body = reauthenticate(keys, bls, kind, &mut frame.macs);
-    frame.encode_to_vec()
-}
-
-/// Encodes a changed body after making valid again what the node authenticates inside
-/// it (a client's authenticator, a replica's VIEW-CHANGE signature) and, in `macs`, its
-/// own MACs over the body.
-fn reauthenticate(keys: &Keyring, bls: &BlsSecretKey, mut kind: pb::body::Kind, macs: &mut [pb::Mac]) -> Bytes {
-    match &mut kind {
-        pb::body::Kind::Requests(r) if header(&r.body).is_some_and(|(client, _)| client == keys.me) => {
-            r.authenticator = r.authenticator.iter().filter_map(|m| keys.request_mac_to(m.to, &r.body)).collect();
-        }
-        pb::body::Kind::ViewChange(vc) => {
-            vc.signature = vec![];
-            let d = crate::crypto::digest(&vc.encode_to_vec());
-            vc.signature = bls.sign(&signed_message(b"vchg", vc.view, 0, &d)).0.to_vec();
-        }
-        _ => {}
-    }
-    let body = encode_body(kind);
-    for m in macs.iter_mut() {
-        if m.from == keys.me
-            && let Some(fresh) = keys.mac_to(m.to, &body)
-        {
-            *m = fresh;
-        }
-    }
-    body
 }

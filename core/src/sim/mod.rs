@@ -4,7 +4,10 @@
 //! the public API. The network is seeded: per-message latency (and hence reordering),
 //! duplicates, drops, partitions that hold messages until they heal, and crash/restart.
 //! Byzantine nodes run the real protocol and an [`adversary::Behavior`] rewrites what
-//! they send. Everything is ordered by `BTreeMap`s and one seeded generator, so a seed
+//! they send; all of them collude ([`keyed`]): each holds every faulty node's keys, and
+//! together they remember what they saw to make their lies look real. A faulty node may
+//! also be split into personas, each serving a group of replicas with a consistent story
+//! of its own. Everything is ordered by `BTreeMap`s and one seeded generator, so a seed
 //! reproduces a run bit for bit.
 //!
 //! Each host is also the application host a PBFT replica needs: it executes ordered
@@ -14,16 +17,20 @@
 
 pub mod adversary;
 pub mod check;
+pub mod keyed;
 pub mod kv;
+pub mod order_check;
 pub mod order_scenario;
 pub mod scenario;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
+use crate::config::Role;
 use crate::trace::Recorder;
-use crate::wire::Keyring;
+use crate::wire::{self, pb};
 use crate::{Delivery, FaultKind, HandleError, Input, Nanos, Node, NodeConfig, NodeId, Operation, Output, Request};
 use adversary::Behavior;
+use keyed::{Coalition, Forge, Pool};
 use kv::Kv;
 
 /// SplitMix64: small, fast, and the same on every platform.
@@ -65,13 +72,25 @@ pub struct NetConfig {
     pub max_latency: Nanos,
     /// Probability (per million) that a message is delivered twice.
     pub duplicate_ppm: u32,
-    /// Probability (per million) that a message is lost. Runs with drops check safety only.
+    /// Probability (per million) that a message is lost, while the network is lossy.
     pub drop_ppm: u32,
+    /// When the network stops losing messages (never, by default).
+    pub lossy_until: Nanos,
+    /// Nodes whose every frame takes up to this much longer, drawn per frame and per
+    /// receiver: what they send reaches different nodes at very different times.
+    pub slow: Vec<(NodeId, Nanos)>,
 }
 
 impl Default for NetConfig {
     fn default() -> Self {
-        NetConfig { min_latency: 100_000, max_latency: 2_000_000, duplicate_ppm: 0, drop_ppm: 0 }
+        NetConfig {
+            min_latency: 100_000,
+            max_latency: 2_000_000,
+            duplicate_ppm: 0,
+            drop_ppm: 0,
+            lossy_until: Nanos::MAX,
+            slow: vec![],
+        }
     }
 }
 
@@ -102,6 +121,13 @@ impl Machine {
             Machine::Recording(r) => r.poll_timeout(),
         }
     }
+
+    fn status(&self) -> crate::Status {
+        match self {
+            Machine::Plain(n) => n.status(),
+            Machine::Recording(r) => r.node().status(),
+        }
+    }
 }
 
 struct Host {
@@ -109,7 +135,10 @@ struct Host {
     config: NodeConfig,
     machine: Machine,
     behavior: Behavior,
-    keys: Keyring,
+    /// A persona of a split faulty node: the replicas it alone talks with (the node's
+    /// first host talks with the replicas no persona serves). Everyone else talks with
+    /// every persona.
+    serves: Option<Vec<NodeId>>,
     crashed: bool,
     /// Bumped on crash and on every reschedule, so stale timer events are ignored.
     timer_generation: u64,
@@ -172,6 +201,11 @@ enum Event {
         nodes: Vec<NodeId>,
     },
     Heal,
+    /// A keyed adversary sends an invented body; `left` more follow.
+    Inject {
+        host: usize,
+        left: u32,
+    },
 }
 
 /// A delivery observed at a host.
@@ -240,6 +274,8 @@ pub struct Log {
     pub executed: Vec<Execution>,
     pub submitted: Vec<Submission>,
     pub completed: Vec<Completion>,
+    /// PBFT: the checkpoint digests correct replica hosts signed, as (host, seq, digest).
+    pub checkpoint_votes: Vec<(usize, u64, Vec<u8>)>,
 }
 
 pub struct Sim {
@@ -253,10 +289,19 @@ pub struct Sim {
     /// Nodes cut off from the rest; messages across the cut wait for the heal.
     isolated: Vec<NodeId>,
     held: Vec<(usize, NodeId, Vec<u8>)>,
+    /// The faulty nodes, colluding, and what they have seen.
+    faulty: BTreeSet<NodeId>,
+    coalition: Coalition,
+    pool: Pool,
+    /// Hijacks left per host with [`Behavior::Hijack`].
+    hijacks: BTreeMap<usize, u32>,
     pub log: Log,
 }
 
 const SEEN_CAP: usize = 64;
+
+/// Most NEW-VIEWs one [`Behavior::Hijack`] replica forges in a run.
+const HIJACKS: u32 = 3;
 
 impl Sim {
     pub fn new(seed: u64, net: NetConfig) -> Self {
@@ -270,6 +315,10 @@ impl Sim {
             next_event: 0,
             isolated: Vec::new(),
             held: Vec::new(),
+            faulty: BTreeSet::new(),
+            coalition: Coalition::new([], vec![]),
+            pool: Pool::default(),
+            hijacks: BTreeMap::new(),
             log: Log::default(),
         }
     }
@@ -279,20 +328,50 @@ impl Sim {
     }
 
     /// Adds a host running `config` with `behavior`; returns its index. Two hosts with the
-    /// same node id are twins: messages to that id reach one of them at random.
+    /// same node id are twins: messages to that id reach one of them at random. A node
+    /// whose behaviour lies joins the coalition of faulty nodes ([`Behavior::colludes`]).
     pub fn add(&mut self, config: NodeConfig, behavior: Behavior, record: Option<&str>) -> usize {
+        self.add_host(config, behavior, record, None)
+    }
+
+    /// Adds a persona of node `config.id` (already added, and faulty): it alone talks with
+    /// the replicas in `serves`, the node's first host with the other replicas, and both
+    /// with everyone else; each runs the protocol on what it hears, so each tells a story
+    /// that holds together, and the two stories differ.
+    pub fn add_persona(&mut self, config: NodeConfig, serves: Vec<NodeId>) -> usize {
+        let id = config.id;
+        let host = self.add_host(config, Behavior::Correct, None, Some(serves));
+        self.collude(id);
+        host
+    }
+
+    fn add_host(
+        &mut self,
+        config: NodeConfig,
+        behavior: Behavior,
+        record: Option<&str>,
+        serves: Option<Vec<NodeId>>,
+    ) -> usize {
         let node = Node::new(config.clone()).expect("simulated configs are generated valid");
         let machine = match record {
             Some(label) => Machine::Recording(Recorder::new(node, label)),
             None => Machine::Plain(node),
         };
-        let keys = Keyring::new(config.cluster.crypto, config.id, config.mac_keys.clone());
+        let (id, host) = (config.id, self.hosts.len());
+        let faulty = behavior.colludes();
+        match behavior {
+            Behavior::Inject(budget) if budget > 0 => self.schedule(0, Event::Inject { host, left: budget - 1 }),
+            Behavior::Hijack => {
+                self.hijacks.insert(host, HIJACKS);
+            }
+            _ => {}
+        }
         self.hosts.push(Host {
-            id: config.id,
+            id,
             config,
             machine,
             behavior,
-            keys,
+            serves,
             crashed: false,
             timer_generation: 0,
             timer_at: None,
@@ -301,7 +380,21 @@ impl Sim {
             storage: Vec::new(),
         });
         self.incarnations.push(0);
-        self.hosts.len() - 1
+        if faulty {
+            self.collude(id);
+        }
+        host
+    }
+
+    /// Makes node `id` (a twin, or a node that only colludes) one of the faulty: it lends
+    /// its keys to the coalition.
+    pub fn collude(&mut self, id: NodeId) {
+        self.faulty.insert(id);
+        let configs: BTreeMap<NodeId, &NodeConfig> = self.hosts.iter().map(|h| (h.id, &h.config)).collect();
+        let everyone =
+            self.hosts.first().map_or_else(Vec::new, |h| h.config.cluster.nodes.iter().map(|n| n.id).collect());
+        let faulty = self.faulty.iter().filter_map(|id| configs.get(id).copied());
+        self.coalition = Coalition::new(faulty, everyone);
     }
 
     pub fn host_id(&self, host: usize) -> NodeId {
@@ -386,6 +479,9 @@ impl Sim {
     fn step(&mut self, event: Event) {
         match event {
             Event::Message { to, from, bytes } => {
+                if self.faulty.contains(&self.hosts[to].id) {
+                    self.observe(from, &bytes);
+                }
                 if !self.hosts[to].crashed {
                     let h = &mut self.hosts[to];
                     if matches!(h.behavior, Behavior::Replay) && h.seen.len() < SEEN_CAP {
@@ -458,6 +554,7 @@ impl Sim {
                 self.after_input(host);
             }
             Event::Isolate { nodes } => self.isolated = nodes,
+            Event::Inject { host, left } => self.inject(host, left),
             Event::Heal => {
                 self.isolated.clear();
                 for (to, from, bytes) in std::mem::take(&mut self.held) {
@@ -512,7 +609,10 @@ impl Sim {
                     let incarnation = self.incarnations[host];
                     self.hosts[host].storage.retain(|(i, t, _)| *i == incarnation && *t >= token);
                 }
-                Output::Execute { seq, ops } => self.execute(host, seq, ops),
+                Output::Execute { seq, ops } => {
+                    self.execute(host, seq, ops);
+                    self.hijack(host, seq);
+                }
                 // Read-only: answered from the store as it is, at the same simulated time.
                 Output::Query { client, request, op } => {
                     let (incarnation, result) = (self.incarnations[host], self.hosts[host].app.query(&op));
@@ -568,23 +668,155 @@ impl Sim {
 
     /// A send from `host`, through its adversary behaviour, onto the network.
     fn send(&mut self, host: usize, to: NodeId, bytes: Vec<u8>) {
+        let me = self.hosts[host].id;
+        if !self.persona_talks(host, to) {
+            return;
+        }
+        if self.faulty.contains(&me) {
+            self.observe(me, &bytes);
+        } else if self.is_replica(me) {
+            self.note_checkpoint_votes(host, &bytes);
+        }
         let h = &mut self.hosts[host];
         let frames =
-            adversary::tamper(&h.behavior, &h.keys, &h.config.bls_secret, &mut self.rng, &mut h.seen, to, bytes);
+            adversary::tamper(&h.behavior, me, &self.coalition, &self.pool, &mut self.rng, &mut h.seen, to, bytes);
         for (to, claimed_from, bytes) in frames {
-            self.log.messages_sent += 1;
-            self.log.bytes_sent += bytes.len() as u64;
-            let receivers: Vec<usize> = (0..self.hosts.len()).filter(|&i| self.hosts[i].id == to).collect();
-            if receivers.is_empty() {
-                continue;
+            self.put_on_wire(me, to, claimed_from, bytes);
+        }
+    }
+
+    /// Sends a frame from node `real_from` (claiming `claimed_from`) to the hosts of `to`.
+    fn put_on_wire(&mut self, real_from: NodeId, to: NodeId, claimed_from: NodeId, bytes: Vec<u8>) {
+        self.log.messages_sent += 1;
+        self.log.bytes_sent += bytes.len() as u64;
+        for target in self.route(real_from, to) {
+            self.transmit_from(target, claimed_from, real_from, bytes.clone());
+        }
+    }
+
+    /// The hosts a frame from `from` to `to` reaches: the one host of `to`; one of twins
+    /// at random; or, for a node split into personas, the persona that serves `from` if
+    /// `from` is a replica, and every persona otherwise.
+    fn route(&mut self, from: NodeId, to: NodeId) -> Vec<usize> {
+        let receivers: Vec<usize> = (0..self.hosts.len()).filter(|&i| self.hosts[i].id == to).collect();
+        if receivers.is_empty() {
+            return receivers;
+        }
+        if receivers.iter().all(|&i| self.hosts[i].serves.is_none()) {
+            // Drawn for a lone receiver too, so that runs without twins keep their seeds.
+            return vec![receivers[self.rng.below(receivers.len() as u64) as usize]];
+        }
+        if !self.is_replica(from) {
+            // Every persona hears the others, the later ones not all of it: their stories
+            // (the batches they propose) differ.
+            let heard = |rng: &mut Rng, k: usize| k == 0 || !rng.chance(333_333);
+            return receivers
+                .into_iter()
+                .enumerate()
+                .filter(|&(k, _)| heard(&mut self.rng, k))
+                .map(|(_, i)| i)
+                .collect();
+        }
+        let serving =
+            receivers.iter().copied().find(|&i| self.hosts[i].serves.as_ref().is_some_and(|g| g.contains(&from)));
+        vec![serving.unwrap_or(receivers[0])]
+    }
+
+    fn is_replica(&self, id: NodeId) -> bool {
+        self.hosts.first().and_then(|h| h.config.cluster.node(id)).is_some_and(|n| n.role == Role::Broker)
+    }
+
+    /// Whether `host`, maybe a persona of a split node, talks with `to`.
+    fn persona_talks(&self, host: usize, to: NodeId) -> bool {
+        if !self.is_replica(to) {
+            return true;
+        }
+        let me = self.hosts[host].id;
+        match &self.hosts[host].serves {
+            Some(group) => group.contains(&to),
+            None => !self.hosts.iter().any(|h| h.id == me && h.serves.as_ref().is_some_and(|g| g.contains(&to))),
+        }
+    }
+
+    /// The checkpoint digests a correct replica signs, for the checker (each vote goes to
+    /// every other replica, and is noted once).
+    fn note_checkpoint_votes(&mut self, host: usize, bytes: &[u8]) {
+        for body in wire::bodies_of(bytes).unwrap_or_default() {
+            if let pb::body::Kind::Checkpoint(c) = body {
+                let vote = (host, c.seq, c.digest);
+                if !self.log.checkpoint_votes.contains(&vote) {
+                    self.log.checkpoint_votes.push(vote);
+                }
             }
-            let target = receivers[self.rng.below(receivers.len() as u64) as usize];
-            self.transmit_from(target, claimed_from, self.hosts[host].id, bytes);
+        }
+    }
+
+    /// The coalition remembers the bodies of a frame one of its members sent or received.
+    fn observe(&mut self, from: NodeId, bytes: &[u8]) {
+        for body in wire::bodies_of(bytes).unwrap_or_default() {
+            self.pool.observe(from, &body);
+        }
+    }
+
+    /// A keyed adversary's invented body, to a random node, and the next one scheduled.
+    fn inject(&mut self, host: usize, left: u32) {
+        let me = self.hosts[host].id;
+        if !self.hosts[host].crashed {
+            let everyone: Vec<NodeId> = self.hosts[host].config.cluster.nodes.iter().map(|n| n.id).collect();
+            let to = *self.rng.pick(&everyone);
+            let body = Forge { rng: &mut self.rng, pool: &self.pool, coalition: &self.coalition, me }.invent();
+            let bytes = self.coalition.seal(me, to, &wire::encode_body(body), vec![]);
+            self.put_on_wire(me, to, me, bytes);
+        }
+        if left > 0 {
+            let at = self.now + 200_000 + self.rng.below(4_000_000);
+            self.schedule(at, Event::Inject { host, left: left - 1 });
+        }
+    }
+
+    /// [`Behavior::Hijack`]: host's replica just executed `seq`. Relays a NEW-VIEW for the
+    /// next view it leads, whose VIEW-CHANGEs are the coalition's claiming nothing
+    /// prepared, then proposes empty batches (and commits them) at `seq` and the slots
+    /// before it down to the stable checkpoint, within a pipeline's depth.
+    fn hijack(&mut self, host: usize, seq: u64) {
+        let Some(left) = self.hijacks.get_mut(&host).filter(|l| **l > 0) else { return };
+        if !self.rng.chance(500_000) {
+            return;
+        }
+        *left -= 1;
+        let me = self.hosts[host].id;
+        let cfg = &self.hosts[host].config;
+        let replicas: Vec<NodeId> = cfg.cluster.brokers().map(|b| b.id).collect();
+        let n = replicas.len() as u64;
+        let Some(mine) = replicas.iter().position(|&r| r == me) else { return };
+        let status = self.hosts[host].machine.status();
+        let view = status.view + 1 + (mine as u64 + n - (status.view + 1) % n) % n;
+        let signers = self.coalition.len();
+        let mut nv = pb::NewView { view, view_changes: Vec::with_capacity(signers) };
+        for signer in self.faulty.iter().copied().collect::<Vec<_>>() {
+            let mut vc = pb::ViewChange { view, stable: None, prepared: vec![], voted: vec![], signature: vec![] };
+            self.coalition.sign_view_change(signer, &mut vc);
+            nv.view_changes
+                .push(pb::SignedViewChange { sender: signer, view_change: prost::Message::encode_to_vec(&vc) });
+        }
+        let empty = bytes::Bytes::from(prost::Message::encode_to_vec(&pb::Batch::default()));
+        let d = crate::crypto::digest(&empty).to_vec();
+        let depth = cfg.cluster.params.pipeline as u64;
+        let mut bodies = vec![pb::body::Kind::NewView(nv)];
+        for s in seq.saturating_sub(depth).max(status.stable + 1)..=seq {
+            bodies.push(pb::body::Kind::PrePrepare(pb::PrePrepare { view, seq: s, batch: empty.clone() }));
+            bodies.push(pb::body::Kind::Commit(pb::Vote { view, seq: s, digest: d.clone() }));
+        }
+        for &to in replicas.iter().filter(|&&r| r != me) {
+            for body in &bodies {
+                let bytes = self.coalition.seal(me, to, &wire::encode_body(body.clone()), vec![]);
+                self.put_on_wire(me, to, me, bytes);
+            }
         }
     }
 
     fn transmit_from(&mut self, to: usize, claimed_from: NodeId, real_from: NodeId, bytes: Vec<u8>) {
-        if self.rng.chance(self.net.drop_ppm) {
+        if self.now < self.net.lossy_until && self.rng.chance(self.net.drop_ppm) {
             return;
         }
         let cut = |id| self.isolated.contains(&id);
@@ -600,7 +832,8 @@ impl Sim {
 
     fn transmit(&mut self, to: usize, from: NodeId, bytes: Vec<u8>) {
         let spread = self.net.max_latency.saturating_sub(self.net.min_latency);
-        let at = self.now + self.net.min_latency + self.rng.below(spread + 1);
+        let slow = self.net.slow.iter().find(|(id, _)| *id == from).map_or(0, |&(_, extra)| self.rng.below(extra + 1));
+        let at = self.now + self.net.min_latency + self.rng.below(spread + 1) + slow;
         self.schedule(at, Event::Message { to, from, bytes });
     }
 }

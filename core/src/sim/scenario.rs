@@ -131,10 +131,10 @@ impl Scenario {
         s.publications = 3 + rng.below(6) as u32;
         s.interval = (1 + rng.below(3)) * MS;
         s.alpha = if protocol == Protocol::PubSub { 2 + rng.below(3) as u32 } else { 0 };
-        s.net = adversary::draw_net(&mut rng);
+        s.net = adversary::draw_net(&mut rng, true);
         let n = s.n();
         let everyone: Vec<NodeId> = (0..n + s.publishers + s.subscribers).collect();
-        let faults = adversary::draw_replica_faults(&mut rng, n, f, &everyone);
+        let faults = adversary::draw_replica_faults(&mut rng, n, f, &everyone, false);
         s.brokers = faults.behaviors;
         s.twin = faults.twin;
         s.crash = faults.crash;

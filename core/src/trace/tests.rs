@@ -276,7 +276,7 @@ fn frame_from(cfgs: &[NodeConfig], from: NodeId, to: NodeId, body: pb::body::Kin
     Input::Message { from, bytes: wire::frame(from, &body, &[keys.mac_to(to, &body).unwrap()]) }
 }
 
-/// PBFT client 4 submits one op; replicas 1 and 3 answer it, which completes it.
+/// PBFT client 4 submits one op; replicas 1, 2 and 3 answer it, which completes it.
 fn client_trace() -> Vec<u8> {
     let cfgs = pbft_cluster();
     let mut recorder = Recorder::new(Node::new(cfgs[4].clone()).unwrap(), "client-4");
@@ -289,6 +289,7 @@ fn client_trace() -> Vec<u8> {
         (1_000, Input::Request(Request::Submit { op: b"incr".to_vec() })),
         (1_500, Input::Persisted { token: 1 }),
         (2_000, reply(1)),
+        (2_500, reply(2)),
         (3_000, reply(3)),
     ];
     for (now, input) in inputs {
@@ -302,7 +303,7 @@ fn client_trace() -> Vec<u8> {
 fn pbft_client_trace_replays_and_dumps() {
     let trace = Trace::parse(&client_trace()).unwrap();
     let summary = replay(&trace).unwrap();
-    assert_eq!((summary.records, summary.sends, summary.completions, summary.outputs), (4, 4, 1, 7));
+    assert_eq!((summary.records, summary.sends, summary.completions, summary.outputs), (5, 4, 1, 7));
     assert!(
         summary
             .to_string()
@@ -324,7 +325,7 @@ fn pbft_client_trace_replays_and_dumps() {
 
     // A different result is a divergence that points at the byte.
     let mut t = trace.clone();
-    let Some(pb::output_record::Kind::Completed(c)) = &mut t.records[3].outputs[0].kind else { unreachable!() };
+    let Some(pb::output_record::Kind::Completed(c)) = &mut t.records[4].outputs[0].kind else { unreachable!() };
     c.result[2] ^= 1;
     let err = replay(&t).unwrap_err().to_string();
     assert!(

@@ -286,7 +286,9 @@ impl Engine for WasmNode {
             macs_verified: s.macs_verified,
             signatures_verified: s.signatures_verified,
         };
-        (status, Stats { stale: s.stale, beyond_window: s.beyond_window, unsubscribed: s.unsubscribed })
+        let stats =
+            Stats { stale: s.stale, beyond_window: s.beyond_window, unsubscribed: s.unsubscribed, refused: s.refused };
+        (status, stats)
     }
 
     fn info(&self) -> EngineInfo {
@@ -342,7 +344,6 @@ fn fault_kind_from_wit(k: wit::FaultKind) -> FaultKind {
         wit::FaultKind::Equivocation => FaultKind::Equivocation,
         wit::FaultKind::ConflictingHistory => FaultKind::ConflictingHistory,
         wit::FaultKind::TooManyStreams => FaultKind::TooManyStreams,
-        wit::FaultKind::QueueFull => FaultKind::QueueFull,
         wit::FaultKind::BadSignature => FaultKind::BadSignature,
     }
 }

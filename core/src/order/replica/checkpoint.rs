@@ -8,15 +8,14 @@ use std::collections::BTreeSet;
 
 use prost::Message;
 
+use super::clients::Executed;
 use super::{Record, Replica, record};
-use crate::config::Role;
-use crate::crypto::{BlsPublicKey, BlsSignature, Digest, digest};
+use crate::crypto::{BlsSignature, Digest, digest};
 use crate::node::{Ctx, Output};
-use crate::order::{EncodedBatch, signed_message};
+use crate::order::EncodedBatch;
+use crate::statement::{Signed, Statement};
 use crate::wire::pb;
 use crate::{FaultKind, Nanos, NodeId};
-
-const CHECKPOINT: &[u8; 4] = b"ckpt";
 
 /// Checkpoint votes kept per replica: enough to see the latest ones become stable.
 const CHECKPOINT_VOTES_KEPT: usize = 4;
@@ -25,12 +24,34 @@ impl Replica {
     /// Batch `seq` executed with the application snapshot `app`: signs the checkpoint.
     pub(super) fn take_checkpoint(&mut self, ctx: &mut Ctx, now: Nanos, seq: u64, app: Vec<u8>) {
         let state = self.checkpoint_state(app);
+        self.vote_checkpoint(ctx, now, seq, state);
+    }
+
+    /// Signs and sends a vote for `state` as checkpoint `seq`, the state this replica holds
+    /// after batch `seq`: executed itself, or installed by state transfer (a replica that
+    /// caught up that way votes too, or a checkpoint most correct replicas reached by
+    /// state transfer would never become stable).
+    fn vote_checkpoint(&mut self, ctx: &mut Ctx, now: Nanos, seq: u64, state: Vec<u8>) {
         let d = digest(&state);
         self.snapshots.insert(seq, (d, state));
-        let signature = ctx.sign(&signed_message(CHECKPOINT, 0, seq, &d)).0.to_vec();
+        let signature = ctx.sign_statement(checkpoint(seq, &d)).0.to_vec();
         let vote = pb::CheckpointVote { seq, digest: d.to_vec(), signature };
         ctx.send_to_brokers(pb::body::Kind::Checkpoint(vote.clone()), &[]);
         self.on_checkpoint(ctx, now, ctx.me(), vote);
+    }
+
+    /// Sends again this replica's votes for checkpoints not yet stable: a lost vote is
+    /// otherwise never sent again, and without a stable checkpoint the primary stops at
+    /// the watermark.
+    pub(super) fn resend_checkpoint_votes(&mut self, ctx: &mut Ctx) {
+        let Some(own) = self.checkpoint_votes.get(&ctx.me()) else { return };
+        let votes: Vec<pb::CheckpointVote> = own
+            .range(self.low + 1..)
+            .map(|(&seq, (d, signature))| pb::CheckpointVote { seq, digest: d.to_vec(), signature: signature.clone() })
+            .collect();
+        for vote in votes {
+            ctx.send_to_brokers(pb::body::Kind::Checkpoint(vote), &[]);
+        }
     }
 
     pub(super) fn on_checkpoint(&mut self, ctx: &mut Ctx, now: Nanos, from: NodeId, c: pb::CheckpointVote) {
@@ -51,7 +72,7 @@ impl Replica {
             .iter()
             .filter_map(|(r, v)| v.get(&c.seq).filter(|(x, _)| *x == d).map(|(_, s)| (*r, s.clone())))
             .collect();
-        if matching.len() >= self.quorum {
+        if matching.len() >= ctx.quorums.intersecting() {
             self.make_stable(ctx, c.seq, d, &matching);
             // The watermark window moved: the primary may have batches waiting for it.
             self.propose(ctx, now);
@@ -61,7 +82,7 @@ impl Replica {
     /// 2f+1 replicas signed checkpoint (seq, digest): verifies and aggregates their
     /// signatures into a certificate, and frees the log up to it.
     fn make_stable(&mut self, ctx: &mut Ctx, seq: u64, d: Digest, votes: &[(NodeId, Vec<u8>)]) {
-        match certify(ctx, seq, &d, votes, self.quorum) {
+        match certify(ctx, seq, &d, votes) {
             Ok(cert) => self.adopt_stable(ctx, cert, None),
             Err(bad) => {
                 for r in bad {
@@ -78,8 +99,10 @@ impl Replica {
     /// if this replica has not executed that far.
     pub(super) fn adopt_stable(&mut self, ctx: &mut Ctx, cert: pb::Certificate, state: Option<Vec<u8>>) {
         let seq = cert.seq;
-        // Never an older checkpoint's state: it would be served with this certificate.
-        self.stable_snapshot = state.or_else(|| self.snapshots.get(&seq).map(|(_, state)| state.clone()));
+        // Never an older checkpoint's state, nor this replica's own if its digest is not
+        // the certified one: either would be served, and persisted, with this certificate.
+        let own = self.snapshots.get(&seq).filter(|(d, _)| d.as_slice() == cert.digest).map(|(_, s)| s.clone());
+        self.stable_snapshot = state.or(own);
         self.stable = Some(cert);
         self.low = seq;
         self.free_below(seq);
@@ -128,7 +151,7 @@ impl Replica {
     /// The state a checkpoint certifies: the application snapshot and the exactly-once
     /// table, encoded deterministically.
     fn checkpoint_state(&self, app: Vec<u8>) -> Vec<u8> {
-        let clients = self.clients.iter().map(|(&client, c)| c.record(client)).collect();
+        let clients = self.table.iter().map(|(&client, c)| c.record(client)).collect();
         pb::CheckpointState { app, clients }.encode_to_vec()
     }
 
@@ -182,7 +205,7 @@ impl Replica {
         let d = digest(&c.batch);
         let offers = self.catch_up.entry(c.seq).or_default();
         offers.insert(from, (d, c.batch));
-        if offers.values().filter(|(x, _)| *x == d).count() <= ctx.f {
+        if offers.values().filter(|(x, _)| *x == d).count() < ctx.quorums.one_correct() {
             return;
         }
         let (_, encoded) = offers.remove(&from).expect("just inserted");
@@ -197,17 +220,13 @@ impl Replica {
         self.caught_up(ctx, now);
     }
 
-    /// Progress through catch-up: execute, and drop a view change nobody else joined
-    /// (the primary was only keeping this replica in the dark).
+    /// Progress through catch-up: execute what came. A view change under way stays: this
+    /// replica's VIEW-CHANGE told what it prepared in the old view, so it votes there no
+    /// more, even if nobody else joins it.
     pub(super) fn caught_up(&mut self, ctx: &mut Ctx, now: Nanos) {
-        let before = self.executed.max(self.delivered);
+        let before = self.delivered;
         self.execute_ready(ctx);
-        if self.delivered > before
-            && let Some(c) = &self.changing
-            && self.view_changes.values().filter(|r| r.view >= c.target).count() <= ctx.f
-        {
-            self.changing = None;
-            self.failed_views = 0;
+        if self.delivered > before {
             self.progress_at = now;
         }
         self.catch_up = self.catch_up.split_off(&(self.delivered + 1));
@@ -217,12 +236,14 @@ impl Replica {
     /// State transfer: a state beyond what this replica executed whose digest a
     /// checkpoint certificate names (the one sent along, or our own stable one).
     pub(super) fn on_state(&mut self, ctx: &mut Ctx, now: Nanos, from: NodeId, s: pb::State) {
-        if s.seq <= self.executed {
+        // A state this replica's host will reach by executing what it was handed: a
+        // restore to it would come after those batches and take the store back in time.
+        if s.seq <= self.delivered {
             return ctx.stats.stale += 1;
         }
         let d = digest(&s.state);
         let certified = match &s.checkpoint {
-            Some(cert) if cert.seq == s.seq && verify_certificate(ctx, cert, self.quorum) => Some(cert.clone()),
+            Some(cert) if cert.seq == s.seq && verify_certificate(ctx, cert) => Some(cert.clone()),
             Some(_) => return ctx.fault(from, FaultKind::BadSignature),
             None => self.stable.clone().filter(|c| c.seq == s.seq),
         };
@@ -235,7 +256,7 @@ impl Replica {
         if certified.is_none() {
             self.offered_states.insert(from, (s.seq, d, s.state.clone()));
             let matching = self.offered_states.values().filter(|(seq, x, _)| *seq == s.seq && *x == d).count();
-            if matching <= ctx.f {
+            if matching < ctx.quorums.one_correct() {
                 return;
             }
         }
@@ -252,7 +273,7 @@ impl Replica {
                 self.stable_snapshot = Some(s.state);
                 self.persist_stable(ctx);
             }
-            None => {}
+            None => self.vote_checkpoint(ctx, now, s.seq, s.state),
         }
         self.fetch_at = None;
         self.caught_up(ctx, now);
@@ -262,83 +283,70 @@ impl Replica {
     /// exactly-once table, the application (the host restores it) and the execution point.
     /// State transfer and a restart from a persisted stable checkpoint both install so.
     pub(super) fn install_state(&mut self, ctx: &mut Ctx, seq: u64, state: pb::CheckpointState) {
-        for record in state.clients {
-            let client = record.client;
-            let entry = self.clients.entry(client).or_default();
-            entry.install(record);
-            for first in entry.superseded() {
-                self.forget_pending(client, first);
-            }
+        self.table = state.clients.into_iter().map(|r| (r.client, Executed::installed(r))).collect();
+        let superseded: Vec<(NodeId, u64)> = self
+            .queues
+            .iter()
+            .flat_map(|(&client, q)| {
+                let executed = self.table.get(&client);
+                executed.map(|e| q.superseded(e)).unwrap_or_default().into_iter().map(move |first| (client, first))
+            })
+            .collect();
+        for (client, first) in superseded {
+            self.forget_pending(client, first);
         }
         ctx.push(Output::Restore { seq, snapshot: state.app });
+        // Batches handed over before are superseded: their answers are let pass.
+        self.superseded = self.delivered;
         self.executing.clear();
         self.executed = seq;
-        self.delivered = self.delivered.max(seq);
+        self.delivered = seq;
         // The window stays at the certified checkpoint: what this replica voted for above
         // it still goes into its VIEW-CHANGEs.
         self.log = self.log.split_off(&(seq + 1));
     }
 }
 
+/// The statement a checkpoint vote signs.
+fn checkpoint(seq: u64, digest: &[u8]) -> Signed<'_> {
+    Signed { statement: Statement::Checkpoint, view: 0, seq, digest }
+}
+
 /// Aggregates checkpoint signatures on (seq, digest) into a certificate: a single
 /// aggregate check when all are valid; otherwise each is checked, invalid signers are
-/// reported as faults, and if fewer than `quorum` remain valid they are returned so
+/// reported as faults, and if fewer than a quorum remain valid they are returned so
 /// their votes can be dropped.
-fn certify(
-    ctx: &mut Ctx,
-    seq: u64,
-    d: &Digest,
-    votes: &[(NodeId, Vec<u8>)],
-    quorum: usize,
-) -> Result<pb::Certificate, Vec<NodeId>> {
-    let message = signed_message(CHECKPOINT, 0, seq, d);
-    let parsed: Vec<(NodeId, Option<(BlsPublicKey, BlsSignature)>)> = votes
-        .iter()
-        .map(|(r, s)| (*r, public_key(ctx, *r).zip(<[u8; 96]>::try_from(s.as_slice()).ok().map(BlsSignature))))
-        .collect();
-    let mut all_valid = || {
-        let keys: Option<Vec<(BlsPublicKey, BlsSignature)>> = parsed.iter().map(|(_, k)| *k).collect();
-        let (pks, sigs): (Vec<BlsPublicKey>, Vec<BlsSignature>) = keys?.into_iter().unzip();
-        let agg = ctx.aggregate(&sigs)?;
-        ctx.verify_aggregate(&pks, &message, &agg).then_some(agg)
-    };
-    let (signers, agg) = match all_valid() {
-        Some(agg) => (parsed.iter().map(|(r, _)| *r).collect::<Vec<_>>(), agg),
-        None => {
-            let (good, bad): (Vec<_>, Vec<_>) =
-                parsed.iter().partition(|(_, k)| k.is_some_and(|(pk, sig)| ctx.verify_signature(&pk, &message, &sig)));
-            let bad: Vec<NodeId> = bad.into_iter().map(|(r, _)| r).collect();
-            for &r in &bad {
-                ctx.fault(r, FaultKind::BadSignature);
-            }
-            if good.len() < quorum {
-                return Err(bad);
-            }
-            let sigs: Vec<BlsSignature> = good.iter().map(|(_, k)| k.expect("valid").1).collect();
-            let agg = ctx.aggregate(&sigs).ok_or_else(|| bad.clone())?;
-            (good.iter().map(|(r, _)| *r).collect(), agg)
-        }
-    };
-    Ok(pb::Certificate { seq, digest: d.to_vec(), signers, signature: agg.0.to_vec() })
+fn certify(ctx: &mut Ctx, seq: u64, d: &Digest, votes: &[(NodeId, Vec<u8>)]) -> Result<pb::Certificate, Vec<NodeId>> {
+    let statement = checkpoint(seq, d);
+    let certificate =
+        |signers, agg: BlsSignature| pb::Certificate { seq, digest: d.to_vec(), signers, signature: agg.0.to_vec() };
+    let signature = |s: &[u8]| <[u8; 96]>::try_from(s).ok().map(BlsSignature);
+    let signers: Vec<NodeId> = votes.iter().map(|(r, _)| *r).collect();
+    let all: Option<Vec<BlsSignature>> = votes.iter().map(|(_, s)| signature(s)).collect();
+    if let Some(agg) = all.and_then(|sigs| ctx.aggregate(&sigs))
+        && ctx.verify_statement_aggregate(statement, &signers, &agg.0)
+    {
+        return Ok(certificate(signers, agg));
+    }
+    let (good, bad): (Vec<_>, Vec<_>) = votes.iter().partition(|(r, s)| ctx.verify_statement(statement, *r, s));
+    let bad: Vec<NodeId> = bad.into_iter().map(|(r, _)| *r).collect();
+    for &r in &bad {
+        ctx.fault(r, FaultKind::BadSignature);
+    }
+    if good.len() < ctx.quorums.intersecting() {
+        return Err(bad);
+    }
+    let sigs: Vec<BlsSignature> = good.iter().filter_map(|(_, s)| signature(s)).collect();
+    let agg = ctx.aggregate(&sigs).ok_or_else(|| bad.clone())?;
+    Ok(certificate(good.iter().map(|(r, _)| *r).collect(), agg))
 }
 
-pub(super) fn public_key(ctx: &Ctx, id: NodeId) -> Option<BlsPublicKey> {
-    ctx.cfg.cluster.node(id).map(|n| n.bls_public_key)
-}
-
-/// Verifies a checkpoint certificate: 2f+1 distinct replicas' signatures on its message.
-pub(super) fn verify_certificate(ctx: &mut Ctx, cert: &pb::Certificate, quorum: usize) -> bool {
+/// Verifies a checkpoint certificate: a quorum of distinct replicas' signatures on its
+/// statement.
+pub(super) fn verify_certificate(ctx: &mut Ctx, cert: &pb::Certificate) -> bool {
     let signers: BTreeSet<NodeId> = cert.signers.iter().copied().collect();
-    if signers.len() != cert.signers.len() || signers.len() < quorum {
+    if signers.len() != cert.signers.len() || signers.len() < ctx.quorums.intersecting() {
         return false;
     }
-    let Some(pks) = signers
-        .iter()
-        .map(|&s| public_key(ctx, s).filter(|_| ctx.role_of(s) == Some(Role::Broker)))
-        .collect::<Option<Vec<_>>>()
-    else {
-        return false;
-    };
-    let Ok(sig) = <[u8; 96]>::try_from(cert.signature.as_slice()) else { return false };
-    ctx.verify_aggregate(&pks, &signed_message(CHECKPOINT, 0, cert.seq, &cert.digest), &BlsSignature(sig))
+    ctx.verify_statement_aggregate(checkpoint(cert.seq, &cert.digest), &cert.signers, &cert.signature)
 }

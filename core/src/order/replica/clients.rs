@@ -1,7 +1,11 @@
-//! What a replica knows of each client: the requests waiting to be ordered, and the
-//! replicated exactly-once table (which requests executed, with the latest results for
-//! retransmissions). Requests come in `Requests` bundles whose number ranges never
-//! overlap within one of these maps, so a range lookup finds any overlap.
+//! What a replica knows of each client, in two parts that never mix: the requests waiting
+//! here to be ordered ([`Queue`], this replica's own business: what it happened to hear
+//! and when), and the exactly-once table ([`Executed`], replicated: which requests
+//! executed, with the latest results for retransmissions). Only execution writes the
+//! table, so the state a checkpoint signs is a function of the executed batches alone and
+//! every correct replica signs the same digest, whatever requests reached it first.
+//! Requests come in `Requests` bundles whose number ranges never overlap within one of
+//! these maps, so a range lookup finds any overlap.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -19,8 +23,9 @@ pub(super) struct Waiting {
     pub arrived: Nanos,
 }
 
+/// A client's requests waiting here (received, not executed).
 #[derive(Default)]
-pub(super) struct ClientState {
+pub(super) struct Queue {
     /// By first request.
     pub pending: BTreeMap<u64, Waiting>,
     /// Pending ones in no batch of the log yet: the primary may propose them. Their
@@ -29,14 +34,25 @@ pub(super) struct ClientState {
     /// client whose earlier requests completed elsewhere.
     pub unproposed: BTreeSet<u64>,
     pub unproposed_requests: usize,
-    /// Results of the latest executed requests (at most `client_queue` of them), by first
-    /// request; every request at or below `floor` counts as executed. Both are replicated
-    /// state, covered by checkpoints.
-    executed: BTreeMap<u64, Vec<Bytes>>,
-    executed_requests: usize,
+}
+
+/// A client's row of the exactly-once table. It changes when a batch is handed to the
+/// host, in batch order, never when the host's answer comes back, so what counts as done
+/// when the next batch is handed over is the same at every correct replica however fast
+/// its host is.
+#[derive(Default)]
+pub(super) struct Executed {
+    /// The latest requests executed or executing (at most `client_queue` of them), by
+    /// first request, with their results once the host answers; every request at or below
+    /// `floor` counts as executed. Replicated state, covered by checkpoints.
+    kept: BTreeMap<u64, Kept>,
+    kept_requests: usize,
     floor: u64,
-    /// Handed to the host in a batch, results not back yet: first request → count.
-    in_flight: BTreeMap<u64, u64>,
+}
+
+struct Kept {
+    count: u64,
+    results: Option<Vec<Bytes>>,
 }
 
 /// Whether an entry of `map` (disjoint ranges keyed by their first number) overlaps
@@ -45,40 +61,9 @@ fn overlaps<V>(map: &BTreeMap<u64, V>, first: u64, last: u64, count: impl Fn(&V)
     map.range(..=last).next_back().is_some_and(|(&start, v)| start + count(v) > first)
 }
 
-impl ClientState {
-    /// Whether any of requests `first ..= last` executed or is executing.
-    pub fn done(&self, first: u64, last: u64) -> bool {
-        first <= self.floor
-            || overlaps(&self.executed, first, last, |r| r.len() as u64)
-            || overlaps(&self.in_flight, first, last, |&c| c)
-    }
-
+impl Queue {
     pub fn pending_overlaps(&self, first: u64, last: u64) -> bool {
         overlaps(&self.pending, first, last, |w| w.bundle.count())
-    }
-
-    /// The results of exactly requests `first .. first + count`, if they executed
-    /// together and are still kept.
-    pub fn results(&self, first: u64, count: u64) -> Option<&Vec<Bytes>> {
-        self.executed.get(&first).filter(|r| r.len() as u64 == count)
-    }
-
-    /// Requests handed to the host: from now on they count as executed.
-    pub fn start(&mut self, first: u64, count: u64) {
-        self.in_flight.insert(first, count);
-    }
-
-    /// Their results came back: kept for retransmissions, the oldest beyond `cap`
-    /// requests forgotten below the floor.
-    pub fn finish(&mut self, first: u64, results: Vec<Bytes>, cap: usize) {
-        self.in_flight.remove(&first);
-        self.executed_requests += results.len();
-        self.executed.insert(first, results);
-        while self.executed_requests > cap {
-            let (oldest, r) = self.executed.pop_first().expect("non-empty above the cap");
-            self.executed_requests -= r.len();
-            self.floor = self.floor.max(oldest + r.len() as u64 - 1);
-        }
     }
 
     /// The pending bundles that hold any of requests `first ..= last`: once those
@@ -89,28 +74,62 @@ impl ClientState {
         self.pending.range(..=last).rev().take_while(ends_after_first).map(|(&start, _)| start).collect()
     }
 
-    /// The pending bundles that can no longer execute because some of their requests
-    /// did.
-    pub fn superseded(&self) -> Vec<u64> {
-        self.pending.iter().filter(|(_, w)| self.done(w.bundle.first, w.bundle.last())).map(|(&f, _)| f).collect()
+    /// The pending bundles that can no longer execute because some of their requests did.
+    pub fn superseded(&self, executed: &Executed) -> Vec<u64> {
+        self.pending.iter().filter(|(_, w)| executed.done(w.bundle.first, w.bundle.last())).map(|(&f, _)| f).collect()
+    }
+}
+
+impl Executed {
+    /// Whether any of requests `first ..= last` executed or is executing.
+    pub fn done(&self, first: u64, last: u64) -> bool {
+        first <= self.floor || overlaps(&self.kept, first, last, |k| k.count)
     }
 
-    /// The replicated part, for a checkpoint.
+    /// The results of exactly requests `first .. first + count`, if they executed
+    /// together and are still kept.
+    pub fn results(&self, first: u64, count: u64) -> Option<&Vec<Bytes>> {
+        self.kept.get(&first).filter(|k| k.count == count)?.results.as_ref()
+    }
+
+    /// Requests handed to the host: from now on they count as executed, and the oldest
+    /// beyond `cap` requests are forgotten below the floor.
+    pub fn start(&mut self, first: u64, count: u64, cap: usize) {
+        self.kept.insert(first, Kept { count, results: None });
+        self.kept_requests += count as usize;
+        while self.kept_requests > cap && self.kept.len() > 1 {
+            let (oldest, k) = self.kept.pop_first().expect("more than one kept");
+            self.kept_requests -= k.count as usize;
+            self.floor = self.floor.max(oldest + k.count - 1);
+        }
+    }
+
+    /// Their results came back, kept for retransmissions (unless already forgotten).
+    pub fn finish(&mut self, first: u64, results: Vec<Bytes>) {
+        if let Some(k) = self.kept.get_mut(&first) {
+            k.results = Some(results);
+        }
+    }
+
+    /// The replicated part, for a checkpoint: taken when every batch up to it has been
+    /// answered and none after it handed over, so every kept request has its results.
     pub fn record(&self, client: NodeId) -> pb::ClientRecord {
         let executed = self
-            .executed
+            .kept
             .iter()
-            .map(|(&first, results)| pb::ExecutedRequests { first, results: results.clone() })
+            .map(|(&first, k)| pb::ExecutedRequests { first, results: k.results.clone().unwrap_or_default() })
             .collect();
         pb::ClientRecord { client, floor: self.floor, executed }
     }
 
-    /// Replaces the replicated part with a checkpoint's (state transfer or restart); what
-    /// was executing belongs to the replaced past.
-    pub fn install(&mut self, record: pb::ClientRecord) {
-        self.floor = record.floor;
-        self.executed = record.executed.into_iter().map(|e| (e.first, e.results)).collect();
-        self.executed_requests = self.executed.values().map(Vec::len).sum();
-        self.in_flight.clear();
+    /// The row a checkpoint's record gives (state transfer or restart).
+    pub fn installed(record: pb::ClientRecord) -> Self {
+        let kept: BTreeMap<u64, Kept> = record
+            .executed
+            .into_iter()
+            .map(|e| (e.first, Kept { count: e.results.len() as u64, results: Some(e.results) }))
+            .collect();
+        let kept_requests = kept.values().map(|k| k.count as usize).sum();
+        Executed { kept, kept_requests, floor: record.floor }
     }
 }

@@ -1,11 +1,21 @@
 //! View change, the only part of ordering besides checkpoints that signs anything.
 //!
-//! A replica whose waiting requests see no progress for `request_timeout_ns` (doubled
-//! for every view change that made no progress; at half of it, it forwarded them to the
-//! primary) suspects the primary and sends a signed VIEW-CHANGE for the next view. For every slot above its stable checkpoint it states
+//! A replica whose waiting requests see no progress for `request_timeout_ns` (at half of
+//! it, it forwarded them to the primary) suspects the primary and sends a signed
+//! VIEW-CHANGE for the next view. For every slot above its stable checkpoint it states
 //! the latest view the slot prepared in there (the digest it sent COMMIT for) and the
 //! batches it voted for, each with the latest view it did. It joins a higher view once
 //! f+1 replicas ask for one.
+//!
+//! PBFT's timer rule: a replica gives up on the view it changes to, and moves to the next,
+//! only once a quorum of VIEW-CHANGEs for it is in and the timeout (doubled for every view
+//! change in a row that made no progress) passes without its NEW-VIEW. Before that quorum
+//! it waits, however long: alone, or with fewer than a quorum, it cannot depose a working
+//! primary, and no restart or lost message can carry it views ahead of the others. While
+//! it waits it takes part in no vote of the old view (its VIEW-CHANGE already told what it
+//! prepared there), but it re-sends its VIEW-CHANGE and asks its peers for what committed
+//! (after `request_timeout_ns`, then twice as long each time), so it still executes what
+//! the others order.
 //!
 //! The new primary relays, in a NEW-VIEW, VIEW-CHANGEs from 2f+1 or more replicas once
 //! they settle every slot; every replica runs the same [`decide`] on them, so the
@@ -35,19 +45,37 @@ use std::sync::Arc;
 
 use prost::Message;
 
-use super::checkpoint::{public_key, verify_certificate};
+use super::checkpoint::verify_certificate;
 use super::{Early, Record, Replica, VOTED_KEPT, record};
-use crate::crypto::{BlsSignature, Digest, digest};
+use crate::crypto::{Digest, digest};
 use crate::node::Ctx;
-use crate::order::{EncodedBatch, primary, signed_message};
+use crate::order::{EncodedBatch, primary};
+use crate::quorum::Quorums;
+use crate::statement::{Signed, Statement};
 use crate::wire::pb;
 use crate::{FaultKind, Nanos, NodeId};
 
-const VIEW_CHANGE: &[u8; 4] = b"vchg";
+/// The statement a VIEW-CHANGE for `view` signs: the digest of its encoding without
+/// the signature.
+pub(crate) fn view_change(view: u64, digest: &[u8]) -> Signed<'_> {
+    Signed { statement: Statement::ViewChange, view, seq: 0, digest }
+}
 
 pub(super) struct Changing {
     pub target: u64,
-    pub deadline: Nanos,
+    /// When it moves on to the next view: set once a quorum of VIEW-CHANGEs for `target`
+    /// is in.
+    pub deadline: Option<Nanos>,
+    /// When it next re-sends its VIEW-CHANGE and asks its peers to catch it up, and how
+    /// often it has: the interval doubles each time, so a replica left alone waits quietly.
+    pub retry_at: Nanos,
+    retries: u32,
+}
+
+impl Changing {
+    pub fn new(target: u64, now: Nanos, timeout: Nanos) -> Self {
+        Changing { target, deadline: None, retry_at: now.saturating_add(timeout), retries: 0 }
+    }
 }
 
 /// A verified VIEW-CHANGE: its view, the signed bytes to relay in a NEW-VIEW, and what
@@ -85,8 +113,8 @@ struct Decision {
 
 /// The new view's re-proposals from `claims` (one per distinct replica, 2f+1 or more):
 /// `None` while some slot is unsettled.
-fn decide(claims: &[&Claims], f: usize) -> Option<Decision> {
-    let quorum = 2 * f + 1;
+fn decide(claims: &[&Claims], q: Quorums) -> Option<Decision> {
+    let quorum = q.intersecting();
     let stable = claims.iter().filter_map(|c| c.stable.as_ref()).max_by_key(|c| c.seq).cloned();
     let low = stable.as_ref().map_or(0, |c| c.seq);
     let last = claims.iter().filter_map(|c| c.prepared.range(low + 1..).next_back().map(|(&s, _)| s)).max();
@@ -105,7 +133,7 @@ fn decide(claims: &[&Claims], f: usize) -> Option<Decision> {
                 .iter()
                 .filter(|c| c.voted.get(&seq).is_some_and(|vs| vs.iter().any(|&(v, x)| v >= view && x == d)))
                 .count();
-            highest >= quorum && vouched > f
+            highest >= quorum && vouched >= q.one_correct()
         };
         let choice = match candidates.iter().find(|c| binds(c)) {
             Some(&(_, d)) => Choice::Batch(d),
@@ -123,16 +151,45 @@ impl Replica {
     /// may have sent them to some replicas only), and suspects the primary after the
     /// whole of it; a view change under way times out on its own deadline.
     pub(super) fn rearm(&mut self, ctx: &Ctx) {
-        let timeout = ctx.cfg.cluster.params.request_timeout_ns.saturating_mul(1 << self.failed_views.min(16));
+        let timeout = ctx.cfg.cluster.params.request_timeout_ns;
         let waiting = self.changing.is_none() && self.waiting > 0;
         let forwarded = self.forwarded_for == Some(self.progress_at);
         self.forward_at =
             (waiting && !forwarded && !self.is_primary(ctx)).then(|| self.progress_at.saturating_add(timeout / 2));
         self.suspect = match &self.changing {
-            Some(c) => Some(c.deadline),
+            Some(c) => Some(c.deadline.map_or(c.retry_at, |d| d.min(c.retry_at))),
             None if self.waiting == 0 => None,
             None => Some(self.progress_at.saturating_add(timeout)),
         };
+    }
+
+    /// The request timer's second stage, or a view change's timer: suspects the primary,
+    /// gives up on a view change whose quorum did not produce a NEW-VIEW in time, or
+    /// re-sends this replica's VIEW-CHANGE and asks to be caught up while it waits.
+    pub(super) fn on_view_timer(&mut self, ctx: &mut Ctx, now: Nanos) {
+        let timeout = ctx.cfg.cluster.params.request_timeout_ns;
+        // Maybe only this replica is behind: ask the others what committed, in any case;
+        // and maybe its checkpoint votes were lost, leaving the primary at the watermark.
+        self.catch_up_request(ctx);
+        self.resend_checkpoint_votes(ctx);
+        match &mut self.changing {
+            None => self.start_view_change(ctx, now, self.view + 1),
+            Some(c) if c.deadline.is_some_and(|d| d <= now) => {
+                let next = c.target + 1;
+                self.failed_views += 1;
+                self.start_view_change(ctx, now, next);
+            }
+            Some(c) => {
+                c.retries += 1;
+                c.retry_at = now.saturating_add(timeout.saturating_mul(1 << c.retries.min(16)));
+                let me = ctx.me();
+                if let Some(own) = self.view_changes.get(&me)
+                    && let Ok(vc) = pb::ViewChange::decode(own.signed.view_change.as_slice())
+                {
+                    ctx.send_to_brokers(pb::body::Kind::ViewChange(Box::new(vc)), &[]);
+                }
+            }
+        }
     }
 
     /// The request timer's first stage: every request this replica holds that no batch
@@ -141,7 +198,7 @@ impl Replica {
         self.forwarded_for = Some(self.progress_at);
         let primary = primary(&self.replicas, self.view);
         let waiting: Vec<pb::Requests> = self
-            .clients
+            .queues
             .values()
             .flat_map(|c| c.unproposed.iter().map(|first| c.pending[first].bundle.to_pb()))
             .collect();
@@ -155,8 +212,7 @@ impl Replica {
         if target <= self.view || self.changing.as_ref().is_some_and(|c| c.target >= target) {
             return;
         }
-        let timeout = ctx.cfg.cluster.params.request_timeout_ns.saturating_mul(1 << self.failed_views.min(16));
-        self.changing = Some(Changing { target, deadline: now.saturating_add(timeout) });
+        self.changing = Some(Changing::new(target, now, ctx.cfg.cluster.params.request_timeout_ns));
         self.batch_deadline = None;
         self.persist_view(ctx, target);
         let above = self.low + 1;
@@ -172,8 +228,7 @@ impl Replica {
                 .collect(),
             signature: vec![],
         };
-        let signed = signed_message(VIEW_CHANGE, target, 0, &digest(&vc.encode_to_vec()));
-        vc.signature = ctx.sign(&signed).0.to_vec();
+        vc.signature = ctx.sign_statement(view_change(target, &digest(&vc.encode_to_vec()))).0.to_vec();
         ctx.send_to_brokers(pb::body::Kind::ViewChange(Box::new(vc.clone())), &[]);
         // Votes are taken inside the window above the certified checkpoint, so a
         // replica's own claims are within what every replica accepts.
@@ -205,13 +260,12 @@ impl Replica {
     /// The claims of a VIEW-CHANGE whose signature and stable certificate verify.
     fn valid_view_change(&self, ctx: &mut Ctx, from: NodeId, vc: &pb::ViewChange) -> Option<Claims> {
         let unsigned = pb::ViewChange { signature: vec![], ..vc.clone() };
-        let message = signed_message(VIEW_CHANGE, vc.view, 0, &digest(&unsigned.encode_to_vec()));
-        let sig = <[u8; 96]>::try_from(vc.signature.as_slice()).ok()?;
-        if !ctx.verify_signature(&public_key(ctx, from)?, &message, &BlsSignature(sig)) {
+        let d = digest(&unsigned.encode_to_vec());
+        if !ctx.verify_statement(view_change(vc.view, &d), from, &vc.signature) {
             return None;
         }
         if let Some(c) = &vc.stable
-            && !verify_certificate(ctx, c, self.quorum)
+            && !verify_certificate(ctx, c)
         {
             return None;
         }
@@ -253,9 +307,18 @@ impl Replica {
         let mut higher: Vec<u64> = self.view_changes.values().map(|r| r.view).filter(|&v| v > self.view).collect();
         higher.sort_unstable();
         let current = self.changing.as_ref().map_or(self.view, |c| c.target);
-        if higher.len() > ctx.f && higher[higher.len() - ctx.f - 1] > current {
+        let f = ctx.quorums.f();
+        if higher.len() > f && higher[higher.len() - f - 1] > current {
             let join = higher.iter().copied().find(|&v| v > current).expect("some view is higher");
             self.start_view_change(ctx, now, join);
+        }
+        // A quorum wants the view this replica changes to: its timer starts.
+        let quorum = ctx.quorums.intersecting();
+        if let Some(c) = self.changing.as_mut().filter(|c| c.deadline.is_none())
+            && self.view_changes.values().filter(|r| r.view == c.target).count() >= quorum
+        {
+            let timeout = ctx.cfg.cluster.params.request_timeout_ns.saturating_mul(1 << self.failed_views.min(16));
+            c.deadline = Some(now.saturating_add(timeout));
         }
         // The next primary announces the view once the VIEW-CHANGEs for it settle it.
         let Some(target) = self.changing.as_ref().map(|c| c.target) else { return };
@@ -263,11 +326,11 @@ impl Replica {
             return;
         }
         let proofs: Vec<&Received> = self.view_changes.values().filter(|r| r.view == target).collect();
-        if proofs.len() < self.quorum {
+        if proofs.len() < ctx.quorums.intersecting() {
             return;
         }
         let claims: Vec<&Claims> = proofs.iter().map(|r| &r.claims).collect();
-        let Some(decision) = decide(&claims, ctx.f) else { return };
+        let Some(decision) = decide(&claims, ctx.quorums) else { return };
         let nv = pb::NewView { view: target, view_changes: proofs.iter().map(|r| r.signed.clone()).collect() };
         ctx.send_to_brokers(pb::body::Kind::NewView(nv), &[]);
         self.enter_view(ctx, now, target, decision);
@@ -295,7 +358,7 @@ impl Replica {
             };
         }
         let claims: Vec<&Claims> = proofs.values().collect();
-        match decide(&claims, ctx.f).filter(|_| proofs.len() >= self.quorum) {
+        match decide(&claims, ctx.quorums).filter(|_| proofs.len() >= ctx.quorums.intersecting()) {
             Some(decision) => self.enter_view(ctx, now, nv.view, decision),
             None => ctx.fault(from, FaultKind::Unexpected),
         }
@@ -326,7 +389,7 @@ impl Replica {
         self.unproposed_requests = 0;
         self.unproposed_bytes = 0;
         let mut waiting = Vec::new();
-        for (&client, c) in &mut self.clients {
+        for (&client, c) in &mut self.queues {
             c.unproposed.clear();
             c.unproposed_requests = 0;
             for (&first, w) in &mut c.pending {
@@ -431,7 +494,7 @@ mod tests {
 
     fn choices(all: &[Claims], f: usize) -> Option<Vec<(u64, Choice)>> {
         let refs: Vec<&Claims> = all.iter().collect();
-        decide(&refs, f).map(|d| d.choices.into_iter().collect())
+        decide(&refs, Quorums::new(3 * f + 1, f)).map(|d| d.choices.into_iter().collect())
     }
 
     /// f = 1. In view 1 the primary (replica 0) sent A to replicas 1 and 2 and B to 3; 1

@@ -1,0 +1,664 @@
+//! The keyed adversary: faulty nodes that hold their real keys and lie.
+//!
+//! A Byzantine node is not a lossy link. Every faulty node of a run belongs to one
+//! [`Coalition`]: each holds its own keys and, colluding, the others' — replicas, clients,
+//! publishers and subscribers alike. What it sends is well-formed and sealed correctly:
+//! the frame MAC is its own, request authenticators and Chain MACs are made by whichever
+//! colluder they name, and BLS signatures are by any colluder of any role. What it cannot
+//! make is a correct node's MAC or signature.
+//!
+//! - [`Forge::mutate`] changes one field of a body the node sends: a view, a sequence
+//!   number, a digest, a prepared claim, a vote, a signer list, a certificate, a request
+//!   number, an op, a result, a history entry, an algorithm or step.
+//! - [`Forge::invent`] makes a body of any kind, including kinds the node's role must
+//!   never send (a client's VIEW-CHANGE, NEW-VIEW, CHECKPOINT or PRE-PREPARE; a replica's
+//!   `Requests` in its own name; a subscriber's ECHO), from what the coalition has seen
+//!   ([`Pool`]), so that the lies look like the run's own messages.
+//! - Signed content is signed by the sender, by a colluder of another role (a NEW-VIEW
+//!   relaying clients' VIEW-CHANGEs, a certificate whose signers are clients), or with a
+//!   colluder's key under the sender's name.
+//!
+//! Everything is drawn from the simulator's seeded generator, so a seed replays its lies.
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+use prost::Message;
+
+use super::Rng;
+use crate::config::Role;
+use crate::crypto::{BlsSecretKey, BlsSignature, CryptoMode, aggregate, digest};
+use crate::order::header;
+use crate::statement::Statement;
+use crate::wire::{self, Keyring, pb};
+use crate::{NodeConfig, NodeId};
+
+/// One faulty node's secrets.
+struct Member {
+    keys: Keyring,
+    bls: BlsSecretKey,
+    role: Role,
+}
+
+/// Every faulty node of a run, with the secrets of each.
+pub struct Coalition {
+    crypto: CryptoMode,
+    members: BTreeMap<NodeId, Member>,
+    /// Every node of the cluster, for choosing receivers and ids.
+    everyone: Vec<NodeId>,
+}
+
+impl Coalition {
+    pub fn new<'a>(faulty: impl IntoIterator<Item = &'a NodeConfig>, everyone: Vec<NodeId>) -> Self {
+        // An empty coalition signs nothing, so its mode does not matter.
+        let mut crypto = CryptoMode::Real;
+        let members = faulty
+            .into_iter()
+            .map(|c| {
+                crypto = c.cluster.crypto;
+                let role = c.cluster.node(c.id).expect("a member of its cluster").role;
+                let keys = Keyring::new(c.cluster.crypto, c.id, c.mac_keys.clone());
+                (c.id, Member { keys, bls: c.bls_secret.clone(), role })
+            })
+            .collect();
+        Coalition { crypto, members, everyone }
+    }
+
+    pub fn contains(&self, id: NodeId) -> bool {
+        self.members.contains_key(&id)
+    }
+
+    pub fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+
+    /// Members of `role`, ascending.
+    pub fn of_role(&self, role: Role) -> Vec<NodeId> {
+        self.members.iter().filter(|(_, m)| m.role == role).map(|(&id, _)| id).collect()
+    }
+
+    fn pick(&self, rng: &mut Rng) -> NodeId {
+        let ids: Vec<NodeId> = self.members.keys().copied().collect();
+        *rng.pick(&ids)
+    }
+
+    /// `signer`'s BLS signature on `statement` about (view, seq, digest).
+    pub fn sign(&self, signer: NodeId, statement: Statement, view: u64, seq: u64, digest: &[u8]) -> BlsSignature {
+        self.members[&signer].bls.sign(&statement.message(view, seq, digest))
+    }
+
+    /// A VIEW-CHANGE signed by `signer` (its signature field replaced).
+    pub fn sign_view_change(&self, signer: NodeId, vc: &mut pb::ViewChange) {
+        vc.signature = vec![];
+        let d = digest(&vc.encode_to_vec());
+        vc.signature = self.sign(signer, Statement::ViewChange, vc.view, 0, &d).0.to_vec();
+    }
+
+    /// A checkpoint certificate on (seq, digest) signed by `signers` (all members).
+    pub fn certificate(&self, signers: Vec<NodeId>, seq: u64, digest: Vec<u8>) -> pb::Certificate {
+        let sigs: Vec<BlsSignature> =
+            signers.iter().map(|&s| self.sign(s, Statement::Checkpoint, 0, seq, &digest)).collect();
+        let signature = aggregate(self.crypto, &sigs).map_or_else(Vec::new, |a| a.0.to_vec());
+        pb::Certificate { seq, digest, signers, signature }
+    }
+
+    /// Frame from member `from` to `to` carrying `body` with `macs`, under `from`'s hop
+    /// MAC (none if they share no key: the receiver then refuses it).
+    pub fn seal(&self, from: NodeId, to: NodeId, body: &[u8], mut macs: Vec<pb::Mac>) -> Vec<u8> {
+        macs.extend(self.members[&from].keys.mac_to(to, body));
+        wire::frame(from, body, &macs)
+    }
+
+    /// `bytes`, a frame member `me` sends to `to`, with `mutate` applied to its body (to
+    /// each body, in a bundle) and what the coalition authenticates in them made valid
+    /// again, VIEW-CHANGEs signed by `signer`. A frame that does not decode passes as it is.
+    pub fn rewrite(
+        &self,
+        me: NodeId,
+        to: NodeId,
+        signer: NodeId,
+        bytes: &[u8],
+        mut mutate: impl FnMut(&mut pb::body::Kind, &mut Vec<pb::Mac>),
+    ) -> Vec<u8> {
+        let Ok(frame) = pb::Frame::decode(bytes) else { return bytes.to_vec() };
+        let Ok(pb::Body { kind: Some(mut kind) }) = pb::Body::decode(frame.body.clone()) else { return bytes.to_vec() };
+        // The hop MAC is made afresh by `seal`.
+        let mut macs: Vec<pb::Mac> = frame.macs.into_iter().filter(|m| m.from != me || m.to != to).collect();
+        if let pb::body::Kind::Bundle(bundle) = &mut kind {
+            for b in &mut bundle.bodies {
+                let Ok(pb::Body { kind: Some(mut inner) }) = pb::Body::decode(b.body.clone()) else { continue };
+                mutate(&mut inner, &mut b.macs);
+                self.reauthenticate(signer, &mut inner, &mut b.macs);
+                b.body = wire::encode_body(inner);
+            }
+        } else {
+            mutate(&mut kind, &mut macs);
+            self.reauthenticate(signer, &mut kind, &mut macs);
+        }
+        self.seal(me, to, &wire::encode_body(kind), macs)
+    }
+
+    /// Makes valid again what colluders authenticate inside a changed body: a colluding
+    /// client's request authenticator, a VIEW-CHANGE (signed by `signer`), and colluders'
+    /// Chain MACs.
+    fn reauthenticate(&self, signer: NodeId, kind: &mut pb::body::Kind, macs: &mut [pb::Mac]) {
+        match kind {
+            pb::body::Kind::Requests(r) => {
+                if let Some(m) = header(&r.body).and_then(|(client, _)| self.members.get(&client)) {
+                    let replicas = r.authenticator.iter().map(|a| a.to).collect::<Vec<_>>();
+                    r.authenticator =
+                        replicas.into_iter().filter_map(|to| m.keys.request_mac_to(to, &r.body)).collect();
+                }
+            }
+            pb::body::Kind::ViewChange(vc) => self.sign_view_change(signer, vc),
+            _ => {}
+        }
+        let body = wire::encode_body(kind.clone());
+        for m in macs.iter_mut() {
+            if let Some(fresh) = self.members.get(&m.from).and_then(|c| c.keys.mac_to(m.to, &body)) {
+                *m = fresh;
+            }
+        }
+    }
+}
+
+/// A bounded list of recent values, oldest dropped first.
+#[derive(Clone, Debug)]
+struct Recent<T> {
+    items: Vec<T>,
+}
+
+impl<T> Default for Recent<T> {
+    fn default() -> Self {
+        Recent { items: Vec::new() }
+    }
+}
+
+const RECENT: usize = 32;
+
+impl<T: Clone + PartialEq> Recent<T> {
+    fn add(&mut self, item: T) {
+        if self.items.contains(&item) {
+            return;
+        }
+        if self.items.len() == RECENT {
+            self.items.remove(0);
+        }
+        self.items.push(item);
+    }
+
+    fn pick(&self, rng: &mut Rng) -> Option<T> {
+        (!self.items.is_empty()).then(|| rng.pick(&self.items).clone())
+    }
+}
+
+/// What the coalition has seen of the run, bounded: material for lies that look real.
+#[derive(Default)]
+pub struct Pool {
+    numbers: Recent<u64>,
+    digests: Recent<Vec<u8>>,
+    batches: Recent<Bytes>,
+    requests: Recent<pb::Requests>,
+    certificates: Recent<pb::Certificate>,
+    view_changes: Recent<pb::SignedViewChange>,
+    states: Recent<Vec<u8>>,
+    payloads: Recent<Bytes>,
+}
+
+impl Pool {
+    /// Takes the material of a body sent by `from`.
+    pub fn observe(&mut self, from: NodeId, kind: &pb::body::Kind) {
+        use pb::body::Kind;
+        match kind {
+            Kind::Publication(p) => {
+                self.numbers.add(p.seq);
+                self.payloads.add(p.payload.clone());
+            }
+            Kind::Requests(r) => self.requests.add(r.clone()),
+            Kind::PrePrepare(pp) => {
+                self.numbers.add(pp.view);
+                self.numbers.add(pp.seq);
+                self.digests.add(digest(&pp.batch).to_vec());
+                self.batches.add(pp.batch.clone());
+            }
+            Kind::Prepare(v) | Kind::Commit(v) => {
+                self.numbers.add(v.view);
+                self.numbers.add(v.seq);
+                self.digests.add(v.digest.clone());
+            }
+            Kind::Reply(r) => self.payloads.extend(r.results.iter()),
+            Kind::ReadReply(r) => self.payloads.add(r.result.clone()),
+            Kind::Checkpoint(c) => {
+                self.numbers.add(c.seq);
+                self.digests.add(c.digest.clone());
+            }
+            Kind::ViewChange(vc) => {
+                self.numbers.add(vc.view);
+                self.certificates.extend(vc.stable.iter());
+                self.view_changes.add(pb::SignedViewChange { sender: from, view_change: vc.encode_to_vec() });
+            }
+            Kind::NewView(nv) => {
+                self.numbers.add(nv.view);
+                nv.view_changes.iter().for_each(|s| self.view_changes.add(s.clone()));
+            }
+            Kind::State(s) => {
+                self.certificates.extend(s.checkpoint.iter());
+                self.states.add(s.state.clone());
+            }
+            Kind::Committed(c) => self.batches.add(c.batch.clone()),
+            Kind::Proposal(p) => self.batches.add(p.batch.clone()),
+            _ => {}
+        }
+    }
+}
+
+trait Extend<T> {
+    fn extend<'a>(&mut self, items: impl Iterator<Item = &'a T>)
+    where
+        T: 'a;
+}
+
+impl<T: Clone + PartialEq> Extend<T> for Recent<T> {
+    fn extend<'a>(&mut self, items: impl Iterator<Item = &'a T>)
+    where
+        T: 'a,
+    {
+        items.for_each(|i| self.add(i.clone()));
+    }
+}
+
+/// One faulty node forging a body, with the run's generator, the coalition's secrets and
+/// what it has seen.
+pub struct Forge<'a> {
+    pub rng: &'a mut Rng,
+    pub pool: &'a Pool,
+    pub coalition: &'a Coalition,
+    /// The faulty node that sends.
+    pub me: NodeId,
+}
+
+/// Body kinds [`Forge::invent`] makes.
+const KINDS: u64 = 19;
+
+impl Forge<'_> {
+    /// A number that looks like the run's (one it saw, or one off), or an extreme.
+    fn number(&mut self) -> u64 {
+        let seen = self.pool.numbers.pick(self.rng).unwrap_or(1);
+        match self.rng.below(8) {
+            0 => 0,
+            1 => u64::MAX,
+            2 => u64::MAX - self.rng.below(3),
+            3 => seen.wrapping_add(1),
+            4 => seen.saturating_sub(1),
+            5 => self.rng.below(1 << 20),
+            _ => seen,
+        }
+    }
+
+    fn node(&mut self) -> NodeId {
+        match self.rng.below(4) {
+            0 => self.coalition.pick(self.rng),
+            1 => self.rng.next_u64() as NodeId,
+            _ => *self.rng.pick(&self.coalition.everyone),
+        }
+    }
+
+    fn digest(&mut self) -> Vec<u8> {
+        match (self.rng.below(5), self.pool.digests.pick(self.rng)) {
+            (0, _) | (_, None) => digest(&self.rng.next_u64().to_le_bytes()).to_vec(),
+            (1, Some(mut d)) => {
+                if let Some(b) = d.first_mut() {
+                    *b ^= 1;
+                }
+                d
+            }
+            (2, _) => vec![7; self.rng.below(40) as usize],
+            (_, Some(d)) => d,
+        }
+    }
+
+    fn bytes(&mut self) -> Bytes {
+        match (self.rng.below(3), self.pool.payloads.pick(self.rng)) {
+            (0, Some(p)) => p,
+            (1, Some(p)) => [&p[..], b"/lie"].concat().into(),
+            _ => Bytes::from(self.rng.next_u64().to_le_bytes()[..self.rng.below(9) as usize].to_vec()),
+        }
+    }
+
+    /// An encoded batch: one seen, one rearranged, empty, or of requests seen or made up.
+    fn batch(&mut self) -> Bytes {
+        let seen = self.pool.batches.pick(self.rng);
+        match (self.rng.below(5), seen) {
+            (0, _) => pb::Batch::default().encode_to_vec().into(),
+            (1, Some(b)) => {
+                let mut batch = pb::Batch::decode(b).unwrap_or_default();
+                batch.requests.reverse();
+                batch.requests.truncate(1 + self.rng.below(3) as usize);
+                batch.encode_to_vec().into()
+            }
+            (2, _) => {
+                let requests = (0..1 + self.rng.below(3)).map(|_| self.requests()).collect();
+                pb::Batch { requests }.encode_to_vec().into()
+            }
+            (_, Some(b)) => b,
+            (_, None) => pb::Batch { requests: vec![self.requests()] }.encode_to_vec().into(),
+        }
+    }
+
+    /// Requests seen, or new ones in a colluding client's name with a valid authenticator
+    /// (or anyone's name, unauthenticated).
+    fn requests(&mut self) -> pb::Requests {
+        if let Some(r) = self.pool.requests.pick(self.rng).filter(|_| self.rng.chance(400_000)) {
+            return r;
+        }
+        let client = if self.rng.chance(700_000) { self.coalition.pick(self.rng) } else { self.node() };
+        let first = self.number();
+        let ops = (0..self.rng.below(3)).map(|_| self.bytes()).collect();
+        let body = Bytes::from(pb::RequestsBody { client, first, ops }.encode_to_vec());
+        let replicas = self.coalition.everyone.clone();
+        let authenticator = match self.coalition.members.get(&client) {
+            Some(m) => replicas.iter().filter_map(|&to| m.keys.request_mac_to(to, &body)).collect(),
+            None => vec![],
+        };
+        pb::Requests { body, authenticator }
+    }
+
+    /// A certificate seen, or one on (seq, digest) "signed" by colluders of any role, or
+    /// one whose signer list was tampered with.
+    fn certificate(&mut self) -> pb::Certificate {
+        let seen = self.pool.certificates.pick(self.rng);
+        match (self.rng.below(4), seen) {
+            (0, Some(mut c)) => {
+                match self.rng.below(3) {
+                    0 => c.signers.push(self.node()),
+                    1 => c.signers.truncate(c.signers.len().saturating_sub(1)),
+                    _ => c.seq = self.number(),
+                }
+                c
+            }
+            (1, Some(c)) => c,
+            _ => {
+                let mut signers: Vec<NodeId> = self.coalition.members.keys().copied().collect();
+                signers.truncate(1 + self.rng.below(signers.len() as u64) as usize);
+                let (seq, d) = (self.number(), self.digest());
+                self.coalition.certificate(signers, seq, d)
+            }
+        }
+    }
+
+    fn slot_votes(&mut self) -> Vec<pb::SlotVote> {
+        (0..self.rng.below(4))
+            .map(|_| pb::SlotVote { seq: self.number(), view: self.number(), digest: self.digest() })
+            .collect()
+    }
+
+    /// A VIEW-CHANGE for `view` claiming what the forger likes, signed by `signer`.
+    fn view_change(&mut self, view: u64, signer: NodeId) -> pb::ViewChange {
+        let stable = self.rng.chance(500_000).then(|| self.certificate());
+        let (prepared, voted) =
+            if self.rng.chance(500_000) { (vec![], vec![]) } else { (self.slot_votes(), self.slot_votes()) };
+        let mut vc = pb::ViewChange { view, stable, prepared, voted, signature: vec![] };
+        self.coalition.sign_view_change(signer, &mut vc);
+        vc
+    }
+
+    /// A NEW-VIEW for `view` relaying VIEW-CHANGEs by colluders (clients among them if the
+    /// coalition has any) and ones seen.
+    pub fn new_view(&mut self, view: u64) -> pb::NewView {
+        let mut view_changes: Vec<pb::SignedViewChange> = Vec::new();
+        let signers: Vec<NodeId> = self.coalition.members.keys().copied().collect();
+        for signer in signers {
+            let vc = self.view_change(view, signer);
+            view_changes.push(pb::SignedViewChange { sender: signer, view_change: vc.encode_to_vec() });
+        }
+        if let Some(seen) = self.pool.view_changes.pick(self.rng) {
+            view_changes.push(seen);
+        }
+        pb::NewView { view, view_changes }
+    }
+
+    fn publication(&mut self) -> pb::Publication {
+        pb::Publication {
+            algorithm: self.rng.below(5) as i32,
+            step: self.rng.below(7) as i32,
+            publisher: self.node(),
+            topic: if self.rng.chance(800_000) { 0 } else { self.number() },
+            seq: self.number(),
+            history: self.rng.chance(300_000),
+            payload: if self.rng.chance(300_000) { self.history() } else { self.bytes() },
+        }
+    }
+
+    fn history(&mut self) -> Bytes {
+        let entries =
+            (0..self.rng.below(5)).map(|_| pb::HistoryEntry { seq: self.number(), payload: self.bytes() }).collect();
+        pb::History { entries }.encode_to_vec().into()
+    }
+
+    /// A body of any kind, whatever the sender's role.
+    pub fn invent(&mut self) -> pb::body::Kind {
+        use pb::body::Kind;
+        match self.rng.below(KINDS) {
+            0 => Kind::Publication(self.publication()),
+            1 => {
+                Kind::Status(pb::PubStatus { kind: self.rng.below(4) as i32, topic: self.number(), seq: self.number() })
+            }
+            2 => Kind::Subscribe(pb::Subscribe { topics: (0..self.rng.below(4)).map(|_| self.number()).collect() }),
+            3 => Kind::Requests(self.requests()),
+            4 => Kind::PrePrepare(pb::PrePrepare { view: self.number(), seq: self.number(), batch: self.batch() }),
+            5 => Kind::Prepare(pb::Vote { view: self.number(), seq: self.number(), digest: self.digest() }),
+            6 => Kind::Commit(pb::Vote { view: self.number(), seq: self.number(), digest: self.digest() }),
+            7 => Kind::Reply(pb::Reply { view: self.number(), first: self.number(), results: vec![self.bytes()] }),
+            8 => {
+                let (seq, d) = (self.number(), self.digest());
+                let signer = self.coalition.pick(self.rng);
+                let signature = self.coalition.sign(signer, Statement::Checkpoint, 0, seq, &d).0.to_vec();
+                Kind::Checkpoint(pb::CheckpointVote { seq, digest: d, signature })
+            }
+            9 => {
+                let (view, signer) =
+                    (self.number(), if self.rng.chance(700_000) { self.me } else { self.coalition.pick(self.rng) });
+                Kind::ViewChange(Box::new(self.view_change(view, signer)))
+            }
+            10 => {
+                let view = self.number();
+                Kind::NewView(self.new_view(view))
+            }
+            11 => Kind::FetchState(pb::FetchState { seq: self.number() }),
+            12 => {
+                let state = match self.pool.states.pick(self.rng) {
+                    Some(s) if self.rng.chance(500_000) => s,
+                    _ => pb::CheckpointState { app: self.bytes().to_vec(), clients: vec![] }.encode_to_vec(),
+                };
+                let checkpoint = self.rng.chance(600_000).then(|| self.certificate());
+                Kind::State(Box::new(pb::State { seq: self.number(), checkpoint, state }))
+            }
+            13 => Kind::Committed(pb::Committed { seq: self.number(), batch: self.batch() }),
+            14 => Kind::FetchBatch(pb::FetchBatch { seq: self.number(), digest: self.digest() }),
+            15 => Kind::Proposal(pb::Proposal { seq: self.number(), batch: self.batch() }),
+            16 => Kind::Read(pb::Read { request: self.number(), op: self.bytes() }),
+            17 => Kind::ReadReply(pb::ReadReply { request: self.number(), result: self.bytes() }),
+            _ => {
+                // A bundle of invented bodies, each under the sender's MAC to someone.
+                let bodies = (0..1 + self.rng.below(3))
+                    .map(|_| pb::BundledBody { body: wire::encode_body(self.invent_flat()), macs: vec![] })
+                    .collect();
+                Kind::Bundle(pb::Bundle { bodies })
+            }
+        }
+    }
+
+    fn invent_flat(&mut self) -> pb::body::Kind {
+        loop {
+            let kind = self.invent();
+            if !matches!(kind, pb::body::Kind::Bundle(_)) {
+                return kind;
+            }
+        }
+    }
+
+    /// Changes one field of `kind`, a body the node sends, keeping it well-formed.
+    pub fn mutate(&mut self, kind: &mut pb::body::Kind) {
+        use pb::body::Kind;
+        let pick = self.rng.below(4);
+        match kind {
+            Kind::Publication(p) => match self.rng.below(8) {
+                0 => p.seq = self.number(),
+                1 => p.publisher = self.node(),
+                2 => p.topic = self.number(),
+                3 => p.algorithm = self.rng.below(4) as i32,
+                4 => p.step = self.rng.below(6) as i32,
+                5 => p.history = !p.history,
+                6 if p.history => p.payload = self.history(),
+                _ => p.payload = self.bytes(),
+            },
+            Kind::Status(s) => match pick {
+                0 => s.kind = self.rng.below(4) as i32,
+                1 => s.topic = self.number(),
+                _ => s.seq = self.number(),
+            },
+            Kind::Subscribe(s) => s.topics.push(self.number()),
+            Kind::Requests(r) => match pick {
+                0 => *r = self.requests(),
+                1 => r.authenticator.clear(),
+                _ => {
+                    if let Ok(mut body) = pb::RequestsBody::decode(r.body.clone()) {
+                        match self.rng.below(3) {
+                            0 => body.first = self.number(),
+                            1 => body.client = self.node(),
+                            _ => body.ops.push(self.bytes()),
+                        }
+                        r.body = body.encode_to_vec().into();
+                    }
+                }
+            },
+            Kind::PrePrepare(pp) => match pick {
+                0 => pp.view = self.number(),
+                1 => pp.seq = self.number(),
+                _ => pp.batch = self.batch(),
+            },
+            Kind::Prepare(v) | Kind::Commit(v) => match pick {
+                0 => v.view = self.number(),
+                1 => v.seq = self.number(),
+                _ => v.digest = self.digest(),
+            },
+            Kind::Reply(r) => match pick {
+                0 => r.first = self.number(),
+                1 => r.results.push(self.bytes()),
+                _ => {
+                    if let Some(x) = r.results.first_mut() {
+                        *x = [&x[..], b"/lie"].concat().into();
+                    }
+                }
+            },
+            Kind::Checkpoint(c) => match pick {
+                0 => c.seq = self.number(),
+                1 => c.digest = self.digest(),
+                _ => {
+                    let signer = self.coalition.pick(self.rng);
+                    c.signature = self.coalition.sign(signer, Statement::Checkpoint, 0, c.seq, &c.digest).0.to_vec();
+                }
+            },
+            Kind::ViewChange(vc) => match pick {
+                0 => vc.view = self.number(),
+                1 => vc.stable = self.rng.chance(500_000).then(|| self.certificate()),
+                2 => vc.prepared = self.slot_votes(),
+                _ => {
+                    vc.prepared.clear();
+                    vc.voted = self.slot_votes();
+                }
+            },
+            Kind::NewView(nv) => match pick {
+                0 => nv.view_changes.truncate(nv.view_changes.len().saturating_sub(1)),
+                1 => {
+                    let view = nv.view;
+                    *nv = self.new_view(view);
+                }
+                2 => {
+                    if let Some(s) = self.pool.view_changes.pick(self.rng) {
+                        nv.view_changes.push(s);
+                    }
+                }
+                _ => {
+                    if let Some(first) = nv.view_changes.first().cloned() {
+                        nv.view_changes.push(first);
+                    }
+                }
+            },
+            Kind::FetchState(f) => f.seq = self.number(),
+            Kind::State(s) => match pick {
+                0 => s.seq = self.number(),
+                1 => s.checkpoint = self.rng.chance(500_000).then(|| self.certificate()),
+                _ => s.state = self.bytes().to_vec(),
+            },
+            Kind::Committed(c) => match pick {
+                0 => c.seq = self.number(),
+                _ => c.batch = self.batch(),
+            },
+            Kind::FetchBatch(f) => match pick {
+                0 => f.seq = self.number(),
+                _ => f.digest = self.digest(),
+            },
+            Kind::Proposal(p) => match pick {
+                0 => p.seq = self.number(),
+                _ => p.batch = self.batch(),
+            },
+            Kind::Read(r) => match pick {
+                0 => r.request = self.number(),
+                _ => r.op = self.bytes(),
+            },
+            Kind::ReadReply(r) => match pick {
+                0 => r.request = self.number(),
+                _ => r.result = self.bytes(),
+            },
+            Kind::Bundle(_) => {}
+        }
+    }
+
+    /// `bytes`, a frame the node sends to `to`, with its bodies changed by [`Self::mutate`]
+    /// and sealed validly; its VIEW-CHANGEs signed by itself, or one time in four by
+    /// another colluder under its name.
+    pub fn rewrite(&mut self, to: NodeId, bytes: &[u8]) -> Vec<u8> {
+        let coalition = self.coalition;
+        let signer = if self.rng.chance(250_000) { coalition.pick(self.rng) } else { self.me };
+        coalition.rewrite(self.me, to, signer, bytes, |kind, _| self.mutate(kind))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crypto::CryptoMode;
+    use crate::{ClusterSpec, Input, Node, Output, Protocol, generate_cluster};
+
+    /// Invented bodies from a colluding client reach a replica past authentication (the
+    /// frame MAC is the client's own): the replica refuses them on their merits.
+    #[test]
+    fn invented_bodies_pass_authentication_and_are_refused_on_their_merits() {
+        let spec = ClusterSpec { protocol: Protocol::Pbft, crypto: CryptoMode::InsecureTest, ..ClusterSpec::new(1) };
+        let cfgs = generate_cluster(&spec, [4; 32]).unwrap();
+        let coalition = Coalition::new([&cfgs[3], &cfgs[4]], (0..cfgs.len() as NodeId).collect());
+        let (mut rng, pool) = (Rng::new(1), Pool::default());
+        let mut replica = Node::new(cfgs[0].clone()).unwrap();
+        let mut bad_macs = 0;
+        for i in 0..500 {
+            let me = [3, 4][i % 2];
+            let body = Forge { rng: &mut rng, pool: &pool, coalition: &coalition, me }.invent();
+            let bytes = coalition.seal(me, 0, &wire::encode_body(body), vec![]);
+            replica.handle(i as u64, Input::Message { from: me, bytes }).unwrap();
+            while let Some(o) = replica.poll() {
+                if let Output::Fault { kind: crate::FaultKind::BadMac, .. } = o {
+                    bad_macs += 1;
+                }
+                if let Output::Persist { token, .. } = o {
+                    replica.handle(i as u64, Input::Persisted { token }).unwrap();
+                }
+            }
+        }
+        assert_eq!(bad_macs, 0, "every frame carries its sender's valid MAC");
+    }
+}
