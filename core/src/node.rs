@@ -60,7 +60,7 @@ pub enum Request {
     /// PBFT client: order `op` and return its result (`Output::Completed`).
     Submit { op: Vec<u8> },
     /// PBFT client: evaluate the read-only `op` against the replicas' executed state,
-    /// without ordering it, and return its result once 2f+1 replicas agree on it
+    /// without ordering it, and return its result once a quorum of replicas agree on it
     /// (`Output::Completed`); if they disagree or do not all answer in time, `op` is
     /// ordered like a `Submit` under the same request number.
     Read { op: Vec<u8> },
@@ -202,8 +202,8 @@ pub enum Output {
         seq: u64,
         ops: Vec<Operation>,
     },
-    /// PBFT client: request `request` completed with `result` (f+1 replicas agree on an
-    /// ordered request, 2f+1 on a read).
+    /// PBFT client: request `request` completed with `result` (a quorum of replicas,
+    /// ⌈(n+f+1)/2⌉, agree on it, whether it was ordered or a read).
     Completed {
         request: u64,
         result: Vec<u8>,
@@ -479,9 +479,10 @@ pub struct Stats {
     /// For topics this subscriber does not follow.
     pub unsubscribed: u64,
     /// PBFT replica: requests refused because their client already had `client_queue`
-    /// requests waiting for a batch here. A correct client keeps no more outstanding, but
+    /// requests waiting for a batch here (a correct client keeps no more outstanding, but
     /// a replica that executes behind the others may still hold some it completed
-    /// elsewhere: a bound met, not evidence against the client.
+    /// elsewhere), or dropped after two views' proposals of them failed to commit (the
+    /// client sends them again). Bounds met, not evidence against the client.
     pub refused: u64,
 }
 

@@ -57,6 +57,20 @@ impl<T: PartialEq + Clone> Votes<T> {
         self.voters.len()
     }
 
+    /// Replaces `sender`'s vote (if any) with one for `content`; returns how many senders
+    /// back `content` now. For answers a sender may legitimately change, such as a read
+    /// answered again from a later state.
+    pub fn replace(&mut self, sender: NodeId, content: &T) -> usize {
+        if let Some(i) = self.voters.iter().position(|(s, _)| *s == sender) {
+            let (_, idx) = self.voters.swap_remove(i);
+            self.contents[idx as usize].1 -= 1;
+        }
+        match self.add(sender, content) {
+            Vote::Counted(k) => k,
+            Vote::Duplicate | Vote::Equivocation => unreachable!("the sender's vote was removed"),
+        }
+    }
+
     /// Adds a vote and tells whether it is the one that brings its content to
     /// `threshold` (`Some(true)`: deliver now); `None` if `sender` equivocated.
     pub fn reaches(&mut self, sender: NodeId, content: &T, threshold: usize) -> Option<bool> {
@@ -83,5 +97,9 @@ mod tests {
         assert_eq!(v.add(2, &m), Vote::Equivocation);
         assert_eq!(v.add(4, &m), Vote::Counted(3));
         assert_eq!((v.most(), v.voters()), (3, 4));
+        // A replaced vote moves, with no equivocation.
+        assert_eq!(v.replace(4, &x), 2);
+        assert_eq!((v.most(), v.voters()), (2, 4));
+        assert_eq!(v.replace(5, &x), 3);
     }
 }

@@ -1,14 +1,16 @@
 //! The PBFT client: numbers its requests, sends them to every replica (so every replica
-//! can time the primary), retransmits until answered, and accepts a result once f+1
-//! replicas agree on it, since at least one of them is correct.
+//! can time the primary), retransmits until answered, and accepts a result once a quorum
+//! of replicas agree on it (⌈(n+f+1)/2⌉: f+1 would do for one request alone, but reads
+//! answered without ordering need every completed write to share a correct replica with
+//! their own quorum; see the read argument in `order`).
 //!
 //! Requests submitted between two polls leave together, as one `Requests` message under
 //! one MAC vector (up to what fits a batch): a host that submits a burst before polling
 //! pays for authentication once, and replicas order, execute and answer the burst as one.
 //!
 //! A read-only request goes to every replica unordered; each answers from the state it
-//! executed, and 2f+1 matching results (so f+1 correct replicas hold that result) complete
-//! it. When the replicas disagree, or not all answer within `client_retry_ns`, the client
+//! executed, and a quorum of matching results completes it; a replica's later answer
+//! replaces its earlier one. When the replicas disagree, or not all answer within `client_retry_ns`, the client
 //! has the op ordered under the same request number instead.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -184,8 +186,8 @@ impl Client {
         self.by_time.insert((sent_at, first));
     }
 
-    /// Counts a replica's reply: f+1 matching result lists complete ordered requests,
-    /// 2f+1 matching results a read.
+    /// Counts a replica's reply: a quorum of matching result lists completes ordered
+    /// requests, a quorum of matching results a read.
     pub fn on_message(&mut self, ctx: &mut Ctx, now: Nanos, msg: Opened) {
         let from = msg.sender;
         if ctx.role_of(from) != Some(Role::Broker) {
@@ -203,21 +205,21 @@ impl Client {
             return ctx.stats.stale += 1;
         };
         let quorum = ctx.quorums.intersecting();
-        match r.replies.reaches(from, &reply.result, quorum) {
-            // A replica answers a read once, from one state.
-            None => ctx.fault(from, FaultKind::Equivocation),
-            Some(true) => {
+        // A replica may answer a read twice (the network duplicated it, or the client
+        // sent it again), the second time from a later state: its latest answer counts.
+        match r.replies.replace(from, &reply.result) >= quorum {
+            true => {
                 let r = self.reads.remove(&reply.request).expect("reading");
                 self.by_time.remove(&(r.sent_at, reply.request));
                 self.outstanding -= 1;
                 ctx.push(Output::Completed { request: reply.request, result: reply.result.into() });
             }
-            // Replicas at different points: no 2f+1 can match any more, so order it.
-            Some(false) if r.replies.most() + ctx.quorums.n() - r.replies.voters() < quorum => {
+            // Replicas at different points: no quorum can match any more, so order it.
+            false if r.replies.most() + ctx.quorums.n() - r.replies.voters() < quorum => {
                 self.by_time.remove(&(r.sent_at, reply.request));
                 self.order_read(ctx, now, reply.request);
             }
-            Some(false) => {}
+            false => {}
         }
     }
 
@@ -525,6 +527,22 @@ mod tests {
         assert_eq!((fx.client.live_instances(), fx.client.poll_timeout()), (0, None));
     }
 
+    /// Finding 8: a read the network duplicated is answered twice by a correct replica,
+    /// the second time from a later state. That is no equivocation: its latest answer
+    /// counts.
+    #[test]
+    fn a_replica_answering_a_read_again_from_a_later_state_is_no_equivocator() {
+        let mut fx = Fixture::new(Params::default());
+        fx.client.handle(0, Input::Request(Request::Read { op: b"get".to_vec() })).unwrap();
+        let out: Vec<Output> = iter::from_fn(|| fx.client.poll()).collect();
+        let Some(Output::Persist { token, .. }) = out.first() else { panic!("{out:?}") };
+        fx.handle(0, Input::Persisted { token: *token });
+        assert_eq!(read_reply(&mut fx, 0, 1, b"old"), vec![]);
+        assert_eq!(read_reply(&mut fx, 0, 1, b"new"), vec![]);
+        assert_eq!(read_reply(&mut fx, 1, 1, b"new"), vec![]);
+        assert_eq!(read_reply(&mut fx, 2, 1, b"new"), completed(1, &[b"new"]));
+    }
+
     #[test]
     fn a_read_the_replicas_disagree_on_or_leave_unanswered_is_ordered() {
         let retry = 1_000;
@@ -537,7 +555,7 @@ mod tests {
         assert_eq!(read_reply(&mut fx, 1, 2, b"b"), vec![]);
         let ordered = requests(&read_reply(&mut fx, 2, 2, b"c"));
         assert_eq!(ordered, (0..4).map(|r| (r, 2, ops(&[b"get"]))).collect::<Vec<_>>());
-        // Late read replies are stale; f+1 ordered replies complete it.
+        // Late read replies are stale; a quorum of ordered replies completes it.
         assert_eq!(read_reply(&mut fx, 3, 2, b"a"), vec![]);
         assert_eq!(fx.reply(0, 2, &[b"b"]), vec![]);
         assert_eq!(fx.reply(1, 2, &[b"b"]), vec![]);

@@ -98,6 +98,13 @@ pub(crate) struct Replica {
     /// Batches up to here were handed to the host before a state transfer replaced what
     /// they would have done: the host's answers for them are superseded, not wrong.
     superseded: u64,
+    /// After a restart, the last batch this replica may have executed (and replied to)
+    /// before it: it answers no read until it has executed that far again, or it could
+    /// answer from a state older than what it told clients.
+    answer_from: u64,
+    /// Whether this run has sent again, once its records were back, its votes for the
+    /// slots of its view.
+    resumed: bool,
     /// Requests (client, first, count) of each delivered batch awaiting their results.
     executing: BTreeMap<u64, Vec<(NodeId, u64, u64)>>,
     /// Snapshots this replica took at checkpoints not yet stable.
@@ -184,6 +191,8 @@ impl Replica {
             delivered: 0,
             executed: 0,
             superseded: 0,
+            answer_from: 0,
+            resumed: false,
             executing: BTreeMap::new(),
             snapshots: BTreeMap::new(),
             checkpoint_votes: BTreeMap::new(),
@@ -248,6 +257,7 @@ impl Replica {
 
     pub fn on_message(&mut self, ctx: &mut Ctx, now: Nanos, msg: Opened) {
         self.last_now = now;
+        self.resume(ctx);
         self.dispatch(ctx, now, msg);
         self.rearm(ctx);
     }
@@ -339,7 +349,7 @@ impl Replica {
             return ctx.stats.refused += 1;
         }
         let first = bundle.first;
-        client.pending.insert(first, Waiting { bundle: Arc::new(bundle), arrived: now });
+        client.pending.insert(first, Waiting { bundle: Arc::new(bundle), arrived: now, failed: 0 });
         self.queue_unproposed(from, first);
         if self.waiting == 0 {
             self.progress_at = now;
@@ -354,6 +364,10 @@ impl Replica {
     fn on_read(&mut self, ctx: &mut Ctx, from: NodeId, r: pb::Read) {
         if r.op.len() > ctx.cfg.cluster.params.batch_max_bytes as usize {
             return ctx.fault(from, FaultKind::Oversized);
+        }
+        // Restarted behind what it may have answered before: the client orders the read.
+        if self.executed < self.answer_from {
+            return ctx.stats.stale += 1;
         }
         ctx.push(Output::Query { client: from, request: r.request, op: r.op.to_vec() });
     }
@@ -409,7 +423,18 @@ impl Replica {
     /// the client whose requests have waited longest (so a client whose bundles fill
     /// batches alone cannot starve the others). A bundle alone always fits (clients and
     /// replicas check), so a batch is never empty.
+    ///
+    /// A bundle that was in a proposal of an earlier view that did not commit goes in a
+    /// batch of its own, when it is the oldest: a faulty client may have given it an
+    /// authenticator only the primary can check, and the backups cannot take a batch that
+    /// holds it (the MAC attack of Clement et al.), so it stalls nobody else's requests.
     fn cut_batch(&self, max_count: usize, max_bytes: usize) -> Vec<Arc<Bundle>> {
+        let waiting = |client: NodeId, first: u64| &self.queues[&client].pending[&first];
+        if let Some(&(_, client, first)) = self.unproposed.first()
+            && waiting(client, first).failed > 0
+        {
+            return vec![waiting(client, first).bundle.clone()];
+        }
         let mut bundles: Vec<Arc<Bundle>> = Vec::new();
         let (mut count, mut bytes) = (0, 0);
         let oldest = self.unproposed.first().map_or(0, |&(_, client, _)| client);
@@ -418,7 +443,7 @@ impl Replica {
         loop {
             let before = bundles.len();
             for (c, firsts) in &mut queues {
-                let Some(first) = firsts.next() else { continue };
+                let Some(first) = firsts.find(|f| c.pending[*f].failed == 0) else { continue };
                 let b = &c.pending[first].bundle;
                 if !bundles.is_empty() && (count + b.ops.len() > max_count || bytes + b.op_bytes > max_bytes) {
                     return bundles;
@@ -733,6 +758,11 @@ impl Replica {
                 running.push((b.client, b.first, b.count()));
                 ops.extend(b.operations());
             }
+            // Executed without preparing here (caught up): noted first, so that after a
+            // restart this replica knows how far it may have answered.
+            if self.prepared.get(&seq).is_none_or(|(_, d)| *d != batch.digest) {
+                ctx.persist(record(Record::Delivered(seq)));
+            }
             self.executing.insert(seq, running);
             self.delivered = seq;
             ctx.push(Output::Execute { seq, ops });
@@ -783,6 +813,7 @@ impl Replica {
         }
         self.executed = seq;
         self.progress_at = now;
+        self.failed_views = 0;
         if let Some(app) = snapshot {
             self.take_checkpoint(ctx, now, seq, app);
             self.execute_ready(ctx);
@@ -794,6 +825,7 @@ impl Replica {
 
     pub fn on_timeout(&mut self, ctx: &mut Ctx, now: Nanos) {
         self.last_now = now;
+        self.resume(ctx);
         if self.fetch_at.is_some_and(|d| d <= now) {
             self.fetch_state(ctx);
         }
@@ -807,6 +839,41 @@ impl Replica {
             self.on_view_timer(ctx, now);
         }
         self.rearm(ctx);
+    }
+
+    /// After a restart, once every persisted record is back (at the first other input):
+    /// sends again this replica's votes for the slots of its view. A cluster that
+    /// restarted as a whole then commits them again without a view change, since nobody
+    /// else re-sends theirs.
+    fn resume(&mut self, ctx: &mut Ctx) {
+        if std::mem::replace(&mut self.resumed, true) {
+            return;
+        }
+        let primary = self.is_primary(ctx);
+        let view = self.view;
+        let mut bodies = Vec::new();
+        for (&seq, slot) in &self.log {
+            let Some(batch) = &slot.proposal else { continue };
+            let voted_here = self
+                .voted
+                .get(&seq)
+                .is_some_and(|vs| vs.iter().any(|v| v.view == view && v.batch.digest == batch.digest));
+            if !voted_here {
+                continue;
+            }
+            let vote = pb::Vote { view, seq, digest: batch.digest.to_vec() };
+            bodies.push(if primary {
+                pb::body::Kind::PrePrepare(pb::PrePrepare { view, seq, batch: batch.encoded.clone() })
+            } else {
+                pb::body::Kind::Prepare(vote.clone())
+            });
+            if slot.commit_sent {
+                bodies.push(pb::body::Kind::Commit(vote));
+            }
+        }
+        for body in bodies {
+            ctx.send_to_brokers(body, &[]);
+        }
     }
 
     pub fn next_deadline(&self) -> Option<Nanos> {
@@ -848,7 +915,9 @@ impl Replica {
                     slot.seen_at = now;
                 }
             }
+            Some(Record::Delivered(seq)) => self.answer_from = self.answer_from.max(seq),
             Some(Record::Prepared(v)) if v.seq > self.low => {
+                self.answer_from = self.answer_from.max(v.seq);
                 let d =
                     Digest::try_from(v.digest.as_slice()).map_err(|_| invalid("a digest of another size".into()))?;
                 if self.prepared.get(&v.seq).is_none_or(|(view, _)| *view <= v.view) {

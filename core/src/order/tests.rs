@@ -21,6 +21,11 @@ struct Net {
     received: Vec<u64>,
     /// Replicas whose outgoing frames are dropped.
     silent: Vec<NodeId>,
+    /// Replicas whose host executes each batch at once but answers later (`answer_held`).
+    slow_hosts: Vec<NodeId>,
+    held_answers: Vec<(NodeId, Input)>,
+    /// Restores each node's host made, by seq.
+    restored: Vec<(NodeId, u64)>,
     now: u64,
 }
 
@@ -45,6 +50,9 @@ impl Net {
             executed: vec![vec![]; n],
             received: vec![0; n],
             silent: vec![],
+            slow_hosts: vec![],
+            held_answers: vec![],
+            restored: vec![],
             now: 0,
         }
     }
@@ -66,10 +74,18 @@ impl Net {
                     let results = ops.iter().map(|o| o.op.iter().rev().copied().collect()).collect();
                     self.apps[id as usize].extend(ops.into_iter().map(|o| o.op));
                     let snapshot = (seq % k == 0).then(|| self.apps[id as usize].concat());
-                    self.input(id, Input::Executed { seq, results, snapshot });
+                    let answer = Input::Executed { seq, results, snapshot };
+                    if self.slow_hosts.contains(&id) {
+                        self.held_answers.push((id, answer));
+                    } else {
+                        self.input(id, answer);
+                    }
                 }
                 Output::Completed { request, result } => self.completed.push((id, request, result)),
-                Output::Restore { snapshot, .. } => self.apps[id as usize] = vec![snapshot],
+                Output::Restore { seq, snapshot } => {
+                    self.restored.push((id, seq));
+                    self.apps[id as usize] = vec![snapshot];
+                }
             }
         }
     }
@@ -247,4 +263,32 @@ fn a_replica_holds_at_most_client_queue_unbatched_requests_per_client() {
     assert_eq!(deliver(&primary, pb::body::Kind::PrePrepare(pp), 20), 0);
     let refused: usize = (13..=16).map(|r| deliver(&client, pb::body::Kind::Requests(request(r)), r)).sum();
     assert_eq!(refused, 1, "request 16 is beyond client_queue again");
+}
+
+/// Finding 2: a replica whose host is slow to answer falls behind a stable checkpoint and
+/// takes its state by state transfer while the host still owes answers for batches it
+/// was handed. The host executes in order (those batches, then the restore), and its late
+/// answers are superseded, not refused; nor does the replica ever install a state its host
+/// would reach by executing, which would restore the store back in time.
+#[test]
+fn a_state_transfer_while_the_host_owes_answers_lets_them_pass() {
+    let mut net = Net::new(1, 1, Params { batch_max_count: 1, ..params() });
+    net.slow_hosts.push(3);
+    for i in 0..12u32 {
+        net.submit(4, format!("op{i}").as_bytes());
+        net.run_timers(net.now + 10_000);
+        net.now += 10_000;
+    }
+    net.run_timers(net.now + 2_000_000_000);
+    assert!(net.restored.iter().any(|&(id, _)| id == 3), "replica 3 took no state: {:?}", net.nodes[3].status());
+    assert!(!net.held_answers.is_empty(), "its host owed no answers when it did");
+    // The host answers at last; `input` unwraps, so a refused answer fails the test.
+    while !net.held_answers.is_empty() {
+        for (id, answer) in std::mem::take(&mut net.held_answers) {
+            net.input(id, answer);
+        }
+        net.run_timers(net.now + 2_000_000_000);
+    }
+    assert_eq!(net.nodes[3].status().executed, net.nodes[0].status().executed);
+    assert_eq!(net.apps[3].concat(), net.apps[0].concat(), "the restore came after the batches it superseded");
 }

@@ -185,6 +185,7 @@ fn replica_record(bytes: &[u8]) -> String {
             Kind::Accepted(p) => format!("accepted PrePrepare {}", pre_prepare(&p)),
             Kind::Prepared(v) => format!("prepared {}", slot_vote(&v)),
             Kind::Entered(e) => format!("entered view {} (its NEW-VIEW chose slots up to {})", e.view, e.reproposed),
+            Kind::Delivered(seq) => format!("executing batch {seq}, learnt from others"),
             Kind::Stable(c) => format!("stable checkpoint {}", certificate(Some(&c))),
             Kind::StableState(s) => {
                 format!("stable checkpoint {} state {} bytes", certificate(s.certificate.as_ref()), s.state.len())

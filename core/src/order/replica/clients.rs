@@ -21,6 +21,8 @@ pub(super) struct Waiting {
     pub bundle: Arc<Bundle>,
     /// When they arrived, or a view change returned them to the queue.
     pub arrived: Nanos,
+    /// Views whose proposals held them and ended without them committing.
+    pub failed: u32,
 }
 
 /// A client's requests waiting here (received, not executed).

@@ -40,7 +40,7 @@
 //! from its peers by digest any it does not hold (f+1 voted for it, so a correct
 //! replica holds it); the new primary proposes only above them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use prost::Message;
@@ -151,7 +151,7 @@ impl Replica {
     /// may have sent them to some replicas only), and suspects the primary after the
     /// whole of it; a view change under way times out on its own deadline.
     pub(super) fn rearm(&mut self, ctx: &Ctx) {
-        let timeout = ctx.cfg.cluster.params.request_timeout_ns;
+        let timeout = self.backed_off(ctx);
         let waiting = self.changing.is_none() && self.waiting > 0;
         let forwarded = self.forwarded_for == Some(self.progress_at);
         self.forward_at =
@@ -173,7 +173,10 @@ impl Replica {
         self.catch_up_request(ctx);
         self.resend_checkpoint_votes(ctx);
         match &mut self.changing {
-            None => self.start_view_change(ctx, now, self.view + 1),
+            None => {
+                self.failed_views += 1;
+                self.start_view_change(ctx, now, self.view + 1);
+            }
             Some(c) if c.deadline.is_some_and(|d| d <= now) => {
                 let next = c.target + 1;
                 self.failed_views += 1;
@@ -190,6 +193,13 @@ impl Replica {
                 }
             }
         }
+    }
+
+    /// The request timeout, doubled for every view change since this replica last saw a
+    /// batch execute: a new view that brings no progress makes the next wait longer, so
+    /// the timers outgrow whatever delays the network has once it stabilises.
+    fn backed_off(&self, ctx: &Ctx) -> Nanos {
+        ctx.cfg.cluster.params.request_timeout_ns.saturating_mul(1 << self.failed_views.min(16))
     }
 
     /// The request timer's first stage: every request this replica holds that no batch
@@ -314,10 +324,10 @@ impl Replica {
         }
         // A quorum wants the view this replica changes to: its timer starts.
         let quorum = ctx.quorums.intersecting();
+        let timeout = self.backed_off(ctx);
         if let Some(c) = self.changing.as_mut().filter(|c| c.deadline.is_none())
             && self.view_changes.values().filter(|r| r.view == c.target).count() >= quorum
         {
-            let timeout = ctx.cfg.cluster.params.request_timeout_ns.saturating_mul(1 << self.failed_views.min(16));
             c.deadline = Some(now.saturating_add(timeout));
         }
         // The next primary announces the view once the VIEW-CHANGEs for it settle it.
@@ -376,8 +386,8 @@ impl Replica {
         ctx.counters.view_changes += 1;
         self.changing = None;
         self.progress_at = now;
-        self.failed_views = 0;
         self.view_changes.retain(|_, r| r.view > view);
+        self.note_failed_proposals(ctx);
         self.log.clear();
         self.parked.clear();
         if let Some(cert) = decision.stable.filter(|c| c.seq > self.low) {
@@ -428,6 +438,36 @@ impl Replica {
             }
         }
         self.propose(ctx, now);
+    }
+
+    /// The view ends: requests waiting here that were in one of its proposals (taken or
+    /// parked) that did not commit failed once more. After two such views they are
+    /// dropped: a correct client sends them again, while a faulty one's lie would stall
+    /// every view that proposed it.
+    fn note_failed_proposals(&mut self, ctx: &mut Ctx) {
+        let taken = self.log.values().filter(|s| !s.committed).filter_map(|s| s.proposal.as_ref());
+        let in_failed: BTreeSet<(NodeId, u64)> = taken
+            .flat_map(|b| b.bundles.iter().map(|b| (b.client, b.first)))
+            .chain(self.parked.values().flat_map(|p| {
+                p.requests.iter().map(|r| match r {
+                    Ok(b) => (b.client, b.first),
+                    Err(b) => (b.client, b.first),
+                })
+            }))
+            .collect();
+        let mut dropped = Vec::new();
+        for (client, first) in in_failed {
+            if let Some(w) = self.queues.get_mut(&client).and_then(|q| q.pending.get_mut(&first)) {
+                w.failed += 1;
+                if w.failed >= 2 {
+                    dropped.push((client, first));
+                }
+            }
+        }
+        for (client, first) in dropped {
+            ctx.stats.refused += 1;
+            self.forget_pending(client, first);
+        }
     }
 
     /// A batch chosen by the NEW-VIEW: voted for in this view like a PRE-PREPARE.
