@@ -11,15 +11,10 @@ use phalanx_core::sim::adversary::Behavior;
 use phalanx_core::sim::order_scenario::{Outcome, Scenario, sweep};
 use phalanx_core::sim::{Applied, NetConfig, kv};
 use phalanx_core::{FaultKind, Nanos, Operation, Status};
+use phalanx_tests::pbft::assert_clean;
 use phalanx_tests::seed_count;
 
 const MS: Nanos = 1_000_000;
-
-fn assert_clean(s: &Scenario) -> Outcome {
-    let outcome = s.run();
-    assert!(outcome.violations.is_empty(), "{s}\n{}", outcome.violations.join("\n"));
-    outcome
-}
 
 /// Every request of every client completed, once each.
 fn assert_all_completed(s: &Scenario, outcome: &Outcome) {

@@ -11,21 +11,12 @@ use phalanx_core::sim::adversary::Behavior;
 use phalanx_core::sim::order_scenario::{Outcome, Scenario};
 use phalanx_core::sim::{NetConfig, Rng};
 use phalanx_core::{Nanos, NodeId};
+use phalanx_tests::pbft::{assert_clean, assert_completed};
 
 const MS: Nanos = 1_000_000;
 
-fn assert_clean(s: &Scenario) -> Outcome {
-    let outcome = s.run();
-    assert!(outcome.violations.is_empty(), "{s}\n{}", outcome.violations.join("\n"));
-    outcome
-}
-
 fn assert_all_completed(s: &Scenario, outcome: &Outcome) {
-    let clients: Vec<NodeId> = s.client_ids().collect();
-    for c in clients {
-        let done = outcome.log.completed.iter().filter(|x| x.node == c).count();
-        assert_eq!(done, s.ops as usize, "{s}: client {c} completed {done} of {}", s.ops);
-    }
+    assert_completed(s, outcome, &s.client_ids().collect::<Vec<NodeId>>());
 }
 
 /// Finding 4: the state a checkpoint signs held a record for every client a replica had

@@ -5,10 +5,6 @@
 //! `order_scenario::check` (agreement, total order, exactly-once, validity, client
 //! results, liveness and convergence); each test then asserts its own outcome.
 
-use std::sync::mpsc;
-use std::thread;
-use std::time::Duration;
-
 use phalanx_core::crypto::CryptoMode;
 use phalanx_core::sim::adversary::Behavior;
 use phalanx_core::sim::kv;
@@ -16,34 +12,11 @@ use phalanx_core::sim::order_scenario::{Expectations, Liveness, Outcome, Scenari
 use phalanx_core::sim::{Applied, NetConfig, Sim};
 use phalanx_core::trace::{Trace, dump};
 use phalanx_core::{ClusterSpec, FaultKind, Nanos, NodeId, Params, Protocol, Request, generate_cluster};
+use phalanx_tests::pbft::{assert_clean, assert_completed};
 
 const MS: Nanos = 1_000_000;
-const WALL_LIMIT: Duration = Duration::from_secs(20);
 /// The backups' request timer in the crash scenarios.
 const REQUEST_TIMEOUT: Nanos = 50 * MS;
-
-/// Runs `s` on its own thread, failing after `WALL_LIMIT` instead of hanging: a node
-/// whose deadline stays in the past makes the simulator spin at one simulated instant,
-/// which no horizon stops.
-fn assert_clean(s: &Scenario) -> Outcome {
-    let (tx, rx) = mpsc::channel();
-    let run = s.clone();
-    // The receiver is gone only if it gave up waiting.
-    thread::spawn(move || tx.send(run.run()).ok());
-    let outcome = rx
-        .recv_timeout(WALL_LIMIT)
-        .unwrap_or_else(|_| panic!("{s}: no end after {WALL_LIMIT:?} of wall time (simulated time stuck?)"));
-    assert!(outcome.violations.is_empty(), "{s}\n{}", outcome.violations.join("\n"));
-    outcome
-}
-
-/// Every request of each client in `clients` completed, once each.
-fn assert_completed(s: &Scenario, outcome: &Outcome, clients: &[NodeId]) {
-    for &c in clients {
-        let done = outcome.log.completed.iter().filter(|x| x.node == c).count();
-        assert_eq!(done, s.ops as usize, "{s}: client {c} completed {done} of {}", s.ops);
-    }
-}
 
 fn all_clients(s: &Scenario) -> Vec<NodeId> {
     s.client_ids().collect()
