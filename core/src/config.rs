@@ -11,14 +11,54 @@ use crate::NodeId;
 use crate::crypto::{BlsPublicKey, BlsSecretKey, BlsSignature, CryptoMode, MacKey, bls_key_material, pairwise_mac_key};
 use crate::wire::pb;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+/// A node's role, named as its protocol family names it ([`crate::role`] says which
+/// machine runs each). Each protocol has one role whose nodes are the n replicas of the
+/// service ([`Protocol::replica_role`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Role {
-    /// A replica of the service (seed 000's broker).
+    /// Pub/sub: a replica of the service (seed 000's broker).
     Broker,
-    /// A source of broadcasts (seed 000's publisher).
+    /// Pub/sub: a source of broadcasts.
     Publisher,
-    /// A destination of broadcasts (seed 000's subscriber).
+    /// Pub/sub: a destination of broadcasts.
     Subscriber,
+    /// PBFT: a replica of the ordered service.
+    Replica,
+    /// PBFT: a client of it.
+    Client,
+}
+
+impl Role {
+    pub const ALL: [Role; 5] = [Role::Broker, Role::Publisher, Role::Subscriber, Role::Replica, Role::Client];
+
+    /// The name configuration files, the CLI and bindings use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Broker => "broker",
+            Role::Publisher => "publisher",
+            Role::Subscriber => "subscriber",
+            Role::Replica => "replica",
+            Role::Client => "client",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|r| r.name() == name)
+    }
+
+    pub(crate) fn to_pb(self) -> pb::Role {
+        match self {
+            Role::Broker => pb::Role::Broker,
+            Role::Publisher => pb::Role::Publisher,
+            Role::Subscriber => pb::Role::Subscriber,
+            Role::Replica => pb::Role::Replica,
+            Role::Client => pb::Role::Client,
+        }
+    }
+
+    pub(crate) fn from_pb(v: i32) -> Option<Self> {
+        Self::ALL.into_iter().find(|r| r.to_pb() as i32 == v)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -71,12 +111,28 @@ pub struct Params {
 pub enum Protocol {
     /// AB, Bracha and Chain with histories: brokers, publishers, subscribers.
     PubSub,
-    /// PBFT total order: brokers are the replicas, publishers the clients.
+    /// PBFT total order: replicas and clients.
     Pbft,
 }
 
 impl Protocol {
     pub const ALL: [Protocol; 2] = [Protocol::PubSub, Protocol::Pbft];
+
+    /// The role whose nodes are the service's n replicas.
+    pub fn replica_role(self) -> Role {
+        match self {
+            Protocol::PubSub => Role::Broker,
+            Protocol::Pbft => Role::Replica,
+        }
+    }
+
+    /// The role of the nodes that use the service (publish, or submit requests).
+    pub fn client_role(self) -> Role {
+        match self {
+            Protocol::PubSub => Role::Publisher,
+            Protocol::Pbft => Role::Client,
+        }
+    }
 
     /// The name configuration files and bindings use.
     pub fn name(self) -> &'static str {
@@ -216,13 +272,15 @@ fn err<T>(msg: impl Into<String>) -> Result<T, ConfigError> {
 }
 
 impl ClusterConfig {
-    pub fn brokers(&self) -> impl Iterator<Item = &NodeInfo> {
-        self.nodes.iter().filter(|n| n.role == Role::Broker)
+    /// The service's replicas (brokers, PBFT replicas), by id.
+    pub fn replicas(&self) -> impl Iterator<Item = &NodeInfo> {
+        let role = self.protocol.replica_role();
+        self.nodes.iter().filter(move |n| n.role == role)
     }
 
-    /// Number of broker replicas.
+    /// Number of replicas.
     pub fn n(&self) -> usize {
-        self.brokers().count()
+        self.replicas().count()
     }
 
     pub fn node(&self, id: NodeId) -> Option<&NodeInfo> {
@@ -241,6 +299,16 @@ impl ClusterConfig {
         if self.nodes.windows(2).any(|w| w[0].id > w[1].id) {
             return err("nodes must be sorted by id");
         }
+        if let Some(node) = self.nodes.iter().find(|n| !crate::role::roles(self.protocol).any(|r| r == n.role)) {
+            let known: Vec<&str> = crate::role::roles(self.protocol).map(Role::name).collect();
+            return err(format!(
+                "node {}: {} has no role {:?} (its roles: {})",
+                node.id,
+                self.protocol.name(),
+                node.role.name(),
+                known.join(", ")
+            ));
+        }
         self.validate_params()?;
         for node in &self.nodes {
             if !node.bls_public_key.validate_with_pop(self.crypto, &node.bls_pop) {
@@ -253,14 +321,15 @@ impl ClusterConfig {
         Ok(())
     }
 
-    /// The rules on f, the number of brokers and the parameters, without the keys: what a
+    /// The rules on f, the number of replicas and the parameters, without the keys: what a
     /// host can check of a configuration file before it reads any key.
     pub fn validate_params(&self) -> Result<(), ConfigError> {
         let n = self.n() as u64;
         let f = self.f as u64;
         if n < 3 * f + 1 {
             return err(format!(
-                "n = {n} brokers cannot tolerate f = {f}: Byzantine fault tolerance needs n >= 3f+1 = {}",
+                "n = {n} {}s cannot tolerate f = {f}: Byzantine fault tolerance needs n >= 3f+1 = {}",
+                self.protocol.replica_role().name(),
                 3 * f + 1
             ));
         }
@@ -355,8 +424,9 @@ impl NodeConfig {
         let Some(me) = self.cluster.node(self.id) else {
             return err(format!("node id {} is not in the cluster", self.id));
         };
+        let replica = self.cluster.protocol.replica_role();
         for peer in &self.cluster.nodes {
-            let talks = peer.id != self.id && (peer.role == Role::Broker || me.role == Role::Broker);
+            let talks = peer.id != self.id && (peer.role == replica || me.role == replica);
             if talks && !self.mac_keys.contains_key(&peer.id) {
                 return err(format!("node {}: missing MAC key for peer {}", self.id, peer.id));
             }
@@ -422,11 +492,8 @@ impl ClusterConfig {
         };
         let mut nodes = Vec::with_capacity(pb.nodes.len());
         for n in pb.nodes {
-            let role = match pb::Role::try_from(n.role) {
-                Ok(pb::Role::Broker) => Role::Broker,
-                Ok(pb::Role::Publisher) => Role::Publisher,
-                Ok(pb::Role::Subscriber) => Role::Subscriber,
-                _ => return err(format!("node {}: missing or unknown role {}", n.id, n.role)),
+            let Some(role) = Role::from_pb(n.role) else {
+                return err(format!("node {}: missing or unknown role {}", n.id, n.role));
             };
             let pk: [u8; 48] = n.bls_public_key.as_slice().try_into().map_err(|_| {
                 ConfigError(format!(
@@ -470,11 +537,7 @@ impl ClusterConfig {
                 .iter()
                 .map(|n| pb::NodeInfo {
                     id: n.id,
-                    role: match n.role {
-                        Role::Broker => pb::Role::Broker,
-                        Role::Publisher => pb::Role::Publisher,
-                        Role::Subscriber => pb::Role::Subscriber,
-                    } as i32,
+                    role: n.role.to_pb() as i32,
                     bls_public_key: n.bls_public_key.0.to_vec(),
                     bls_pop: n.bls_pop.0.to_vec(),
                     topics: n.topics.clone(),
@@ -493,13 +556,16 @@ impl ClusterConfig {
     }
 }
 
-/// The shape of a test or demo cluster: node ids are assigned brokers first (0..n), then
-/// publishers, then subscribers.
+/// The shape of a test or demo cluster: node ids are assigned replicas first (0..n), then
+/// clients, then subscribers, with the roles of `protocol`.
 #[derive(Clone, Debug)]
 pub struct ClusterSpec {
     pub f: u32,
-    pub brokers: u32,
-    pub publishers: u32,
+    /// The service's replicas: pub/sub brokers, PBFT replicas.
+    pub replicas: u32,
+    /// The nodes that use it: pub/sub publishers, PBFT clients.
+    pub clients: u32,
+    /// Pub/sub only.
     pub subscribers: u32,
     /// Initial topic filter of every subscriber.
     pub topics: Vec<u64>,
@@ -509,11 +575,12 @@ pub struct ClusterSpec {
 }
 
 impl ClusterSpec {
+    /// A pub/sub cluster: 3f+1 brokers, one publisher, two subscribers.
     pub fn new(f: u32) -> Self {
         ClusterSpec {
             f,
-            brokers: 3 * f + 1,
-            publishers: 1,
+            replicas: 3 * f + 1,
+            clients: 1,
             subscribers: 2,
             topics: vec![0],
             params: Params::default(),
@@ -521,17 +588,22 @@ impl ClusterSpec {
             protocol: Protocol::PubSub,
         }
     }
+
+    /// A PBFT cluster: 3f+1 replicas and `clients` clients.
+    pub fn pbft(f: u32, clients: u32) -> Self {
+        ClusterSpec { protocol: Protocol::Pbft, clients, subscribers: 0, topics: vec![], ..ClusterSpec::new(f) }
+    }
 }
 
 /// Generates every node's configuration deterministically from `seed`: pairwise MAC keys
 /// and BLS keys with proofs of possession. For tests, simulations and local clusters.
 pub fn generate_cluster(spec: &ClusterSpec, seed: [u8; 32]) -> Result<Vec<NodeConfig>, ConfigError> {
-    let total = spec.brokers + spec.publishers + spec.subscribers;
+    let total = spec.replicas + spec.clients + spec.subscribers;
     let role_of = |id: u32| {
-        if id < spec.brokers {
-            Role::Broker
-        } else if id < spec.brokers + spec.publishers {
-            Role::Publisher
+        if id < spec.replicas {
+            spec.protocol.replica_role()
+        } else if id < spec.replicas + spec.clients {
+            spec.protocol.client_role()
         } else {
             Role::Subscriber
         }
@@ -581,7 +653,7 @@ mod tests {
 
     #[test]
     fn a_new_view_and_a_batch_must_fit_in_a_message() {
-        let pbft = |f, params| ClusterSpec { protocol: Protocol::Pbft, f, params, ..spec(f) };
+        let pbft = |f, params| ClusterSpec { params, ..ClusterSpec::pbft(f, 1) };
         // The defaults hold up to f = 10.
         for f in [1, 2, 3, 10] {
             generate_cluster(&pbft(f, Params::default()), [1; 32]).unwrap();
@@ -600,7 +672,7 @@ mod tests {
     #[test]
     fn too_few_brokers_is_rejected_with_the_rule() {
         let mut s = spec(1);
-        s.brokers = 3;
+        s.replicas = 3;
         let e = generate_cluster(&s, [0; 32]).unwrap_err();
         assert!(e.0.contains("n >= 3f+1"), "{e}");
     }

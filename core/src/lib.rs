@@ -14,13 +14,17 @@
 //! - [`sim`]: deterministic simulator with Byzantine adversaries and property checkers.
 //! - [`trace`]: recording and byte-for-byte replay of a node's inputs and outputs.
 
+pub mod boundary;
 pub mod broadcast;
 pub mod config;
 pub mod crypto;
+pub mod host;
+pub mod kv;
 mod node;
 pub mod order;
 pub mod pubsub;
 pub mod quorum;
+pub mod role;
 pub mod sim;
 pub mod statement;
 pub mod trace;

@@ -9,11 +9,10 @@ use std::fmt;
 
 use bytes::Bytes;
 
-use crate::config::{ConfigError, NodeConfig, Protocol, Role};
+use crate::config::{ConfigError, NodeConfig, Role};
 use crate::crypto::{BlsBackend, BlsPublicKey, BlsSignature, CryptoMode, aggregate, fast_aggregate_verify};
-use crate::order::{Client, Replica};
-use crate::pubsub::{Broker, Publisher, Subscriber};
 use crate::quorum::Quorums;
+use crate::role::{self, RoleMachine};
 use crate::wire::{self, Keyring, Unsealed, pb};
 
 pub type NodeId = u32;
@@ -90,7 +89,7 @@ pub enum Input {
         token: u64,
     },
     /// PBFT replica: the host executed batch `seq` (one result per operation) and, when
-    /// `seq` is a multiple of the checkpoint interval, gives the application snapshot.
+    /// the `Execute` asked for one, gives the application snapshot after it.
     Executed {
         seq: u64,
         results: Vec<Vec<u8>>,
@@ -106,6 +105,43 @@ pub enum Input {
         request: u64,
         result: Vec<u8>,
     },
+}
+
+impl Input {
+    /// Every [`Input::name`].
+    pub const KINDS: [&'static str; 10] = [
+        "message",
+        "publish",
+        "subscribe",
+        "submit",
+        "read",
+        "timeout",
+        "persisted",
+        "executed",
+        "recover",
+        "answered",
+    ];
+
+    /// The kind named `name` (one of [`Input::KINDS`]).
+    pub fn kind_name(name: &str) -> Option<&'static str> {
+        Self::KINDS.into_iter().find(|k| *k == name)
+    }
+
+    /// Its kind, for messages about it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Input::Message { .. } => "message",
+            Input::Request(Request::Publish { .. }) => "publish",
+            Input::Request(Request::Subscribe { .. }) => "subscribe",
+            Input::Request(Request::Submit { .. }) => "submit",
+            Input::Request(Request::Read { .. }) => "read",
+            Input::Timeout => "timeout",
+            Input::Persisted { .. } => "persisted",
+            Input::Executed { .. } => "executed",
+            Input::Recover { .. } => "recover",
+            Input::Answered { .. } => "answered",
+        }
+    }
 }
 
 /// A publication delivered to a subscriber.
@@ -197,10 +233,12 @@ pub enum Output {
         kind: FaultKind,
     },
     /// PBFT replica: execute batch `seq` (in order, exactly once) and answer
-    /// `Input::Executed`.
+    /// `Input::Executed`, with the application's snapshot after it if `snapshot` (a
+    /// checkpoint, every `checkpoint_interval` batches).
     Execute {
         seq: u64,
         ops: Vec<Operation>,
+        snapshot: bool,
     },
     /// PBFT client: request `request` completed with `result` (a quorum of replicas,
     /// ⌈(n+f+1)/2⌉, agree on it, whether it was ordered or a read).
@@ -245,7 +283,9 @@ pub enum HandleError {
 impl fmt::Display for HandleError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            HandleError::WrongRole { role, request } => write!(f, "a {role:?} cannot handle a {request} request"),
+            HandleError::WrongRole { role, request } => {
+                write!(f, "a {} cannot handle a {request} request", role.name())
+            }
             HandleError::Backpressure => {
                 write!(f, "publish queue full: too many publications outstanding without a history")
             }
@@ -269,11 +309,11 @@ enum Queued {
 pub(crate) struct Ctx {
     pub cfg: NodeConfig,
     pub keys: Keyring,
-    /// Broker ids in ascending order; the first 2f+1 form the Chain.
-    pub brokers: Vec<NodeId>,
-    /// The brokers other than this node, for sending to all of them without a fresh list.
-    other_brokers: Vec<NodeId>,
-    /// Every threshold, from n (the brokers) and f.
+    /// The replicas' ids in ascending order (pub/sub: the first 2f+1 form the Chain).
+    pub replicas: Vec<NodeId>,
+    /// The replicas other than this node, for sending to all of them without a fresh list.
+    other_replicas: Vec<NodeId>,
+    /// Every threshold, from n (the replicas) and f.
     pub quorums: Quorums,
     pub stats: Stats,
     /// The counters of [`Status`], bumped where they happen; `Node::status` adds the gauges.
@@ -296,6 +336,15 @@ pub(crate) struct Ctx {
 impl Ctx {
     pub fn me(&self) -> NodeId {
         self.cfg.id
+    }
+
+    pub fn role(&self) -> Role {
+        self.role_of(self.me()).expect("a node is in its own cluster")
+    }
+
+    /// Whether `id` is one of the service's replicas.
+    pub fn is_replica(&self, id: NodeId) -> bool {
+        self.role_of(id) == Some(self.cfg.cluster.protocol.replica_role())
     }
 
     /// The host's BLS backend, if it set one and the cluster runs real crypto.
@@ -441,15 +490,15 @@ impl Ctx {
     }
 
     /// Sends one body to every broker but this node, then to `also`.
-    pub fn send_to_brokers(&mut self, body: pb::body::Kind, also: &[NodeId]) {
-        self.send_encoded_to_brokers(&wire::encode_body(body), also);
+    pub fn send_to_replicas(&mut self, body: pb::body::Kind, also: &[NodeId]) {
+        self.send_encoded_to_replicas(&wire::encode_body(body), also);
     }
 
     /// Sends an already encoded body to every broker but this node, then to `also`.
-    pub fn send_encoded_to_brokers(&mut self, body: &Bytes, also: &[NodeId]) {
-        let peers = std::mem::take(&mut self.other_brokers);
+    pub fn send_encoded_to_replicas(&mut self, body: &Bytes, also: &[NodeId]) {
+        let peers = std::mem::take(&mut self.other_replicas);
         self.send_encoded(body, peers.iter().chain(also).copied());
-        self.other_brokers = peers;
+        self.other_replicas = peers;
     }
 
     /// Sends an encoded body to every receiver, carrying the MAC entries `macs` appends
@@ -532,6 +581,35 @@ pub trait Machine {
     fn failure(&self) -> Option<String> {
         None
     }
+
+    /// Feeds a round of inputs in order, before any is polled: one call for what a host
+    /// gathered, so that a sandbox is crossed once per round rather than once per input.
+    /// One result per input.
+    fn handle_many(&mut self, inputs: Vec<(Nanos, Input)>) -> Vec<Result<(), HandleError>> {
+        inputs.into_iter().map(|(now, input)| self.handle(now, input)).collect()
+    }
+}
+
+impl<M: Machine + ?Sized> Machine for Box<M> {
+    fn handle(&mut self, now: Nanos, input: Input) -> Result<(), HandleError> {
+        (**self).handle(now, input)
+    }
+
+    fn poll(&mut self) -> Option<Output> {
+        (**self).poll()
+    }
+
+    fn poll_timeout(&mut self) -> Option<Nanos> {
+        (**self).poll_timeout()
+    }
+
+    fn failure(&self) -> Option<String> {
+        (**self).failure()
+    }
+
+    fn handle_many(&mut self, inputs: Vec<(Nanos, Input)>) -> Vec<Result<(), HandleError>> {
+        (**self).handle_many(inputs)
+    }
 }
 
 impl Machine for Node {
@@ -548,34 +626,71 @@ impl Machine for Node {
     }
 }
 
-enum RoleMachine {
-    Broker(Broker),
-    Publisher(Publisher),
-    Subscriber(Subscriber),
-    // Boxed: a replica's state is much larger than the other roles'.
-    Replica(Box<Replica>),
-    Client(Client),
-}
-
-/// A Phalanx node behind the uniform sans-IO shape: a broker, publisher or subscriber of
-/// the publish/subscribe family, or a PBFT replica or client (the cluster's protocol
-/// decides; PBFT's replicas are the brokers and its clients the publishers).
+/// A Phalanx node behind the uniform sans-IO shape, running the machine of its role in
+/// its cluster's protocol ([`crate::role`]): a broker, publisher or subscriber of the
+/// publish/subscribe family, or a PBFT replica or client.
+///
+/// A host loop in a few lines: a PBFT client and four replicas in one process, the
+/// network a queue, storage instant and the clock a counter. A real host does the same
+/// with sockets, a disk and a monotonic clock (or uses [`crate::host::HostLoop`]).
+///
+/// ```
+/// use std::collections::VecDeque;
+/// use phalanx_core::crypto::CryptoMode;
+/// use phalanx_core::{ClusterSpec, Input, Node, Output, Request, generate_cluster};
+///
+/// let spec = ClusterSpec { crypto: CryptoMode::InsecureTest, ..ClusterSpec::pbft(1, 1) };
+/// let mut nodes = generate_cluster(&spec, [7; 32])?.into_iter().map(Node::new).collect::<Result<Vec<_>, _>>()?;
+/// let (client, mut now) = (4, 0);
+/// nodes[client].handle(now, Input::Request(Request::Submit { op: b"hello".to_vec() }))?;
+/// let mut network = VecDeque::new();
+/// let mut result = None;
+/// while result.is_none() {
+///     for (id, node) in nodes.iter_mut().enumerate() {
+///         while let Some(output) = node.poll() {
+///             match output {
+///                 Output::Send { to, bytes } => network.push_back((id as u32, to, bytes)),
+///                 // No disk here: durable at once.
+///                 Output::Persist { token, .. } => node.handle(now, Input::Persisted { token })?,
+///                 // The replicated application echoes each op.
+///                 Output::Execute { seq, ops, snapshot } => {
+///                     let results = ops.into_iter().map(|o| o.op).collect();
+///                     node.handle(now, Input::Executed { seq, results, snapshot: snapshot.then(Vec::new) })?;
+///                 }
+///                 Output::Completed { result: r, .. } => result = Some(r),
+///                 _ => {}
+///             }
+///         }
+///     }
+///     match network.pop_front() {
+///         Some((from, to, bytes)) => nodes[to as usize].handle(now, Input::Message { from, bytes })?,
+///         // Nothing in flight: time passes to the next deadline (a batch timer, here).
+///         None => {
+///             now = nodes.iter().filter_map(|n| n.poll_timeout()).min().expect("a timer runs");
+///             for node in nodes.iter_mut().filter(|n| n.poll_timeout().is_some_and(|t| t <= now)) {
+///                 node.handle(now, Input::Timeout)?;
+///             }
+///         }
+///     }
+/// }
+/// assert_eq!(result.as_deref(), Some(&b"hello"[..]));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct Node {
     ctx: Ctx,
-    role: RoleMachine,
+    role: Box<dyn RoleMachine>,
 }
 
 impl Node {
     pub fn new(cfg: NodeConfig) -> Result<Node, ConfigError> {
         cfg.validate()?;
-        let me = cfg.cluster.node(cfg.id).expect("validated").clone();
-        let brokers: Vec<NodeId> = cfg.cluster.brokers().map(|b| b.id).collect();
+        let replicas: Vec<NodeId> = cfg.cluster.replicas().map(|r| r.id).collect();
         let keys = Keyring::new(cfg.cluster.crypto, cfg.id, cfg.mac_keys.clone());
-        let other_brokers = brokers.iter().copied().filter(|&b| b != cfg.id).collect();
+        let other_replicas = replicas.iter().copied().filter(|&r| r != cfg.id).collect();
         let ctx = Ctx {
-            quorums: Quorums::new(brokers.len(), cfg.cluster.f as usize),
-            brokers,
-            other_brokers,
+            quorums: Quorums::new(replicas.len(), cfg.cluster.f as usize),
+            replicas,
+            other_replicas,
             keys,
             cfg,
             stats: Stats::default(),
@@ -588,16 +703,7 @@ impl Node {
             acked_ahead: Default::default(),
             bls: None,
         };
-        let role = match (ctx.cfg.cluster.protocol, me.role) {
-            (Protocol::PubSub, Role::Broker) => RoleMachine::Broker(Broker::new(&ctx)),
-            (Protocol::PubSub, Role::Publisher) => RoleMachine::Publisher(Publisher::new(&ctx)),
-            (Protocol::PubSub, Role::Subscriber) => RoleMachine::Subscriber(Subscriber::new(&ctx, me.topics.clone())),
-            (Protocol::Pbft, Role::Broker) => RoleMachine::Replica(Box::new(Replica::new(&ctx))),
-            (Protocol::Pbft, Role::Publisher) => RoleMachine::Client(Client::new(&ctx)),
-            (Protocol::Pbft, Role::Subscriber) => {
-                return Err(ConfigError(format!("node {}: PBFT has replicas and clients, no subscribers", me.id)));
-            }
-        };
+        let role = role::make(&ctx)?;
         Ok(Node { ctx, role })
     }
 
@@ -617,11 +723,7 @@ impl Node {
     }
 
     pub fn role(&self) -> Role {
-        match self.role {
-            RoleMachine::Broker(_) | RoleMachine::Replica(_) => Role::Broker,
-            RoleMachine::Publisher(_) | RoleMachine::Client(_) => Role::Publisher,
-            RoleMachine::Subscriber(_) => Role::Subscriber,
-        }
+        self.ctx.role()
     }
 
     pub fn stats(&self) -> &Stats {
@@ -630,23 +732,14 @@ impl Node {
 
     /// Gauges and counters for metrics; cheap enough to call at every scrape.
     pub fn status(&self) -> Status {
-        match &self.role {
-            RoleMachine::Replica(r) => r.status(&self.ctx),
-            _ => self.ctx.counters,
-        }
+        self.role.status(&self.ctx)
     }
 
     /// Protocol instances and pending items held in memory (broadcast instances and
     /// pending publications; PBFT log slots and queued requests): bounded by windows,
     /// stream and queue limits and the cluster size, whatever peers send.
     pub fn live_instances(&self) -> usize {
-        match &self.role {
-            RoleMachine::Broker(b) => b.live_instances(),
-            RoleMachine::Publisher(_) => 0,
-            RoleMachine::Subscriber(s) => s.live_instances(),
-            RoleMachine::Replica(r) => r.live_instances(),
-            RoleMachine::Client(c) => c.live_instances(),
-        }
+        self.role.live_instances()
     }
 
     pub fn config(&self) -> &NodeConfig {
@@ -664,49 +757,15 @@ impl Node {
                 self.on_frame(now, from, bytes);
                 Ok(())
             }
-            Input::Request(req) => match (&mut self.role, req) {
-                (RoleMachine::Publisher(p), Request::Publish { topic, payload, algorithm }) => {
-                    p.publish(&mut self.ctx, now, topic, payload, algorithm)
-                }
-                (RoleMachine::Subscriber(s), Request::Subscribe { topics }) => s.subscribe(&mut self.ctx, topics),
-                (RoleMachine::Client(c), Request::Submit { op }) => c.submit(&mut self.ctx, now, op),
-                (RoleMachine::Client(c), Request::Read { op }) => c.read(&mut self.ctx, now, op),
-                (_, req) => Err(HandleError::WrongRole {
-                    role: self.role(),
-                    request: match req {
-                        Request::Publish { .. } => "publish",
-                        Request::Subscribe { .. } => "subscribe",
-                        Request::Submit { .. } => "submit",
-                        Request::Read { .. } => "read",
-                    },
-                }),
-            },
             Input::Timeout => {
-                match &mut self.role {
-                    RoleMachine::Publisher(p) => p.on_timeout(&mut self.ctx, now),
-                    RoleMachine::Replica(r) => r.on_timeout(&mut self.ctx, now),
-                    RoleMachine::Client(c) => c.on_timeout(&mut self.ctx, now),
-                    _ => {}
-                }
+                self.role.on_timeout(&mut self.ctx, now);
                 Ok(())
             }
             Input::Persisted { token } => {
                 self.ctx.persisted(token);
                 Ok(())
             }
-            Input::Executed { seq, results, snapshot } => match &mut self.role {
-                RoleMachine::Replica(r) => r.on_executed(&mut self.ctx, now, seq, results, snapshot),
-                _ => Err(HandleError::WrongRole { role: self.role(), request: "executed" }),
-            },
-            Input::Answered { client, request, result } => match &mut self.role {
-                RoleMachine::Replica(r) => r.on_answered(&mut self.ctx, client, request, result),
-                _ => Err(HandleError::WrongRole { role: self.role(), request: "answered" }),
-            },
-            Input::Recover { record } => match &mut self.role {
-                RoleMachine::Replica(r) => r.recover(&mut self.ctx, now, &record),
-                RoleMachine::Client(c) => c.recover(&record),
-                _ => Err(HandleError::WrongRole { role: self.role(), request: "recover" }),
-            },
+            input => self.role.on_input(&mut self.ctx, now, input),
         }
     }
 
@@ -728,39 +787,22 @@ impl Node {
                 Ok(msg) => msg,
                 Err(kind) => return self.ctx.fault(from, kind),
             };
-            match &mut self.role {
-                RoleMachine::Broker(b) => b.on_message(&mut self.ctx, msg),
-                RoleMachine::Publisher(p) => p.on_message(&mut self.ctx, now, msg),
-                RoleMachine::Subscriber(s) => s.on_message(&mut self.ctx, msg),
-                RoleMachine::Replica(r) => r.on_message(&mut self.ctx, now, msg),
-                RoleMachine::Client(c) => c.on_message(&mut self.ctx, now, msg),
-            }
+            self.role.on_message(&mut self.ctx, now, msg);
         }
     }
 
-    /// PBFT client: the request number the next accepted `Submit` gets (so a host can
-    /// match `Completed` outputs to its submissions); `None` for other roles.
+    /// The request number the next accepted request gets (a PBFT client's, so a host can
+    /// match `Completed` outputs to its submissions); `None` for roles that number none.
     pub fn next_request(&self) -> Option<u64> {
-        match &self.role {
-            RoleMachine::Client(c) => Some(c.next_request()),
-            _ => None,
-        }
+        self.role.next_request()
     }
 
     pub fn poll(&mut self) -> Option<Output> {
-        // A PBFT client's submissions since the last poll leave together.
-        if let RoleMachine::Client(c) = &mut self.role {
-            c.flush(&mut self.ctx);
-        }
+        self.role.before_poll(&mut self.ctx);
         self.ctx.next_output()
     }
 
     pub fn poll_timeout(&self) -> Option<Nanos> {
-        match &self.role {
-            RoleMachine::Publisher(p) => p.next_deadline(),
-            RoleMachine::Replica(r) => r.next_deadline(),
-            RoleMachine::Client(c) => c.next_deadline(),
-            _ => None,
-        }
+        self.role.next_deadline()
     }
 }

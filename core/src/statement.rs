@@ -28,7 +28,7 @@ impl Statement {
     /// The only role whose keys sign this statement.
     pub fn signer(self) -> Role {
         match self {
-            Statement::Checkpoint | Statement::ViewChange => Role::Broker,
+            Statement::Checkpoint | Statement::ViewChange => Role::Replica,
         }
     }
 
@@ -93,11 +93,11 @@ impl Ctx {
 mod tests {
     use super::*;
     use crate::crypto::CryptoMode;
-    use crate::{ClusterSpec, Node, Protocol, generate_cluster};
+    use crate::{ClusterSpec, Node, generate_cluster};
 
     #[test]
     fn only_replicas_keys_check_replica_statements() {
-        let spec = ClusterSpec { protocol: Protocol::Pbft, crypto: CryptoMode::Real, ..ClusterSpec::new(1) };
+        let spec = ClusterSpec { crypto: CryptoMode::Real, ..ClusterSpec::pbft(1, 1) };
         let cfgs = generate_cluster(&spec, [9; 32]).unwrap();
         let (replica, client) = (&cfgs[1], &cfgs[4]);
         let mut node = Node::new(cfgs[0].clone()).unwrap();

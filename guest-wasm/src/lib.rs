@@ -1,20 +1,20 @@
 //! The Phalanx core as a WebAssembly component: exports `wit/phalanx.wit`'s `node`
-//! interface over [`phalanx_core::Node`], unchanged. Built for wasm32-unknown-unknown
-//! (scripts/build-wasm), it has no WASI: no clock, file, randomness or stderr. Its one
-//! import is the optional `host-crypto`; a panic (panic = "abort") is a trap.
+//! interface over [`phalanx_core::Node`], unchanged. What crosses is the core's boundary
+//! vocabulary ([`phalanx_core::boundary`]), so there is nothing to convert here. Built for
+//! wasm32-unknown-unknown (scripts/build-wasm), it has no WASI: no clock, file,
+//! randomness or stderr. Its one import is the optional `host-crypto`; a panic
+//! (panic = "abort") is a trap.
 
 use std::cell::RefCell;
 
-use phalanx_core::Node;
+use phalanx_core::boundary::{self, Round};
 use phalanx_core::crypto::{BlsBackend, BlsPublicKey, BlsSecretKey, BlsSignature, CryptoMode};
 use phalanx_core::trace::{Trace, replay as replay_trace};
-
-mod convert;
+use phalanx_core::Node;
 
 wit_bindgen::generate!({ path: "../wit", world: "phalanx" });
 
 use exports::phalanx::node::node::{CryptoBackend, Guest, GuestMachine, Machine as MachineHandle};
-use exports::phalanx::node::types as wit;
 use phalanx::node::host_crypto;
 
 struct Component;
@@ -53,9 +53,9 @@ struct NodeMachine {
 impl Guest for Component {
     type Machine = NodeMachine;
 
-    fn replay(trace: Vec<u8>) -> Result<wit::ReplaySummary, String> {
+    fn replay(trace: Vec<u8>) -> Result<String, String> {
         let trace = Trace::parse(&trace).map_err(|e| e.to_string())?;
-        replay_trace(&trace).map(convert::summary).map_err(|e| e.to_string())
+        replay_trace(&trace).map(|summary| summary.to_string()).map_err(|e| e.to_string())
     }
 }
 
@@ -73,38 +73,26 @@ impl GuestMachine for NodeMachine {
         Ok(MachineHandle::new(NodeMachine { node: RefCell::new(node), crypto }))
     }
 
-    fn handle(&self, now: u64, input: wit::Input) -> Result<(), wit::HandleError> {
-        let input = convert::input(input);
+    fn run(&self, inputs: Vec<u8>) -> Result<Vec<u8>, String> {
+        let inputs = boundary::decode_inputs(&inputs).map_err(|e| e.to_string())?;
         // Only in the `fault-injection` build, which exists so that the host's fault tests
         // can make the guest trap on demand.
         #[cfg(feature = "fault-injection")]
-        if matches!(&input, phalanx_core::Input::Request(phalanx_core::Request::Submit { op }) if op == b"phalanx:trap")
-        {
+        if inputs.iter().any(|(_, input)| {
+            matches!(input, phalanx_core::Input::Request(phalanx_core::Request::Submit { op }) if op == b"phalanx:trap")
+        }) {
             panic!("fault injection: a trap on request");
         }
-        self.node.borrow_mut().handle(now, input).map_err(convert::handle_error)
-    }
-
-    fn poll(&self) -> Option<wit::Output> {
-        self.node.borrow_mut().poll().map(convert::output)
-    }
-
-    fn drain(&self) -> Vec<wit::Output> {
-        let mut node = self.node.borrow_mut();
-        std::iter::from_fn(|| node.poll().map(convert::output)).collect()
-    }
-
-    fn poll_timeout(&self) -> Option<u64> {
-        self.node.borrow().poll_timeout()
+        Ok(Round::run(&mut *self.node.borrow_mut(), inputs).encode())
     }
 
     fn next_request(&self) -> Option<u64> {
         self.node.borrow().next_request()
     }
 
-    fn status(&self) -> wit::Status {
+    fn status(&self) -> Vec<u8> {
         let node = self.node.borrow();
-        convert::status(node.status(), node.stats())
+        boundary::encode_status(&node.status(), node.stats())
     }
 
     fn crypto_backend(&self) -> CryptoBackend {

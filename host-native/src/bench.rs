@@ -22,7 +22,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use clap::Args;
 use phalanx_core::crypto::CryptoMode;
-use phalanx_core::sim::kv::{self, Reply};
+use phalanx_core::kv::{self, Reply};
 use phalanx_core::{HandleError, NodeId, Params, Protocol};
 
 use crate::client::{ClientError, ClusterClient};

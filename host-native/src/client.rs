@@ -1,6 +1,6 @@
 //! A client of a running cluster: a core PBFT client (or pub/sub publisher or
 //! subscriber) node hosted in this process, connected to every replica. A result is
-//! returned once f+1 replicas agree on it — the core decides that, not this code.
+//! returned once a quorum of replicas (2f+1 at n = 3f+1) agree on it — the core decides that, not this code.
 
 use std::collections::VecDeque;
 use std::ops::Range;
@@ -16,7 +16,7 @@ use crate::runtime::{self, Running, StartError, StartOptions};
 
 #[derive(Debug)]
 pub enum ClientError {
-    /// No f+1 matching replies within the time allowed.
+    /// No quorum of matching replies within the time allowed.
     Timeout { request: Option<u64>, waited: Duration },
     /// The core refused the request (too large, wrong role, …).
     Refused(HandleError),
@@ -28,7 +28,7 @@ impl std::fmt::Display for ClientError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ClientError::Timeout { request: Some(r), waited } => {
-                write!(f, "request {r}: no f+1 matching replies after {waited:?} (is a quorum of replicas running?)")
+                write!(f, "request {r}: no quorum of matching replies after {waited:?} (is a quorum of replicas running?)")
             }
             ClientError::Timeout { request: None, waited } => write!(f, "nothing arrived within {waited:?}"),
             ClientError::Refused(e) => write!(f, "refused: {e}"),
@@ -146,7 +146,7 @@ impl ClusterClient {
         Ok(self.completions.drain(..).collect())
     }
 
-    /// Orders `op` and returns its result once f+1 replicas agree.
+    /// Orders `op` and returns its result once a quorum of replicas agree.
     pub fn execute(&mut self, op: Vec<u8>, timeout: Duration) -> Result<Vec<u8>, ClientError> {
         self.result_of(Request::Submit { op }, timeout)
     }

@@ -17,13 +17,13 @@
 //! pin_threads = true
 //! wasm_host_crypto = true    # `run --engine wasm`: BLS run natively by the host
 //!
-//! [[replica]]
+//! [[replica]]                # pub/sub: [[broker]]
 //! id = 0
 //! address = "127.0.0.1:7100"
 //! metrics = "127.0.0.1:9100" # optional Prometheus endpoint
 //! data_dir = "data/replica-0"
 //!
-//! [[client]]                 # PBFT clients, or pub/sub publishers
+//! [[client]]                 # pub/sub: [[publisher]]
 //! id = 4
 //!
 //! [[subscriber]]             # pub/sub only
@@ -31,7 +31,9 @@
 //! topics = [0]
 //! ```
 //!
-//! Every error names the file, the field and the problem.
+//! Nodes are listed under their role's name in the cluster's protocol (PBFT: `replica`,
+//! `client`; pub/sub: `broker`, `publisher`, `subscriber`). Every error names the file,
+//! the field and the problem.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -149,12 +151,39 @@ struct ClusterToml {
     params: BTreeMap<String, u64>,
     #[serde(default)]
     runtime: Runtime,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     replica: Vec<ReplicaToml>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     client: Vec<ClientToml>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    broker: Vec<ReplicaToml>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    publisher: Vec<ClientToml>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     subscriber: Vec<SubscriberToml>,
+}
+
+impl ClusterToml {
+    /// The replica and client tables of `protocol`, by their role names; an error names a
+    /// table of another protocol's roles.
+    fn members(&self, protocol: Protocol) -> Result<(&[ReplicaToml], &[ClientToml]), (String, String)> {
+        let (replicas, clients, foreign) = match protocol {
+            Protocol::Pbft => {
+                (&self.replica, &self.client, [("broker", self.broker.len()), ("publisher", self.publisher.len())])
+            }
+            Protocol::PubSub => {
+                (&self.broker, &self.publisher, [("replica", self.replica.len()), ("client", self.client.len())])
+            }
+        };
+        if let Some((table, _)) = foreign.iter().find(|(_, count)| *count > 0) {
+            let names: Vec<&str> = phalanx_core::role::roles(protocol).map(Role::name).collect();
+            return Err((
+                table.to_string(),
+                format!("a {} cluster has no {table}s; its roles are {}", protocol.name(), names.join(", ")),
+            ));
+        }
+        Ok((replicas, clients))
+    }
 }
 
 fn default_crypto() -> String {
@@ -211,10 +240,12 @@ impl ClusterFile {
         for (name, &value) in &raw.params {
             params.set(name, value).map_err(|e| bad(&format!("params.{name}"), e.0))?;
         }
+        let (replica_tables, client_tables) = raw.members(protocol).map_err(|(field, problem)| bad(&field, problem))?;
+        let (replica_role, client_role) = (protocol.replica_role().name(), protocol.client_role().name());
         let mut seen = BTreeMap::new();
         let mut replicas = Vec::new();
-        for (i, r) in raw.replica.iter().enumerate() {
-            let field = |name: &str| format!("replica[{i}].{name}");
+        for (i, r) in replica_tables.iter().enumerate() {
+            let field = |name: &str| format!("{replica_role}[{i}].{name}");
             if let Some(other) = seen.insert(r.id, field("id")) {
                 return Err(bad(&field("id"), format!("id {} is also used by {other}", r.id)));
             }
@@ -232,11 +263,15 @@ impl ClusterFile {
         }
         let n = replicas.len() as u32;
         if n < 3 * raw.f + 1 {
-            return Err(bad("replica", format!("{n} replicas cannot tolerate f = {}: n >= 3f+1 is required", raw.f)));
+            return Err(bad(
+                replica_role,
+                format!("{n} {replica_role}s cannot tolerate f = {}: n >= 3f+1 is required", raw.f),
+            ));
         }
-        for (i, c) in raw.client.iter().enumerate() {
-            if let Some(other) = seen.insert(c.id, format!("client[{i}].id")) {
-                return Err(bad(&format!("client[{i}].id"), format!("id {} is also used by {other}", c.id)));
+        for (i, c) in client_tables.iter().enumerate() {
+            let field = format!("{client_role}[{i}].id");
+            if let Some(other) = seen.insert(c.id, field.clone()) {
+                return Err(bad(&field, format!("id {} is also used by {other}", c.id)));
             }
         }
         for (i, s) in raw.subscriber.iter().enumerate() {
@@ -255,9 +290,9 @@ impl ClusterFile {
             crypto,
             keys_dir: base.join(&raw.keys),
             params,
-            runtime: raw.runtime,
+            runtime: raw.runtime.clone(),
             replicas,
-            clients: raw.client.iter().map(|c| c.id).collect(),
+            clients: client_tables.iter().map(|c| c.id).collect(),
             subscribers: raw.subscriber.iter().map(|s| (s.id, s.topics.clone())).collect(),
         };
         // The core's own rules (parameter ranges and the like), reported against this file.
@@ -272,9 +307,9 @@ impl ClusterFile {
 
     pub fn role_of(&self, id: NodeId) -> Option<Role> {
         if self.replica(id).is_some() {
-            Some(Role::Broker)
+            Some(self.protocol.replica_role())
         } else if self.clients.contains(&id) {
-            Some(Role::Publisher)
+            Some(self.protocol.client_role())
         } else if self.subscribers.iter().any(|(s, _)| *s == id) {
             Some(Role::Subscriber)
         } else {
@@ -423,8 +458,8 @@ pub fn keygen(opts: &KeygenOptions) -> Result<PathBuf, ConfigError> {
     let replicas = opts.replicas.unwrap_or(3 * opts.f + 1);
     let spec = ClusterSpec {
         f: opts.f,
-        brokers: replicas,
-        publishers: opts.clients,
+        replicas,
+        clients: opts.clients,
         subscribers: opts.subscribers,
         topics: vec![0],
         params: opts.params.clone(),
@@ -466,26 +501,32 @@ pub fn keygen(opts: &KeygenOptions) -> Result<PathBuf, ConfigError> {
             (Some(value) != defaults.get(name)).then(|| (name.to_string(), value))
         })
         .collect();
-    let toml = ClusterToml {
+    let mut toml = ClusterToml {
         protocol: opts.protocol.name().into(),
         f: opts.f,
         crypto: opts.crypto.name().into(),
         keys: "keys".into(),
         params,
         runtime: opts.runtime.clone(),
-        replica: (0..replicas)
-            .map(|i| ReplicaToml {
-                id: i,
-                address: format!("{}:{}", opts.host, opts.base_port as u32 + i),
-                metrics: opts.metrics_base_port.map(|p| format!("{}:{}", opts.host, p as u32 + i)),
-                data_dir: Some(format!("data/replica-{i}")),
-            })
-            .collect(),
-        client: (replicas..replicas + opts.clients).map(|id| ClientToml { id }).collect(),
+        replica: vec![],
+        client: vec![],
+        broker: vec![],
+        publisher: vec![],
         subscriber: (replicas + opts.clients..replicas + opts.clients + opts.subscribers)
             .map(|id| SubscriberToml { id, topics: vec![0] })
             .collect(),
     };
+    let members = (0..replicas).map(|i| ReplicaToml {
+        id: i,
+        address: format!("{}:{}", opts.host, opts.base_port as u32 + i),
+        metrics: opts.metrics_base_port.map(|p| format!("{}:{}", opts.host, p as u32 + i)),
+        data_dir: Some(format!("data/replica-{i}")),
+    });
+    let clients = (replicas..replicas + opts.clients).map(|id| ClientToml { id });
+    match opts.protocol {
+        Protocol::Pbft => (toml.replica, toml.client) = (members.collect(), clients.collect()),
+        Protocol::PubSub => (toml.broker, toml.publisher) = (members.collect(), clients.collect()),
+    }
     let text = format!(
         "# Phalanx cluster configuration, written by `phalanxd keygen`.\n{}",
         toml::to_string(&toml).expect("serialisable")

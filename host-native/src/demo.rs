@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use phalanx_core::sim::kv::{self, Reply};
+use phalanx_core::kv::{self, Reply};
 use phalanx_core::{HandleError, NodeId};
 
 use crate::client::{ClientError, ClusterClient};
@@ -115,7 +115,7 @@ pub fn run(a: DemoArgs) -> Result<(), String> {
     let mut acked = Acknowledged::default();
     let result = (|| {
         let took = write_phase(&mut client, 1, a.ops, &mut acked)?;
-        println!("phase 1: {} puts acknowledged by f+1 = 2 replicas in {took:.2?}", a.ops);
+        println!("phase 1: {} puts acknowledged by a quorum (2f+1 = 3) of replicas in {took:.2?}", a.ops);
 
         cluster.kill(a.kill);
         println!("killed replica {} with SIGKILL", a.kill);

@@ -1,17 +1,17 @@
 //! The protocol thread: owns one core [`Engine`] (the node linked in, or in a wasm
-//! sandbox) and gives it a world — frames from the network thread, requests from the
-//! local application, a monotonic clock, durable storage and, on a PBFT replica, the
-//! key-value application it orders operations for.
+//! sandbox) inside the core's host loop ([`HostLoop`]), and gives it a world — frames
+//! from the network thread, requests from the local application, a monotonic clock, the
+//! write-ahead log and, on a PBFT replica, the key-value application it orders
+//! operations for. The host loop does the bookkeeping around the core (storage,
+//! acknowledgements, compaction, execution, queries, restores).
 //!
-//! Each round takes every event waiting (up to [`ROUND_EVENTS`]), feeds them all to the
-//! core before polling it (so what the round's inputs send to one peer leaves as one
-//! frame, and a client's submissions as one `Requests`), and then settles: frames go to
-//! the network thread in one batch, records the core asked to persist are synced with
-//! one `fdatasync` (group commit), and only then is `Persisted` fed back — which is what
-//! releases the votes that depended on them. A node recording its trace is polled after
-//! every input instead, since a trace record holds one input's outputs.
+//! Each round takes every event waiting (up to [`ROUND_EVENTS`]), feeds the frames and
+//! the timeout to the core in one call before polling it (so what the round's inputs send
+//! to one peer leaves as one frame, and a sandboxed core is crossed once), and then
+//! settles: frames go to the network thread in one batch, records the core asked to
+//! persist are synced with one `fdatasync` (group commit), and only then acknowledged —
+//! which is what releases the votes that depended on them.
 
-use std::collections::{BTreeMap, VecDeque};
 use std::fs::File;
 use std::io::Write;
 use std::ops::Range;
@@ -20,14 +20,13 @@ use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
 
-use phalanx_core::sim::kv::Kv;
-use phalanx_core::trace::TraceWriter;
-use phalanx_core::{Delivery, HandleError, Input, Nanos, NodeId, Output, Request};
+use phalanx_core::host::{Application, HostError, HostLoop, Storage};
+use phalanx_core::kv::Kv;
+use phalanx_core::{Delivery, HandleError, Input, Nanos, NodeId, Operation, Output, Request};
 
 use crate::engine::Engine;
 use crate::metrics::Metrics;
 use crate::net::Outbox;
-use crate::storage::{StorageError, Wal};
 
 /// Most events taken in one round before outputs are settled.
 pub const ROUND_EVENTS: usize = 4096;
@@ -63,20 +62,56 @@ pub enum AppEvent {
     Delivered(Delivery),
 }
 
-/// Records every input of the node to a trace file, appended after each round.
+/// Appends the node's trace to a file, round by round (the engine records it:
+/// [`Engine::recorded`]).
 pub struct TraceSink {
-    pub writer: TraceWriter,
     pub file: File,
     pub path: PathBuf,
 }
 
+/// The replica's key-value store, timed for the metrics.
+pub struct MeteredKv {
+    kv: Kv,
+    metrics: Arc<Metrics>,
+}
+
+impl MeteredKv {
+    pub fn new(metrics: Arc<Metrics>) -> Self {
+        MeteredKv { kv: Kv::new(), metrics }
+    }
+}
+
+impl Application for MeteredKv {
+    fn execute(&mut self, seq: u64, ops: &[Operation]) -> Vec<Vec<u8>> {
+        let started = Instant::now();
+        let results = Application::execute(&mut self.kv, seq, ops);
+        self.metrics.execution_time(started.elapsed(), ops.len());
+        self.metrics.batch_size(ops.len());
+        results
+    }
+
+    fn snapshot(&self) -> Vec<u8> {
+        self.kv.snapshot()
+    }
+
+    fn restore(&mut self, seq: u64, snapshot: &[u8]) -> Result<(), String> {
+        Application::restore(&mut self.kv, seq, snapshot)
+            // A quorum certified this state, so ours must be the faulty side.
+            .map_err(|e| format!("a certified snapshot at batch {seq} does not decode: {e}"))?;
+        tracing::info!("state transfer: restored the application at batch {seq} ({} keys)", self.kv.len());
+        Ok(())
+    }
+
+    fn query(&self, op: &[u8]) -> Vec<u8> {
+        self.kv.query(op)
+    }
+}
+
+type Host = HostLoop<Box<dyn Engine>, Box<dyn Storage + Send>, MeteredKv>;
+
 pub struct Driver {
-    node: Box<dyn Engine>,
+    host: Host,
     start: Instant,
-    wal: Option<Wal>,
-    /// The PBFT replica's application.
-    app: Option<Kv>,
-    checkpoint_interval: u64,
     trace: Option<TraceSink>,
     outbox: Arc<Outbox>,
     metrics: Arc<Metrics>,
@@ -84,50 +119,38 @@ pub struct Driver {
     /// What to tell the application at the end of the round.
     told: Vec<AppEvent>,
     sends: Vec<(NodeId, Vec<u8>)>,
-    tokens: Vec<u64>,
-    followups: VecDeque<Input>,
-    /// A storage failure met while handling outputs, reported at the end of the round.
-    failed: Option<StorageError>,
-    /// The log position of each record persisted in this run, by token, for compaction.
-    positions: BTreeMap<u64, u64>,
 }
 
 /// Why the protocol thread stopped.
 #[derive(Debug)]
 pub enum DriverError {
-    Storage(StorageError),
+    /// Storage failed, the core refused a record it persisted, the application refused a
+    /// snapshot, or the engine failed (a wasm guest trapped, ran out of fuel or memory).
+    Host(HostError),
     Trace(std::io::Error),
-    /// The core refused a record it persisted itself: the storage holds something else.
-    Recover(HandleError),
-    /// The engine failed (a wasm guest trapped, ran out of fuel or memory).
-    Engine(String),
 }
 
 impl std::fmt::Display for DriverError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            DriverError::Storage(e) => write!(f, "storage: {e}"),
+            DriverError::Host(e) => write!(f, "{e}"),
             DriverError::Trace(e) => write!(f, "writing the trace: {e}"),
-            DriverError::Recover(e) => write!(f, "recovering from storage: {e}"),
-            DriverError::Engine(why) => write!(f, "{why}"),
         }
     }
 }
 
 impl std::error::Error for DriverError {}
 
-impl From<StorageError> for DriverError {
-    fn from(e: StorageError) -> Self {
-        DriverError::Storage(e)
+impl From<HostError> for DriverError {
+    fn from(e: HostError) -> Self {
+        DriverError::Host(e)
     }
 }
 
 pub struct DriverParts {
     pub node: Box<dyn Engine>,
-    /// PBFT: batches between application snapshots (the cluster's `checkpoint_interval`).
-    pub checkpoint_interval: u64,
-    pub wal: Option<Wal>,
-    pub app: Option<Kv>,
+    pub storage: Box<dyn Storage + Send>,
+    pub app: MeteredKv,
     pub trace: Option<TraceSink>,
     pub outbox: Arc<Outbox>,
     pub metrics: Arc<Metrics>,
@@ -137,21 +160,14 @@ pub struct DriverParts {
 impl Driver {
     pub fn new(parts: DriverParts) -> Self {
         Driver {
-            node: parts.node,
+            host: HostLoop::new(parts.node, parts.storage, parts.app),
             start: Instant::now(),
-            wal: parts.wal,
-            app: parts.app,
-            checkpoint_interval: parts.checkpoint_interval,
             trace: parts.trace,
             outbox: parts.outbox,
             metrics: parts.metrics,
             app_events: parts.app_events,
             told: Vec::new(),
             sends: Vec::new(),
-            tokens: Vec::new(),
-            followups: VecDeque::new(),
-            failed: None,
-            positions: BTreeMap::new(),
         }
     }
 
@@ -160,15 +176,14 @@ impl Driver {
     }
 
     /// Feeds back what storage kept, then serves events until `Stop` or every sender is gone.
-    pub fn run(mut self, recovered: Vec<Vec<u8>>, inbox: Receiver<Event>) -> Result<(), DriverError> {
-        for record in recovered {
-            if let Err(e) = self.input(Input::Recover { record }) {
-                return Err(DriverError::Recover(e));
-            }
+    pub fn run(mut self, inbox: Receiver<Event>) -> Result<(), DriverError> {
+        let recovered = self.host.recover(self.now())?;
+        if recovered > 0 {
+            tracing::info!("recovered {recovered} records from storage");
         }
         self.settle()?;
         loop {
-            let wait = match self.node.poll_timeout() {
+            let wait = match self.host.poll_timeout() {
                 Some(at) => Duration::from_nanos(at.saturating_sub(self.now())),
                 None => Duration::from_secs(1),
             };
@@ -178,26 +193,30 @@ impl Driver {
                 Err(RecvTimeoutError::Disconnected) => return Ok(()),
             };
             let mut stop = false;
+            let mut round = Vec::new();
+            let now = self.now();
             for ev in first.into_iter().chain(std::iter::from_fn(|| inbox.try_recv().ok()).take(ROUND_EVENTS)) {
                 match ev {
                     Event::Messages(frames) => {
-                        for (from, bytes) in frames {
-                            let _ = self.feed(Input::Message { from, bytes });
-                        }
+                        round.extend(frames.into_iter().map(|(from, bytes)| (now, Input::Message { from, bytes })))
                     }
                     Event::Request(request) => {
-                        if let Err(e) = self.feed(Input::Request(request)) {
+                        self.feed_round(&mut round);
+                        if let Err(e) = self.host.handle(now, Input::Request(request)) {
                             self.tell_app(AppEvent::Refused(e));
                         }
                     }
-                    Event::Submit(ops) => self.submit(ops),
+                    Event::Submit(requests) => {
+                        self.feed_round(&mut round);
+                        self.submit(now, requests);
+                    }
                     Event::Stop => stop = true,
                 }
             }
-            if self.node.poll_timeout().is_some_and(|at| at <= self.now()) {
-                let _ = self.feed(Input::Timeout);
+            if self.host.poll_timeout().is_some_and(|at| at <= now) {
+                round.push((now, Input::Timeout));
             }
-            self.drain();
+            self.feed_round(&mut round);
             self.settle()?;
             self.export_gauges();
             if stop {
@@ -206,24 +225,26 @@ impl Driver {
         }
     }
 
-    /// A failed engine produces nothing more: the replica stops rather than fall silent.
-    /// Checked where every round ends ([`Driver::settle`]), before anything is sent.
-    fn check_engine(&self) -> Result<(), DriverError> {
-        self.node.failure().map_or(Ok(()), |why| Err(DriverError::Engine(why)))
+    /// Feeds the round's frames (and timeout) gathered so far, in one call. Bytes from
+    /// the network never produce an error.
+    fn feed_round(&mut self, round: &mut Vec<(Nanos, Input)>) {
+        if !round.is_empty() {
+            self.host.handle_many(std::mem::take(round));
+        }
     }
 
     /// Feeds `requests` in order until one is refused, and tells the application which
     /// were accepted and their numbers (consecutive: a refused request takes none).
-    fn submit(&mut self, requests: Vec<Request>) {
-        let first = self.node.next_request().unwrap_or(0);
+    fn submit(&mut self, now: Nanos, requests: Vec<Request>) {
+        let first = self.host.machine_mut().next_request().unwrap_or(0);
         let mut refused = None;
         for request in requests {
-            if let Err(e) = self.feed(Input::Request(request)) {
+            if let Err(e) = self.host.handle(now, Input::Request(request)) {
                 refused = Some(e);
                 break;
             }
         }
-        let end = self.node.next_request().unwrap_or(0);
+        let end = self.host.machine_mut().next_request().unwrap_or(0);
         self.tell_app(AppEvent::Submitted { requests: first..end, refused });
     }
 
@@ -247,96 +268,13 @@ impl Driver {
         }
     }
 
-    /// One `handle` call and its outputs.
-    fn input(&mut self, input: Input) -> Result<(), HandleError> {
-        let result = self.feed(input);
-        self.drain();
-        result
-    }
-
-    /// One `handle` call; its outputs wait for the next [`Driver::drain`] unless the
-    /// node is recording its trace, which takes each input's outputs with it.
-    fn feed(&mut self, input: Input) -> Result<(), HandleError> {
-        let now = self.now();
-        match self.trace.as_mut() {
-            None => self.node.handle(now, input),
-            Some(_) => {
-                let result = self.node.handle(now, input.clone());
-                let outputs: Vec<Output> = std::iter::from_fn(|| self.node.poll()).collect();
-                let next = self.node.poll_timeout();
-                let sink = self.trace.as_mut().expect("tracing");
-                sink.writer.record(now, &input, &result, &outputs, next);
-                for out in outputs {
-                    self.output(out);
-                }
-                result
-            }
-        }
-    }
-
-    /// Takes every output the node has.
-    fn drain(&mut self) {
-        while let Some(out) = self.node.poll() {
-            self.output(out);
-        }
-    }
-
     fn output(&mut self, out: Output) {
         match out {
             Output::Send { to, bytes } => self.sends.push((to, bytes)),
-            Output::Persist { token, record } => match self.wal.as_mut() {
-                Some(wal) => match wal.append(&record) {
-                    Ok(()) => {
-                        self.positions.insert(token, wal.records() - 1);
-                        self.tokens.push(token);
-                    }
-                    // Never acknowledged; the replica stops rather than run without storage.
-                    Err(e) => {
-                        self.failed.get_or_insert(e);
-                    }
-                },
-                None => self.followups.push_back(Input::Persisted { token }),
-            },
-            Output::Compact { token } => {
-                let (Some(wal), Some(&position)) = (self.wal.as_mut(), self.positions.get(&token)) else { return };
-                self.positions = self.positions.split_off(&token);
-                match wal.compact_before(position) {
-                    // Positions count from the start of the file, which just moved.
-                    Ok(()) => self.positions.values_mut().for_each(|p| *p -= position),
-                    Err(e) => {
-                        self.failed.get_or_insert(e);
-                    }
-                }
-            }
             Output::Fault { node, kind } => {
                 self.metrics.fault(kind);
                 tracing::debug!("fault: node {node}: {}", kind.name());
             }
-            Output::Execute { seq, ops } => {
-                let Some(app) = self.app.as_mut() else {
-                    return tracing::error!("batch {seq} to execute, but this node has no application");
-                };
-                let started = Instant::now();
-                let results = ops.iter().map(|o| app.execute(&o.op)).collect();
-                let snapshot = seq.is_multiple_of(self.checkpoint_interval).then(|| app.snapshot());
-                self.metrics.execution_time(started.elapsed(), ops.len());
-                self.metrics.batch_size(ops.len());
-                self.followups.push_back(Input::Executed { seq, results, snapshot });
-            }
-            // Read-only: answered from the store as it is, between batches.
-            Output::Query { client, request, op } => {
-                if let Some(app) = self.app.as_ref() {
-                    self.followups.push_back(Input::Answered { client, request, result: app.query(&op) });
-                }
-            }
-            Output::Restore { seq, snapshot } => match Kv::restore(&snapshot) {
-                Ok(app) => {
-                    tracing::info!("state transfer: restored the application at batch {seq} ({} keys)", app.len());
-                    self.app = Some(app);
-                }
-                // 2f+1 replicas certified this state, so ours must be the faulty side.
-                Err(e) => tracing::error!("a certified snapshot at batch {seq} does not decode: {e}"),
-            },
             Output::Completed { request, result } => {
                 self.metrics.completed(1);
                 self.tell_app(AppEvent::Completed { request, result });
@@ -345,41 +283,40 @@ impl Driver {
                 self.metrics.completed(1);
                 self.tell_app(AppEvent::Delivered(d));
             }
+            // The host loop does these itself.
+            Output::Persist { .. }
+            | Output::Compact { .. }
+            | Output::Execute { .. }
+            | Output::Query { .. }
+            | Output::Restore { .. } => unreachable!("the host loop handles {out:?}"),
         }
     }
 
-    /// Runs follow-up inputs, sends what may go, syncs storage and acknowledges it, until
+    /// Drains the core, sends what may go, syncs storage and acknowledges it, until
     /// nothing is left.
     fn settle(&mut self) -> Result<(), DriverError> {
         loop {
-            while let Some(input) = self.followups.pop_front() {
-                if let Err(e) = self.input(input) {
-                    tracing::error!("the core refused a host input: {e}");
-                }
+            let now = self.now();
+            while let Some(out) = self.host.poll(now)? {
+                self.output(out);
             }
-            if let Some(e) = self.failed.take() {
-                return Err(e.into());
-            }
-            self.check_engine()?;
             self.outbox.send(&mut self.sends);
-            if self.tokens.is_empty() {
+            let started = Instant::now();
+            if self.host.sync(now)? == 0 {
                 break;
             }
-            let wal = self.wal.as_mut().expect("tokens wait only with storage");
-            let started = Instant::now();
-            wal.sync()?;
             self.metrics.persist_latency(started.elapsed());
-            self.followups.extend(self.tokens.drain(..).map(|token| Input::Persisted { token }));
         }
         self.tell_round();
         if let Some(sink) = self.trace.as_mut() {
-            sink.file.write_all(&sink.writer.drain()).map_err(DriverError::Trace)?;
+            let recorded = self.host.machine_mut().recorded();
+            sink.file.write_all(&recorded).map_err(DriverError::Trace)?;
         }
         Ok(())
     }
 
     fn export_gauges(&mut self) {
-        let (status, stats) = self.node.status();
+        let (status, stats) = self.host.machine_mut().status();
         self.metrics.set_core(&status, &stats);
     }
 }

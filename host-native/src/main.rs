@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use phalanx_core::crypto::CryptoMode;
-use phalanx_core::sim::kv::{self, Reply};
+use phalanx_core::kv::{self, Reply};
 use phalanx_core::trace::{Trace, dump, replay};
 use phalanx_core::{Algorithm, NodeId, Params, Protocol};
 use phalanx_host::client::ClusterClient;

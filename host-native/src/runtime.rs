@@ -10,16 +10,16 @@ use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
-use phalanx_core::sim::kv::Kv;
-use phalanx_core::trace::TraceWriter;
-use phalanx_core::{NodeId, Protocol, Role};
+use phalanx_core::host::{MemoryStorage, Storage};
+use phalanx_core::trace::Recorder;
+use phalanx_core::{NodeId, Protocol};
 
 use crate::config::{ClusterFile, ConfigError};
-use crate::driver::{AppEvent, Driver, DriverError, DriverParts, Event, TraceSink};
+use crate::driver::{AppEvent, Driver, DriverError, DriverParts, Event, MeteredKv, TraceSink};
 use crate::engine::{EngineChoice, EngineFailure};
 use crate::metrics::{self, Metrics};
 use crate::net::{NetConfig, Network, Outbox};
-use crate::storage::{Recovery, StorageError, Wal};
+use crate::storage::{Recovery, StorageError, Wal, WalStorage};
 
 /// Why a node could not start.
 #[derive(Debug)]
@@ -107,29 +107,24 @@ fn cores(cluster: &ClusterFile) -> Option<(core_affinity::CoreId, core_affinity:
 pub fn start(cluster: &ClusterFile, id: NodeId, opts: &StartOptions) -> Result<Running, StartError> {
     let cfg = cluster.node_config(id).map_err(StartError::Config)?;
     let encoded = cfg.encode();
-    let checkpoint_interval = cfg.cluster.params.checkpoint_interval as u64;
-    let node = opts.engine.create(cfg).map_err(|e| match e {
+    let mut node = opts.engine.create(cfg).map_err(|e| match e {
         EngineFailure::Config(problem) => {
             StartError::Config(ConfigError { file: cluster.path.clone(), field: None, problem })
         }
         other => StartError::Engine(other),
     })?;
     tracing::info!("node {id}: {}", node.info());
-    let role = cluster.role_of(id).expect("node_config checked");
     let replica = cluster.replica(id);
     let data_dir = replica.map(|r| r.data_dir.clone()).or_else(|| opts.data_dir.clone());
     // Only PBFT persists; the broadcast family keeps nothing across restarts.
-    let (wal, recovered) = match (&data_dir, cluster.protocol) {
+    let storage: Box<dyn Storage + Send> = match (&data_dir, cluster.protocol) {
         (Some(dir), Protocol::Pbft) => {
             let recovery = if opts.repair { Recovery::Repair } else { Recovery::Strict };
             let (wal, records) = Wal::open(dir, recovery).map_err(StartError::Storage)?;
-            (Some(wal), records)
+            Box::new(WalStorage::new(wal, records))
         }
-        _ => (None, Vec::new()),
+        _ => Box::new(MemoryStorage::default()),
     };
-    if !recovered.is_empty() {
-        tracing::info!("node {id}: recovering {} records from storage", recovered.len());
-    }
     let trace = match &opts.record_trace {
         Some(dir) => {
             fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
@@ -137,7 +132,8 @@ pub fn start(cluster: &ClusterFile, id: NodeId, opts: &StartOptions) -> Result<R
             let path = dir.join(format!("node-{id}-{ms}.trace"));
             let file = File::create(&path).map_err(io(format!("creating {}", path.display())))?;
             tracing::info!("recording every input to {}", path.display());
-            Some(TraceSink { writer: TraceWriter::new(&encoded, &format!("phalanxd node {id}")), file, path })
+            node = Box::new(Recorder::new(node, &encoded, &format!("phalanxd node {id}")));
+            Some(TraceSink { file, path })
         }
         None => None,
     };
@@ -166,7 +162,6 @@ pub fn start(cluster: &ClusterFile, id: NodeId, opts: &StartOptions) -> Result<R
         None => None,
     };
     let (app_tx, app_rx): (Sender<Vec<AppEvent>>, Receiver<Vec<AppEvent>>) = mpsc::channel();
-    let app = (cluster.protocol == Protocol::Pbft && role == Role::Broker).then(Kv::new);
     let pins = cores(cluster);
     let net = thread::Builder::new()
         .name(format!("net-{id}"))
@@ -179,9 +174,8 @@ pub fn start(cluster: &ClusterFile, id: NodeId, opts: &StartOptions) -> Result<R
         .map_err(io("spawning the network thread"))?;
     let parts = DriverParts {
         node,
-        checkpoint_interval,
-        wal,
-        app,
+        storage,
+        app: MeteredKv::new(metrics.clone()),
         trace,
         outbox: outbox.clone(),
         metrics: metrics.clone(),
@@ -193,7 +187,7 @@ pub fn start(cluster: &ClusterFile, id: NodeId, opts: &StartOptions) -> Result<R
             if let Some((_, core)) = pins {
                 core_affinity::set_for_current(core);
             }
-            Driver::new(parts).run(recovered, events_rx)
+            Driver::new(parts).run(events_rx)
         })
         .map_err(io("spawning the protocol thread"))?;
     Ok(Running { id, events: events_tx, app_events: app_rx, listen, metrics, metrics_addr, outbox, net, driver })

@@ -38,6 +38,8 @@ use std::fs::{self, File};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
+use phalanx_core::host::Storage;
+
 /// The file header: format name and version.
 pub const MAGIC: [u8; 8] = *b"PHXWAL01";
 /// The largest record the log accepts; a longer length field is corruption.
@@ -356,6 +358,47 @@ fn sync_dir(dir: &Path) -> Result<(), StorageError> {
 
 fn too_long(len: usize) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, format!("record of {len} bytes exceeds the {MAX_RECORD}-byte limit"))
+}
+
+/// The log as the core's host loop uses it ([`phalanx_core::host::Storage`]): a record's
+/// position counts every record of the log since it was created, compacted ones
+/// included, so positions stay valid across compactions.
+pub struct WalStorage {
+    wal: Wal,
+    /// What [`Wal::open`] found, until the host loop takes it.
+    recovered: Vec<Vec<u8>>,
+    /// Records compacted away: the position of the log's first record.
+    dropped: u64,
+}
+
+impl WalStorage {
+    /// The log `Wal::open` opened, with the records it found there.
+    pub fn new(wal: Wal, recovered: Vec<Vec<u8>>) -> Self {
+        WalStorage { wal, recovered, dropped: 0 }
+    }
+}
+
+impl Storage for WalStorage {
+    fn append(&mut self, record: &[u8]) -> Result<u64, String> {
+        self.wal.append(record).map_err(|e| e.to_string())?;
+        Ok(self.dropped + self.wal.records() - 1)
+    }
+
+    fn sync(&mut self) -> Result<(), String> {
+        self.wal.sync().map_err(|e| e.to_string())
+    }
+
+    fn compact(&mut self, position: u64) -> Result<(), String> {
+        if position > self.dropped {
+            self.wal.compact_before(position - self.dropped).map_err(|e| e.to_string())?;
+            self.dropped = position;
+        }
+        Ok(())
+    }
+
+    fn recovered(&mut self) -> Result<Vec<(u64, Vec<u8>)>, String> {
+        Ok((self.dropped..).zip(std::mem::take(&mut self.recovered)).collect())
+    }
 }
 
 fn io_err<'a>(path: &'a Path, op: &'static str) -> impl FnOnce(io::Error) -> StorageError + 'a {

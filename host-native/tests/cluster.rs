@@ -8,7 +8,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use phalanx_core::crypto::CryptoMode;
-use phalanx_core::sim::kv::{self, Reply};
+use phalanx_core::kv::{self, Reply};
 use phalanx_core::trace::{Trace, replay};
 use phalanx_core::{Input, Node, NodeId, Output, Params, Request};
 use phalanx_host::client::ClusterClient;

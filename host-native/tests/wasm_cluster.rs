@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use phalanx_core::crypto::CryptoMode;
-use phalanx_core::sim::kv::{self, Reply};
+use phalanx_core::kv::{self, Reply};
 use phalanx_core::trace::{Trace, output_from_pb, replay};
 use phalanx_core::{NodeId, Operation, Output, Params};
 use phalanx_host::client::ClusterClient;
@@ -24,7 +24,7 @@ fn executed_batches(trace: &Trace) -> BTreeMap<u64, Vec<Operation>> {
     let outputs = trace.records.iter().flat_map(|r| r.outputs.iter().cloned());
     outputs
         .filter_map(|o| match output_from_pb(o).unwrap() {
-            Output::Execute { seq, ops } => Some((seq, ops)),
+            Output::Execute { seq, ops, .. } => Some((seq, ops)),
             _ => None,
         })
         .collect()

@@ -10,7 +10,7 @@ use phalanx_core::crypto::CryptoMode;
 use phalanx_core::sim::adversary::Behavior;
 use phalanx_core::sim::order_scenario;
 use phalanx_core::wire::{Keyring, pb};
-use phalanx_core::{Algorithm, ClusterSpec, Input, Node, NodeId, Output, Params, Protocol, Request, generate_cluster};
+use phalanx_core::{Algorithm, ClusterSpec, Input, Node, NodeId, Output, Params, Request, generate_cluster};
 use prost::Message;
 
 /// A cluster wired directly: a FIFO of frames, no latency, a host that acknowledges
@@ -38,7 +38,7 @@ impl Bench {
         Bench {
             nodes,
             queue: VecDeque::new(),
-            publisher: spec.brokers as usize,
+            publisher: spec.replicas as usize,
             deliveries: 0,
             messages: 0,
             macs: 0,
@@ -74,9 +74,8 @@ impl Bench {
                 Output::Deliver(_) => self.deliveries += 1,
                 Output::Fault { node, kind } => panic!("fault in a correct cluster: {node} {kind:?}"),
                 Output::Persist { token, .. } => self.input(at, Input::Persisted { token }),
-                Output::Execute { seq, ops } => {
-                    let k = self.nodes[at].config().cluster.params.checkpoint_interval as u64;
-                    let snapshot = seq.is_multiple_of(k).then(|| seq.to_le_bytes().to_vec());
+                Output::Execute { seq, ops, snapshot } => {
+                    let snapshot = snapshot.then(|| seq.to_le_bytes().to_vec());
                     let results = ops.into_iter().map(|o| o.op).collect();
                     self.input(at, Input::Executed { seq, results, snapshot });
                 }
@@ -163,11 +162,8 @@ fn deliveries_per_second(algorithm: Algorithm, f: u32, count: u64, in_flight: u6
 fn ordered_per_second(f: u32, batch: u32, count: u64) -> f64 {
     let clients = 4u32;
     let outstanding = (2 * batch).div_ceil(clients).clamp(8, 8192);
-    let mut spec = ClusterSpec::new(f);
-    spec.protocol = Protocol::Pbft;
+    let mut spec = ClusterSpec::pbft(f, clients);
     spec.crypto = CryptoMode::Real;
-    spec.publishers = clients;
-    spec.subscribers = 0;
     spec.params = Params {
         batch_max_count: batch,
         batch_timeout_ns: 1_000_000,
@@ -176,7 +172,7 @@ fn ordered_per_second(f: u32, batch: u32, count: u64) -> f64 {
         ..Params::default()
     };
     let mut bench = Bench::new(&spec);
-    let first_client = spec.brokers as usize;
+    let first_client = spec.replicas as usize;
     let mut submitted = 0u64;
     let mut submit = |bench: &mut Bench, client: usize, ops: u64| {
         for _ in 0..ops.min(count - submitted) {

@@ -9,6 +9,8 @@ import { readFile, readdir } from "node:fs/promises";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 
+import protobuf from "protobufjs";
+
 import * as hostCrypto from "./host-crypto.js";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
@@ -26,13 +28,18 @@ const component = await instantiate(
 );
 const { node } = component;
 
-// The core's ReplaySummary Display text.
-function show(s) {
-  const hex = Buffer.from(s.digest).toString("hex");
-  return `${s.records} records (${s.refused} refused), ${s.outputs} outputs (${s.sends} sends, ` +
-    `${s.deliveries} deliveries, ${s.persists} persists, ${s.faults} faults, ${s.executes} executes, ` +
-    `${s.queries} queries, ${s.completions} completions, ${s.restores} restores, ` +
-    `${s.compactions} compactions), digest ${hex}`;
+// The boundary's vocabulary, read from the core's .proto file as any language would.
+const pb = protobuf.loadSync(path.join(here, "..", "..", "core", "proto", "phalanx.proto")).lookup("phalanx.v1");
+const InputBatch = pb.lookup("InputBatch");
+const RoundRecord = pb.lookup("RoundRecord");
+const asObject = { longs: Number, enums: String, bytes: Uint8Array, oneofs: true, defaults: false };
+
+// One round through a machine: `inputs` are InputRecord objects, all at time 0; returns
+// the results and outputs as plain objects (`{ kind: "send", send: { to, bytes } }`).
+function run(machine, ...inputs) {
+  const batch = InputBatch.encode(InputBatch.fromObject({ inputs: inputs.map((input) => ({ now: 0, input })) }));
+  const round = RoundRecord.toObject(RoundRecord.decode(machine.run(batch.finish())), asObject);
+  return { results: round.results ?? [], outputs: round.outputs ?? [] };
 }
 
 function nativeReplay(file) {
@@ -68,14 +75,12 @@ async function machineOf(trace) {
   return node.Machine.create(nodeConfig(await readFile(path.join(tracesDir, trace))));
 }
 
-// Every output waiting, with each persist acknowledged as durable (the client's requests
-// leave once their lease record is).
-function drainPersisting(machine) {
-  const outputs = machine.drain();
-  for (const o of outputs.filter((o) => o.tag === "persist")) {
-    machine.handle(0n, { tag: "persisted", val: o.val.token });
-  }
-  return outputs.concat(machine.drain());
+// A round, then one more with each persist acknowledged as durable (the client's requests
+// leave once their lease record is): every output of both.
+function runPersisting(machine, ...inputs) {
+  const first = run(machine, ...inputs);
+  const acks = first.outputs.filter((o) => o.kind === "persist").map((o) => ({ persisted: { token: o.persist.token } }));
+  return first.outputs.concat(run(machine, ...acks).outputs);
 }
 
 const traces = (await readdir(tracesDir)).filter((f) => f.endsWith(".trace")).sort();
@@ -85,20 +90,17 @@ test("there are traces to replay", () => assert.ok(traces.length > 0));
 for (const name of traces) {
   test(`${name} replays in the component as in the native core`, async () => {
     const file = path.join(tracesDir, name);
-    const wasm = show(node.replay(await readFile(file)));
-    assert.equal(wasm, nativeReplay(file));
+    assert.equal(node.replay(await readFile(file)), nativeReplay(file));
   });
 }
 
 test("a machine driven from JavaScript sends a request once its lease is persisted", async () => {
   const client = await machineOf("pbft-n4f1-client.trace");
   assert.equal(client.nextRequest(), 1n);
-  client.handle(0n, { tag: "request", val: { tag: "submit", val: new TextEncoder().encode("op") } });
-  const outputs = drainPersisting(client);
-  const sends = outputs.filter((o) => o.tag === "send");
-  assert.ok(sends.length >= 1, `the request goes out: ${JSON.stringify(outputs.map((o) => o.tag))}`);
-  assert.equal(client.poll(), undefined);
-  assert.notEqual(client.pollTimeout(), undefined, "a retry is scheduled");
+  const outputs = runPersisting(client, { request: { submit: { op: new TextEncoder().encode("op") } } });
+  const sends = outputs.filter((o) => o.kind === "send");
+  assert.ok(sends.length >= 1, `the request goes out: ${JSON.stringify(outputs.map((o) => o.kind))}`);
+  assert.deepEqual(run(client).outputs, []);
   assert.equal(client.nextRequest(), 2n);
 });
 
@@ -107,26 +109,28 @@ test("a read goes from a client to a replica's host as a query, and its answer b
   const client = await machineOf("pbft-n4f1-client.trace");
   const replica = await machineOf("pbft-n4f1-normal-backup.trace");
   const op = new TextEncoder().encode("get");
-  client.handle(0n, { tag: "request", val: { tag: "read", val: op } });
-  const read = drainPersisting(client).find((o) => o.tag === "send" && o.val.peer === 1);
-  replica.handle(0n, { tag: "message", val: { peer: 4, bytes: read.val.bytes } });
-  assert.deepEqual(replica.drain(), [{ tag: "query", val: { client: 4, request: 1n, op } }]);
-  replica.handle(0n, { tag: "answered", val: { client: 4, request: 1n, result: new TextEncoder().encode("v") } });
-  const [reply] = replica.drain();
-  assert.equal(reply.tag, "send");
-  assert.equal(reply.val.peer, 4);
+  const read = runPersisting(client, { request: { read: { op } } }).find((o) => o.kind === "send" && o.send.to === 1);
+  const asked = run(replica, { message: { from: 4, bytes: read.send.bytes } }).outputs;
+  assert.deepEqual(asked, [{ kind: "query", query: { client: 4, request: 1, op } }]);
+  const answered = { answered: { client: 4, request: 1, result: new TextEncoder().encode("v") } };
+  const [reply] = run(replica, answered).outputs;
+  assert.equal(reply.kind, "send");
+  assert.equal(reply.send.to, 4);
   // One answer of the 2f+1 = 3 a read needs: taken, nothing completes yet.
-  client.handle(0n, { tag: "message", val: { peer: 1, bytes: reply.val.bytes } });
-  assert.deepEqual(client.drain(), []);
-  // Only a replica answers queries.
-  assert.throws(
-    () => client.handle(0n, { tag: "answered", val: { client: 4, request: 1n, result: new Uint8Array() } }),
-    { payload: { tag: "wrong-role", val: { role: "publisher", request: "answered" } } },
-  );
+  assert.deepEqual(run(client, { message: { from: 1, bytes: reply.send.bytes } }).outputs, []);
+  // Only a replica answers queries: the client refuses it, by name.
+  const { results } = run(client, answered);
+  assert.deepEqual(results, [{ error: { kind: "wrongRole", wrongRole: { role: "CLIENT", request: "answered" } } }]);
 });
 
 test("a bad configuration is an error, not a crash", () => {
   assert.throws(() => node.Machine.create(new Uint8Array([1, 2, 3])));
+  // A round that does not decode is refused, and the machine goes on.
+  const client = machineOf("pbft-n4f1-client.trace");
+  return client.then((c) => {
+    assert.throws(() => c.run(new Uint8Array([0xff, 0xff, 0xff])));
+    assert.deepEqual(run(c).results, []);
+  });
   // The component still works afterwards.
   assert.ok(node.replay instanceof Function);
 });

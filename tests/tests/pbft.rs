@@ -7,9 +7,10 @@
 use std::collections::BTreeMap;
 
 use phalanx_core::crypto::CryptoMode;
+use phalanx_core::kv;
 use phalanx_core::sim::adversary::Behavior;
 use phalanx_core::sim::order_scenario::{Outcome, Scenario, sweep};
-use phalanx_core::sim::{Applied, NetConfig, kv};
+use phalanx_core::sim::{Applied, NetConfig};
 use phalanx_core::{FaultKind, Nanos, Operation, Status};
 use phalanx_tests::pbft::assert_clean;
 use phalanx_tests::seed_count;

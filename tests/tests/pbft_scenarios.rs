@@ -6,12 +6,12 @@
 //! results, liveness and convergence); each test then asserts its own outcome.
 
 use phalanx_core::crypto::CryptoMode;
+use phalanx_core::kv;
 use phalanx_core::sim::adversary::Behavior;
-use phalanx_core::sim::kv;
 use phalanx_core::sim::order_scenario::{Expectations, Liveness, Outcome, Scenario, check};
 use phalanx_core::sim::{Applied, NetConfig, Sim};
 use phalanx_core::trace::{Trace, dump};
-use phalanx_core::{ClusterSpec, FaultKind, Nanos, NodeId, Params, Protocol, Request, generate_cluster};
+use phalanx_core::{ClusterSpec, FaultKind, Nanos, NodeId, Params, Request, generate_cluster};
 use phalanx_tests::pbft::{assert_clean, assert_completed};
 
 const MS: Nanos = 1_000_000;
@@ -213,15 +213,8 @@ fn whole_cluster_restart_loses_nothing_and_reads_see_every_acknowledged_write() 
             ..Params::default()
         };
         let k = params.checkpoint_interval as u64;
-        let spec = ClusterSpec {
-            brokers: n,
-            publishers: clients,
-            subscribers: 0,
-            params,
-            crypto: CryptoMode::InsecureTest,
-            protocol: Protocol::Pbft,
-            ..ClusterSpec::new(f)
-        };
+        let spec =
+            ClusterSpec { replicas: n, params, crypto: CryptoMode::InsecureTest, ..ClusterSpec::pbft(f, clients) };
         let mut sim = Sim::new(30, NetConfig::default());
         for cfg in generate_cluster(&spec, [30; 32]).expect("valid cluster") {
             sim.add(cfg, Behavior::Correct, None);

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use phalanx_core::crypto::CryptoMode;
-use phalanx_core::sim::kv::{self, Kv, Reply};
+use phalanx_core::kv::{self, Kv, Reply};
 use phalanx_core::trace::{self, Trace as CoreTrace};
 use phalanx_core::{
     Algorithm, ClusterSpec, Delivery, FaultKind, HandleError as CoreHandleError, Input as CoreInput, Node as CoreNode,
@@ -147,13 +147,6 @@ fn parse_algorithm(s: &str) -> PyResult<Algorithm> {
     }
 }
 
-fn role_name(r: Role) -> &'static str {
-    match r {
-        Role::Broker => "broker",
-        Role::Publisher => "publisher",
-        Role::Subscriber => "subscriber",
-    }
-}
 
 // ---------------------------------------------------------------------------------------
 // Inputs and outputs.
@@ -303,8 +296,9 @@ pub enum Output {
     Persist { token: u64, record: Buf },
     /// Evidence that `node` misbehaved; `kind` names what (see `FAULT_KINDS`).
     Fault { node: u32, kind: String },
-    /// PBFT replica: execute batch `seq` in order, exactly once, then feed `Input.Executed`.
-    Execute { seq: u64, ops: Vec<Operation> },
+    /// PBFT replica: execute batch `seq` in order, exactly once, then feed `Input.Executed`,
+    /// with the application's snapshot after it if `snapshot` (a checkpoint).
+    Execute { seq: u64, ops: Vec<Operation>, snapshot: bool },
     /// PBFT client: request `request` completed with `result` (f+1 replicas agree on an
     /// ordered request, 2f+1 on a read).
     Completed { request: u64, result: Buf },
@@ -330,9 +324,10 @@ impl Output {
             ),
             Output::Persist { token, record } => format!("Persist(token={token}, record={})", show(&record.0)),
             Output::Fault { node, kind } => format!("Fault(node={node}, kind={kind:?})"),
-            Output::Execute { seq, ops } => format!(
-                "Execute(seq={seq}, ops=[{}])",
-                ops.iter().map(Operation::__repr__).collect::<Vec<_>>().join(", ")
+            Output::Execute { seq, ops, snapshot } => format!(
+                "Execute(seq={seq}, ops=[{}], snapshot={})",
+                ops.iter().map(Operation::__repr__).collect::<Vec<_>>().join(", "),
+                if *snapshot { "True" } else { "False" }
             ),
             Output::Completed { request, result } => {
                 format!("Completed(request={request}, result={})", show(&result.0))
@@ -362,8 +357,9 @@ impl Output {
             }
             CoreOutput::Persist { token, record } => Output::Persist { token, record: Buf(record) },
             CoreOutput::Fault { node, kind } => Output::Fault { node, kind: kind.name().into() },
-            CoreOutput::Execute { seq, ops } => Output::Execute {
+            CoreOutput::Execute { seq, ops, snapshot } => Output::Execute {
                 seq,
+                snapshot,
                 ops: ops
                     .into_iter()
                     .map(|CoreOperation { client, request, op }| Operation { client, request, op: Buf(op) })
@@ -519,10 +515,10 @@ impl Node {
         self.node.id()
     }
 
-    /// 'broker', 'publisher' or 'subscriber' (PBFT replicas are brokers, clients publishers).
+    /// The role's name in its protocol: 'broker', 'publisher' or 'subscriber' (pub/sub), 'replica' or 'client' (PBFT).
     #[getter]
     fn role(&self) -> &'static str {
-        role_name(self.node.role())
+        self.node.role().name()
     }
 
     /// 'pbft' or 'pubsub'.
@@ -540,7 +536,7 @@ impl Node {
     /// The ids of the brokers (PBFT replicas), ascending.
     #[getter]
     fn replica_ids(&self) -> Vec<u32> {
-        self.node.config().cluster.brokers().map(|n| n.id).collect()
+        self.node.config().cluster.replicas().map(|n| n.id).collect()
     }
 
     /// PBFT: a replica passes a snapshot with `Executed` for batches that are multiples of this.
@@ -585,7 +581,7 @@ impl Node {
         format!(
             "Node(id={}, role={:?}, protocol={:?}, f={})",
             self.node.id(),
-            role_name(self.node.role()),
+            self.node.role().name(),
             self.node.config().cluster.protocol.name(),
             self.node.config().cluster.f
         )
@@ -655,14 +651,14 @@ fn generate_cluster<'py>(
         if n > 1000 {
             return Err(ConfigError::new_err(format!("n = {n} is larger than this helper allows (1000)")));
         }
-        spec.brokers = n;
+        spec.replicas = n;
     }
     if protocol == Protocol::Pbft {
         spec.subscribers = 0;
         spec.topics = vec![];
     }
     if let Some(c) = clients {
-        spec.publishers = c.min(1000);
+        spec.clients = c.min(1000);
     }
     if let Some(s) = subscribers {
         if protocol == Protocol::Pbft && s > 0 {
@@ -694,13 +690,13 @@ fn describe_config<'py>(py: Python<'py>, config: Buf) -> PyResult<Bound<'py, PyD
     let cfg = NodeConfig::decode(&config.0).map_err(config_error)?;
     let d = PyDict::new(py);
     d.set_item("id", cfg.id)?;
-    d.set_item("role", cfg.cluster.node(cfg.id).map(|n| role_name(n.role)))?;
+    d.set_item("role", cfg.cluster.node(cfg.id).map(|n| n.role.name()))?;
     d.set_item("protocol", cfg.cluster.protocol.name())?;
     d.set_item("f", cfg.cluster.f)?;
     d.set_item("crypto", cfg.cluster.crypto.name())?;
     let ids = |role: Role| -> Vec<u32> { cfg.cluster.nodes.iter().filter(|n| n.role == role).map(|n| n.id).collect() };
-    d.set_item("replicas", ids(Role::Broker))?;
-    d.set_item("publishers", ids(Role::Publisher))?;
+    d.set_item("replicas", ids(cfg.cluster.protocol.replica_role()))?;
+    d.set_item("clients", ids(cfg.cluster.protocol.client_role()))?;
     d.set_item("subscribers", ids(Role::Subscriber))?;
     d.set_item("checkpoint_interval", cfg.cluster.params.checkpoint_interval)?;
     Ok(d)

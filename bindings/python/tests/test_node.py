@@ -16,8 +16,8 @@ def test_generate_cluster_shapes(pbft):
     assert len(pbft) == 6
     assert all(isinstance(c, bytes) for c in pbft)
     info = phalanx.describe_config(pbft[4])
-    assert info["id"] == 4 and info["role"] == "publisher" and info["protocol"] == "pbft"
-    assert info["replicas"] == [0, 1, 2, 3] and info["publishers"] == [4, 5]
+    assert info["id"] == 4 and info["role"] == "client" and info["protocol"] == "pbft"
+    assert info["replicas"] == [0, 1, 2, 3] and info["clients"] == [4, 5]
     pubsub = phalanx.generate_cluster(7, 2, seed=b"\x01" * 32)
     assert len(pubsub) == 7 + 1 + 2
     # Deterministic from the seed.
@@ -27,7 +27,7 @@ def test_generate_cluster_shapes(pbft):
 
 def test_node_properties(pbft):
     node = phalanx.Node(pbft[0])
-    assert node.id == 0 and node.role == "broker" and node.protocol == "pbft" and node.f == 1
+    assert node.id == 0 and node.role == "replica" and node.protocol == "pbft" and node.f == 1
     assert node.replica_ids == [0, 1, 2, 3]
     assert "Node(id=0" in repr(node)
     st = node.status()
@@ -80,7 +80,7 @@ def run_in_memory(nodes, apps, request, *, now=1_000, answer_queries=True):
                 results = [apps[i].execute(op.op) for op in out.ops]
                 assert all(isinstance(op, phalanx.Operation) and op.client == ci for op in out.ops)
                 executed.extend(op.op for op in out.ops)
-                snap = apps[i].snapshot() if out.seq % nodes[i].checkpoint_interval == 0 else None
+                snap = apps[i].snapshot() if out.snapshot else None
                 queue.append((i, phalanx.Executed(out.seq, results, snap)))
             elif isinstance(out, phalanx.Query):
                 assert out.client == ci and i != ci

@@ -20,10 +20,10 @@ use prost::Message;
 
 use super::Bundle;
 use crate::broadcast::votes::Votes;
-use crate::config::Role;
 use crate::node::{Ctx, HandleError, Output};
+use crate::role::RoleMachine;
 use crate::wire::{self, Opened, pb};
-use crate::{FaultKind, Nanos, NodeId};
+use crate::{FaultKind, Input, Nanos, NodeId, Request};
 
 /// Requests sent together and not yet completed.
 struct Pending {
@@ -86,13 +86,8 @@ impl Client {
         }
     }
 
-    /// The number the next accepted `Submit` gets.
-    pub fn next_request(&self) -> u64 {
-        self.next_request
-    }
-
     /// A lease persisted before a restart: numbering resumes above it.
-    pub fn recover(&mut self, bytes: &[u8]) -> Result<(), HandleError> {
+    fn recover(&mut self, bytes: &[u8]) -> Result<(), HandleError> {
         let lease = pb::ClientLease::decode(bytes)
             .map_err(|e| HandleError::Invalid(format!("persisted record is not a ClientLease: {e}")))?;
         self.next_request = self.next_request.max(lease.next_request);
@@ -102,7 +97,7 @@ impl Client {
 
     /// Numbers the op and queues it for the next poll; refused (`Backpressure`) while
     /// `client_queue` requests are outstanding, the most a replica holds per client.
-    pub fn submit(&mut self, ctx: &mut Ctx, now: Nanos, op: Vec<u8>) -> Result<(), HandleError> {
+    fn submit(&mut self, ctx: &mut Ctx, now: Nanos, op: Vec<u8>) -> Result<(), HandleError> {
         self.admit(ctx, &op)?;
         let p = &ctx.cfg.cluster.params;
         // Requests sent together must fit one batch.
@@ -118,13 +113,13 @@ impl Client {
     }
 
     /// Numbers a read-only op and sends it to every replica, unordered.
-    pub fn read(&mut self, ctx: &mut Ctx, now: Nanos, op: Vec<u8>) -> Result<(), HandleError> {
+    fn read(&mut self, ctx: &mut Ctx, now: Nanos, op: Vec<u8>) -> Result<(), HandleError> {
         self.admit(ctx, &op)?;
         // Ops submitted before keep the numbers just before this one.
         self.flush(ctx);
         let request = self.number(ctx);
         let op = Bytes::from(op);
-        ctx.send_to_brokers(pb::body::Kind::Read(pb::Read { request, op: op.clone() }), &[]);
+        ctx.send_to_replicas(pb::body::Kind::Read(pb::Read { request, op: op.clone() }), &[]);
         self.reads.insert(request, Reading { op, sent_at: now, replies: Votes::default() });
         self.by_time.insert((now, request));
         Ok(())
@@ -165,7 +160,7 @@ impl Client {
     }
 
     /// Sends the ops submitted since the last flush, as one `Requests` to every replica.
-    pub fn flush(&mut self, ctx: &mut Ctx) {
+    fn flush(&mut self, ctx: &mut Ctx) {
         if self.unsent.is_empty() {
             return;
         }
@@ -179,25 +174,11 @@ impl Client {
     /// for their replies.
     fn send_requests(&mut self, ctx: &mut Ctx, sent_at: Nanos, first: u64, ops: Vec<Bytes>) {
         let count = ops.len() as u64;
-        let requests = Bundle::seal(&ctx.keys, &ctx.brokers, first, ops);
+        let requests = Bundle::seal(&ctx.keys, &ctx.replicas, first, ops);
         let encoded = wire::encode_body(pb::body::Kind::Requests(requests));
-        ctx.send_encoded_to_brokers(&encoded, &[]);
+        ctx.send_encoded_to_replicas(&encoded, &[]);
         self.pending.insert(first, Pending { encoded, count, sent_at, replies: Votes::default() });
         self.by_time.insert((sent_at, first));
-    }
-
-    /// Counts a replica's reply: a quorum of matching result lists completes ordered
-    /// requests, a quorum of matching results a read.
-    pub fn on_message(&mut self, ctx: &mut Ctx, now: Nanos, msg: Opened) {
-        let from = msg.sender;
-        if ctx.role_of(from) != Some(Role::Broker) {
-            return ctx.fault(from, FaultKind::Unexpected);
-        }
-        match msg.body {
-            pb::body::Kind::Reply(reply) => self.on_reply(ctx, from, reply),
-            pb::body::Kind::ReadReply(reply) => self.on_read_reply(ctx, now, from, reply),
-            _ => ctx.fault(from, FaultKind::Unexpected),
-        }
     }
 
     fn on_read_reply(&mut self, ctx: &mut Ctx, now: Nanos, from: NodeId, reply: pb::ReadReply) {
@@ -250,11 +231,46 @@ impl Client {
             }
         }
     }
+}
+
+impl RoleMachine for Client {
+    fn on_input(&mut self, ctx: &mut Ctx, now: Nanos, input: Input) -> Result<(), HandleError> {
+        match input {
+            Input::Request(Request::Submit { op }) => self.submit(ctx, now, op),
+            Input::Request(Request::Read { op }) => self.read(ctx, now, op),
+            Input::Recover { record } => self.recover(&record),
+            other => Err(HandleError::WrongRole { role: ctx.role(), request: other.name() }),
+        }
+    }
+
+    /// The requests submitted since the last poll leave together.
+    fn before_poll(&mut self, ctx: &mut Ctx) {
+        self.flush(ctx);
+    }
+
+    /// The number the next accepted `Submit` gets.
+    fn next_request(&self) -> Option<u64> {
+        Some(self.next_request)
+    }
+
+    /// Counts a replica's reply: a quorum of matching result lists completes ordered
+    /// requests, a quorum of matching results a read.
+    fn on_message(&mut self, ctx: &mut Ctx, now: Nanos, msg: Opened) {
+        let from = msg.sender;
+        if !ctx.is_replica(from) {
+            return ctx.fault(from, FaultKind::Unexpected);
+        }
+        match msg.body {
+            pb::body::Kind::Reply(reply) => self.on_reply(ctx, from, reply),
+            pb::body::Kind::ReadReply(reply) => self.on_read_reply(ctx, now, from, reply),
+            _ => ctx.fault(from, FaultKind::Unexpected),
+        }
+    }
 
     /// Retransmits every `Requests` unanswered for `client_retry_ns` (its first copies or
     /// their replies may have been lost, or a new primary may not have seen it), and has
     /// every read unsettled as long ordered instead.
-    pub fn on_timeout(&mut self, ctx: &mut Ctx, now: Nanos) {
+    fn on_timeout(&mut self, ctx: &mut Ctx, now: Nanos) {
         let due: Vec<(Nanos, u64)> = self
             .by_time
             .iter()
@@ -270,15 +286,15 @@ impl Client {
             self.by_time.insert((now, number));
             let p = self.pending.get_mut(&number).expect("indexed requests are pending or read");
             p.sent_at = now;
-            ctx.send_encoded_to_brokers(&p.encoded, &[]);
+            ctx.send_encoded_to_replicas(&p.encoded, &[]);
         }
     }
 
-    pub fn next_deadline(&self) -> Option<Nanos> {
+    fn next_deadline(&self) -> Option<Nanos> {
         self.by_time.first().map(|&(sent_at, _)| sent_at.saturating_add(self.retry_ns))
     }
 
-    pub fn live_instances(&self) -> usize {
+    fn live_instances(&self) -> usize {
         self.outstanding
     }
 }
@@ -293,9 +309,9 @@ mod tests {
     use super::*;
     use crate::crypto::CryptoMode;
     use crate::wire::{self, Keyring};
-    use crate::{ClusterSpec, Input, Node, NodeConfig, NodeId, Params, Protocol, Request, generate_cluster};
+    use crate::{ClusterSpec, Input, Node, NodeConfig, NodeId, Params, Request, generate_cluster};
 
-    /// Replicas are 0..4, the client 4 and node 5 a subscriber (no PBFT role).
+    /// Replicas are 0..4, the client 4 and node 5 another client (no replica).
     const CLIENT: NodeId = 4;
     const OUTSIDER: NodeId = 5;
 
@@ -306,12 +322,7 @@ mod tests {
 
     impl Fixture {
         fn new(params: Params) -> Self {
-            let spec = ClusterSpec {
-                protocol: Protocol::Pbft,
-                crypto: CryptoMode::InsecureTest,
-                params,
-                ..ClusterSpec::new(1)
-            };
+            let spec = ClusterSpec { crypto: CryptoMode::InsecureTest, params, ..ClusterSpec::pbft(1, 2) };
             let cfgs = generate_cluster(&spec, [5; 32]).unwrap();
             let client = Node::new(cfgs[CLIENT as usize].clone()).unwrap();
             Fixture { cfgs, client }

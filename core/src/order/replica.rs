@@ -18,9 +18,10 @@ use super::{Bundle, EncodedBatch, header, primary};
 use crate::config::Role;
 use crate::crypto::{Digest, digest};
 use crate::node::{Ctx, HandleError, Output, Status};
+use crate::role::RoleMachine;
 use crate::wire::pb::replica_record::Kind as Record;
 use crate::wire::{Opened, pb};
-use crate::{FaultKind, Nanos, NodeId, Operation};
+use crate::{FaultKind, Input, Nanos, NodeId, Operation};
 
 /// Votes on one slot, at most one per replica.
 type Votes = Vec<(NodeId, Digest)>;
@@ -177,7 +178,7 @@ struct Parked {
 impl Replica {
     pub fn new(ctx: &Ctx) -> Self {
         Replica {
-            replicas: ctx.brokers.clone(),
+            replicas: ctx.replicas.clone(),
             view: 0,
             queues: BTreeMap::new(),
             table: BTreeMap::new(),
@@ -219,27 +220,6 @@ impl Replica {
         }
     }
 
-    pub fn status(&self, ctx: &Ctx) -> Status {
-        Status {
-            view: self.view,
-            primary: self.is_primary(ctx),
-            changing_view: self.changing.is_some(),
-            executed: self.executed,
-            stable: self.stable.as_ref().map_or(0, |c| c.seq),
-            pending_requests: self.waiting as u64,
-            ..ctx.counters
-        }
-    }
-
-    pub fn live_instances(&self) -> usize {
-        self.log.len()
-            + self.parked.len()
-            + self.executing.len()
-            + self.snapshots.len()
-            + self.voted.values().map(Vec::len).sum::<usize>()
-            + self.queues.values().map(|c| c.pending.len()).sum::<usize>()
-    }
-
     fn is_primary(&self, ctx: &Ctx) -> bool {
         primary(&self.replicas, self.view) == ctx.me()
     }
@@ -255,20 +235,13 @@ impl Replica {
         seq > self.low && seq <= self.low + 4 * ctx.cfg.cluster.params.checkpoint_interval as u64
     }
 
-    pub fn on_message(&mut self, ctx: &mut Ctx, now: Nanos, msg: Opened) {
-        self.last_now = now;
-        self.resume(ctx);
-        self.dispatch(ctx, now, msg);
-        self.rearm(ctx);
-    }
-
     fn dispatch(&mut self, ctx: &mut Ctx, now: Nanos, msg: Opened) {
         use pb::body::Kind;
         let from = msg.sender;
-        let from_replica = ctx.role_of(from) == Some(Role::Broker);
+        let from_replica = ctx.is_replica(from);
         match msg.body {
             Kind::Requests(r) => self.on_requests(ctx, now, from, r),
-            Kind::Read(r) if ctx.role_of(from) == Some(Role::Publisher) => self.on_read(ctx, from, r),
+            Kind::Read(r) if ctx.role_of(from) == Some(Role::Client) => self.on_read(ctx, from, r),
             Kind::PrePrepare(pp) if from_replica && self.is_early(ctx, pp.view, pp.seq) => {
                 self.keep_early(ctx, from, pp.view, Early::PrePrepare(pp))
             }
@@ -300,15 +273,15 @@ impl Replica {
     /// client may have made it so).
     fn on_requests(&mut self, ctx: &mut Ctx, now: Nanos, from: NodeId, r: pb::Requests) {
         let forwarded = match ctx.role_of(from) {
-            Some(Role::Publisher) => false,
-            Some(Role::Broker) => true,
+            Some(Role::Client) => false,
+            Some(Role::Replica) => true,
             _ => return ctx.fault(from, FaultKind::Unexpected),
         };
         let Some(bundle) = Bundle::parse(r) else {
             return ctx.fault(from, FaultKind::Malformed);
         };
         if forwarded {
-            if ctx.role_of(bundle.client) != Some(Role::Publisher) {
+            if ctx.role_of(bundle.client) != Some(Role::Client) {
                 return ctx.fault(from, FaultKind::Unexpected);
             }
             ctx.counters.macs_verified += 1;
@@ -373,14 +346,8 @@ impl Replica {
     }
 
     /// The host's answer to a read: to the client that asked.
-    pub fn on_answered(
-        &mut self,
-        ctx: &mut Ctx,
-        client: NodeId,
-        request: u64,
-        result: Vec<u8>,
-    ) -> Result<(), HandleError> {
-        if ctx.role_of(client) != Some(Role::Publisher) {
+    fn on_answered(&mut self, ctx: &mut Ctx, client: NodeId, request: u64, result: Vec<u8>) -> Result<(), HandleError> {
+        if ctx.role_of(client) != Some(Role::Client) {
             return Err(HandleError::Invalid(format!("answered a read of node {client}, which is not a client")));
         }
         ctx.send(pb::body::Kind::ReadReply(pb::ReadReply { request, result: result.into() }), [client]);
@@ -464,7 +431,7 @@ impl Replica {
         self.next_seq += 1;
         let batch = EncodedBatch::new(bundles);
         self.vote_for(ctx, seq, &batch);
-        ctx.send_encoded_to_brokers(&batch.pre_prepare_body(self.view, seq), &[]);
+        ctx.send_encoded_to_replicas(&batch.pre_prepare_body(self.view, seq), &[]);
         self.accept(ctx, now, now, seq, batch);
     }
 
@@ -567,7 +534,7 @@ impl Replica {
             let batch = EncodedBatch::received(encoded, digest, bundles);
             self.vote_for(ctx, seq, &batch);
             let vote = pb::Vote { view, seq, digest: digest.to_vec() };
-            ctx.send_to_brokers(pb::body::Kind::Prepare(vote), &[]);
+            ctx.send_to_replicas(pb::body::Kind::Prepare(vote), &[]);
             if let Some(slot) = self.slot(seq) {
                 // The PRE-PREPARE is the primary's vote.
                 let _ = add_vote(&mut slot.prepares, primary, digest);
@@ -720,7 +687,7 @@ impl Replica {
             self.prepared.insert(seq, (view, d));
             let vote = pb::SlotVote { seq, view, digest: d.to_vec() };
             ctx.persist(record(Record::Prepared(vote)));
-            ctx.send_to_brokers(pb::body::Kind::Commit(pb::Vote { view, seq, digest: d.to_vec() }), &[]);
+            ctx.send_to_replicas(pb::body::Kind::Commit(pb::Vote { view, seq, digest: d.to_vec() }), &[]);
         }
         let slot = self.log.get_mut(&seq).expect("present");
         if !slot.committed && slot.commits.iter().filter(|(_, x)| *x == d).count() >= quorum {
@@ -765,11 +732,11 @@ impl Replica {
             }
             self.executing.insert(seq, running);
             self.delivered = seq;
-            ctx.push(Output::Execute { seq, ops });
+            ctx.push(Output::Execute { seq, ops, snapshot: seq.is_multiple_of(k) });
         }
     }
 
-    pub fn on_executed(
+    fn on_executed(
         &mut self,
         ctx: &mut Ctx,
         now: Nanos,
@@ -823,24 +790,6 @@ impl Replica {
         Ok(())
     }
 
-    pub fn on_timeout(&mut self, ctx: &mut Ctx, now: Nanos) {
-        self.last_now = now;
-        self.resume(ctx);
-        if self.fetch_at.is_some_and(|d| d <= now) {
-            self.fetch_state(ctx);
-        }
-        if self.forward_at.is_some_and(|d| d <= now) {
-            self.forward_waiting(ctx);
-        }
-        if self.batch_deadline.is_some_and(|d| d <= now) {
-            self.propose(ctx, now);
-        }
-        if self.suspect.is_some_and(|d| d <= now) {
-            self.on_view_timer(ctx, now);
-        }
-        self.rearm(ctx);
-    }
-
     /// After a restart, once every persisted record is back (at the first other input):
     /// sends again this replica's votes for the slots of its view. A cluster that
     /// restarted as a whole then commits them again without a view change, since nobody
@@ -872,19 +821,15 @@ impl Replica {
             }
         }
         for body in bodies {
-            ctx.send_to_brokers(body, &[]);
+            ctx.send_to_replicas(body, &[]);
         }
-    }
-
-    pub fn next_deadline(&self) -> Option<Nanos> {
-        self.batch_deadline.into_iter().chain(self.forward_at).chain(self.suspect).chain(self.fetch_at).min()
     }
 
     /// Restores what was persisted before a crash: the view it entered (and one it was
     /// changing to), the batches it voted for and the slots that prepared (so it never
     /// votes differently for a slot and its VIEW-CHANGE tells what it did), and the
     /// stable checkpoint, with its state when persisted.
-    pub fn recover(&mut self, ctx: &mut Ctx, now: Nanos, bytes: &[u8]) -> Result<(), HandleError> {
+    fn recover(&mut self, ctx: &mut Ctx, now: Nanos, bytes: &[u8]) -> Result<(), HandleError> {
         let invalid = |why: String| HandleError::Invalid(format!("persisted record: {why}"));
         let rec = pb::ReplicaRecord::decode(bytes).map_err(|e| invalid(format!("not a ReplicaRecord: {e}")))?;
         match rec.kind {
@@ -957,6 +902,67 @@ impl Replica {
     }
 }
 
+impl RoleMachine for Replica {
+    fn on_input(&mut self, ctx: &mut Ctx, now: Nanos, input: Input) -> Result<(), HandleError> {
+        match input {
+            Input::Executed { seq, results, snapshot } => self.on_executed(ctx, now, seq, results, snapshot),
+            Input::Answered { client, request, result } => self.on_answered(ctx, client, request, result),
+            Input::Recover { record } => self.recover(ctx, now, &record),
+            other => Err(HandleError::WrongRole { role: ctx.role(), request: other.name() }),
+        }
+    }
+
+    fn on_message(&mut self, ctx: &mut Ctx, now: Nanos, msg: Opened) {
+        self.last_now = now;
+        self.resume(ctx);
+        self.dispatch(ctx, now, msg);
+        self.rearm(ctx);
+    }
+
+    fn on_timeout(&mut self, ctx: &mut Ctx, now: Nanos) {
+        self.last_now = now;
+        self.resume(ctx);
+        if self.fetch_at.is_some_and(|d| d <= now) {
+            self.fetch_state(ctx);
+        }
+        if self.forward_at.is_some_and(|d| d <= now) {
+            self.forward_waiting(ctx);
+        }
+        if self.batch_deadline.is_some_and(|d| d <= now) {
+            self.propose(ctx, now);
+        }
+        if self.suspect.is_some_and(|d| d <= now) {
+            self.on_view_timer(ctx, now);
+        }
+        self.rearm(ctx);
+    }
+
+    fn next_deadline(&self) -> Option<Nanos> {
+        self.batch_deadline.into_iter().chain(self.forward_at).chain(self.suspect).chain(self.fetch_at).min()
+    }
+
+    fn status(&self, ctx: &Ctx) -> Status {
+        Status {
+            view: self.view,
+            primary: self.is_primary(ctx),
+            changing_view: self.changing.is_some(),
+            executed: self.executed,
+            stable: self.stable.as_ref().map_or(0, |c| c.seq),
+            pending_requests: self.waiting as u64,
+            ..ctx.counters
+        }
+    }
+
+    fn live_instances(&self) -> usize {
+        self.log.len()
+            + self.parked.len()
+            + self.executing.len()
+            + self.snapshots.len()
+            + self.voted.values().map(Vec::len).sum::<usize>()
+            + self.queues.values().map(|c| c.pending.len()).sum::<usize>()
+    }
+}
+
 /// The copy of client `client`'s requests from `first` this replica holds, if it is `body`
 /// byte for byte.
 fn held(queues: &BTreeMap<NodeId, Queue>, client: NodeId, first: u64, body: &[u8]) -> Option<Arc<Bundle>> {
@@ -976,7 +982,7 @@ fn authenticate(
     if let Some(copy) = header(&r.body).and_then(|(client, first)| held(queues, client, first, &r.body)) {
         return Some(Ok(copy));
     }
-    let bundle = Bundle::parse(r).filter(|b| ctx.role_of(b.client) == Some(Role::Publisher))?;
+    let bundle = Bundle::parse(r).filter(|b| ctx.role_of(b.client) == Some(Role::Client))?;
     ctx.counters.macs_verified += 1;
     Some(if bundle.authentic(&ctx.keys) { Ok(Arc::new(bundle)) } else { Err(bundle) })
 }

@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 
-use crate::config::{ClusterSpec, Params, Protocol};
+use crate::config::{ClusterSpec, Params};
 use crate::crypto::CryptoMode;
 use crate::{Input, Node, NodeId, Output, Request, generate_cluster};
 
@@ -31,14 +31,7 @@ struct Net {
 
 impl Net {
     fn new(f: u32, clients: u32, params: Params) -> Net {
-        let spec = ClusterSpec {
-            protocol: Protocol::Pbft,
-            crypto: CryptoMode::InsecureTest,
-            publishers: clients,
-            subscribers: 0,
-            params,
-            ..ClusterSpec::new(f)
-        };
+        let spec = ClusterSpec { crypto: CryptoMode::InsecureTest, params, ..ClusterSpec::pbft(f, clients) };
         let nodes: Vec<Node> =
             generate_cluster(&spec, [5; 32]).unwrap().into_iter().map(|c| Node::new(c).unwrap()).collect();
         let n = nodes.len();
@@ -68,12 +61,11 @@ impl Net {
                 | Output::Compact { .. }
                 | Output::Query { .. } => {}
                 Output::Persist { token, .. } => self.input(id, Input::Persisted { token }),
-                Output::Execute { seq, ops } => {
-                    let k = self.nodes[id as usize].config().cluster.params.checkpoint_interval as u64;
+                Output::Execute { seq, ops, snapshot } => {
                     self.executed[id as usize].push((seq, ops.iter().map(|o| (o.client, o.request)).collect()));
                     let results = ops.iter().map(|o| o.op.iter().rev().copied().collect()).collect();
                     self.apps[id as usize].extend(ops.into_iter().map(|o| o.op));
-                    let snapshot = (seq % k == 0).then(|| self.apps[id as usize].concat());
+                    let snapshot = snapshot.then(|| self.apps[id as usize].concat());
                     let answer = Input::Executed { seq, results, snapshot };
                     if self.slow_hosts.contains(&id) {
                         self.held_answers.push((id, answer));
@@ -189,7 +181,7 @@ fn a_silent_primary_is_replaced_and_requests_complete() {
 
 #[test]
 fn a_restarted_client_resumes_numbering_above_its_persisted_lease() {
-    let spec = ClusterSpec { protocol: Protocol::Pbft, crypto: CryptoMode::InsecureTest, ..ClusterSpec::new(1) };
+    let spec = ClusterSpec { crypto: CryptoMode::InsecureTest, ..ClusterSpec::pbft(1, 1) };
     let cfg = generate_cluster(&spec, [5; 32]).unwrap()[4].clone();
     let mut client = Node::new(cfg.clone()).unwrap();
     client.handle(0, Input::Request(Request::Submit { op: b"a".to_vec() })).unwrap();
@@ -226,12 +218,9 @@ fn a_replica_holds_at_most_client_queue_unbatched_requests_per_client() {
     use crate::wire::{self, Keyring, pb};
 
     let spec = ClusterSpec {
-        protocol: Protocol::Pbft,
         crypto: CryptoMode::InsecureTest,
-        publishers: 1,
-        subscribers: 0,
         params: Params { client_queue: 8, ..params() },
-        ..ClusterSpec::new(1)
+        ..ClusterSpec::pbft(1, 1)
     };
     let cfgs = generate_cluster(&spec, [5; 32]).unwrap();
     let keys = |id: NodeId| Keyring::new(CryptoMode::InsecureTest, id, cfgs[id as usize].mac_keys.clone());

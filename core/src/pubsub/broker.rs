@@ -11,8 +11,9 @@ use crate::broadcast::chain::ChainPath;
 use crate::broadcast::window::{Entry, Streams};
 use crate::config::Role;
 use crate::node::Ctx;
+use crate::role::RoleMachine;
 use crate::wire::{Opened, pb};
-use crate::{Algorithm, FaultKind, NodeId};
+use crate::{Algorithm, FaultKind, Nanos, NodeId};
 
 /// α accounting for one (publisher, topic).
 #[derive(Default)]
@@ -37,12 +38,31 @@ pub(crate) struct Broker {
     flows: BTreeMap<(NodeId, u64), Flow>,
 }
 
+impl RoleMachine for Broker {
+    fn on_message(&mut self, ctx: &mut Ctx, _now: Nanos, msg: Opened) {
+        let from = msg.sender;
+        match msg.body {
+            pb::body::Kind::Subscribe(s)
+                if ctx.role_of(from) == Some(Role::Subscriber) && s.topics.len() <= MAX_SUBSCRIBED_TOPICS =>
+            {
+                self.subscribe(from, s.topics);
+            }
+            pb::body::Kind::Publication(p) => self.on_publication(ctx, from, p, msg.raw_body, &msg.macs),
+            _ => ctx.fault(from, FaultKind::Unexpected),
+        }
+    }
+
+    fn live_instances(&self) -> usize {
+        self.streams.live()
+    }
+}
+
 impl Broker {
     pub fn new(ctx: &Ctx) -> Self {
         let cluster = &ctx.cfg.cluster;
         let p = &cluster.params;
         let mut broker = Broker {
-            chain: ChainPath::new(&ctx.brokers, ctx.quorums),
+            chain: ChainPath::new(&ctx.replicas, ctx.quorums),
             alpha: p.alpha,
             subscriptions: BTreeMap::new(),
             followers: BTreeMap::new(),
@@ -72,23 +92,6 @@ impl Broker {
             }
         }
         self.subscriptions.insert(subscriber, topics);
-    }
-
-    pub fn live_instances(&self) -> usize {
-        self.streams.live()
-    }
-
-    pub fn on_message(&mut self, ctx: &mut Ctx, msg: Opened) {
-        let from = msg.sender;
-        match msg.body {
-            pb::body::Kind::Subscribe(s)
-                if ctx.role_of(from) == Some(Role::Subscriber) && s.topics.len() <= MAX_SUBSCRIBED_TOPICS =>
-            {
-                self.subscribe(from, s.topics);
-            }
-            pb::body::Kind::Publication(p) => self.on_publication(ctx, from, p, msg.raw_body, &msg.macs),
-            _ => ctx.fault(from, FaultKind::Unexpected),
-        }
     }
 
     fn on_publication(&mut self, ctx: &mut Ctx, from: NodeId, p: pb::Publication, raw: Bytes, macs: &[pb::Mac]) {
@@ -148,7 +151,7 @@ impl Broker {
                 // Bracha publications count toward α like the others: the publisher counts
                 // them, and a refused one reaches subscribers through the next history.
                 if r.on_send() && (p.history || Self::admit(&mut self.flows, self.alpha, ctx, &p)) {
-                    ctx.send_to_brokers(at_step(&p, pb::Step::Echo), &[]);
+                    ctx.send_to_replicas(at_step(&p, pb::Step::Echo), &[]);
                     let step = r.on_echo(ctx.quorums, ctx.me(), &p.payload);
                     self.bracha_progress(ctx, from, &p, step);
                 }
@@ -186,7 +189,7 @@ impl Broker {
             };
             let ready = pb::Publication { payload: content, ..p.clone() };
             let subs = followers_of(&self.followers, p.topic);
-            ctx.send_to_brokers(at_step(&ready, pb::Step::Ready), subs);
+            ctx.send_to_replicas(at_step(&ready, pb::Step::Ready), subs);
             step = r.on_ready(ctx.quorums, ctx.me(), &ready.payload);
         }
     }

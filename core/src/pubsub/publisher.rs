@@ -8,8 +8,9 @@ use prost::Message;
 use crate::broadcast::chain::ChainPath;
 use crate::config::Role;
 use crate::node::{Ctx, HandleError};
+use crate::role::RoleMachine;
 use crate::wire::{self, Opened, pb};
-use crate::{Algorithm, FaultKind, Nanos, NodeId};
+use crate::{Algorithm, FaultKind, Input, Nanos, NodeId, Request};
 
 /// Bytes a publication adds to a history besides its payload (seq and framing).
 const ENTRY_OVERHEAD: usize = 16;
@@ -35,10 +36,10 @@ pub(crate) struct Publisher {
 
 impl Publisher {
     pub fn new(ctx: &Ctx) -> Self {
-        Publisher { chain: ChainPath::new(&ctx.brokers, ctx.quorums), topics: BTreeMap::new() }
+        Publisher { chain: ChainPath::new(&ctx.replicas, ctx.quorums), topics: BTreeMap::new() }
     }
 
-    pub fn publish(
+    fn publish(
         &mut self,
         ctx: &mut Ctx,
         now: Nanos,
@@ -109,7 +110,7 @@ impl Publisher {
                     chain.macs_for(keys, me, body, &[], to, &[], macs)
                 });
             }
-            _ => ctx.send_to_brokers(body, &[]),
+            _ => ctx.send_to_replicas(body, &[]),
         }
     }
 
@@ -135,7 +136,7 @@ impl Publisher {
             history: true,
             payload: pb::History { entries }.encode_to_vec().into(),
         };
-        ctx.send_to_brokers(pb::body::Kind::Publication(history), &[]);
+        ctx.send_to_replicas(pb::body::Kind::Publication(history), &[]);
     }
 
     fn release_queued(&mut self, ctx: &mut Ctx, now: Nanos, topic: u64) {
@@ -149,8 +150,19 @@ impl Publisher {
             self.send_publication(ctx, now, topic, payload, algorithm);
         }
     }
+}
 
-    pub fn on_message(&mut self, ctx: &mut Ctx, now: Nanos, msg: Opened) {
+impl RoleMachine for Publisher {
+    fn on_input(&mut self, ctx: &mut Ctx, now: Nanos, input: Input) -> Result<(), HandleError> {
+        match input {
+            Input::Request(Request::Publish { topic, payload, algorithm }) => {
+                self.publish(ctx, now, topic, payload, algorithm)
+            }
+            other => Err(HandleError::WrongRole { role: ctx.role(), request: other.name() }),
+        }
+    }
+
+    fn on_message(&mut self, ctx: &mut Ctx, now: Nanos, msg: Opened) {
         let from = msg.sender;
         let pb::body::Kind::Status(s) = msg.body else {
             return ctx.fault(from, FaultKind::Unexpected);
@@ -174,7 +186,7 @@ impl Publisher {
         }
     }
 
-    pub fn on_timeout(&mut self, ctx: &mut Ctx, now: Nanos) {
+    fn on_timeout(&mut self, ctx: &mut Ctx, now: Nanos) {
         let due: Vec<u64> =
             self.topics.iter().filter(|(_, t)| t.flush_at.is_some_and(|d| d <= now)).map(|(k, _)| *k).collect();
         for topic in due {
@@ -183,7 +195,11 @@ impl Publisher {
         }
     }
 
-    pub fn next_deadline(&self) -> Option<Nanos> {
+    fn next_deadline(&self) -> Option<Nanos> {
         self.topics.values().filter_map(|t| t.flush_at).min()
+    }
+
+    fn live_instances(&self) -> usize {
+        0
     }
 }

@@ -12,8 +12,9 @@ use crate::broadcast::votes::Votes;
 use crate::broadcast::window::{Entry, Streams};
 use crate::config::Role;
 use crate::node::{Ctx, HandleError, Output};
+use crate::role::RoleMachine;
 use crate::wire::{Opened, pb};
-use crate::{Algorithm, Delivery, FaultKind, NodeId};
+use crate::{Algorithm, Delivery, FaultKind, Input, Nanos, NodeId, Request};
 
 /// AB copies and Bracha READYs per broker, counted apart: a quorum is of one kind.
 /// Chain needs no state (one frame with the right MACs delivers).
@@ -43,10 +44,11 @@ pub(crate) struct Subscriber {
 }
 
 impl Subscriber {
-    pub fn new(ctx: &Ctx, topics: Vec<u64>) -> Self {
+    pub fn new(ctx: &Ctx) -> Self {
+        let topics = ctx.cfg.cluster.node(ctx.me()).map(|n| n.topics.clone()).unwrap_or_default();
         let p = &ctx.cfg.cluster.params;
         Subscriber {
-            chain: ChainPath::new(&ctx.brokers, ctx.quorums),
+            chain: ChainPath::new(&ctx.replicas, ctx.quorums),
             alpha: p.alpha,
             window: p.window as u64,
             topics,
@@ -57,16 +59,12 @@ impl Subscriber {
         }
     }
 
-    pub fn live_instances(&self) -> usize {
-        self.streams.live() + self.orders.values().map(|o| o.pending.len()).sum::<usize>()
-    }
-
-    pub fn subscribe(&mut self, ctx: &mut Ctx, topics: Vec<u64>) -> Result<(), HandleError> {
+    fn subscribe(&mut self, ctx: &mut Ctx, topics: Vec<u64>) -> Result<(), HandleError> {
         if topics.len() > MAX_SUBSCRIBED_TOPICS {
             return Err(HandleError::Invalid(format!("more than {MAX_SUBSCRIBED_TOPICS} topics")));
         }
         let body = pb::body::Kind::Subscribe(pb::Subscribe { topics: topics.clone() });
-        ctx.send_to_brokers(body, &[]);
+        ctx.send_to_replicas(body, &[]);
         for t in &topics {
             if !self.topics.contains(t) && !self.joined_late.contains(t) {
                 self.joined_late.push(*t);
@@ -77,64 +75,6 @@ impl Subscriber {
         self.joined_late.retain(|t| topics.contains(t));
         self.topics = topics;
         Ok(())
-    }
-
-    pub fn on_message(&mut self, ctx: &mut Ctx, msg: Opened) {
-        let from = msg.sender;
-        let pb::body::Kind::Publication(p) = msg.body else {
-            return ctx.fault(from, FaultKind::Unexpected);
-        };
-        let (alg, step) = match check_publication(ctx, &p) {
-            Ok(v) => v,
-            Err(kind) => return ctx.fault(from, kind),
-        };
-        let allowed = ctx.role_of(from) == Some(Role::Broker)
-            && match (alg, step) {
-                (Algorithm::Ab, pb::Step::Send) | (Algorithm::Bracha, pb::Step::Ready) => true,
-                (Algorithm::Chain, pb::Step::Hop) => from == self.chain.last(),
-                _ => false,
-            };
-        if !allowed {
-            return ctx.fault(from, FaultKind::Unexpected);
-        }
-        if !self.topics.contains(&p.topic) {
-            return ctx.stats.unsubscribed += 1;
-        }
-        let Some(window) = self.streams.window(p.publisher, (p.topic, p.history), from) else {
-            return ctx.fault(from, FaultKind::TooManyStreams);
-        };
-        if window.is_beyond(p.seq) {
-            window.attest(from, p.seq, ctx.quorums.one_correct());
-        }
-        let inst = match window.entry(p.seq, Instance::default) {
-            Entry::Live(inst) => inst,
-            Entry::Done => return ctx.stats.stale += 1,
-            Entry::Beyond => return ctx.stats.beyond_window += 1,
-        };
-        let deliver = match alg {
-            Algorithm::Ab => inst.copies.reaches(from, &p.payload, ctx.quorums.intersecting()),
-            Algorithm::Bracha => inst.readies.reaches(from, &p.payload, ctx.quorums.f_plus_one_correct()),
-            Algorithm::Chain => {
-                if !self.chain.verify_upstream(
-                    &ctx.keys,
-                    p.publisher,
-                    &msg.raw_body,
-                    &msg.macs,
-                    &mut ctx.counters.macs_verified,
-                ) {
-                    return ctx.fault(from, FaultKind::BadChainMac);
-                }
-                Some(true)
-            }
-        };
-        match deliver {
-            None => ctx.fault(from, FaultKind::Equivocation),
-            Some(false) => {}
-            Some(true) => {
-                window.finish(p.seq);
-                self.delivered(ctx, p, alg);
-            }
-        }
     }
 
     /// A broadcast instance delivered: pass it on, or order it, or unpack a history.
@@ -195,5 +135,76 @@ impl Subscriber {
             ctx.push(Output::Deliver(Delivery { publisher, topic, seq: order.next, payload, algorithm, from_history }));
             order.next += 1;
         }
+    }
+}
+
+impl RoleMachine for Subscriber {
+    fn on_input(&mut self, ctx: &mut Ctx, _now: Nanos, input: Input) -> Result<(), HandleError> {
+        match input {
+            Input::Request(Request::Subscribe { topics }) => self.subscribe(ctx, topics),
+            other => Err(HandleError::WrongRole { role: ctx.role(), request: other.name() }),
+        }
+    }
+
+    fn on_message(&mut self, ctx: &mut Ctx, _now: Nanos, msg: Opened) {
+        let from = msg.sender;
+        let pb::body::Kind::Publication(p) = msg.body else {
+            return ctx.fault(from, FaultKind::Unexpected);
+        };
+        let (alg, step) = match check_publication(ctx, &p) {
+            Ok(v) => v,
+            Err(kind) => return ctx.fault(from, kind),
+        };
+        let allowed = ctx.role_of(from) == Some(Role::Broker)
+            && match (alg, step) {
+                (Algorithm::Ab, pb::Step::Send) | (Algorithm::Bracha, pb::Step::Ready) => true,
+                (Algorithm::Chain, pb::Step::Hop) => from == self.chain.last(),
+                _ => false,
+            };
+        if !allowed {
+            return ctx.fault(from, FaultKind::Unexpected);
+        }
+        if !self.topics.contains(&p.topic) {
+            return ctx.stats.unsubscribed += 1;
+        }
+        let Some(window) = self.streams.window(p.publisher, (p.topic, p.history), from) else {
+            return ctx.fault(from, FaultKind::TooManyStreams);
+        };
+        if window.is_beyond(p.seq) {
+            window.attest(from, p.seq, ctx.quorums.one_correct());
+        }
+        let inst = match window.entry(p.seq, Instance::default) {
+            Entry::Live(inst) => inst,
+            Entry::Done => return ctx.stats.stale += 1,
+            Entry::Beyond => return ctx.stats.beyond_window += 1,
+        };
+        let deliver = match alg {
+            Algorithm::Ab => inst.copies.reaches(from, &p.payload, ctx.quorums.intersecting()),
+            Algorithm::Bracha => inst.readies.reaches(from, &p.payload, ctx.quorums.f_plus_one_correct()),
+            Algorithm::Chain => {
+                if !self.chain.verify_upstream(
+                    &ctx.keys,
+                    p.publisher,
+                    &msg.raw_body,
+                    &msg.macs,
+                    &mut ctx.counters.macs_verified,
+                ) {
+                    return ctx.fault(from, FaultKind::BadChainMac);
+                }
+                Some(true)
+            }
+        };
+        match deliver {
+            None => ctx.fault(from, FaultKind::Equivocation),
+            Some(false) => {}
+            Some(true) => {
+                window.finish(p.seq);
+                self.delivered(ctx, p, alg);
+            }
+        }
+    }
+
+    fn live_instances(&self) -> usize {
+        self.streams.live() + self.orders.values().map(|o| o.pending.len()).sum::<usize>()
     }
 }

@@ -633,13 +633,13 @@ impl Forge<'_> {
 mod tests {
     use super::*;
     use crate::crypto::CryptoMode;
-    use crate::{ClusterSpec, Input, Node, Output, Protocol, generate_cluster};
+    use crate::{ClusterSpec, Input, Node, Output, generate_cluster};
 
     /// Invented bodies from a colluding client reach a replica past authentication (the
     /// frame MAC is the client's own): the replica refuses them on their merits.
     #[test]
     fn invented_bodies_pass_authentication_and_are_refused_on_their_merits() {
-        let spec = ClusterSpec { protocol: Protocol::Pbft, crypto: CryptoMode::InsecureTest, ..ClusterSpec::new(1) };
+        let spec = ClusterSpec { crypto: CryptoMode::InsecureTest, ..ClusterSpec::pbft(1, 1) };
         let cfgs = generate_cluster(&spec, [4; 32]).unwrap();
         let coalition = Coalition::new([&cfgs[3], &cfgs[4]], (0..cfgs.len() as NodeId).collect());
         let (mut rng, pool) = (Rng::new(1), Pool::default());

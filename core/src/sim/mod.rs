@@ -11,27 +11,28 @@
 //! reproduces a run bit for bit.
 //!
 //! Each host is also the application host a PBFT replica needs: it executes ordered
-//! batches against a [`kv::Kv`], restores it from snapshots (state transfer, or a restart
+//! batches against a [`Kv`], restores it from snapshots (state transfer, or a restart
 //! from a persisted checkpoint), and keeps durable storage, the records it acknowledged,
 //! which a restarted replica gets back, compacted as the replica allows.
 
 pub mod adversary;
 pub mod check;
 pub mod keyed;
-pub mod kv;
 pub mod order_check;
 pub mod order_scenario;
 pub mod scenario;
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::config::Role;
+use crate::host::{Application, HostError, HostLoop, MemoryStorage};
+use crate::kv::Kv;
 use crate::trace::Recorder;
 use crate::wire::{self, pb};
-use crate::{Delivery, FaultKind, HandleError, Input, Nanos, Node, NodeConfig, NodeId, Operation, Output, Request};
+use crate::{
+    Delivery, FaultKind, HandleError, Input, Machine, Nanos, Node, NodeConfig, NodeId, Operation, Output, Request,
+};
 use adversary::Behavior;
 use keyed::{Coalition, Forge, Pool};
-use kv::Kv;
 
 /// SplitMix64: small, fast, and the same on every platform.
 #[derive(Clone, Debug)]
@@ -95,66 +96,97 @@ impl Default for NetConfig {
 }
 
 /// What a simulated node is: a plain node or one recording its trace.
-enum Machine {
+enum SimMachine {
     Plain(Node),
-    Recording(Recorder),
+    Recording(Recorder<Node>),
 }
 
-impl Machine {
+impl SimMachine {
+    fn node(&self) -> &Node {
+        match self {
+            SimMachine::Plain(n) => n,
+            SimMachine::Recording(r) => r.machine(),
+        }
+    }
+}
+
+impl Machine for SimMachine {
     fn handle(&mut self, now: Nanos, input: Input) -> Result<(), HandleError> {
         match self {
-            Machine::Plain(n) => n.handle(now, input),
-            Machine::Recording(r) => r.handle(now, input),
+            SimMachine::Plain(n) => n.handle(now, input),
+            SimMachine::Recording(r) => r.handle(now, input),
         }
     }
 
     fn poll(&mut self) -> Option<Output> {
         match self {
-            Machine::Plain(n) => n.poll(),
-            Machine::Recording(r) => r.poll(),
+            SimMachine::Plain(n) => n.poll(),
+            SimMachine::Recording(r) => r.poll(),
         }
     }
 
-    fn poll_timeout(&self) -> Option<Nanos> {
-        match self {
-            Machine::Plain(n) => n.poll_timeout(),
-            Machine::Recording(r) => r.poll_timeout(),
-        }
-    }
-
-    fn status(&self) -> crate::Status {
-        match self {
-            Machine::Plain(n) => n.status(),
-            Machine::Recording(r) => r.node().status(),
-        }
+    fn poll_timeout(&mut self) -> Option<Nanos> {
+        self.node().poll_timeout()
     }
 }
+
+/// The application a simulated PBFT replica orders for: the key-value store, with every
+/// step it takes kept until the simulator logs it for the checker.
+#[derive(Default)]
+struct SimApp {
+    kv: Kv,
+    applied: Vec<(u64, Applied)>,
+}
+
+impl Application for SimApp {
+    fn execute(&mut self, seq: u64, ops: &[Operation]) -> Vec<Vec<u8>> {
+        self.applied.push((seq, Applied::Batch(ops.to_vec())));
+        Application::execute(&mut self.kv, seq, ops)
+    }
+
+    fn snapshot(&self) -> Vec<u8> {
+        self.kv.snapshot()
+    }
+
+    /// A replica restores only a snapshot whose digest a quorum certified; one that does
+    /// not decode is left for the checker, which compares every restored snapshot with the
+    /// agreed state.
+    fn restore(&mut self, seq: u64, snapshot: &[u8]) -> Result<(), String> {
+        if let Ok(kv) = Kv::restore(snapshot) {
+            self.kv = kv;
+        }
+        self.applied.push((seq, Applied::Snapshot(snapshot.to_vec())));
+        Ok(())
+    }
+
+    fn query(&self, op: &[u8]) -> Vec<u8> {
+        self.kv.query(op)
+    }
+}
+
+type SimHost = HostLoop<SimMachine, MemoryStorage, SimApp>;
 
 struct Host {
     id: NodeId,
     config: NodeConfig,
-    machine: Machine,
     behavior: Behavior,
     /// A persona of a split faulty node: the replicas it alone talks with (the node's
     /// first host talks with the replicas no persona serves). Everyone else talks with
     /// every persona.
     serves: Option<Vec<NodeId>>,
+    /// The node with its storage and application. A crash keeps only what the storage
+    /// synced; a restart runs a fresh node and application on it.
+    run: SimHost,
     crashed: bool,
     /// Bumped on crash and on every reschedule, so stale timer events are ignored.
     timer_generation: u64,
     timer_at: Option<Nanos>,
     /// Frames seen, for the replay adversary (bounded).
     seen: Vec<(NodeId, Vec<u8>)>,
-    /// The application a PBFT replica orders for; lost in a crash.
-    app: Kv,
-    /// Every record the host acknowledged as persisted and has not compacted away, in
-    /// order, with the incarnation and token it was persisted under; survives a crash.
-    storage: Vec<(u32, u64, Vec<u8>)>,
 }
 
-/// What happens at a simulated time. Storage writes (`Persisted`) and executions
-/// (`Executed`) complete as events of their own, for the incarnation that started them:
-/// a crash in between loses them.
+/// What happens at a simulated time. Storage syncs complete as events of their own, for
+/// the incarnation that started them: a crash in between loses what was not synced.
 enum Event {
     Message {
         to: usize,
@@ -171,25 +203,10 @@ enum Event {
         host: usize,
         requests: Vec<Request>,
     },
-    Persisted {
+    /// The host's storage syncs what the node persisted, and acknowledges it.
+    Sync {
         host: usize,
         incarnation: u32,
-        token: u64,
-        record: Vec<u8>,
-    },
-    Executed {
-        host: usize,
-        incarnation: u32,
-        seq: u64,
-        results: Vec<Vec<u8>>,
-        snapshot: Option<Vec<u8>>,
-    },
-    Answered {
-        host: usize,
-        incarnation: u32,
-        client: NodeId,
-        request: u64,
-        result: Vec<u8>,
     },
     Crash {
         host: usize,
@@ -354,8 +371,8 @@ impl Sim {
     ) -> usize {
         let node = Node::new(config.clone()).expect("simulated configs are generated valid");
         let machine = match record {
-            Some(label) => Machine::Recording(Recorder::new(node, label)),
-            None => Machine::Plain(node),
+            Some(label) => SimMachine::Recording(Recorder::new(node, &config.encode(), label)),
+            None => SimMachine::Plain(node),
         };
         let (id, host) = (config.id, self.hosts.len());
         let faulty = behavior.colludes();
@@ -369,15 +386,13 @@ impl Sim {
         self.hosts.push(Host {
             id,
             config,
-            machine,
             behavior,
             serves,
+            run: HostLoop::new(machine, MemoryStorage::default(), SimApp::default()),
             crashed: false,
             timer_generation: 0,
             timer_at: None,
             seen: Vec::new(),
-            app: Kv::new(),
-            storage: Vec::new(),
         });
         self.incarnations.push(0);
         if faulty {
@@ -403,18 +418,15 @@ impl Sim {
 
     /// The trace recorded by a host added with `record`.
     pub fn trace(&self, host: usize) -> Option<&[u8]> {
-        match &self.hosts[host].machine {
-            Machine::Recording(r) => Some(r.trace()),
-            Machine::Plain(_) => None,
+        match self.hosts[host].run.machine() {
+            SimMachine::Recording(r) => Some(r.trace()),
+            SimMachine::Plain(_) => None,
         }
     }
 
     /// The node a host runs now (for inspecting bounds in tests).
     pub fn node(&self, host: usize) -> &Node {
-        match &self.hosts[host].machine {
-            Machine::Plain(n) => n,
-            Machine::Recording(r) => r.node(),
-        }
+        self.hosts[host].run.machine().node()
     }
 
     pub fn hosts(&self) -> usize {
@@ -423,12 +435,12 @@ impl Sim {
 
     /// A host's application state now.
     pub fn app(&self, host: usize) -> &Kv {
-        &self.hosts[host].app
+        &self.hosts[host].run.app().kv
     }
 
     /// How many records a host's storage holds now.
     pub fn stored_records(&self, host: usize) -> usize {
-        self.hosts[host].storage.len()
+        self.hosts[host].run.storage().len()
     }
 
     /// When the next event happens, if any is left.
@@ -515,42 +527,31 @@ impl Sim {
                     self.after_input(host);
                 }
             }
-            Event::Persisted { host, incarnation, token, record } => {
+            Event::Sync { host, incarnation } => {
                 if self.alive(host, incarnation) {
-                    self.hosts[host].storage.push((incarnation, token, record));
-                    self.input(host, Input::Persisted { token });
-                }
-            }
-            Event::Executed { host, incarnation, seq, results, snapshot } => {
-                if self.alive(host, incarnation) {
-                    self.input(host, Input::Executed { seq, results, snapshot });
-                }
-            }
-            Event::Answered { host, incarnation, client, request, result } => {
-                if self.alive(host, incarnation) {
-                    self.input(host, Input::Answered { client, request, result });
+                    let result = self.hosts[host].run.sync(self.now).map(|_| ());
+                    self.check(host, result);
+                    self.after_input(host);
                 }
             }
             Event::Crash { host } => {
                 let h = &mut self.hosts[host];
                 h.crashed = true;
+                h.run.storage_mut().crash();
                 h.timer_generation += 1;
                 h.timer_at = None;
             }
             Event::Restart { host } => {
                 let h = &mut self.hosts[host];
-                // A fresh node and an empty application; only what it persisted survives
+                // A fresh node and an empty application; only what it synced survives
                 // (the broadcast family persists nothing), handed back before any input.
-                let mut node = Node::new(h.config.clone()).expect("valid config");
-                for (_, _, record) in h.storage.clone() {
-                    if let Err(e) = node.handle(self.now, Input::Recover { record }) {
-                        self.log.rejected_requests.push((h.id, e.to_string()));
-                    }
-                }
-                h.machine = Machine::Plain(node);
-                h.app = Kv::new();
+                let node = Node::new(h.config.clone()).expect("valid config");
+                let storage = std::mem::take(h.run.storage_mut());
+                h.run = HostLoop::new(SimMachine::Plain(node), storage, SimApp::default());
                 h.crashed = false;
                 self.incarnations[host] += 1;
+                let recovered = self.hosts[host].run.recover(self.now).map(|_| ());
+                self.check(host, recovered);
                 self.after_input(host);
             }
             Event::Isolate { nodes } => self.isolated = nodes,
@@ -580,16 +581,32 @@ impl Sim {
     /// Feeds one input without draining the outputs; false if the node refused it.
     fn feed(&mut self, host: usize, input: Input) -> bool {
         let id = self.hosts[host].id;
-        let result = self.hosts[host].machine.handle(self.now, input);
+        let result = self.hosts[host].run.handle(self.now, input);
         if let Err(e) = &result {
             self.log.rejected_requests.push((id, e.to_string()));
         }
         result.is_ok()
     }
 
-    /// Drains a host's outputs into the network and the log, and re-arms its timer.
+    /// Notes an error of a host's loop (the core refused a record it persisted, say).
+    fn check(&mut self, host: usize, result: Result<(), HostError>) {
+        if let Err(e) = result {
+            self.log.rejected_requests.push((self.hosts[host].id, e.to_string()));
+        }
+    }
+
+    /// Drains a host's outputs into the network and the log, schedules the sync of what
+    /// it persisted, and re-arms its timer.
     fn after_input(&mut self, host: usize) {
-        while let Some(out) = self.hosts[host].machine.poll() {
+        loop {
+            let out = match self.hosts[host].run.poll(self.now) {
+                Ok(Some(out)) => out,
+                Ok(None) => break,
+                Err(e) => {
+                    self.check(host, Err(e));
+                    break;
+                }
+            };
             match out {
                 Output::Send { to, bytes } => self.send(host, to, bytes),
                 Output::Deliver(delivery) => self.log.deliveries.push(Observed {
@@ -600,33 +617,6 @@ impl Sim {
                     delivery,
                 }),
                 Output::Fault { node, kind } => *self.log.faults.entry((node, kind)).or_insert(0) += 1,
-                // Storage that completes at once, acknowledged as a separate event.
-                Output::Persist { token, record } => {
-                    let incarnation = self.incarnations[host];
-                    self.schedule(self.now, Event::Persisted { host, incarnation, token, record });
-                }
-                Output::Compact { token } => {
-                    let incarnation = self.incarnations[host];
-                    self.hosts[host].storage.retain(|(i, t, _)| *i == incarnation && *t >= token);
-                }
-                Output::Execute { seq, ops } => {
-                    self.execute(host, seq, ops);
-                    self.hijack(host, seq);
-                }
-                // Read-only: answered from the store as it is, at the same simulated time.
-                Output::Query { client, request, op } => {
-                    let (incarnation, result) = (self.incarnations[host], self.hosts[host].app.query(&op));
-                    self.schedule(self.now, Event::Answered { host, incarnation, client, request, result });
-                }
-                Output::Restore { seq, snapshot } => {
-                    // A replica restores only a snapshot whose digest 2f+1 replicas
-                    // certified; one that does not decode is left for the checker, which
-                    // compares every restored snapshot with the agreed state.
-                    if let Ok(app) = Kv::restore(&snapshot) {
-                        self.hosts[host].app = app;
-                    }
-                    self.record_execution(host, seq, Applied::Snapshot(snapshot));
-                }
                 Output::Completed { request, result } => self.log.completed.push(Completion {
                     at: self.now,
                     host,
@@ -635,10 +625,28 @@ impl Sim {
                     request,
                     result,
                 }),
+                // The loop keeps these to itself.
+                Output::Persist { .. }
+                | Output::Compact { .. }
+                | Output::Execute { .. }
+                | Output::Query { .. }
+                | Output::Restore { .. } => unreachable!("the host loop handles {out:?}"),
             }
         }
+        let (node, incarnation) = (self.hosts[host].id, self.incarnations[host]);
+        for (seq, applied) in std::mem::take(&mut self.hosts[host].run.app_mut().applied) {
+            let executed = matches!(applied, Applied::Batch(_));
+            self.log.executed.push(Execution { at: self.now, host, node, incarnation, seq, applied });
+            if executed {
+                self.hijack(host, seq);
+            }
+        }
+        // Storage that completes at once, acknowledged as an event of its own.
+        if self.hosts[host].run.unsynced() > 0 {
+            self.schedule(self.now, Event::Sync { host, incarnation });
+        }
         let h = &mut self.hosts[host];
-        let next = h.machine.poll_timeout();
+        let next = h.run.poll_timeout();
         if next != h.timer_at {
             h.timer_generation += 1;
             h.timer_at = next;
@@ -647,23 +655,6 @@ impl Sim {
                 self.schedule(at, Event::Timer { host, generation });
             }
         }
-    }
-
-    /// Executes a batch against the host's application and answers `Input::Executed` at
-    /// the same simulated time, with the snapshot every checkpoint interval.
-    fn execute(&mut self, host: usize, seq: u64, ops: Vec<Operation>) {
-        let h = &mut self.hosts[host];
-        let results = ops.iter().map(|o| h.app.execute(&o.op)).collect();
-        let interval = h.config.cluster.params.checkpoint_interval as u64;
-        let snapshot = seq.is_multiple_of(interval).then(|| h.app.snapshot());
-        let incarnation = self.incarnations[host];
-        self.schedule(self.now, Event::Executed { host, incarnation, seq, results, snapshot });
-        self.record_execution(host, seq, Applied::Batch(ops));
-    }
-
-    fn record_execution(&mut self, host: usize, seq: u64, applied: Applied) {
-        let (node, incarnation) = (self.hosts[host].id, self.incarnations[host]);
-        self.log.executed.push(Execution { at: self.now, host, node, incarnation, seq, applied });
     }
 
     /// A send from `host`, through its adversary behaviour, onto the network.
@@ -723,7 +714,8 @@ impl Sim {
     }
 
     fn is_replica(&self, id: NodeId) -> bool {
-        self.hosts.first().and_then(|h| h.config.cluster.node(id)).is_some_and(|n| n.role == Role::Broker)
+        let Some(cluster) = self.hosts.first().map(|h| &h.config.cluster) else { return false };
+        cluster.node(id).is_some_and(|n| n.role == cluster.protocol.replica_role())
     }
 
     /// Whether `host`, maybe a persona of a split node, talks with `to`.
@@ -786,10 +778,10 @@ impl Sim {
         *left -= 1;
         let me = self.hosts[host].id;
         let cfg = &self.hosts[host].config;
-        let replicas: Vec<NodeId> = cfg.cluster.brokers().map(|b| b.id).collect();
+        let replicas: Vec<NodeId> = cfg.cluster.replicas().map(|b| b.id).collect();
         let n = replicas.len() as u64;
         let Some(mine) = replicas.iter().position(|&r| r == me) else { return };
-        let status = self.hosts[host].machine.status();
+        let status = self.hosts[host].run.machine().node().status();
         let view = status.view + 1 + (mine as u64 + n - (status.view + 1) % n) % n;
         let signers = self.coalition.len();
         let mut nv = pb::NewView { view, view_changes: Vec::with_capacity(signers) };

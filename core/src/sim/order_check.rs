@@ -23,8 +23,8 @@
 use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::kv::{self, Kv};
 use super::{Applied, Log};
+use crate::kv::{self, Kv};
 use crate::{Nanos, NodeId, Operation};
 
 /// What a run must satisfy.

@@ -13,10 +13,10 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use super::adversary::{self, Behavior};
-use super::kv::{self, Kv};
 pub use super::order_check::{Expectations, Liveness, check};
 use super::{Log, NetConfig, Rng, Sim};
 use crate::crypto::CryptoMode;
+use crate::kv::{self, Kv};
 use crate::quorum::Quorums;
 use crate::{ClusterSpec, Nanos, NodeId, Params, Protocol, Request, Stats, Status, generate_cluster};
 
@@ -276,8 +276,8 @@ impl Scenario {
 
     pub fn run(&self) -> Outcome {
         let spec = ClusterSpec {
-            brokers: self.n(),
-            publishers: self.clients + self.colluders,
+            replicas: self.n(),
+            clients: self.clients + self.colluders,
             subscribers: 0,
             topics: vec![],
             params: self.params.clone(),

@@ -191,7 +191,7 @@ impl Scenario {
 
     pub fn run(&self) -> Outcome {
         let mut spec = ClusterSpec::new(self.f);
-        spec.publishers = self.publishers;
+        spec.clients = self.publishers;
         spec.subscribers = self.subscribers;
         spec.crypto = self.crypto;
         spec.params = Params { alpha: self.alpha, history_flush_ns: 20 * MS, ..Params::default() };

@@ -7,7 +7,7 @@ use std::fmt;
 use prost::Message;
 
 use super::Trace;
-use crate::config::{NodeConfig, Protocol, Role};
+use crate::config::{NodeConfig, Role};
 use crate::wire::pb;
 
 /// Renders `trace`: a header block, then one line per record (index, time, input) with
@@ -30,21 +30,19 @@ impl fmt::Display for Dump<'_> {
         )?;
         let decoded = NodeConfig::decode(&header.node_config);
         // What a node persists depends on its role: PBFT clients persist request-number leases.
-        let client = decoded.as_ref().is_ok_and(|cfg| {
-            cfg.cluster.protocol == Protocol::Pbft
-                && cfg.cluster.node(cfg.id).is_some_and(|n| n.role == Role::Publisher)
-        });
+        let client = decoded.as_ref().is_ok_and(|cfg| cfg.cluster.node(cfg.id).is_some_and(|n| n.role == Role::Client));
         match decoded {
             Ok(cfg) => {
                 // Decoding validated that the node is in its cluster.
-                let role = cfg.cluster.node(cfg.id).map_or_else(String::new, |n| format!("{:?}", n.role));
+                let role = cfg.cluster.node(cfg.id).map_or("", |n| n.role.name());
                 let c = &cfg.cluster;
                 writeln!(
                     f,
-                    "node {} ({role}) of {} nodes, {} brokers, f = {}, crypto {:?}",
+                    "node {} ({role}) of {} nodes, {} {}s, f = {}, crypto {:?}",
                     cfg.id,
                     c.nodes.len(),
                     c.n(),
+                    c.protocol.replica_role().name(),
                     c.f,
                     c.crypto
                 )?;
@@ -334,7 +332,9 @@ pub(super) fn describe_output(o: &pb::OutputRecord) -> String {
         ),
         Some(Kind::Persist(p)) => format!("Persist token {} ({} bytes)", p.token, p.record.len()),
         Some(Kind::Fault(x)) => format!("Fault node {} {}", x.node, x.kind.escape_debug()),
-        Some(Kind::Execute(e)) => format!("Execute seq {}: {}", e.seq, ops(&e.ops)),
+        Some(Kind::Execute(e)) => {
+            format!("Execute seq {}: {}{}", e.seq, ops(&e.ops), if e.snapshot { ", then a snapshot" } else { "" })
+        }
         Some(Kind::Completed(c)) => format!("Completed request {} result {} bytes", c.request, c.result.len()),
         Some(Kind::Restore(r)) => format!("Restore seq {} snapshot {} bytes", r.seq, r.snapshot.len()),
         Some(Kind::Compact(c)) => format!("Compact: records before token {} are obsolete", c.token),

@@ -2,7 +2,11 @@
 //! outputs and next deadline it answered each with, so that the core alone can replay a
 //! run and check it byte for byte.
 //!
-//! # File format, version 1
+//! # File format, version 2
+//!
+//! Version 2 (this one) names PBFT's roles `REPLICA` and `CLIENT` in the header's
+//! configuration and marks each `Execute` that asks for a snapshot; version 1 traces are
+//! refused with a version error (re-record them).
 //!
 //! A sequence of length-delimited protobuf messages from `proto/phalanx.proto` (a varint
 //! length, then that many bytes): one `TraceHeader` (format `"phalanx-trace"`, version,
@@ -40,7 +44,7 @@ use crate::{Algorithm, Delivery, FaultKind, Input, Operation, Output, Request};
 /// The `format` string of every trace header.
 pub const FORMAT: &str = "phalanx-trace";
 /// The file format version this build writes and reads.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// Largest header or record [`Trace::parse`] accepts, so a corrupt length prefix cannot
 /// make it allocate without bound. Far above any frame (`max_message_bytes`).
 pub const MAX_RECORD_BYTES: usize = 64 << 20;
@@ -162,8 +166,9 @@ pub fn output_to_pb(output: &Output) -> pb::OutputRecord {
         }),
         Output::Persist { token, record } => Kind::Persist(pb::PersistOutput { token: *token, record: record.clone() }),
         Output::Fault { node, kind } => Kind::Fault(pb::FaultOutput { node: *node, kind: kind.name().to_owned() }),
-        Output::Execute { seq, ops } => {
-            Kind::Execute(pb::ExecuteOutput { seq: *seq, ops: ops.iter().map(pb::Operation::from).collect() })
+        Output::Execute { seq, ops, snapshot } => {
+            let ops = ops.iter().map(pb::Operation::from).collect();
+            Kind::Execute(pb::ExecuteOutput { seq: *seq, ops, snapshot: *snapshot })
         }
         Output::Completed { request, result } => {
             Kind::Completed(pb::CompletedOutput { request: *request, result: result.clone() })
@@ -196,7 +201,9 @@ pub fn output_from_pb(record: pb::OutputRecord) -> Result<Output, TraceError> {
             node: f.node,
             kind: FaultKind::from_name(&f.kind).ok_or_else(|| malformed(format!("unknown fault kind {:?}", f.kind)))?,
         },
-        Kind::Execute(e) => Output::Execute { seq: e.seq, ops: e.ops.into_iter().map(Operation::from).collect() },
+        Kind::Execute(e) => {
+            Output::Execute { seq: e.seq, ops: e.ops.into_iter().map(Operation::from).collect(), snapshot: e.snapshot }
+        }
         Kind::Completed(c) => Output::Completed { request: c.request, result: c.result },
         Kind::Restore(r) => Output::Restore { seq: r.seq, snapshot: r.snapshot },
         Kind::Compact(c) => Output::Compact { token: c.token },

@@ -1,49 +1,35 @@
-//! A recording wrapper around [`Node`] with the node's own shape.
+//! A recording wrapper around any [`Machine`], with its shape.
 
 use std::collections::VecDeque;
 use std::iter;
 
 use super::TraceWriter;
-use crate::{HandleError, Input, Nanos, Node, Output};
+use crate::{HandleError, Input, Machine, Nanos, Output};
 
-/// A [`Node`] that records its trace: the same `handle` / `poll` / `poll_timeout` shape,
-/// so a host swaps one for the other. There is no `node_mut`: input that bypassed the
-/// recorder would make the trace unreplayable.
-pub struct Recorder {
-    node: Node,
-    /// Outputs drained from the node into the trace, not yet polled by the host.
+/// A machine that records its trace: the same `handle` / `poll` / `poll_timeout` shape,
+/// so a host swaps one for the other (a [`crate::Node`], or a sandbox running one).
+pub struct Recorder<M> {
+    machine: M,
+    /// Outputs drained from the machine into the trace, not yet polled by the host.
     pending: VecDeque<Output>,
     writer: TraceWriter,
 }
 
-impl Recorder {
-    /// Wraps a node that has not handled any input yet: replay starts from its
-    /// configuration.
-    pub fn new(node: Node, label: &str) -> Self {
-        let writer = TraceWriter::new(&node.config().encode(), label);
-        Recorder { node, pending: VecDeque::new(), writer }
+impl<M: Machine> Recorder<M> {
+    /// Wraps a machine that has not handled any input yet, built from the encoded
+    /// `NodeConfig` `config`: replay starts from it.
+    pub fn new(machine: M, config: &[u8], label: &str) -> Self {
+        Recorder { machine, pending: VecDeque::new(), writer: TraceWriter::new(config, label) }
     }
 
-    /// Feeds `input` to the node and records it with all the outputs it produced, which
-    /// are drained at once so the record is complete, then handed out by [`poll`](Self::poll).
-    pub fn handle(&mut self, now: Nanos, input: Input) -> Result<(), HandleError> {
-        let result = self.node.handle(now, input.clone());
-        let outputs: Vec<Output> = iter::from_fn(|| self.node.poll()).collect();
-        self.writer.record(now, &input, &result, &outputs, self.node.poll_timeout());
-        self.pending.extend(outputs);
-        result
+    pub fn machine(&self) -> &M {
+        &self.machine
     }
 
-    pub fn poll(&mut self) -> Option<Output> {
-        self.pending.pop_front()
-    }
-
-    pub fn poll_timeout(&self) -> Option<Nanos> {
-        self.node.poll_timeout()
-    }
-
-    pub fn node(&self) -> &Node {
-        &self.node
+    /// For calls that change nothing but need `&mut` (a sandbox's status, say): an input
+    /// fed through it would be missing from the trace, which would then not replay.
+    pub fn machine_mut(&mut self) -> &mut M {
+        &mut self.machine
     }
 
     /// The trace file so far.
@@ -51,7 +37,38 @@ impl Recorder {
         self.writer.bytes()
     }
 
+    /// Takes what was recorded since the last call, for a host that appends it to a file
+    /// round by round; [`Recorder::trace`] then holds only what is left.
+    pub fn take_recorded(&mut self) -> Vec<u8> {
+        self.writer.drain()
+    }
+
     pub fn into_trace(self) -> Vec<u8> {
         self.writer.into_bytes()
+    }
+}
+
+impl<M: Machine> Machine for Recorder<M> {
+    /// Feeds `input` to the machine and records it with all the outputs it produced,
+    /// which are drained at once so the record is complete, then handed out by `poll`.
+    fn handle(&mut self, now: Nanos, input: Input) -> Result<(), HandleError> {
+        let result = self.machine.handle(now, input.clone());
+        let outputs: Vec<Output> = iter::from_fn(|| self.machine.poll()).collect();
+        let deadline = self.machine.poll_timeout();
+        self.writer.record(now, &input, &result, &outputs, deadline);
+        self.pending.extend(outputs);
+        result
+    }
+
+    fn poll(&mut self) -> Option<Output> {
+        self.pending.pop_front()
+    }
+
+    fn poll_timeout(&mut self) -> Option<Nanos> {
+        self.machine.poll_timeout()
+    }
+
+    fn failure(&self) -> Option<String> {
+        self.machine.failure()
     }
 }

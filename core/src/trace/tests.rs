@@ -5,7 +5,7 @@ use prost::Message;
 use super::*;
 use crate::crypto::CryptoMode;
 use crate::wire::{self, Keyring};
-use crate::{ClusterSpec, HandleError, Nanos, Node, NodeConfig, NodeId, Protocol, generate_cluster};
+use crate::{ClusterSpec, HandleError, Machine, Nanos, Node, NodeConfig, NodeId, generate_cluster};
 
 fn cluster() -> Vec<NodeConfig> {
     generate_cluster(&ClusterSpec { crypto: CryptoMode::InsecureTest, ..ClusterSpec::new(1) }, [7; 32]).unwrap()
@@ -34,30 +34,6 @@ fn broker_inputs() -> Vec<(Nanos, Input)> {
     ]
 }
 
-/// The node shape, so one driver runs a node and a recorder alike.
-trait Machine {
-    fn handle(&mut self, now: Nanos, input: Input) -> Result<(), HandleError>;
-    fn poll(&mut self) -> Option<Output>;
-}
-
-impl Machine for Node {
-    fn handle(&mut self, now: Nanos, input: Input) -> Result<(), HandleError> {
-        Node::handle(self, now, input)
-    }
-    fn poll(&mut self) -> Option<Output> {
-        Node::poll(self)
-    }
-}
-
-impl Machine for Recorder {
-    fn handle(&mut self, now: Nanos, input: Input) -> Result<(), HandleError> {
-        Recorder::handle(self, now, input)
-    }
-    fn poll(&mut self) -> Option<Output> {
-        Recorder::poll(self)
-    }
-}
-
 /// Feeds broker 0's inputs, draining outputs after each.
 fn drive(m: &mut impl Machine) -> (Vec<Result<(), HandleError>>, Vec<Output>) {
     let mut outputs = Vec::new();
@@ -74,10 +50,10 @@ fn drive(m: &mut impl Machine) -> (Vec<Result<(), HandleError>>, Vec<Output>) {
 
 /// Broker 0's recorded trace and what the recorder handed out.
 fn recorded() -> (Vec<u8>, Vec<Result<(), HandleError>>, Vec<Output>) {
-    let mut recorder = Recorder::new(Node::new(cluster()[0].clone()).unwrap(), "broker-0");
+    let mut recorder = Recorder::new(Node::new(cluster()[0].clone()).unwrap(), &cluster()[0].encode(), "broker-0");
     let (results, outputs) = drive(&mut recorder);
     assert_eq!(recorder.poll_timeout(), None);
-    assert_eq!(recorder.node().id(), 0);
+    assert_eq!(recorder.machine().id(), 0);
     let so_far = recorder.trace().to_vec();
     let bytes = recorder.into_trace();
     assert_eq!(bytes, so_far);
@@ -176,7 +152,7 @@ fn any_difference_is_a_divergence_naming_the_record() {
         "2 outputs recorded, 1 produced; output 1 missing: Fault node 9 bad_mac",
     );
     diverge(&|t| t.records[2].next_timeout = Some(5_000), 2, "next timeout: expected at 0.005 ms, got none");
-    diverge(&|t| t.records[3].error.clear(), 3, "handle: expected Ok, got error \"a Broker cannot");
+    diverge(&|t| t.records[3].error.clear(), 3, "handle: expected Ok, got error \"a broker cannot");
 }
 
 #[test]
@@ -220,10 +196,10 @@ fn truncation_and_garbage_are_errors_not_panics() {
 #[test]
 fn header_checks_name_the_problem() {
     let mut trace = Trace::parse(&recorded().0).unwrap();
-    trace.header.version = 2;
+    trace.header.version = 3;
     let err = Trace::parse(&trace.to_bytes()).unwrap_err();
-    assert_eq!(err, TraceError::Version { found: 2, expected: 1 });
-    assert_eq!(err.to_string(), "trace format version 2 is newer than this build reads (version 1)");
+    assert_eq!(err, TraceError::Version { found: 3, expected: 2 });
+    assert_eq!(err.to_string(), "trace format version 3 is newer than this build reads (version 2)");
 
     trace.header.version = VERSION;
     trace.header.format = "pcap".into();
@@ -244,8 +220,8 @@ fn dump_shows_every_record_decoded() {
     let trace = Trace::parse(&recorded().0).unwrap();
     let text = dump(&trace);
     for needle in [
-        "phalanx-trace version 1, label \"broker-0\"",
-        "node 0 (Broker) of 7 nodes, 4 brokers, f = 1",
+        "phalanx-trace version 2, label \"broker-0\"",
+        "node 0 (broker) of 7 nodes, 4 brokers, f = 1",
         "4 records",
         "#0 1.000 ms Message from 4",
         "Publication AB SEND publisher 4 topic 0 seq",
@@ -256,7 +232,7 @@ fn dump_shows_every_record_decoded() {
         "-> Fault node 4 malformed",
         "#2 2.000 ms Timeout",
         "#3 2.500 ms Request Publish topic 0 AB payload 5 bytes",
-        "refused: a Broker cannot handle a publish request",
+        "refused: a broker cannot handle a publish request",
     ] {
         assert!(text.contains(needle), "{needle:?} missing from\n{text}");
     }
@@ -264,7 +240,7 @@ fn dump_shows_every_record_decoded() {
 }
 
 fn pbft_cluster() -> Vec<NodeConfig> {
-    let spec = ClusterSpec { protocol: Protocol::Pbft, crypto: CryptoMode::InsecureTest, ..ClusterSpec::new(1) };
+    let spec = ClusterSpec { crypto: CryptoMode::InsecureTest, ..ClusterSpec::pbft(1, 1) };
     generate_cluster(&spec, [7; 32]).unwrap()
 }
 
@@ -279,7 +255,7 @@ fn frame_from(cfgs: &[NodeConfig], from: NodeId, to: NodeId, body: pb::body::Kin
 /// PBFT client 4 submits one op; replicas 1, 2 and 3 answer it, which completes it.
 fn client_trace() -> Vec<u8> {
     let cfgs = pbft_cluster();
-    let mut recorder = Recorder::new(Node::new(cfgs[4].clone()).unwrap(), "client-4");
+    let mut recorder = Recorder::new(Node::new(cfgs[4].clone()).unwrap(), &cfgs[4].encode(), "client-4");
     let reply = |from| {
         let reply = pb::Reply { view: 0, first: 1, results: vec![bytes::Bytes::from_static(b"done")] };
         frame_from(&cfgs, from, 4, pb::body::Kind::Reply(reply))
@@ -311,7 +287,7 @@ fn pbft_client_trace_replays_and_dumps() {
     );
     let text = dump(&trace);
     for needle in [
-        "node 4 (Publisher) of 7 nodes, 4 brokers, f = 1",
+        "node 4 (client) of 5 nodes, 4 replicas, f = 1",
         "#0 0.001 ms Request Submit op 4 bytes",
         "-> Send to 0 (",
         "sender 4 Requests client 4 requests 1..=1 (4 bytes), 1 MAC",
@@ -390,6 +366,7 @@ fn dump_shows_pbft_messages() {
             Operation { client: 4, request: 1, op: b"abc".to_vec() },
             Operation { client: 4, request: 2, op: b"de".to_vec() },
         ],
+        snapshot: true,
     };
     let stable_state = pb::StableState { certificate: Some(cert(128, vec![0, 1, 2])), state: vec![0; 12] };
     let mut persists = [
@@ -490,8 +467,8 @@ fn pb_conversion_roundtrips_every_variant() {
     }
     let op = |client, request, op: &[u8]| Operation { client, request, op: op.to_vec() };
     outputs.extend([
-        Output::Execute { seq: 1, ops: vec![] },
-        Output::Execute { seq: 2, ops: vec![op(4, 1, b"x"), op(5, u64::MAX, b""), op(4, 2, b"yz")] },
+        Output::Execute { seq: 1, ops: vec![], snapshot: false },
+        Output::Execute { seq: 2, ops: vec![op(4, 1, b"x"), op(5, u64::MAX, b""), op(4, 2, b"yz")], snapshot: true },
         Output::Completed { request: 7, result: vec![] },
         Output::Completed { request: 1, result: b"ok".to_vec() },
         Output::Restore { seq: 128, snapshot: vec![3; 5] },

@@ -6,6 +6,7 @@
 use std::fmt;
 use std::path::PathBuf;
 
+use phalanx_core::trace::Recorder;
 use phalanx_core::{Machine, Node, NodeConfig, Stats, Status};
 
 #[cfg(feature = "wasm")]
@@ -21,6 +22,28 @@ pub trait Engine: Machine + Send {
     fn status(&mut self) -> (Status, Stats);
     /// Which engine and which BLS implementation run the node.
     fn info(&self) -> EngineInfo;
+    /// The trace recorded since the last call, for an engine wrapped in a [`Recorder`].
+    fn recorded(&mut self) -> Vec<u8> {
+        Vec::new()
+    }
+}
+
+impl<E: Engine + ?Sized> Engine for Recorder<Box<E>> {
+    fn next_request(&mut self) -> Option<u64> {
+        self.machine_mut().next_request()
+    }
+
+    fn status(&mut self) -> (Status, Stats) {
+        self.machine_mut().status()
+    }
+
+    fn info(&self) -> EngineInfo {
+        self.machine().info()
+    }
+
+    fn recorded(&mut self) -> Vec<u8> {
+        self.take_recorded()
+    }
 }
 
 impl Engine for Node {

@@ -9,10 +9,9 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
+use phalanx_core::boundary::{self, Round};
 use phalanx_core::crypto::{BlsPublicKey, BlsSecretKey, BlsSignature, CryptoMode, aggregate, fast_aggregate_verify};
-use phalanx_core::{
-    Algorithm, Delivery, FaultKind, HandleError, Input, Machine, Nanos, Operation, Output, Request, Role, Stats, Status,
-};
+use phalanx_core::{HandleError, Input, Machine, Nanos, Output, Stats, Status};
 use wasmtime::component::{HasSelf, Linker, ResourceAny};
 use wasmtime::{Config, ResourceLimiter, Store, Trap};
 
@@ -21,7 +20,6 @@ use super::{CryptoBackend, Engine, EngineFailure, EngineInfo, EngineKind, WasmOp
 wasmtime::component::bindgen!({ path: "../wit", world: "phalanx" });
 
 use exports::phalanx::node::node::CryptoBackend as GuestCrypto;
-use exports::phalanx::node::types as wit;
 
 /// Fuel for creating a machine, per byte of the encoded configuration (at least
 /// `fuel_per_call`). Validating a configuration verifies every node's BLS proof of
@@ -168,12 +166,21 @@ impl WasmRuntime {
             GuestCrypto::Guest => CryptoBackend::Guest,
             GuestCrypto::InsecureTest => CryptoBackend::InsecureTest,
         };
-        Ok(WasmNode { store, instance, machine, crypto, fuel, outputs: VecDeque::new(), failed: None })
+        Ok(WasmNode {
+            store,
+            instance,
+            machine,
+            crypto,
+            fuel,
+            outputs: VecDeque::new(),
+            next_timeout: None,
+            failed: None,
+        })
     }
 
-    /// Replays a trace file inside the guest (the world's `replay`): its summary, or the
-    /// guest's error text.
-    pub fn replay(&self, trace: &[u8]) -> Result<Result<wit::ReplaySummary, String>, EngineFailure> {
+    /// Replays a trace file inside the guest (the world's `replay`): its summary as
+    /// `phalanxd trace replay` prints it, or the guest's error text.
+    pub fn replay(&self, trace: &[u8]) -> Result<Result<String, String>, EngineFailure> {
         let mut store = self.store(REPLAY_FUEL)?;
         let fuel = REPLAY_FUEL;
         let instance = self.pre.instantiate(&mut store).map_err(|e| classify(&mut store, fuel, e))?;
@@ -199,8 +206,10 @@ pub struct WasmNode {
     machine: ResourceAny,
     crypto: CryptoBackend,
     fuel: u64,
-    /// Outputs taken from the guest in one `drain` call, served one by one by `poll`.
+    /// Outputs of the last round, served one by one by `poll`.
     outputs: VecDeque<Output>,
+    /// The deadline after the last round; `None` before the first.
+    next_timeout: Option<Option<Nanos>>,
     failed: Option<EngineFailure>,
 }
 
@@ -235,27 +244,53 @@ impl WasmNode {
             }
         }
     }
+
+    /// A round in the guest, one crossing: the results of `inputs`; the outputs wait for
+    /// `poll`. A guest whose answer does not decode is broken, and fails for good.
+    fn round(&mut self, inputs: Vec<(Nanos, Input)>) -> Vec<Result<(), HandleError>> {
+        let count = inputs.len();
+        let encoded = boundary::encode_inputs(&inputs);
+        let answer = self.call(|m, s, r| m.call_run(s, r, &encoded));
+        let round = match answer {
+            Some(Ok(bytes)) => Round::decode(&bytes).map_err(|e| e.to_string()),
+            Some(Err(why)) => Err(why),
+            None => return vec![Ok(()); count],
+        };
+        match round {
+            Ok(round) => {
+                self.outputs.extend(round.outputs);
+                self.next_timeout = Some(round.next_timeout);
+                round.results
+            }
+            Err(why) => {
+                self.failed = Some(EngineFailure::Trap(format!("the guest's round does not decode: {why}")));
+                vec![Ok(()); count]
+            }
+        }
+    }
 }
 
 impl Machine for WasmNode {
     fn handle(&mut self, now: Nanos, input: Input) -> Result<(), HandleError> {
-        let input = input_to_wit(input);
-        match self.call(|m, s, r| m.call_handle(s, r, now, &input)) {
-            Some(Err(e)) => Err(handle_error(e)),
-            _ => Ok(()),
-        }
+        self.round(vec![(now, input)]).pop().unwrap_or(Ok(()))
+    }
+
+    fn handle_many(&mut self, inputs: Vec<(Nanos, Input)>) -> Vec<Result<(), HandleError>> {
+        self.round(inputs)
     }
 
     fn poll(&mut self) -> Option<Output> {
-        if self.outputs.is_empty() {
-            let drained = self.call(|m, s, r| m.call_drain(s, r))?;
-            self.outputs.extend(drained.into_iter().map(output_from_wit));
-        }
         self.outputs.pop_front()
     }
 
     fn poll_timeout(&mut self) -> Option<Nanos> {
-        self.call(|m, s, r| m.call_poll_timeout(s, r)).flatten()
+        if self.failed.is_some() {
+            return None;
+        }
+        if self.next_timeout.is_none() {
+            self.round(vec![]);
+        }
+        self.next_timeout.flatten()
     }
 
     fn failure(&self) -> Option<String> {
@@ -269,124 +304,11 @@ impl Engine for WasmNode {
     }
 
     fn status(&mut self) -> (Status, Stats) {
-        let Some(s) = self.call(|m, s, r| m.call_status(s, r)) else { return Default::default() };
-        let status = Status {
-            view: s.view,
-            primary: s.primary,
-            changing_view: s.changing_view,
-            view_changes: s.view_changes,
-            executed: s.executed,
-            stable: s.stable,
-            pending_requests: s.pending_requests,
-            batches: s.batches,
-            batched_requests: s.batched_requests,
-            consensus_ns_total: s.consensus_ns_total,
-            queue_wait_ns_total: s.queue_wait_ns_total,
-            queue_waits: s.queue_waits,
-            macs_verified: s.macs_verified,
-            signatures_verified: s.signatures_verified,
-        };
-        let stats =
-            Stats { stale: s.stale, beyond_window: s.beyond_window, unsubscribed: s.unsubscribed, refused: s.refused };
-        (status, stats)
+        let Some(bytes) = self.call(|m, s, r| m.call_status(s, r)) else { return Default::default() };
+        boundary::decode_status(&bytes).unwrap_or_default()
     }
 
     fn info(&self) -> EngineInfo {
         EngineInfo { kind: EngineKind::Wasm, crypto: self.crypto }
-    }
-}
-
-fn algorithm_to_wit(a: Algorithm) -> wit::Algorithm {
-    match a {
-        Algorithm::Ab => wit::Algorithm::Ab,
-        Algorithm::Bracha => wit::Algorithm::Bracha,
-        Algorithm::Chain => wit::Algorithm::Chain,
-    }
-}
-
-fn algorithm_from_wit(a: wit::Algorithm) -> Algorithm {
-    match a {
-        wit::Algorithm::Ab => Algorithm::Ab,
-        wit::Algorithm::Bracha => Algorithm::Bracha,
-        wit::Algorithm::Chain => Algorithm::Chain,
-    }
-}
-
-fn input_to_wit(i: Input) -> wit::Input {
-    match i {
-        Input::Message { from, bytes } => wit::Input::Message(wit::Message { peer: from, bytes }),
-        Input::Request(Request::Publish { topic, payload, algorithm }) => {
-            wit::Input::Request(wit::Request::Publish(wit::Publish {
-                topic,
-                payload,
-                algorithm: algorithm_to_wit(algorithm),
-            }))
-        }
-        Input::Request(Request::Subscribe { topics }) => wit::Input::Request(wit::Request::Subscribe(topics)),
-        Input::Request(Request::Submit { op }) => wit::Input::Request(wit::Request::Submit(op)),
-        Input::Request(Request::Read { op }) => wit::Input::Request(wit::Request::Read(op)),
-        Input::Timeout => wit::Input::Timeout,
-        Input::Persisted { token } => wit::Input::Persisted(token),
-        Input::Executed { seq, results, snapshot } => wit::Input::Executed(wit::Executed { seq, results, snapshot }),
-        Input::Recover { record } => wit::Input::Recover(record),
-        Input::Answered { client, request, result } => wit::Input::Answered(wit::Answered { client, request, result }),
-    }
-}
-
-fn fault_kind_from_wit(k: wit::FaultKind) -> FaultKind {
-    match k {
-        wit::FaultKind::Oversized => FaultKind::Oversized,
-        wit::FaultKind::Malformed => FaultKind::Malformed,
-        wit::FaultKind::ForgedSender => FaultKind::ForgedSender,
-        wit::FaultKind::BadMac => FaultKind::BadMac,
-        wit::FaultKind::Unexpected => FaultKind::Unexpected,
-        wit::FaultKind::BadChainMac => FaultKind::BadChainMac,
-        wit::FaultKind::Equivocation => FaultKind::Equivocation,
-        wit::FaultKind::ConflictingHistory => FaultKind::ConflictingHistory,
-        wit::FaultKind::TooManyStreams => FaultKind::TooManyStreams,
-        wit::FaultKind::BadSignature => FaultKind::BadSignature,
-    }
-}
-
-fn output_from_wit(o: wit::Output) -> Output {
-    match o {
-        wit::Output::Send(m) => Output::Send { to: m.peer, bytes: m.bytes },
-        wit::Output::Deliver(d) => Output::Deliver(Delivery {
-            publisher: d.publisher,
-            topic: d.topic,
-            seq: d.seq,
-            payload: d.payload,
-            algorithm: algorithm_from_wit(d.algorithm),
-            from_history: d.from_history,
-        }),
-        wit::Output::Persist(p) => Output::Persist { token: p.token, record: p.record },
-        wit::Output::Fault(f) => Output::Fault { node: f.node, kind: fault_kind_from_wit(f.kind) },
-        wit::Output::Execute(e) => Output::Execute {
-            seq: e.seq,
-            ops: e.ops.into_iter().map(|o| Operation { client: o.client, request: o.request, op: o.op }).collect(),
-        },
-        wit::Output::Completed(c) => Output::Completed { request: c.request, result: c.result },
-        wit::Output::Restore(r) => Output::Restore { seq: r.seq, snapshot: r.snapshot },
-        wit::Output::Compact(token) => Output::Compact { token },
-        wit::Output::Query(q) => Output::Query { client: q.client, request: q.request, op: q.op },
-    }
-}
-
-fn handle_error(e: wit::HandleError) -> HandleError {
-    match e {
-        wit::HandleError::WrongRole(w) => HandleError::WrongRole {
-            role: match w.role {
-                wit::Role::Broker => Role::Broker,
-                wit::Role::Publisher => Role::Publisher,
-                wit::Role::Subscriber => Role::Subscriber,
-            },
-            // The core's names are static; an unknown one cannot come from this core.
-            request: ["publish", "subscribe", "submit", "read", "executed", "answered", "recover"]
-                .into_iter()
-                .find(|r| *r == w.request)
-                .unwrap_or("unknown"),
-        },
-        wit::HandleError::Backpressure => HandleError::Backpressure,
-        wit::HandleError::Invalid(why) => HandleError::Invalid(why),
     }
 }

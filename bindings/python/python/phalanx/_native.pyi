@@ -97,7 +97,8 @@ class Output:
     class Execute(Output):
         seq: int
         ops: List[Operation]
-        def __init__(self, seq: int, ops: List[Operation]) -> None: ...
+        snapshot: bool
+        def __init__(self, seq: int, ops: List[Operation], snapshot: bool) -> None: ...
     class Completed(Output):
         request: int
         result: bytes

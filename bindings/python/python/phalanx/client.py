@@ -40,7 +40,7 @@ class Client(Hosted):
         timeout: float = 10.0,
     ):
         self._host = Host(config, replicas, on_output=self._on_output, storage=storage)
-        if self._host.node.protocol != "pbft" or self._host.node.role != "publisher":
+        if self._host.node.protocol != "pbft" or self._host.node.role != "client":
             raise PhalanxError(
                 f"node {self._host.id} is a {self._host.node.protocol} {self._host.node.role}, not a PBFT client"
             )

@@ -1,5 +1,5 @@
 """The key-value application ``phalanxd`` replicates: operation encoders and result
-decoding (the encoding of ``phalanx_core::sim::kv``)."""
+decoding (the encoding of ``phalanx_core::kv``)."""
 
 from __future__ import annotations
 

@@ -55,10 +55,9 @@ class Replica(Hosted):
         self._query = query if callable(query) else None
         self._host = Host(config, replicas, on_output=self._on_output, storage=storage, listen=None)
         node = self._host.node
-        if node.protocol != "pbft" or node.role != "broker":
+        if node.protocol != "pbft" or node.role != "replica":
             raise PhalanxError(f"node {node.id} is a {node.protocol} {node.role}, not a PBFT replica")
         self._host._listen = listen or self._host._replicas[node.id]
-        self._checkpoint_interval = node.checkpoint_interval
         self.executed_ops = 0
         self.answered_queries = 0
 
@@ -89,9 +88,7 @@ class Replica(Hosted):
                     log.exception("replica %d: execute raised on batch %d; result b''", self.id, out.seq)
                     results.append(b"")
             self.executed_ops += len(results)
-            snapshot = None
-            if out.seq % self._checkpoint_interval == 0:
-                snapshot = bytes(self.app.snapshot())
+            snapshot = bytes(self.app.snapshot()) if out.snapshot else None
             return Input.Executed(out.seq, results, snapshot)
         if isinstance(out, Output.Query):
             return self._answer(out)

@@ -36,7 +36,7 @@ impl Replica {
         self.snapshots.insert(seq, (d, state));
         let signature = ctx.sign_statement(checkpoint(seq, &d)).0.to_vec();
         let vote = pb::CheckpointVote { seq, digest: d.to_vec(), signature };
-        ctx.send_to_brokers(pb::body::Kind::Checkpoint(vote.clone()), &[]);
+        ctx.send_to_replicas(pb::body::Kind::Checkpoint(vote.clone()), &[]);
         self.on_checkpoint(ctx, now, ctx.me(), vote);
     }
 
@@ -50,7 +50,7 @@ impl Replica {
             .map(|(&seq, (d, signature))| pb::CheckpointVote { seq, digest: d.to_vec(), signature: signature.clone() })
             .collect();
         for vote in votes {
-            ctx.send_to_brokers(pb::body::Kind::Checkpoint(vote), &[]);
+            ctx.send_to_replicas(pb::body::Kind::Checkpoint(vote), &[]);
         }
     }
 
@@ -168,7 +168,7 @@ impl Replica {
 
     pub(super) fn catch_up_request(&mut self, ctx: &mut Ctx) {
         let seq = self.executed + 1;
-        ctx.send_to_brokers(pb::body::Kind::FetchState(pb::FetchState { seq }), &[]);
+        ctx.send_to_replicas(pb::body::Kind::FetchState(pb::FetchState { seq }), &[]);
     }
 
     /// Answers a replica that lacks `f.seq` onwards: the state at the newest checkpoint

@@ -189,7 +189,7 @@ impl Replica {
                 if let Some(own) = self.view_changes.get(&me)
                     && let Ok(vc) = pb::ViewChange::decode(own.signed.view_change.as_slice())
                 {
-                    ctx.send_to_brokers(pb::body::Kind::ViewChange(Box::new(vc)), &[]);
+                    ctx.send_to_replicas(pb::body::Kind::ViewChange(Box::new(vc)), &[]);
                 }
             }
         }
@@ -239,7 +239,7 @@ impl Replica {
             signature: vec![],
         };
         vc.signature = ctx.sign_statement(view_change(target, &digest(&vc.encode_to_vec()))).0.to_vec();
-        ctx.send_to_brokers(pb::body::Kind::ViewChange(Box::new(vc.clone())), &[]);
+        ctx.send_to_replicas(pb::body::Kind::ViewChange(Box::new(vc.clone())), &[]);
         // Votes are taken inside the window above the certified checkpoint, so a
         // replica's own claims are within what every replica accepts.
         let claims = self.claims(ctx, &vc);
@@ -342,7 +342,7 @@ impl Replica {
         let claims: Vec<&Claims> = proofs.iter().map(|r| &r.claims).collect();
         let Some(decision) = decide(&claims, ctx.quorums) else { return };
         let nv = pb::NewView { view: target, view_changes: proofs.iter().map(|r| r.signed.clone()).collect() };
-        ctx.send_to_brokers(pb::body::Kind::NewView(nv), &[]);
+        ctx.send_to_replicas(pb::body::Kind::NewView(nv), &[]);
         self.enter_view(ctx, now, target, decision);
     }
 
@@ -420,7 +420,7 @@ impl Replica {
                 (Some(batch), _) => self.repropose(ctx, now, seq, batch),
                 (None, Choice::Batch(d)) => {
                     self.log.entry(seq).or_default().wanted = Some(d);
-                    ctx.send_to_brokers(pb::body::Kind::FetchBatch(pb::FetchBatch { seq, digest: d.to_vec() }), &[]);
+                    ctx.send_to_replicas(pb::body::Kind::FetchBatch(pb::FetchBatch { seq, digest: d.to_vec() }), &[]);
                 }
                 (None, Choice::Empty) => unreachable!("an empty batch is always at hand"),
             }
@@ -474,7 +474,7 @@ impl Replica {
     fn repropose(&mut self, ctx: &mut Ctx, now: Nanos, seq: u64, batch: Arc<EncodedBatch>) {
         self.vote_for(ctx, seq, &batch);
         let vote = pb::Vote { view: self.view, seq, digest: batch.digest.to_vec() };
-        ctx.send_to_brokers(pb::body::Kind::Prepare(vote), &[]);
+        ctx.send_to_replicas(pb::body::Kind::Prepare(vote), &[]);
         self.accept(ctx, now, now, seq, batch);
     }
 

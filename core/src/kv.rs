@@ -1,5 +1,6 @@
-//! A small deterministic key-value store: the application the simulator's PBFT replicas
-//! execute, and the reference the checker replays the agreed order against.
+//! A small deterministic key-value store: the application `phalanxd` replicas serve and
+//! the simulator's replicas execute, and the reference the checker replays the agreed
+//! order against.
 //!
 //! PBFT orders opaque bytes, so operations and results are bytes too. Every field is
 //! length-prefixed (`len` is a u32, little-endian), so no two values share an encoding:
@@ -26,6 +27,9 @@
 //! canonical form, so equal snapshots mean equal states and equal digests.
 
 use std::collections::BTreeMap;
+
+use crate::Operation;
+use crate::host::Application;
 
 /// A decoded operation.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -415,5 +419,24 @@ mod tests {
             field(&mut dup, b"1");
         }
         assert!(Kv::restore(&dup).is_err());
+    }
+}
+
+impl Application for Kv {
+    fn execute(&mut self, _seq: u64, ops: &[Operation]) -> Vec<Vec<u8>> {
+        ops.iter().map(|o| Kv::execute(self, &o.op)).collect()
+    }
+
+    fn snapshot(&self) -> Vec<u8> {
+        Kv::snapshot(self)
+    }
+
+    fn restore(&mut self, _seq: u64, snapshot: &[u8]) -> Result<(), String> {
+        *self = Kv::restore(snapshot)?;
+        Ok(())
+    }
+
+    fn query(&self, op: &[u8]) -> Vec<u8> {
+        Kv::query(self, op)
     }
 }
