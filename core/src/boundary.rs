@@ -74,7 +74,7 @@ pub fn handle_error_to_pb(e: &HandleError) -> pb::HandleErrorRecord {
     use pb::handle_error_record::Kind;
     let kind = match e {
         HandleError::WrongRole { role, request } => {
-            Kind::WrongRole(pb::WrongRole { role: role.to_pb() as i32, request: request.to_string() })
+            Kind::WrongRole(pb::WrongRole { role: role.number(), request: request.to_string() })
         }
         HandleError::Backpressure => Kind::Backpressure(pb::Empty {}),
         HandleError::Invalid(why) => Kind::Invalid(why.clone()),
@@ -86,7 +86,7 @@ pub fn handle_error_from_pb(e: pb::HandleErrorRecord) -> Result<HandleError, Tra
     use pb::handle_error_record::Kind;
     Ok(match e.kind.ok_or_else(|| TraceError::Malformed("an empty handle error".into()))? {
         Kind::WrongRole(w) => HandleError::WrongRole {
-            role: Role::from_pb(w.role).ok_or_else(|| TraceError::Malformed(format!("unknown role {}", w.role)))?,
+            role: Role::from_number(w.role).ok_or_else(|| TraceError::Malformed(format!("unknown role {}", w.role)))?,
             request: Input::kind_name(&w.request)
                 .ok_or_else(|| TraceError::Malformed(format!("unknown input kind {:?}", w.request)))?,
         },

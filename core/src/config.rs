@@ -9,57 +9,8 @@ use prost::Message;
 
 use crate::NodeId;
 use crate::crypto::{BlsPublicKey, BlsSecretKey, BlsSignature, CryptoMode, MacKey, bls_key_material, pairwise_mac_key};
+pub use crate::role::{Protocol, Role};
 use crate::wire::pb;
-
-/// A node's role, named as its protocol family names it ([`crate::role`] says which
-/// machine runs each). Each protocol has one role whose nodes are the n replicas of the
-/// service ([`Protocol::replica_role`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Role {
-    /// Pub/sub: a replica of the service (seed 000's broker).
-    Broker,
-    /// Pub/sub: a source of broadcasts.
-    Publisher,
-    /// Pub/sub: a destination of broadcasts.
-    Subscriber,
-    /// PBFT: a replica of the ordered service.
-    Replica,
-    /// PBFT: a client of it.
-    Client,
-}
-
-impl Role {
-    pub const ALL: [Role; 5] = [Role::Broker, Role::Publisher, Role::Subscriber, Role::Replica, Role::Client];
-
-    /// The name configuration files, the CLI and bindings use.
-    pub fn name(self) -> &'static str {
-        match self {
-            Role::Broker => "broker",
-            Role::Publisher => "publisher",
-            Role::Subscriber => "subscriber",
-            Role::Replica => "replica",
-            Role::Client => "client",
-        }
-    }
-
-    pub fn from_name(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|r| r.name() == name)
-    }
-
-    pub(crate) fn to_pb(self) -> pb::Role {
-        match self {
-            Role::Broker => pb::Role::Broker,
-            Role::Publisher => pb::Role::Publisher,
-            Role::Subscriber => pb::Role::Subscriber,
-            Role::Replica => pb::Role::Replica,
-            Role::Client => pb::Role::Client,
-        }
-    }
-
-    pub(crate) fn from_pb(v: i32) -> Option<Self> {
-        Self::ALL.into_iter().find(|r| r.to_pb() as i32 == v)
-    }
-}
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeInfo {
@@ -104,47 +55,6 @@ pub struct Params {
     pub client_queue: u32,
     /// PBFT: a client retransmits a request unanswered for this long.
     pub client_retry_ns: u64,
-}
-
-/// Which protocol family a cluster runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Protocol {
-    /// AB, Bracha and Chain with histories: brokers, publishers, subscribers.
-    PubSub,
-    /// PBFT total order: replicas and clients.
-    Pbft,
-}
-
-impl Protocol {
-    pub const ALL: [Protocol; 2] = [Protocol::PubSub, Protocol::Pbft];
-
-    /// The role whose nodes are the service's n replicas.
-    pub fn replica_role(self) -> Role {
-        match self {
-            Protocol::PubSub => Role::Broker,
-            Protocol::Pbft => Role::Replica,
-        }
-    }
-
-    /// The role of the nodes that use the service (publish, or submit requests).
-    pub fn client_role(self) -> Role {
-        match self {
-            Protocol::PubSub => Role::Publisher,
-            Protocol::Pbft => Role::Client,
-        }
-    }
-
-    /// The name configuration files and bindings use.
-    pub fn name(self) -> &'static str {
-        match self {
-            Protocol::PubSub => "pubsub",
-            Protocol::Pbft => "pbft",
-        }
-    }
-
-    pub fn from_name(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|p| p.name() == name)
-    }
 }
 
 impl Default for Params {
@@ -299,8 +209,8 @@ impl ClusterConfig {
         if self.nodes.windows(2).any(|w| w[0].id > w[1].id) {
             return err("nodes must be sorted by id");
         }
-        if let Some(node) = self.nodes.iter().find(|n| !crate::role::roles(self.protocol).any(|r| r == n.role)) {
-            let known: Vec<&str> = crate::role::roles(self.protocol).map(Role::name).collect();
+        if let Some(node) = self.nodes.iter().find(|n| n.role.protocol() != self.protocol) {
+            let known: Vec<&str> = self.protocol.roles().map(Role::name).collect();
             return err(format!(
                 "node {}: {} has no role {:?} (its roles: {})",
                 node.id,
@@ -492,7 +402,7 @@ impl ClusterConfig {
         };
         let mut nodes = Vec::with_capacity(pb.nodes.len());
         for n in pb.nodes {
-            let Some(role) = Role::from_pb(n.role) else {
+            let Some(role) = Role::from_number(n.role) else {
                 return err(format!("node {}: missing or unknown role {}", n.id, n.role));
             };
             let pk: [u8; 48] = n.bls_public_key.as_slice().try_into().map_err(|_| {
@@ -518,10 +428,8 @@ impl ClusterConfig {
             });
         }
         nodes.sort_by_key(|n| n.id);
-        let protocol = match pb::Protocol::try_from(pb.protocol) {
-            Ok(pb::Protocol::Pubsub) => Protocol::PubSub,
-            Ok(pb::Protocol::Pbft) => Protocol::Pbft,
-            Err(_) => return err(format!("unknown protocol {}", pb.protocol)),
+        let Some(protocol) = Protocol::from_number(pb.protocol) else {
+            return err(format!("unknown protocol {}", pb.protocol));
         };
         let cfg =
             ClusterConfig { f: pb.f, nodes, params: Params::from_pb(pb.params.unwrap_or_default()), crypto, protocol };
@@ -537,7 +445,7 @@ impl ClusterConfig {
                 .iter()
                 .map(|n| pb::NodeInfo {
                     id: n.id,
-                    role: n.role.to_pb() as i32,
+                    role: n.role.number(),
                     bls_public_key: n.bls_public_key.0.to_vec(),
                     bls_pop: n.bls_pop.0.to_vec(),
                     topics: n.topics.clone(),
@@ -548,10 +456,7 @@ impl ClusterConfig {
                 CryptoMode::Real => pb::CryptoMode::Real,
                 CryptoMode::InsecureTest => pb::CryptoMode::InsecureTest,
             } as i32,
-            protocol: match self.protocol {
-                Protocol::PubSub => pb::Protocol::Pubsub,
-                Protocol::Pbft => pb::Protocol::Pbft,
-            } as i32,
+            protocol: self.protocol.number(),
         }
     }
 }

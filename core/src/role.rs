@@ -1,6 +1,8 @@
-//! The role contract: what every role of every protocol implements, so that [`crate::Node`]
-//! dispatches to any of them the same way, and a new protocol is its own module plus one
-//! line in [`REGISTRY`].
+//! The role contract: every protocol family, its roles, and the machine that runs each,
+//! in one table ([`REGISTRY`]), so that [`crate::Node`] dispatches to any role the same
+//! way. A new role is its own module plus a variant and a row here; a new protocol
+//! family adds a [`Protocol`] variant with its row in [`PROTOCOLS`] (and its module's
+//! `mod` line in `lib.rs`).
 //!
 //! A role machine gets its inputs already sorted out: bodies of frames that passed the
 //! size, decoding, sender and MAC checks ([`RoleMachine::on_message`]); its deadlines
@@ -8,12 +10,165 @@
 //! ([`RoleMachine::on_input`]). Everything it does goes through [`Ctx`]: sends, outputs,
 //! persistence (released in order, persist before send), faults, keys and quorums.
 
-use crate::config::{ConfigError, Protocol, Role};
+use crate::config::ConfigError;
 use crate::node::Ctx;
 use crate::order::{Client, Replica};
 use crate::pubsub::{Broker, Publisher, Subscriber};
 use crate::wire::Opened;
 use crate::{HandleError, Input, Nanos, Status};
+
+/// Which protocol family a cluster runs. The discriminant is its number on the wire
+/// (`ClusterConfig.protocol`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Protocol {
+    /// AB, Bracha and Chain with histories: brokers, publishers, subscribers.
+    PubSub = 0,
+    /// PBFT total order: replicas and clients.
+    Pbft = 1,
+}
+
+/// A node's role, named as its protocol family names it. The discriminant is its number
+/// on the wire (`NodeInfo.role`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Role {
+    /// Pub/sub: a replica of the service (seed 000's broker).
+    Broker = 1,
+    /// Pub/sub: a source of broadcasts.
+    Publisher = 2,
+    /// Pub/sub: a destination of broadcasts.
+    Subscriber = 3,
+    /// PBFT: a replica of the ordered service.
+    Replica = 4,
+    /// PBFT: a client of it.
+    Client = 5,
+}
+
+/// A protocol family: its name, the role of the service's n replicas, and the role of
+/// the nodes that use it (publish, or submit requests).
+struct Family {
+    protocol: Protocol,
+    name: &'static str,
+    replica: Role,
+    client: Role,
+}
+
+const PROTOCOLS: &[Family] = &[
+    Family { protocol: Protocol::PubSub, name: "pubsub", replica: Role::Broker, client: Role::Publisher },
+    Family { protocol: Protocol::Pbft, name: "pbft", replica: Role::Replica, client: Role::Client },
+];
+
+type Make = fn(&Ctx) -> Box<dyn RoleMachine>;
+
+/// A role: its family, the name configuration files, the CLI and bindings use, and the
+/// machine that runs it.
+struct RoleEntry {
+    protocol: Protocol,
+    role: Role,
+    name: &'static str,
+    make: Make,
+}
+
+const REGISTRY: &[RoleEntry] = &[
+    RoleEntry {
+        protocol: Protocol::PubSub,
+        role: Role::Broker,
+        name: "broker",
+        make: |ctx| Box::new(Broker::new(ctx)),
+    },
+    RoleEntry {
+        protocol: Protocol::PubSub,
+        role: Role::Publisher,
+        name: "publisher",
+        make: |ctx| Box::new(Publisher::new(ctx)),
+    },
+    RoleEntry {
+        protocol: Protocol::PubSub,
+        role: Role::Subscriber,
+        name: "subscriber",
+        make: |ctx| Box::new(Subscriber::new(ctx)),
+    },
+    RoleEntry {
+        protocol: Protocol::Pbft,
+        role: Role::Replica,
+        name: "replica",
+        make: |ctx| Box::new(Replica::new(ctx)),
+    },
+    RoleEntry { protocol: Protocol::Pbft, role: Role::Client, name: "client", make: |ctx| Box::new(Client::new(ctx)) },
+];
+
+impl Protocol {
+    pub fn all() -> impl Iterator<Item = Protocol> {
+        PROTOCOLS.iter().map(|f| f.protocol)
+    }
+
+    fn family(self) -> &'static Family {
+        PROTOCOLS.iter().find(|f| f.protocol == self).expect("every protocol has a row in PROTOCOLS")
+    }
+
+    /// The name configuration files and bindings use.
+    pub fn name(self) -> &'static str {
+        self.family().name
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::all().find(|p| p.name() == name)
+    }
+
+    pub fn number(self) -> u32 {
+        self as u32
+    }
+
+    pub fn from_number(number: u32) -> Option<Self> {
+        Self::all().find(|p| p.number() == number)
+    }
+
+    /// The role whose nodes are the service's n replicas.
+    pub fn replica_role(self) -> Role {
+        self.family().replica
+    }
+
+    /// The role of the nodes that use the service (publish, or submit requests).
+    pub fn client_role(self) -> Role {
+        self.family().client
+    }
+
+    /// Its roles, in registry order.
+    pub fn roles(self) -> impl Iterator<Item = Role> {
+        REGISTRY.iter().filter(move |e| e.protocol == self).map(|e| e.role)
+    }
+}
+
+impl Role {
+    pub fn all() -> impl Iterator<Item = Role> {
+        REGISTRY.iter().map(|e| e.role)
+    }
+
+    fn entry(self) -> &'static RoleEntry {
+        REGISTRY.iter().find(|e| e.role == self).expect("every role has a row in REGISTRY")
+    }
+
+    /// The name configuration files, the CLI and bindings use.
+    pub fn name(self) -> &'static str {
+        self.entry().name
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::all().find(|r| r.name() == name)
+    }
+
+    /// The protocol family it belongs to.
+    pub fn protocol(self) -> Protocol {
+        self.entry().protocol
+    }
+
+    pub fn number(self) -> u32 {
+        self as u32
+    }
+
+    pub fn from_number(number: u32) -> Option<Self> {
+        Self::all().find(|r| r.number() == number)
+    }
+}
 
 pub(crate) trait RoleMachine: Send + Sync {
     /// A body from an authenticated frame, in frame order.
@@ -56,34 +211,17 @@ pub(crate) trait RoleMachine: Send + Sync {
     }
 }
 
-type Make = fn(&Ctx) -> Box<dyn RoleMachine>;
-
-/// Which machine runs each role of each protocol.
-const REGISTRY: &[(Protocol, Role, Make)] = &[
-    (Protocol::PubSub, Role::Broker, |ctx| Box::new(Broker::new(ctx))),
-    (Protocol::PubSub, Role::Publisher, |ctx| Box::new(Publisher::new(ctx))),
-    (Protocol::PubSub, Role::Subscriber, |ctx| Box::new(Subscriber::new(ctx))),
-    (Protocol::Pbft, Role::Replica, |ctx| Box::new(Replica::new(ctx))),
-    (Protocol::Pbft, Role::Client, |ctx| Box::new(Client::new(ctx))),
-];
-
-/// The roles `protocol` has, in registry order.
-pub fn roles(protocol: Protocol) -> impl Iterator<Item = Role> {
-    REGISTRY.iter().filter(move |(p, _, _)| *p == protocol).map(|(_, r, _)| *r)
-}
-
 /// The machine for the node `ctx` describes.
 pub(crate) fn make(ctx: &Ctx) -> Result<Box<dyn RoleMachine>, ConfigError> {
     let (protocol, role) = (ctx.cfg.cluster.protocol, ctx.role());
-    let (_, _, make) = REGISTRY.iter().find(|(p, r, _)| (*p, *r) == (protocol, role)).ok_or_else(|| {
-        let known: Vec<&str> = roles(protocol).map(Role::name).collect();
-        ConfigError(format!(
+    match REGISTRY.iter().find(|e| (e.protocol, e.role) == (protocol, role)) {
+        Some(entry) => Ok((entry.make)(ctx)),
+        None => Err(ConfigError(format!(
             "node {}: {} has no role {:?} (its roles: {})",
             ctx.me(),
             protocol.name(),
             role.name(),
-            known.join(", ")
-        ))
-    })?;
-    Ok(make(ctx))
+            protocol.roles().map(Role::name).collect::<Vec<_>>().join(", ")
+        ))),
+    }
 }

@@ -28,7 +28,10 @@ impl std::fmt::Display for ClientError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ClientError::Timeout { request: Some(r), waited } => {
-                write!(f, "request {r}: no quorum of matching replies after {waited:?} (is a quorum of replicas running?)")
+                write!(
+                    f,
+                    "request {r}: no quorum of matching replies after {waited:?} (is a quorum of replicas running?)"
+                )
             }
             ClientError::Timeout { request: None, waited } => write!(f, "nothing arrived within {waited:?}"),
             ClientError::Refused(e) => write!(f, "refused: {e}"),

@@ -176,7 +176,7 @@ impl ClusterToml {
             }
         };
         if let Some((table, _)) = foreign.iter().find(|(_, count)| *count > 0) {
-            let names: Vec<&str> = phalanx_core::role::roles(protocol).map(Role::name).collect();
+            let names: Vec<&str> = protocol.roles().map(Role::name).collect();
             return Err((
                 table.to_string(),
                 format!("a {} cluster has no {table}s; its roles are {}", protocol.name(), names.join(", ")),

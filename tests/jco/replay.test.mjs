@@ -120,7 +120,7 @@ test("a read goes from a client to a replica's host as a query, and its answer b
   assert.deepEqual(run(client, { message: { from: 1, bytes: reply.send.bytes } }).outputs, []);
   // Only a replica answers queries: the client refuses it, by name.
   const { results } = run(client, answered);
-  assert.deepEqual(results, [{ error: { kind: "wrongRole", wrongRole: { role: "CLIENT", request: "answered" } } }]);
+  assert.deepEqual(results, [{ error: { kind: "wrongRole", wrongRole: { role: 5, request: "answered" } } }]);
 });
 
 test("a bad configuration is an error, not a crash", () => {
