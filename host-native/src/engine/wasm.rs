@@ -114,6 +114,10 @@ impl WasmRuntime {
         let load = |what: &str, e: wasmtime::Error| EngineFailure::Load(format!("{path}: {what}: {e:#}"));
         let mut config = Config::new();
         config.consume_fuel(true);
+        // For profiling the guest: `perf` then names its functions.
+        if std::env::var_os("PHALANX_WASM_PERFMAP").is_some() {
+            config.profiler(wasmtime::ProfilingStrategy::PerfMap);
+        }
         let engine = wasmtime::Engine::new(&config).map_err(|e| load("configuring wasmtime", e))?;
         let bytes = std::fs::read(&options.component).map_err(|e| EngineFailure::Load(format!("{path}: {e}")))?;
         let component = wasmtime::component::Component::new(&engine, &bytes).map_err(|e| load("compiling", e))?;
@@ -249,7 +253,7 @@ impl WasmNode {
     /// `poll`. A guest whose answer does not decode is broken, and fails for good.
     fn round(&mut self, inputs: Vec<(Nanos, Input)>) -> Vec<Result<(), HandleError>> {
         let count = inputs.len();
-        let encoded = boundary::encode_inputs(&inputs);
+        let encoded = boundary::encode_inputs(inputs);
         let answer = self.call(|m, s, r| m.call_run(s, r, &encoded));
         let round = match answer {
             Some(Ok(bytes)) => Round::decode(&bytes).map_err(|e| e.to_string()),
