@@ -104,7 +104,7 @@ def test_client_timeout_against_stopped_cluster(native_cluster):
 
     async def main():
         async with phalanx.Client.from_cluster_file(c.config, storage=False) as client:
-            with pytest.raises(phalanx.TimeoutError, match="no f\\+1 matching replies"):
+            with pytest.raises(phalanx.TimeoutError, match="no quorum of matching replies"):
                 await client.put(b"k", b"v", timeout=0.5)
 
     asyncio.run(asyncio.wait_for(main(), 30))
