@@ -15,7 +15,7 @@ use prost::Message;
 
 use crate::trace::{TraceError, input_from_pb, output_from_pb};
 use crate::wire::pb;
-use crate::{Algorithm, HandleError, Input, Machine, Nanos, Output, Role, Stats, Status};
+use crate::{Algorithm, HandleError, Input, Machine, Nanos, Node, Output, Role, Stats, Status};
 
 fn malformed(what: &str, e: impl std::fmt::Display) -> TraceError {
     TraceError::Malformed(format!("{what}: {e}"))
@@ -45,6 +45,8 @@ pub struct Round {
     pub results: Vec<Result<(), HandleError>>,
     pub outputs: Vec<Output>,
     pub next_timeout: Option<Nanos>,
+    /// The node's status after the round, when the side that ran it has one.
+    pub status: Option<(Status, Stats)>,
 }
 
 impl Round {
@@ -52,7 +54,13 @@ impl Round {
     pub fn run(machine: &mut impl Machine, inputs: Vec<(Nanos, Input)>) -> Round {
         let results = machine.handle_many(inputs);
         let outputs = std::iter::from_fn(|| machine.poll()).collect();
-        Round { results, outputs, next_timeout: machine.poll_timeout() }
+        Round { results, outputs, next_timeout: machine.poll_timeout(), status: None }
+    }
+
+    /// [`Round::run`] on a node, with its status afterwards.
+    pub fn run_node(node: &mut Node, inputs: Vec<(Nanos, Input)>) -> Round {
+        let round = Round::run(node, inputs);
+        Round { status: Some((node.status(), node.stats().clone())), ..round }
     }
 
     /// An encoded `RoundRecord`; the outputs' bytes move into it, uncopied.
@@ -60,7 +68,8 @@ impl Round {
         let results =
             self.results.iter().map(|r| pb::InputResult { error: r.as_ref().err().map(handle_error_to_pb) }).collect();
         let outputs = self.outputs.into_iter().map(pb::OutputRecord::from).collect();
-        pb::RoundRecord { results, outputs, next_timeout: self.next_timeout }.encode_to_vec()
+        let status = self.status.map(|(status, stats)| status_to_pb(&status, &stats));
+        pb::RoundRecord { results, outputs, next_timeout: self.next_timeout, status }.encode_to_vec()
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Round, TraceError> {
@@ -68,7 +77,8 @@ impl Round {
         let results: Result<Vec<Result<(), HandleError>>, TraceError> =
             r.results.into_iter().map(|r| r.error.map_or(Ok(Ok(())), |e| handle_error_from_pb(e).map(Err))).collect();
         let outputs: Result<Vec<Output>, TraceError> = r.outputs.into_iter().map(output_from_pb).collect();
-        Ok(Round { results: results?, outputs: outputs?, next_timeout: r.next_timeout })
+        let status = r.status.map(status_from_pb);
+        Ok(Round { results: results?, outputs: outputs?, next_timeout: r.next_timeout, status })
     }
 }
 
@@ -114,6 +124,15 @@ impl Algorithm {
     }
 }
 
+/// An encoded `StatusRecord`.
+pub fn encode_status(status: &Status, stats: &Stats) -> Vec<u8> {
+    status_to_pb(status, stats).encode_to_vec()
+}
+
+pub fn decode_status(bytes: &[u8]) -> Result<(Status, Stats), TraceError> {
+    pb::StatusRecord::decode(bytes).map(status_from_pb).map_err(|e| malformed("status", e))
+}
+
 /// A status field's value, as hosts export it by name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StatusValue {
@@ -147,14 +166,12 @@ impl From<u64> for StatusValue {
 /// [`status_fields`] and [`stats_fields`] for hosts that export them by name.
 macro_rules! status_record {
     (status: [$($s:ident),* $(,)?], stats: [$($t:ident),* $(,)?]) => {
-        /// An encoded `StatusRecord`.
-        pub fn encode_status(status: &Status, stats: &Stats) -> Vec<u8> {
-            pb::StatusRecord { $($s: status.$s,)* $($t: stats.$t,)* }.encode_to_vec()
+        fn status_to_pb(status: &Status, stats: &Stats) -> pb::StatusRecord {
+            pb::StatusRecord { $($s: status.$s,)* $($t: stats.$t,)* }
         }
 
-        pub fn decode_status(bytes: &[u8]) -> Result<(Status, Stats), TraceError> {
-            let r = pb::StatusRecord::decode(bytes).map_err(|e| malformed("status", e))?;
-            Ok((Status { $($s: r.$s,)* }, Stats { $($t: r.$t,)* }))
+        fn status_from_pb(r: pb::StatusRecord) -> (Status, Stats) {
+            (Status { $($s: r.$s,)* }, Stats { $($t: r.$t,)* })
         }
 
         /// Every gauge by name.
@@ -207,12 +224,13 @@ mod tests {
         ];
         let decoded = decode_inputs(&encode_inputs(inputs.clone())).unwrap();
         assert_eq!(decoded, inputs);
-        let round = Round::run(&mut client, decoded);
+        let round = Round::run_node(&mut client, decoded);
         assert_eq!(round.results[1], Err(HandleError::WrongRole { role: Role::Client, request: "publish" }));
         assert!(!round.outputs.is_empty());
         assert_eq!(Round::decode(&round.clone().encode()).unwrap(), round);
 
         let (status, stats) = (client.status(), client.stats().clone());
+        assert_eq!(round.status, Some((status, stats.clone())));
         assert_eq!(decode_status(&encode_status(&status, &stats)).unwrap(), (status, stats.clone()));
         assert!(stats_fields(&stats).contains(&("stale", stats.stale)));
         assert!(status_fields(&status).contains(&("primary", StatusValue::Flag(false))));

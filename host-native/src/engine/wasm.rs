@@ -178,6 +178,7 @@ impl WasmRuntime {
             fuel,
             outputs: VecDeque::new(),
             next_timeout: None,
+            status: None,
             failed: None,
         })
     }
@@ -214,6 +215,8 @@ pub struct WasmNode {
     outputs: VecDeque<Output>,
     /// The deadline after the last round; `None` before the first.
     next_timeout: Option<Option<Nanos>>,
+    /// The node's status after the last round.
+    status: Option<(Status, Stats)>,
     failed: Option<EngineFailure>,
 }
 
@@ -264,6 +267,7 @@ impl WasmNode {
             Ok(round) => {
                 self.outputs.extend(round.outputs);
                 self.next_timeout = Some(round.next_timeout);
+                self.status = round.status;
                 round.results
             }
             Err(why) => {
@@ -307,7 +311,11 @@ impl Engine for WasmNode {
         self.call(|m, s, r| m.call_next_request(s, r)).flatten()
     }
 
+    /// As the last round left it (no crossing), or asked of the guest before any round.
     fn status(&mut self) -> (Status, Stats) {
+        if let Some(status) = &self.status {
+            return status.clone();
+        }
         let Some(bytes) = self.call(|m, s, r| m.call_status(s, r)) else { return Default::default() };
         boundary::decode_status(&bytes).unwrap_or_default()
     }
