@@ -204,10 +204,12 @@ pub fn run(args: EngineBenchArgs) -> Result<(), String> {
         args.rounds
     );
     println!("{:<20} {:>12} {:>14} {:>12} {:>10}", "engine", "seconds", "inputs/s", "ops/s", "× native");
-    let native = contenders[0].best.as_secs_f64();
+    // With --only, native may not have been timed: no ratio then.
+    let native = (contenders[0].best < Duration::MAX).then(|| contenders[0].best.as_secs_f64());
     for c in contenders.iter().filter(|c| c.best < Duration::MAX) {
         let s = c.best.as_secs_f64();
-        println!("{:<20} {:>12.3} {:>14.0} {:>12.0} {:>10.2}", c.name, s, inputs / s, ops / s, native / s);
+        let ratio = native.map_or("-".into(), |n| format!("{:.2}", n / s));
+        println!("{:<20} {:>12.3} {:>14.0} {:>12.0} {:>10}", c.name, s, inputs / s, ops / s, ratio);
     }
     Ok(())
 }
