@@ -49,8 +49,10 @@ pub trait Application {
     fn snapshot(&self) -> Vec<u8>;
     /// Replaces the state with a snapshot taken after batch `seq`.
     fn restore(&mut self, seq: u64, snapshot: &[u8]) -> Result<(), String>;
-    /// Evaluates a read-only op against the state as it is, changing nothing.
-    fn query(&self, op: &[u8]) -> Vec<u8>;
+    /// Evaluates a read-only op against the state as it is, changing nothing; `None`
+    /// leaves it unanswered (an application without read-only ops, or one that failed on
+    /// this op), and the client then has the op ordered instead.
+    fn query(&self, op: &[u8]) -> Option<Vec<u8>>;
 }
 
 impl<S: Storage + ?Sized> Storage for Box<S> {
@@ -84,7 +86,7 @@ impl<A: Application + ?Sized> Application for Box<A> {
         (**self).restore(seq, snapshot)
     }
 
-    fn query(&self, op: &[u8]) -> Vec<u8> {
+    fn query(&self, op: &[u8]) -> Option<Vec<u8>> {
         (**self).query(op)
     }
 }
@@ -105,8 +107,8 @@ impl Application for NoApplication {
         Ok(())
     }
 
-    fn query(&self, _: &[u8]) -> Vec<u8> {
-        vec![]
+    fn query(&self, _: &[u8]) -> Option<Vec<u8>> {
+        None
     }
 }
 
@@ -188,6 +190,52 @@ impl fmt::Display for HostError {
 impl std::error::Error for HostError {}
 
 /// A machine with its storage and application, and the bookkeeping between them.
+///
+/// Four PBFT replicas serving the key-value store and a client, each in a host loop with
+/// memory storage, the network a queue and the clock a counter: the loops persist,
+/// acknowledge, execute and snapshot; the host only moves sends and time.
+///
+/// ```
+/// use std::collections::VecDeque;
+/// use phalanx_core::crypto::CryptoMode;
+/// use phalanx_core::host::{HostLoop, MemoryStorage, drain};
+/// use phalanx_core::kv::{self, Kv, Reply};
+/// use phalanx_core::{ClusterSpec, ConfigError, Input, Node, Output, Request, generate_cluster};
+///
+/// let spec = ClusterSpec { crypto: CryptoMode::InsecureTest, ..ClusterSpec::pbft(1, 1) };
+/// let mut hosts = generate_cluster(&spec, [7; 32])?
+///     .into_iter()
+///     .map(|cfg| Ok(HostLoop::new(Node::new(cfg)?, MemoryStorage::default(), Kv::new())))
+///     .collect::<Result<Vec<_>, ConfigError>>()?;
+/// let (client, mut now) = (4, 0);
+/// hosts[client].handle(now, Input::Request(Request::Submit { op: kv::put(b"k", b"v") }))?;
+/// let (mut network, mut completed) = (VecDeque::new(), None);
+/// while completed.is_none() {
+///     for (id, host) in hosts.iter_mut().enumerate() {
+///         for output in drain(host, now)? {
+///             match output {
+///                 Output::Send { to, bytes } => network.push_back((id as u32, to, bytes)),
+///                 Output::Completed { result, .. } => completed = Some(result),
+///                 _ => {}
+///             }
+///         }
+///     }
+///     match network.pop_front() {
+///         Some((from, to, bytes)) => hosts[to as usize].handle(now, Input::Message { from, bytes })?,
+///         // Nothing in flight: time passes to the next deadline.
+///         None => {
+///             now = hosts.iter_mut().filter_map(|h| h.poll_timeout()).min().expect("a timer runs");
+///             for host in hosts.iter_mut().filter(|h| h.machine().poll_timeout().is_some_and(|t| t <= now)) {
+///                 host.handle(now, Input::Timeout)?;
+///             }
+///         }
+///     }
+/// }
+/// assert_eq!(Reply::decode(&completed.unwrap())?, Reply::Value(None));
+/// // Every replica executed the put, and keeps what it persisted.
+/// assert!(hosts[..4].iter().all(|h| h.app().get(b"k") == Some(&b"v"[..]) && !h.storage().is_empty()));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct HostLoop<M, S, A> {
     machine: M,
     storage: S,
@@ -262,8 +310,9 @@ impl<M: Machine, S: Storage, A: Application> HostLoop<M, S, A> {
                     self.owed.push_back(Input::Executed { seq, results, snapshot });
                 }
                 Output::Query { client, request, op } => {
-                    let result = self.app.query(&op);
-                    self.owed.push_back(Input::Answered { client, request, result });
+                    if let Some(result) = self.app.query(&op) {
+                        self.owed.push_back(Input::Answered { client, request, result });
+                    }
                 }
                 Output::Restore { seq, snapshot } => {
                     self.app.restore(seq, &snapshot).map_err(HostError::Restore)?;

@@ -436,7 +436,7 @@ impl Application for Kv {
         Ok(())
     }
 
-    fn query(&self, op: &[u8]) -> Vec<u8> {
-        Kv::query(self, op)
+    fn query(&self, op: &[u8]) -> Option<Vec<u8>> {
+        Some(Kv::query(self, op))
     }
 }

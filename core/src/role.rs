@@ -10,6 +10,9 @@
 //! ([`RoleMachine::on_input`]). Everything it does goes through [`Ctx`]: sends, outputs,
 //! persistence (released in order, persist before send), faults, keys and quorums.
 
+#[cfg(test)]
+mod echo;
+
 use crate::config::ConfigError;
 use crate::node::Ctx;
 use crate::order::{Client, Replica};
@@ -41,6 +44,9 @@ pub enum Role {
     Replica = 4,
     /// PBFT: a client of it.
     Client = 5,
+    /// Tests only: the toy role of [`echo`], which shows what adding a role takes.
+    #[cfg(test)]
+    Echo = 100,
 }
 
 /// A protocol family: its name, the role of the service's n replicas, and the role of
@@ -94,6 +100,13 @@ const REGISTRY: &[RoleEntry] = &[
         make: |ctx| Box::new(Replica::new(ctx)),
     },
     RoleEntry { protocol: Protocol::Pbft, role: Role::Client, name: "client", make: |ctx| Box::new(Client::new(ctx)) },
+    #[cfg(test)]
+    RoleEntry {
+        protocol: Protocol::PubSub,
+        role: Role::Echo,
+        name: "echo",
+        make: |ctx| Box::new(echo::Echo::new(ctx)),
+    },
 ];
 
 impl Protocol {

@@ -6,8 +6,9 @@
     python examples/python/kv_client.py mycluster/cluster.toml
 
 Writes a few keys, reads them back, does a compare-and-swap, and times 200 concurrent
-puts. An ordered result stands once f+1 replicas agree; a read (`Client.read`) is not
-ordered and stands once 2f+1 replicas give the same answer (otherwise it is ordered).
+puts. An ordered result stands once a quorum of replicas agrees (⌈(n+f+1)/2⌉, 2f+1 at
+n = 3f+1); a read (`Client.read`) is not ordered and stands once 2f+1 replicas give the
+same answer (otherwise it is ordered).
 """
 
 import asyncio

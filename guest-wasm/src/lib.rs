@@ -7,10 +7,10 @@
 
 use std::cell::RefCell;
 
+use phalanx_core::Node;
 use phalanx_core::boundary::{self, Round};
 use phalanx_core::crypto::{BlsBackend, BlsPublicKey, BlsSecretKey, BlsSignature, CryptoMode};
 use phalanx_core::trace::{Trace, replay as replay_trace};
-use phalanx_core::Node;
 
 wit_bindgen::generate!({ path: "../wit", world: "phalanx" });
 
@@ -83,7 +83,7 @@ impl GuestMachine for NodeMachine {
         }) {
             panic!("fault injection: a trap on request");
         }
-        Ok(Round::run(&mut *self.node.borrow_mut(), inputs).encode())
+        Ok(Round::run_node(&mut self.node.borrow_mut(), inputs).encode())
     }
 
     fn next_request(&self) -> Option<u64> {

@@ -102,8 +102,8 @@ impl Application for MeteredKv {
         Ok(())
     }
 
-    fn query(&self, op: &[u8]) -> Vec<u8> {
-        self.kv.query(op)
+    fn query(&self, op: &[u8]) -> Option<Vec<u8>> {
+        Some(self.kv.query(op))
     }
 }
 

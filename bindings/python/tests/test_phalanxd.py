@@ -82,7 +82,7 @@ def test_client_against_phalanxd(native_cluster):
             assert await client.put(b"greeting", b"hi") == b"bonjour"
             many = await asyncio.gather(*(client.put(b"k%d" % i, b"v%d" % i) for i in range(50)))
             assert many == [None] * 50
-            # One replica killed: f+1 matching replies still come.
+            # One replica killed: a quorum (2f+1) of matching replies still comes.
             c.kill(2)
             assert await client.get(b"k7") == b"v7"
             assert await client.delete(b"k7") == b"v7"
@@ -104,7 +104,7 @@ def test_client_timeout_against_stopped_cluster(native_cluster):
 
     async def main():
         async with phalanx.Client.from_cluster_file(c.config, storage=False) as client:
-            with pytest.raises(phalanx.TimeoutError, match="no f\\+1 matching replies"):
+            with pytest.raises(phalanx.TimeoutError, match="no quorum of matching replies"):
                 await client.put(b"k", b"v", timeout=0.5)
 
     asyncio.run(asyncio.wait_for(main(), 30))

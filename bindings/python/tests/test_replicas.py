@@ -185,7 +185,7 @@ def test_client_times_out_without_a_quorum():
             await r.start()
         try:
             async with phalanx.Client(configs[4], addrs) as client:
-                with pytest.raises(phalanx.TimeoutError, match="no f\\+1 matching replies within 0.5s"):
+                with pytest.raises(phalanx.TimeoutError, match="no quorum of matching replies within 0.5s"):
                     await client.execute(b"add:1", timeout=0.5)
                 with pytest.raises(TypeError):
                     await client.execute("add:1")
@@ -262,9 +262,24 @@ def test_a_read_without_query_is_ordered():
     asyncio.run(asyncio.wait_for(main(), 60))
 
 
+def read_in_memory(configs, apps):
+    """A client's read of b"get" through four replica host loops wired in memory, with
+    `apps`: the client's `Completed` results and each loop's answered queries."""
+    client = phalanx.Node(configs[4])
+    loops = [phalanx.HostLoop(phalanx.Node(configs[i]), app) for i, app in enumerate(apps)]
+    (persist,) = client.handle_many([(0, phalanx.Read(b"get"))])
+    frames = [o for o in client.handle_many([(1, phalanx.Persisted(persist.token))]) if isinstance(o, phalanx.Send)]
+    replies = []
+    for frame in frames:
+        loops[frame.to].handle(2, phalanx.Message(4, frame.data))
+        replies += [(frame.to, o.data) for o in loops[frame.to].drain(2) if isinstance(o, phalanx.Send) and o.to == 4]
+    completed = client.handle_many([(3, phalanx.Message(i, data)) for i, data in replies])
+    results = [o.result for o in completed if isinstance(o, phalanx.Completed)]
+    return results, [loop.answered_queries for loop in loops]
+
+
 def test_replica_answers_queries_only_with_bytes_from_query():
-    configs, addrs = cluster(seed=17)
-    query = phalanx.Query(4, 9, b"get")
+    configs, _ = cluster(seed=17)
 
     class Raising(Counter):
         def query(self, op):
@@ -274,9 +289,13 @@ def test_replica_answers_queries_only_with_bytes_from_query():
         def query(self, op):
             return "15"
 
-    app = ReadableCounter()
-    app.value = 15
-    assert phalanx.Replica(configs[0], addrs, app)._on_output(query) == phalanx.Answered(4, 9, b"15")
-    for app in (Counter(), Raising(), NotBytes()):
-        replica = phalanx.Replica(configs[0], addrs, app)
-        assert replica._on_output(query) is None and replica.answered_queries == 0
+    def readable():
+        app = ReadableCounter()
+        app.value = 15
+        return app
+
+    # Three applications answer b"15": the read completes with it.
+    assert read_in_memory(configs, [readable(), readable(), readable(), Counter()]) == ([b"15"], [1, 1, 1, 0])
+    # No query, one that raises, one that returns str: nothing is answered.
+    for app in (Counter, Raising, NotBytes):
+        assert read_in_memory(configs, [app() for _ in range(4)]) == ([], [0, 0, 0, 0])

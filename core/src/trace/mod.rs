@@ -102,32 +102,33 @@ fn algorithm_from_pb(v: i32) -> Result<Algorithm, TraceError> {
 }
 
 pub fn input_to_pb(input: &Input) -> pb::InputRecord {
-    use pb::input_record::Kind;
-    use pb::request_input::Kind as Req;
-    let request = |kind| Kind::Request(pb::RequestInput { kind: Some(kind) });
-    let kind = match input {
-        Input::Message { from, bytes } => Kind::Message(pb::MessageInput { from: *from, bytes: bytes.clone() }),
-        Input::Request(Request::Publish { topic, payload, algorithm }) => request(Req::Publish(pb::PublishRequest {
-            topic: *topic,
-            payload: payload.clone(),
-            algorithm: algorithm.to_pb() as i32,
-        })),
-        Input::Request(Request::Subscribe { topics }) => {
-            request(Req::Subscribe(pb::SubscribeRequest { topics: topics.clone() }))
-        }
-        Input::Request(Request::Submit { op }) => request(Req::Submit(pb::SubmitRequest { op: op.clone() })),
-        Input::Request(Request::Read { op }) => request(Req::Read(pb::ReadRequest { op: op.clone() })),
-        Input::Timeout => Kind::Timeout(pb::TimeoutInput {}),
-        Input::Persisted { token } => Kind::Persisted(pb::PersistedInput { token: *token }),
-        Input::Executed { seq, results, snapshot } => {
-            Kind::Executed(pb::ExecutedInput { seq: *seq, results: results.clone(), snapshot: snapshot.clone() })
-        }
-        Input::Recover { record } => Kind::Recover(pb::RecoverInput { record: record.clone() }),
-        Input::Answered { client, request, result } => {
-            Kind::Answered(pb::AnsweredInput { client: *client, request: *request, result: result.clone() })
-        }
-    };
-    pb::InputRecord { kind: Some(kind) }
+    input.clone().into()
+}
+
+/// [`input_to_pb`] for an input the caller gives up: its bytes move, uncopied.
+impl From<Input> for pb::InputRecord {
+    fn from(input: Input) -> Self {
+        use pb::input_record::Kind;
+        use pb::request_input::Kind as Req;
+        let request = |kind| Kind::Request(pb::RequestInput { kind: Some(kind) });
+        let kind = match input {
+            Input::Message { from, bytes } => Kind::Message(pb::MessageInput { from, bytes }),
+            Input::Request(Request::Publish { topic, payload, algorithm }) => {
+                request(Req::Publish(pb::PublishRequest { topic, payload, algorithm: algorithm.to_pb() as i32 }))
+            }
+            Input::Request(Request::Subscribe { topics }) => request(Req::Subscribe(pb::SubscribeRequest { topics })),
+            Input::Request(Request::Submit { op }) => request(Req::Submit(pb::SubmitRequest { op })),
+            Input::Request(Request::Read { op }) => request(Req::Read(pb::ReadRequest { op })),
+            Input::Timeout => Kind::Timeout(pb::TimeoutInput {}),
+            Input::Persisted { token } => Kind::Persisted(pb::PersistedInput { token }),
+            Input::Executed { seq, results, snapshot } => Kind::Executed(pb::ExecutedInput { seq, results, snapshot }),
+            Input::Recover { record } => Kind::Recover(pb::RecoverInput { record }),
+            Input::Answered { client, request, result } => {
+                Kind::Answered(pb::AnsweredInput { client, request, result })
+            }
+        };
+        pb::InputRecord { kind: Some(kind) }
+    }
 }
 
 /// The inverse of [`input_to_pb`]; rejects missing kinds and unknown algorithms.
@@ -153,33 +154,36 @@ pub fn input_from_pb(record: pb::InputRecord) -> Result<Input, TraceError> {
 }
 
 pub fn output_to_pb(output: &Output) -> pb::OutputRecord {
-    use pb::output_record::Kind;
-    let kind = match output {
-        Output::Send { to, bytes } => Kind::Send(pb::SendOutput { to: *to, bytes: bytes.clone() }),
-        Output::Deliver(d) => Kind::Deliver(pb::DeliverOutput {
-            publisher: d.publisher,
-            topic: d.topic,
-            seq: d.seq,
-            payload: d.payload.clone(),
-            algorithm: d.algorithm.to_pb() as i32,
-            from_history: d.from_history,
-        }),
-        Output::Persist { token, record } => Kind::Persist(pb::PersistOutput { token: *token, record: record.clone() }),
-        Output::Fault { node, kind } => Kind::Fault(pb::FaultOutput { node: *node, kind: kind.name().to_owned() }),
-        Output::Execute { seq, ops, snapshot } => {
-            let ops = ops.iter().map(pb::Operation::from).collect();
-            Kind::Execute(pb::ExecuteOutput { seq: *seq, ops, snapshot: *snapshot })
-        }
-        Output::Completed { request, result } => {
-            Kind::Completed(pb::CompletedOutput { request: *request, result: result.clone() })
-        }
-        Output::Restore { seq, snapshot } => Kind::Restore(pb::RestoreOutput { seq: *seq, snapshot: snapshot.clone() }),
-        Output::Compact { token } => Kind::Compact(pb::CompactOutput { token: *token }),
-        Output::Query { client, request, op } => {
-            Kind::Query(pb::QueryOutput { client: *client, request: *request, op: op.clone() })
-        }
-    };
-    pb::OutputRecord { kind: Some(kind) }
+    output.clone().into()
+}
+
+/// [`output_to_pb`] for an output the caller gives up: its bytes move, uncopied.
+impl From<Output> for pb::OutputRecord {
+    fn from(output: Output) -> Self {
+        use pb::output_record::Kind;
+        let kind = match output {
+            Output::Send { to, bytes } => Kind::Send(pb::SendOutput { to, bytes }),
+            Output::Deliver(d) => Kind::Deliver(pb::DeliverOutput {
+                publisher: d.publisher,
+                topic: d.topic,
+                seq: d.seq,
+                payload: d.payload,
+                algorithm: d.algorithm.to_pb() as i32,
+                from_history: d.from_history,
+            }),
+            Output::Persist { token, record } => Kind::Persist(pb::PersistOutput { token, record }),
+            Output::Fault { node, kind } => Kind::Fault(pb::FaultOutput { node, kind: kind.name().to_owned() }),
+            Output::Execute { seq, ops, snapshot } => {
+                let ops = ops.iter().map(pb::Operation::from).collect();
+                Kind::Execute(pb::ExecuteOutput { seq, ops, snapshot })
+            }
+            Output::Completed { request, result } => Kind::Completed(pb::CompletedOutput { request, result }),
+            Output::Restore { seq, snapshot } => Kind::Restore(pb::RestoreOutput { seq, snapshot }),
+            Output::Compact { token } => Kind::Compact(pb::CompactOutput { token }),
+            Output::Query { client, request, op } => Kind::Query(pb::QueryOutput { client, request, op }),
+        };
+        pb::OutputRecord { kind: Some(kind) }
+    }
 }
 
 /// The inverse of [`output_to_pb`]; rejects missing kinds, unknown algorithms and

@@ -1,19 +1,27 @@
-//! `phalanxd engine-bench`: one PBFT workload through each engine, in one run.
+//! `phalanxd engine-bench`: one PBFT workload through each engine, in one run, driven
+//! the way phalanxd's protocol thread drives an engine.
 //!
 //! The simulator runs a 4-replica cluster with real cryptography and records a backup's
-//! trace; that trace's inputs are then fed, as fast as the engine takes them, to the
-//! native core and to the wasm engine with and without host crypto, in alternating
-//! rounds so that machine noise falls on all of them alike. Each engine's outputs are
-//! checked against the trace once, byte for byte, before anything is timed.
+//! trace. The inputs the world gave that backup (frames, timeouts) are cut into rounds of
+//! `--round-us` of simulated time, as the network thread hands over what it read in one
+//! turn; each engine then runs inside the core's host loop with a key-value application
+//! and memory storage, and every round is one `handle_many`, one drain (executions,
+//! persistence and its acknowledgements included), its deadline and its status — what
+//! `driver.rs` does per round. Before anything is timed, each engine replays the trace
+//! byte for byte, and the wasm engines' outputs are checked against the native core's,
+//! round by round. Timed rounds alternate between engines so that machine noise falls on
+//! all of them alike.
 
 use std::time::{Duration, Instant};
 
 use clap::Args;
 use phalanx_core::crypto::CryptoMode;
+use phalanx_core::host::{HostLoop, MemoryStorage, drain};
+use phalanx_core::kv::Kv;
 use phalanx_core::sim::adversary::Behavior;
 use phalanx_core::sim::order_scenario::Scenario;
 use phalanx_core::trace::{Trace, input_from_pb, output_from_pb, replay_on};
-use phalanx_core::{Input, Machine, Node, Output, Params};
+use phalanx_core::{Input, Nanos, Node, Output, Params};
 
 use super::wasm::WasmRuntime;
 use super::{Engine, WasmOptions, default_component};
@@ -25,18 +33,28 @@ pub struct EngineBenchArgs {
     pub clients: u32,
     #[arg(long, default_value_t = 400)]
     pub ops: u32,
+    /// Simulated microseconds of the world's inputs gathered into one round.
+    #[arg(long, default_value_t = 100)]
+    pub round_us: u64,
     /// Timed rounds per engine (the best is reported).
     #[arg(long, default_value_t = 5)]
     pub rounds: u32,
     /// The component (default: found beside phalanxd, as for `run --engine wasm`).
     #[arg(long)]
     pub component: Option<std::path::PathBuf>,
+    /// Time this engine only (native, wasm-host or wasm-guest), after every check: for a
+    /// profiler, e.g. `perf record phalanxd engine-bench --only wasm-host`.
+    #[arg(long)]
+    pub only: Option<String>,
 }
 
-/// The recorded inputs, decoded once, and how many operations they ordered.
+type Round = Vec<(Nanos, Input)>;
+
+/// The world's inputs to the backup, in rounds, and how many operations it executed.
 struct Workload {
     config: Vec<u8>,
-    inputs: Vec<(u64, Input)>,
+    rounds: Vec<Round>,
+    inputs: usize,
     operations: usize,
 }
 
@@ -54,13 +72,20 @@ fn record(args: &EngineBenchArgs) -> Result<(Trace, Workload), String> {
         return Err(format!("the simulated workload violated PBFT: {:?}", outcome.violations));
     }
     let trace = Trace::parse(&outcome.traces[&1]).map_err(|e| e.to_string())?;
-    let inputs = trace
-        .records
-        .iter()
-        .map(|r| {
-            Ok((r.now, input_from_pb(r.input.clone().ok_or("a record without input")?).map_err(|e| e.to_string())?))
-        })
-        .collect::<Result<Vec<_>, String>>()?;
+    let mut rounds: Vec<Round> = Vec::new();
+    let mut inputs = 0;
+    for r in &trace.records {
+        let input = input_from_pb(r.input.clone().ok_or("a record without input")?).map_err(|e| e.to_string())?;
+        // What the host loop answers itself (acknowledgements, executions) it makes anew.
+        if !matches!(input, Input::Message { .. } | Input::Timeout | Input::Request(_)) {
+            continue;
+        }
+        match rounds.last_mut() {
+            Some(round) if r.now < round[0].0 + args.round_us * 1_000 => round.push((r.now, input)),
+            _ => rounds.push(vec![(r.now, input)]),
+        }
+        inputs += 1;
+    }
     let outputs = trace.records.iter().flat_map(|r| r.outputs.iter().cloned());
     let operations = outputs
         .filter_map(|o| match output_from_pb(o) {
@@ -68,27 +93,34 @@ fn record(args: &EngineBenchArgs) -> Result<(Trace, Workload), String> {
             _ => None,
         })
         .sum();
-    let workload = Workload { config: trace.header.node_config.clone(), inputs, operations };
+    let workload = Workload { config: trace.header.node_config.clone(), rounds, inputs, operations };
     Ok((trace, workload))
 }
 
-/// Feeds every input and drains every output; the time it took.
-fn drive(machine: &mut dyn Machine, inputs: &[(u64, Input)]) -> Result<Duration, String> {
+/// Runs `rounds` through `engine` in a host loop, as phalanxd's protocol thread does,
+/// handing each round's outputs to `check`; the time it took.
+fn drive(
+    engine: Box<dyn Engine>,
+    rounds: Vec<Round>,
+    mut check: impl FnMut(usize, Vec<Output>) -> Result<(), String>,
+) -> Result<Duration, String> {
+    let mut host = HostLoop::new(engine, MemoryStorage::default(), Kv::new());
     let started = Instant::now();
-    for (now, input) in inputs {
-        let _ = machine.handle(*now, input.clone());
-        while let Some(output) = machine.poll() {
-            std::hint::black_box(output);
-        }
-        machine.poll_timeout();
+    for (i, round) in rounds.into_iter().enumerate() {
+        let now = round.last().map_or(0, |(now, _)| *now);
+        host.handle_many(round);
+        let outputs = drain(&mut host, now).map_err(|e| format!("round {i}: {e}"))?;
+        host.poll_timeout();
+        std::hint::black_box(host.machine_mut().status());
+        check(i, outputs)?;
     }
-    let took = started.elapsed();
-    machine.failure().map_or(Ok(()), Err)?;
-    Ok(took)
+    Ok(started.elapsed())
 }
 
 struct Contender {
     name: &'static str,
+    /// Its name for `--only`.
+    key: &'static str,
     make: Box<dyn Fn() -> Result<Box<dyn Engine>, String>>,
     best: Duration,
 }
@@ -117,30 +149,67 @@ pub fn run(args: EngineBenchArgs) -> Result<(), String> {
         move || Ok(Box::new(rt.instantiate(&config).map_err(|e| e.to_string())?) as Box<dyn Engine>)
     };
     let mut contenders = [
-        Contender { name: "native", make: Box::new(native), best: Duration::MAX },
-        Contender { name: "wasm, host crypto", make: Box::new(in_wasm(with_host)), best: Duration::MAX },
-        Contender { name: "wasm, guest crypto", make: Box::new(in_wasm(without_host)), best: Duration::MAX },
+        Contender { name: "native", key: "native", make: Box::new(native), best: Duration::MAX },
+        Contender {
+            name: "wasm, host crypto",
+            key: "wasm-host",
+            make: Box::new(in_wasm(with_host)),
+            best: Duration::MAX,
+        },
+        Contender {
+            name: "wasm, guest crypto",
+            key: "wasm-guest",
+            make: Box::new(in_wasm(without_host)),
+            best: Duration::MAX,
+        },
     ];
-    for c in &contenders {
+    if let Some(only) = &args.only
+        && !contenders.iter().any(|c| c.key == only)
+    {
+        return Err(format!("--only {only}: not one of native, wasm-host, wasm-guest"));
+    }
+    let mut expected: Vec<Vec<Output>> = Vec::new();
+    for (i, c) in contenders.iter().enumerate() {
         let mut engine = (c.make)()?;
         let summary = replay_on(&trace, engine.as_mut()).map_err(|e| format!("{}: {e}", c.name))?;
         eprintln!("{}: replays the trace byte for byte ({}; {})", c.name, summary, engine.info());
+        let check = |round: usize, outputs: Vec<Output>| {
+            if i == 0 {
+                expected.push(outputs);
+            } else if expected[round] != outputs {
+                return Err(format!("{}: round {round}: outputs differ from the native core's", c.name));
+            }
+            Ok(())
+        };
+        drive((c.make)()?, workload.rounds.clone(), check).map_err(|e| format!("{}: {e}", c.name))?;
     }
+    let outputs: usize = expected.iter().map(Vec::len).sum();
+    eprintln!("every engine gives the native core's outputs, round by round ({outputs} outputs)");
     for round in 1..=args.rounds {
-        for c in &mut contenders {
-            let mut engine = (c.make)()?;
-            let took = drive(engine.as_mut(), &workload.inputs).map_err(|e| format!("{}: {e}", c.name))?;
+        for c in contenders.iter_mut().filter(|c| args.only.as_ref().is_none_or(|only| c.key == only)) {
+            let (engine, rounds) = ((c.make)()?, workload.rounds.clone());
+            let took = drive(engine, rounds, |_, o| Ok(drop(std::hint::black_box(o))))
+                .map_err(|e| format!("{}: {e}", c.name))?;
             c.best = c.best.min(took);
         }
         eprintln!("round {round}/{} done", args.rounds);
     }
-    let (inputs, ops) = (workload.inputs.len() as f64, workload.operations as f64);
-    println!("one backup's trace: {} inputs, {} operations executed; best of {} rounds", inputs, ops, args.rounds);
+    let (inputs, ops) = (workload.inputs as f64, workload.operations as f64);
+    println!(
+        "one backup's inputs from the world: {} in {} rounds of {} µs, {} operations executed; best of {} runs",
+        inputs,
+        workload.rounds.len(),
+        args.round_us,
+        ops,
+        args.rounds
+    );
     println!("{:<20} {:>12} {:>14} {:>12} {:>10}", "engine", "seconds", "inputs/s", "ops/s", "× native");
-    let native = contenders[0].best.as_secs_f64();
-    for c in &contenders {
+    // With --only, native may not have been timed: no ratio then.
+    let native = (contenders[0].best < Duration::MAX).then(|| contenders[0].best.as_secs_f64());
+    for c in contenders.iter().filter(|c| c.best < Duration::MAX) {
         let s = c.best.as_secs_f64();
-        println!("{:<20} {:>12.3} {:>14.0} {:>12.0} {:>10.2}", c.name, s, inputs / s, ops / s, native / s);
+        let ratio = native.map_or("-".into(), |n| format!("{:.2}", n / s));
+        println!("{:<20} {:>12.3} {:>14.0} {:>12.0} {:>10}", c.name, s, inputs / s, ops / s, ratio);
     }
     Ok(())
 }

@@ -3,6 +3,8 @@
 The sans-IO node API (``Node``, ``Input``, ``Output``) is the Rust core itself, through
 a thin pyo3 adapter (``phalanx._native``). On top of it, in Python:
 
+- ``HostLoop``: the core's host loop (storage, acknowledgements, compaction, execution
+  against a Python application, queries, restores), for hosts of one's own;
 - ``Trace`` (load, iterate and ``replay()`` a trace through this API) and ``simulate``;
 - ``Client``: an asyncio client of a ``phalanxd`` cluster (key-value put/get/delete/cas,
   ``execute`` for ordered ops and ``read`` for read-only ones);
@@ -33,6 +35,7 @@ from ._native import (
     ConfigError,
     DivergenceError,
     HandleError,
+    HostLoop,
     Input,
     KvError,
     KvStore,
@@ -51,7 +54,7 @@ __version__ = _native.__version__
 
 
 class TimeoutError(PhalanxError, builtins.TimeoutError):  # noqa: A001 - deliberately shadows
-    """An operation did not complete in time (e.g. no f+1 matching replies).
+    """An operation did not complete in time (e.g. no quorum of matching replies).
 
     A subclass of both ``phalanx.PhalanxError`` and the builtin ``TimeoutError``.
     """
@@ -159,6 +162,7 @@ __all__ = [
     "FAULT_KINDS",
     "Fault",
     "HandleError",
+    "HostLoop",
     "Input",
     "KvError",
     "KvStore",

@@ -1,5 +1,6 @@
-"""The asyncio host shared by ``Client`` and ``Replica``: one core ``Node``, TCP
-connections with ``phalanxd``'s framing, the core's timers, and optional storage.
+"""The asyncio host shared by ``Client`` and ``Replica``: one core ``Node`` in the
+core's host loop (``HostLoop``: storage, acknowledgements, compaction, the application),
+TCP connections with ``phalanxd``'s framing, and the core's timers.
 
 Wire framing (as ``host-native/src/net.rs``): every node dials every replica; a
 connection opens with a hello, the 4 bytes ``PHX1`` and the dialer's node id (u32
@@ -17,9 +18,9 @@ import logging
 import os
 import struct
 import time
-from typing import Callable, Deque, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Tuple
 
-from ._native import HandleError, Input, Node, Output, PhalanxError, Wal
+from ._native import HandleError, HostLoop, Input, Node, Output, PhalanxError
 
 log = logging.getLogger("phalanx")
 
@@ -32,43 +33,6 @@ MAX_QUEUED = 8192
 _LEN = struct.Struct("<I")
 
 Address = Tuple[str, int]
-
-
-class Storage:
-    """The records the core asks to persist (``Output.Persist``), in phalanxd's
-    write-ahead log (:class:`Wal`) in directory ``path``: ``append`` + ``sync`` happen
-    before the core is told ``Persisted``, and ``compact(token)`` drops the records the
-    core declared obsolete.
-    """
-
-    def __init__(self, path: "os.PathLike[str] | str"):
-        self.path = os.fspath(path)
-        self._wal = Wal(self.path)
-        self._recovered = self._wal.take_recovered()
-        # Log position of each record persisted in this run, by token.
-        self._positions: Dict[int, int] = {}
-
-    def recovered(self) -> List[bytes]:
-        """The records stored by earlier runs, oldest first."""
-        return self._recovered
-
-    def append(self, token: int, record: bytes) -> None:
-        self._positions[token] = len(self._wal)
-        self._wal.append(record)
-
-    def sync(self) -> None:
-        self._wal.sync()
-
-    def compact(self, token: int) -> None:
-        position = self._positions.get(token)
-        if position is None or position == 0:
-            return
-        self._wal.compact_before(position)
-        # Positions count from the start of the log, which just moved.
-        self._positions = {t: p - position for t, p in self._positions.items() if t >= token}
-
-    def close(self) -> None:
-        self._wal.sync()
 
 
 class _Peer:
@@ -87,16 +51,18 @@ def _frame(data: bytes) -> bytes:
 
 
 class Host:
-    """Runs one core node on asyncio. ``on_output`` sees the outputs the host does not
-    handle itself (``Execute``, ``Query``, ``Restore``, ``Completed``, ``Deliver``); it may
-    return follow-up inputs (e.g. ``Executed``, ``Answered``)."""
+    """Runs one core node on asyncio, in the core's host loop with ``app`` (a PBFT
+    replica's application) and ``storage`` (a directory for phalanxd's write-ahead log, or
+    ``None``: memory). ``on_output`` sees what is for the application (``Completed``,
+    ``Deliver``)."""
 
     def __init__(
         self,
         config: bytes,
         replicas: Mapping[int, Address],
         *,
-        on_output: Callable[[Output], Optional[Input]],
+        on_output: Callable[[Output], None] = lambda out: None,
+        app: Any = None,
         storage: Optional["os.PathLike[str] | str"] = None,
         listen: Optional[Address] = None,
     ):
@@ -107,8 +73,7 @@ class Host:
         if missing:
             raise PhalanxError(f"no address for replica(s) {missing}: pass every replica's (host, port)")
         self._on_output = on_output
-        self._storage_path = storage
-        self.storage: Optional[Storage] = None
+        self.host_loop = HostLoop(self.node, app, storage=None if storage is None else os.fspath(storage))
         self._listen = listen
         self._start_ns = time.monotonic_ns()
         self._peers: Dict[int, _Peer] = {
@@ -132,10 +97,8 @@ class Host:
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        if self._storage_path is not None:
-            self.storage = Storage(self._storage_path)
-            for record in self.storage.recovered():
-                self.process(Input.Recover(record), raise_errors=True)
+        if self.host_loop.recover(self.now()):
+            self._settle()
         if self._listen is not None:
             host, port = self._listen
             self._server = await asyncio.start_server(self._on_accept, host, port)
@@ -163,74 +126,50 @@ class Host:
                 await asyncio.wait_for(self._server.wait_closed(), 1.0)
             except (asyncio.TimeoutError, Exception):
                 pass
-        if self.storage is not None:
-            self.storage.close()
 
     # -- the core -------------------------------------------------------------------------
 
     def process(self, input: Input, *, raise_errors: bool = False) -> None:
-        """Feeds one input and settles: sends, persistence (acknowledged after ``fsync``
-        or at once without storage), follow-ups, the timer. A refused input raises
-        ``HandleError`` when ``raise_errors``, and is logged otherwise."""
+        """Feeds one input and settles. A refused input raises ``HandleError`` when
+        ``raise_errors``, and is logged otherwise."""
         if self._closed:
             raise PhalanxError("this node is stopped")
         try:
-            self.node.handle(self.now(), input)
+            self.host_loop.handle(self.now(), input)
         except HandleError:
             if raise_errors:
-                self._settle(self.node.drain())
+                self._settle()
                 raise
             log.exception("node %d refused %r", self.id, input)
-        self._settle(self.node.drain())
+        self._settle()
 
     def _feed(self, inputs: List[Tuple[int, Input]]) -> None:
         if self._closed:
             return
         errors: List[Tuple[int, str]] = []
-        outputs = self.node.handle_many(inputs, errors)
+        self.host_loop.handle_many(inputs, errors)
         for i, e in errors:
             log.error("node %d refused input %d: %s", self.id, i, e)
-        self._settle(outputs)
+        self._settle()
 
-    def _settle(self, outputs: List[Output]) -> None:
-        followups: Deque[Input] = collections.deque()
-        while True:
-            tokens: List[int] = []
-            for out in outputs:
-                if isinstance(out, Output.Send):
-                    self._send(out.to, out.data)
-                elif isinstance(out, Output.Persist):
-                    if self.storage is not None:
-                        self.storage.append(out.token, out.record)
-                    tokens.append(out.token)
-                elif isinstance(out, Output.Fault):
-                    self.faults[(out.node, out.kind)] += 1
-                    log.debug("node %d: fault by %d: %s", self.id, out.node, out.kind)
-                elif isinstance(out, Output.Compact):
-                    if self.storage is not None:
-                        self.storage.compact(out.token)
-                else:
-                    follow = self._on_output(out)
-                    if follow is not None:
-                        followups.append(follow)
-            if tokens:
-                if self.storage is not None:
-                    self.storage.sync()
-                followups.extend(Input.Persisted(t) for t in tokens)
-            if not followups:
-                break
-            now = self.now()
-            batch = [(now, followups.popleft()) for _ in range(len(followups))]
-            errors: List[Tuple[int, str]] = []
-            outputs = self.node.handle_many(batch, errors)
-            for i, e in errors:
-                log.error("node %d refused a host input %r: %s", self.id, batch[i][1], e)
+    def _settle(self) -> None:
+        """Everything the node has for the world: sends, faults, and for the application
+        completions and deliveries (the host loop syncs storage and acknowledges it,
+        executes, answers queries and restores on its own)."""
+        for out in self.host_loop.drain(self.now()):
+            if isinstance(out, Output.Send):
+                self._send(out.to, out.data)
+            elif isinstance(out, Output.Fault):
+                self.faults[(out.node, out.kind)] += 1
+                log.debug("node %d: fault by %d: %s", self.id, out.node, out.kind)
+            else:
+                self._on_output(out)
         self._reschedule()
 
     def _reschedule(self) -> None:
         if self._closed or self._loop is None:
             return
-        at = self.node.poll_timeout()
+        at = self.host_loop.poll_timeout()
         if at == self._timer_at and (self._timer is not None or at is None):
             return
         if self._timer is not None:
@@ -246,7 +185,7 @@ class Host:
         self._timer_at = None
         if self._closed:
             return
-        at = self.node.poll_timeout()
+        at = self.host_loop.poll_timeout()
         if at is not None and at <= self.now():
             self.process(Input.Timeout())
         else:

@@ -1,6 +1,7 @@
 """``phalanx.Client``: an asyncio client of a PBFT cluster (``phalanxd`` or Python
-``Replica``\\ s). The core client node decides when a result stands: f+1 replicas agree
-on an ordered op (``execute``), 2f+1 on a read-only one (``read``)."""
+``Replica``\\ s). The core client node decides when a result stands: a quorum of
+⌈(n+f+1)/2⌉ replicas (2f+1 at n = 3f+1) agrees on an ordered op (``execute``), 2f+1 on
+a read-only one (``read``)."""
 
 from __future__ import annotations
 
@@ -86,19 +87,19 @@ class Client(Hosted):
 
     close = stop
 
-    def _on_output(self, out: Output) -> Optional[Input]:
+    def _on_output(self, out: Output) -> None:
         if isinstance(out, Output.Completed):
             fut = self._pending.pop(out.request, None)
             if fut is not None and not fut.done():
                 fut.set_result(out.result)
             if self._completed_event is not None:
                 self._completed_event.set()
-        return None
 
     async def execute(self, op: bytes, *, timeout: Optional[float] = None) -> bytes:
-        """Orders ``op`` and returns its result once f+1 replicas agree. Raises
+        """Orders ``op`` and returns its result once a quorum of replicas agrees
+        (⌈(n+f+1)/2⌉, 2f+1 at n = 3f+1). Raises
         ``phalanx.TimeoutError`` if that takes longer than ``timeout`` seconds."""
-        return await self._request(Input.Submit, op, timeout, "no f+1 matching replies")
+        return await self._request(Input.Submit, op, timeout, "no quorum of matching replies")
 
     async def read(self, op: bytes, *, timeout: Optional[float] = None) -> bytes:
         """Evaluates the read-only ``op`` at every replica without ordering it, and
@@ -108,7 +109,7 @@ class Client(Hosted):
         replicas' application has no ``query``), the core has ``op`` ordered like
         ``execute`` instead, under the same request number. Raises
         ``phalanx.TimeoutError`` if it takes longer than ``timeout`` seconds."""
-        return await self._request(Input.Read, op, timeout, "no 2f+1 matching answers nor f+1 matching replies")
+        return await self._request(Input.Read, op, timeout, "no 2f+1 matching answers nor a quorum of matching replies")
 
     async def _request(
         self, kind: Callable[[bytes], Input], op: bytes, timeout: Optional[float], missing: str

@@ -1,16 +1,16 @@
 """``phalanx.Replica``: a PBFT replica hosted on asyncio whose application is a Python
-object. It speaks ``phalanxd``'s framing, so Python and native replicas form one cluster."""
+object. It speaks ``phalanxd``'s framing, so Python and native replicas form one cluster;
+the core's host loop (``HostLoop``) executes, snapshots, answers queries, restores and
+keeps the write-ahead log, as in ``phalanxd``."""
 
 from __future__ import annotations
 
-import logging
 import os
 from typing import Any, Dict, Mapping, Optional, Union
 
 from ._host import Address, Host, Hosted
-from ._native import ClusterFile, Input, Output, PhalanxError
+from ._native import ClusterFile, PhalanxError
 
-log = logging.getLogger("phalanx")
 PathLike = Union[str, "os.PathLike[str]"]
 
 
@@ -47,19 +47,12 @@ class Replica(Hosted):
         storage: Optional[PathLike] = None,
         listen: Optional[Address] = None,
     ):
-        for name in ("execute", "snapshot", "restore"):
-            if not callable(getattr(app, name, None)):
-                raise TypeError(f"the application must have a callable {name}() method ({type(app).__name__} has none)")
         self.app = app
-        query = getattr(app, "query", None)
-        self._query = query if callable(query) else None
-        self._host = Host(config, replicas, on_output=self._on_output, storage=storage, listen=None)
+        self._host = Host(config, replicas, app=app, storage=storage)
         node = self._host.node
         if node.protocol != "pbft" or node.role != "replica":
             raise PhalanxError(f"node {node.id} is a {node.protocol} {node.role}, not a PBFT replica")
         self._host._listen = listen or self._host._replicas[node.id]
-        self.executed_ops = 0
-        self.answered_queries = 0
 
     @classmethod
     def from_cluster_file(
@@ -77,48 +70,15 @@ class Replica(Hosted):
     def status(self) -> Dict[str, Any]:
         return self._host.node.status()
 
-    def _on_output(self, out: Output) -> Optional[Input]:
-        if isinstance(out, Output.Execute):
-            results = []
-            for op in out.ops:
-                try:
-                    r = self.app.execute(op.op)
-                    results.append(bytes(r))
-                except Exception:
-                    log.exception("replica %d: execute raised on batch %d; result b''", self.id, out.seq)
-                    results.append(b"")
-            self.executed_ops += len(results)
-            snapshot = bytes(self.app.snapshot()) if out.snapshot else None
-            return Input.Executed(out.seq, results, snapshot)
-        if isinstance(out, Output.Query):
-            return self._answer(out)
-        if isinstance(out, Output.Restore):
-            log.info("replica %d: restoring the application at batch %d", self.id, out.seq)
-            self.app.restore(out.snapshot)
-        return None
+    @property
+    def executed_ops(self) -> int:
+        """Operations ``app.execute`` ran."""
+        return self._host.host_loop.executed_ops
 
-    def _answer(self, out: Output.Query) -> Optional[Input]:
-        """The application's answer to a read-only op, or nothing (the client orders it)."""
-        if self._query is None:
-            return None
-        try:
-            result = self._query(out.op)
-        except Exception:
-            log.exception(
-                "replica %d: query raised on request %d of client %d; not answered", self.id, out.request, out.client
-            )
-            return None
-        if not isinstance(result, (bytes, bytearray, memoryview)):
-            log.error(
-                "replica %d: query returned %s, not bytes, on request %d of client %d; not answered",
-                self.id,
-                type(result).__name__,
-                out.request,
-                out.client,
-            )
-            return None
-        self.answered_queries += 1
-        return Input.Answered(out.client, out.request, bytes(result))
+    @property
+    def answered_queries(self) -> int:
+        """Read-only ops ``app.query`` answered."""
+        return self._host.host_loop.answered_queries
 
     def __repr__(self) -> str:
         return f"Replica(id={self.id}, app={type(self.app).__name__})"
