@@ -154,7 +154,7 @@ pub struct Operation {
     pub client: u32,
     #[napi(ts_type = "bigint")]
     pub request: U64,
-    #[napi(ts_type = "Uint8Array")]
+    #[napi(ts_type = "Buffer")]
     pub op: Bytes,
 }
 

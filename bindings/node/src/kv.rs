@@ -26,14 +26,14 @@ pub fn kv_delete(#[napi(ts_arg_type = "Uint8Array")] key: Bytes) -> Bytes {
     Bytes(kv::delete(&key.0))
 }
 
-/// Compare-and-swap: write `new` if the value is `expected` (`null`: absent).
+/// Compare-and-swap: write `next` if the value is `expected` (`null`: absent).
 #[napi(ts_return_type = "Buffer")]
 pub fn kv_cas(
     #[napi(ts_arg_type = "Uint8Array")] key: Bytes,
     #[napi(ts_arg_type = "Uint8Array | null")] expected: Option<Bytes>,
-    #[napi(ts_arg_type = "Uint8Array")] new: Bytes,
+    #[napi(ts_arg_type = "Uint8Array")] next: Bytes,
 ) -> Bytes {
-    Bytes(kv::cas(&key.0, expected.as_ref().map(|e| e.0.as_slice()), &new.0))
+    Bytes(kv::cas(&key.0, expected.as_ref().map(|e| e.0.as_slice()), &next.0))
 }
 
 /// A decoded key-value result.

@@ -78,3 +78,9 @@ pub fn handle_error(e: phalanx_core::HandleError) -> napi::Error<Code> {
 pub fn napi_error(e: napi::Error) -> napi::Error<Code> {
     fail(Code::Type, e.reason)
 }
+
+/// Every fault kind an output names.
+#[napi_derive::napi]
+pub fn fault_kinds() -> Vec<&'static str> {
+    phalanx_core::FaultKind::ALL.iter().map(|k| k.name()).collect()
+}
