@@ -8,8 +8,10 @@ const { PhalanxError } = require('./errors');
  * @typedef {import('./host').Replicas} Replicas
  * @typedef {import('./host').Address} Address
  * @typedef {import('../native/index').AppHooks} AppHooks
+ * @typedef {{ seq: bigint, client: number, request: bigint }} Ordered where an operation
+ *   was ordered: its batch, and the client's request number
  * @typedef {{
- *   execute(op: Buffer): Uint8Array,
+ *   execute(op: Buffer, ordered: Ordered): Uint8Array,
  *   snapshot(): Uint8Array,
  *   restore(snapshot: Buffer): void,
  *   query?(op: Buffer): Uint8Array,
@@ -22,7 +24,8 @@ const isBytes = (v) => v instanceof Uint8Array;
 
 /**
  * A PBFT replica whose state machine is a JavaScript object, `app`:
- * - `execute(op)` runs one ordered operation and returns its result (deterministic!);
+ * - `execute(op, { seq, client, request })` runs one ordered operation (of batch `seq`,
+ *   client `client`'s request `request`) and returns its result (deterministic!);
  * - `snapshot()` captures the state at checkpoints; `restore(snapshot)` replaces it
  *   (state transfer, restart);
  * - optionally `query(op)` evaluates a client's read-only op without changing the
@@ -88,7 +91,7 @@ class Replica {
         ops.map((o) => {
           this.executedOps++;
           try {
-            const r = app.execute(o.op);
+            const r = app.execute(o.op, { seq, client: o.client, request: o.request });
             if (isBytes(r)) return r;
             this.#log(`execute returned ${typeof r}, not bytes, in batch ${seq}; result empty`);
           } catch (e) {
