@@ -25,5 +25,5 @@ if (!tool('@napi-rs/cli', 'dist/cli.js') || !tool('typescript', 'bin/tsc') || !t
   run(npm, ['install', '--no-save', '--no-package-lock', '--ignore-scripts', '--no-audit', '--no-fund', '--loglevel=error']);
 }
 const release = process.argv.includes('--debug') ? [] : ['--release'];
-run(process.execPath, [tool('@napi-rs/cli', 'dist/cli.js'), 'build', ...release, '--output-dir', 'native', '--dts', 'index.d.ts']);
+run(process.execPath, [tool('@napi-rs/cli', 'dist/cli.js'), 'build', ...release, '--output-dir', 'native', '--dts', 'index.d.ts', '--no-const-enum']);
 run(process.execPath, [tool('typescript', 'bin/tsc'), '-p', 'tsconfig.json']);

@@ -25,7 +25,7 @@ const { Node } = require('./node');
 const { Trace } = require('./trace');
 const { generateCluster, describeConfig, ClusterFile } = require('./config');
 const kv = require('./kv');
-const { KvStore } = require('./kv');
+const { KvStore } = require('./kvstore');
 const { Client } = require('./client');
 const { Replica } = require('./replica');
 

@@ -54,7 +54,7 @@ fn seed_bytes(env: &Env, seed: Option<Unknown>) -> Result<[u8; 32]> {
 /// Every node's encoded configuration (for `new Node(...)`), deterministic in the seed.
 /// Ids: replicas (brokers) `0..n`, then clients (publishers), then subscribers.
 /// Throws `ConfigError` for a cluster the core rejects.
-#[napi]
+#[napi(ts_return_type = "Array<Buffer>")]
 pub fn generate_cluster(env: Env, options: Option<ClusterOptions>) -> Result<Vec<Bytes>> {
     let o = options.unwrap_or(ClusterOptions {
         f: None,
@@ -207,7 +207,7 @@ impl ClusterFile {
     }
 
     /// The encoded configuration of node `id` (this file plus its key file).
-    #[napi]
+    #[napi(ts_return_type = "Buffer")]
     pub fn node_config(&self, id: u32) -> Result<Bytes> {
         Ok(Bytes(self.file.node_config(id).map_err(|e| fail(Code::Config, e))?.encode()))
     }
