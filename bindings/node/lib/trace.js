@@ -123,9 +123,12 @@ class Trace {
     return guard(() => this.#trace.replayNative());
   }
 
-  /** Seconds the core alone takes to run every input `repeat` times (the benchmark's baseline). */
-  timeNative(repeat = 1) {
-    return guard(() => this.#trace.timeNative(repeat));
+  /**
+   * Seconds the core alone takes to run every input through `nodes` fresh nodes, one
+   * after the other (made beforehand, untimed): the benchmark's baseline.
+   */
+  timeNative(nodes = 1) {
+    return guard(() => this.#trace.timeNative(nodes));
   }
 
   /** A human-readable listing (as `phalanxd trace show`). @returns {string} */

@@ -44,7 +44,10 @@ fn seed_bytes(env: &Env, seed: Option<Unknown>) -> Result<[u8; 32]> {
     let Some(seed) = seed else { return Ok(out) };
     if seed.get_type().map_err(crate::napi_error)? == ValueType::Object {
         let b = Bytes::from_unknown(env, seed)?;
-        return b.0.try_into().map_err(|b: Vec<u8>| fail(Code::Type, format!("seed: expected 32 bytes, got {}", b.len())));
+        return b
+            .0
+            .try_into()
+            .map_err(|b: Vec<u8>| fail(Code::Type, format!("seed: expected 32 bytes, got {}", b.len())));
     }
     let n = U64::from_unknown(env, seed).map_err(|e| fail(Code::Type, format!("seed: {}", e.reason)))?;
     out[..8].copy_from_slice(&n.0.to_le_bytes());
@@ -108,7 +111,8 @@ pub fn generate_cluster(env: Env, options: Option<ClusterOptions>) -> Result<Vec
     let mut params: Vec<_> = o.params.unwrap_or_default().into_iter().collect();
     params.sort_by(|a, b| a.0.cmp(&b.0));
     for (name, value) in params {
-        let value = U64::from_unknown(&env, value).map_err(|e| fail(Code::Type, format!("params.{name}: {}", e.reason)))?;
+        let value =
+            U64::from_unknown(&env, value).map_err(|e| fail(Code::Type, format!("params.{name}: {}", e.reason)))?;
         spec.params.set(&name, value.0).map_err(|e| fail(Code::Config, e.0))?;
     }
     let seed = seed_bytes(&env, o.seed)?;
@@ -170,7 +174,8 @@ impl ClusterFile {
     /// Loads `cluster.toml`; throws `ConfigError` naming the file, field and problem.
     #[napi(factory)]
     pub fn load(path: String) -> Result<Self> {
-        let file = phalanx_host::config::ClusterFile::load(std::path::Path::new(&path)).map_err(|e| fail(Code::Config, e))?;
+        let file =
+            phalanx_host::config::ClusterFile::load(std::path::Path::new(&path)).map_err(|e| fail(Code::Config, e))?;
         Ok(ClusterFile { file })
     }
 

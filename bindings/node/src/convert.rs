@@ -6,6 +6,11 @@
 //! Bytes cross as copies (`Uint8Array` in, `Buffer` out: cheaper than external buffers
 //! with finalizers at these sizes); 64-bit numbers as `bigint` (a non-negative safe
 //! integer `number` is accepted too).
+//!
+//! The `#[napi]` definitions below give the TypeScript declarations; the conversions
+//! themselves are written by hand at the end, with the property names made once per
+//! environment (internalized strings, held by references): napi's generated ones build
+//! every name from UTF-8 on every call, which cost most of a call's time.
 
 use napi::bindgen_prelude::*;
 use napi::sys;
@@ -86,7 +91,8 @@ pub(crate) unsafe fn uint8_slice<'a>(env: sys::napi_env, value: sys::napi_value)
     if !is_typed {
         return Err(not_bytes());
     }
-    let (mut kind, mut len, mut data, mut buffer, mut offset) = (0, 0usize, std::ptr::null_mut(), std::ptr::null_mut(), 0);
+    let (mut kind, mut len, mut data, mut buffer, mut offset) =
+        (0, 0usize, std::ptr::null_mut(), std::ptr::null_mut(), 0);
     check_status!(unsafe {
         sys::napi_get_typedarray_info(env, value, &mut kind, &mut len, &mut data, &mut buffer, &mut offset)
     })?;
@@ -114,7 +120,9 @@ impl ToNapiValue for Bytes {
 /// A new `Buffer` holding a copy of `bytes`.
 pub(crate) unsafe fn to_buffer(env: sys::napi_env, bytes: &[u8]) -> Result<sys::napi_value> {
     let (mut out, mut data) = (std::ptr::null_mut(), std::ptr::null_mut());
-    check_status!(unsafe { sys::napi_create_buffer_copy(env, bytes.len(), bytes.as_ptr().cast(), &mut data, &mut out) })?;
+    check_status!(unsafe {
+        sys::napi_create_buffer_copy(env, bytes.len(), bytes.as_ptr().cast(), &mut data, &mut out)
+    })?;
     Ok(out)
 }
 
@@ -148,7 +156,7 @@ impl From<Algorithm> for core::Algorithm {
 }
 
 /// An operation ordered by PBFT: `client`'s request number `request` carrying `op`.
-#[napi(object)]
+#[napi(object, object_to_js = false, object_from_js = false)]
 #[derive(Debug, PartialEq, Eq)]
 pub struct Operation {
     pub client: u32,
@@ -159,7 +167,7 @@ pub struct Operation {
 }
 
 /// An input to `Node.handle`, discriminated by `type` (the core's input kinds).
-#[napi(discriminant = "type", discriminant_case = "lowercase")]
+#[napi(discriminant = "type", discriminant_case = "lowercase", object_to_js = false, object_from_js = false)]
 #[derive(Debug, PartialEq, Eq)]
 pub enum Input {
     /// Bytes received from peer `from` (untrusted: never throws).
@@ -224,7 +232,7 @@ pub enum Input {
 }
 
 /// An output drained from `Node.poll`, discriminated by `type`.
-#[napi(discriminant = "type", discriminant_case = "lowercase")]
+#[napi(discriminant = "type", discriminant_case = "lowercase", object_to_js = false, object_from_js = false)]
 #[derive(Debug, PartialEq, Eq)]
 pub enum Output {
     /// Send `bytes` to node `to`.
@@ -346,7 +354,9 @@ impl From<Input> for core::Input {
             Input::Publish { topic, payload, algorithm } => {
                 I::Request(R::Publish { topic: topic.0, payload: payload.0, algorithm: algorithm.into() })
             }
-            Input::Subscribe { topics } => I::Request(R::Subscribe { topics: topics.into_iter().map(|t| t.0).collect() }),
+            Input::Subscribe { topics } => {
+                I::Request(R::Subscribe { topics: topics.into_iter().map(|t| t.0).collect() })
+            }
             Input::Submit { op } => I::Request(R::Submit { op: op.0 }),
             Input::Read { op } => I::Request(R::Read { op: op.0 }),
             Input::Timeout => I::Timeout,
@@ -355,9 +365,7 @@ impl From<Input> for core::Input {
                 I::Executed { seq: seq.0, results: vecs(results), snapshot: snapshot.map(|s| s.0) }
             }
             Input::Recover { record } => I::Recover { record: record.0 },
-            Input::Answered { client, request, result } => {
-                I::Answered { client, request: request.0, result: result.0 }
-            }
+            Input::Answered { client, request, result } => I::Answered { client, request: request.0, result: result.0 },
         }
     }
 }
@@ -432,5 +440,488 @@ impl Bytes {
     /// From any JavaScript value, as a `TypeError` unless it is a `Uint8Array`.
     pub fn from_unknown(env: &Env, v: Unknown) -> crate::Result<Bytes> {
         unsafe { Bytes::from_napi_value(env.raw(), v.raw()) }.map_err(crate::napi_error)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The conversions, with property names and kind names made once.
+
+macro_rules! names {
+    ($($key:ident = $name:literal),* $(,)?) => {
+        /// A property or kind name.
+        #[derive(Clone, Copy)]
+        #[allow(non_camel_case_types)]
+        #[repr(usize)]
+        enum Name { $($key),* }
+        const NAMES: &[&str] = &[$($name),*];
+    };
+}
+
+names!(
+    type_ = "type",
+    from = "from",
+    bytes = "bytes",
+    topic = "topic",
+    payload = "payload",
+    algorithm = "algorithm",
+    topics = "topics",
+    op = "op",
+    token = "token",
+    seq = "seq",
+    results = "results",
+    snapshot = "snapshot",
+    record = "record",
+    client = "client",
+    request = "request",
+    result = "result",
+    to = "to",
+    publisher = "publisher",
+    from_history = "fromHistory",
+    node = "node",
+    kind = "kind",
+    ops = "ops",
+    now = "now",
+    input = "input",
+    // Kinds.
+    message = "message",
+    publish = "publish",
+    subscribe = "subscribe",
+    submit = "submit",
+    read = "read",
+    timeout = "timeout",
+    persisted = "persisted",
+    executed = "executed",
+    recover = "recover",
+    answered = "answered",
+    send = "send",
+    deliver = "deliver",
+    persist = "persist",
+    fault = "fault",
+    execute = "execute",
+    completed = "completed",
+    query = "query",
+    restore = "restore",
+    compact = "compact",
+    ab = "ab",
+    bracha = "bracha",
+    chain = "chain",
+);
+
+std::thread_local! {
+    /// An array of the names as internalized strings (in `Name` order), for the
+    /// environment of this thread. Node-API before version 10 holds references to
+    /// objects only, so the array is what is held.
+    static CACHE: std::cell::Cell<Option<(sys::napi_env, sys::napi_ref)>> = const { std::cell::Cell::new(None) };
+}
+
+/// The names as internalized strings: the keys of an object defined with them.
+unsafe fn make_names(env: sys::napi_env) -> Result<sys::napi_ref> {
+    let cnames: Vec<std::ffi::CString> = NAMES.iter().map(|n| std::ffi::CString::new(*n).expect("no NUL")).collect();
+    let mut undefined = std::ptr::null_mut();
+    check_status!(unsafe { sys::napi_get_undefined(env, &mut undefined) }, "names: undefined")?;
+    let props: Vec<sys::napi_property_descriptor> = cnames
+        .iter()
+        .map(|c| sys::napi_property_descriptor {
+            utf8name: c.as_ptr(),
+            name: std::ptr::null_mut(),
+            method: None,
+            getter: None,
+            setter: None,
+            value: undefined,
+            attributes: sys::PropertyAttributes::enumerable,
+            data: std::ptr::null_mut(),
+        })
+        .collect();
+    let (mut obj, mut keys) = (std::ptr::null_mut(), std::ptr::null_mut());
+    check_status!(unsafe { sys::napi_create_object(env, &mut obj) }, "names: object")?;
+    check_status!(unsafe { sys::napi_define_properties(env, obj, props.len(), props.as_ptr()) }, "names: define")?;
+    check_status!(unsafe { sys::napi_get_property_names(env, obj, &mut keys) }, "names: keys")?;
+    let mut r = std::ptr::null_mut();
+    check_status!(unsafe { sys::napi_create_reference(env, keys, 1, &mut r) }, "names: reference")?;
+    Ok(r)
+}
+
+unsafe fn names_array(env: sys::napi_env) -> Result<sys::napi_value> {
+    let names = match CACHE.get() {
+        Some((e, r)) if e == env => r,
+        _ => {
+            let r = unsafe { make_names(env) }?;
+            CACHE.set(Some((env, r)));
+            r
+        }
+    };
+    let mut array = std::ptr::null_mut();
+    check_status!(unsafe { sys::napi_get_reference_value(env, names, &mut array) }, "names: array")?;
+    Ok(array)
+}
+
+/// The names fetched so far in the native call under way (see [`Scope`]).
+struct ScopeNames {
+    env: sys::napi_env,
+    array: sys::napi_value,
+    values: Vec<sys::napi_value>,
+}
+
+std::thread_local! {
+    static SCOPE: std::cell::RefCell<Option<ScopeNames>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Keeps the names a native call fetches for the rest of that call (JavaScript values
+/// live as long as the call's handle scope), so converting a round of inputs and
+/// outputs fetches each name once. Made at the start of a call's body, dropped before
+/// it returns; conversions outside one fetch names one by one.
+pub struct Scope(());
+
+impl Scope {
+    pub fn enter(env: &Env) -> Result<Scope> {
+        let array = unsafe { names_array(env.raw()) }?;
+        let names = ScopeNames { env: env.raw(), array, values: vec![std::ptr::null_mut(); NAMES.len()] };
+        SCOPE.with(|s| *s.borrow_mut() = Some(names));
+        Ok(Scope(()))
+    }
+}
+
+impl Drop for Scope {
+    fn drop(&mut self) {
+        SCOPE.with(|s| *s.borrow_mut() = None);
+    }
+}
+
+unsafe fn name(env: sys::napi_env, n: Name) -> Result<sys::napi_value> {
+    let cached = SCOPE.with(|s| {
+        let mut s = s.borrow_mut();
+        let s = s.as_mut().filter(|s| s.env == env)?;
+        let v = s.values[n as usize];
+        if !v.is_null() {
+            return Some(Ok(v));
+        }
+        let mut v = std::ptr::null_mut();
+        let status = unsafe { sys::napi_get_element(env, s.array, n as u32, &mut v) };
+        if status != sys::Status::napi_ok {
+            return Some(Err(Error::new(Status::GenericFailure, "names: element".to_owned())));
+        }
+        s.values[n as usize] = v;
+        Some(Ok(v))
+    });
+    if let Some(v) = cached {
+        return v;
+    }
+    let (array, mut v) = (unsafe { names_array(env) }?, std::ptr::null_mut());
+    check_status!(unsafe { sys::napi_get_element(env, array, n as u32, &mut v) }, "names: element")?;
+    Ok(v)
+}
+
+/// Property `n` of `obj`; a missing field is a conversion error.
+unsafe fn field(env: sys::napi_env, obj: sys::napi_value, n: Name) -> Result<sys::napi_value> {
+    let mut v = std::ptr::null_mut();
+    check_status!(unsafe { sys::napi_get_property(env, obj, name(env, n)?, &mut v) }, "get {}", NAMES[n as usize])?;
+    Ok(v)
+}
+
+fn missing(what: &str, n: Name) -> Error {
+    Error::new(Status::InvalidArg, format!("{what}: field `{}`: expected a value of the right type", NAMES[n as usize]))
+}
+
+unsafe fn get<T: FromNapiValue>(env: sys::napi_env, obj: sys::napi_value, n: Name, what: &str) -> Result<T> {
+    let v = unsafe { field(env, obj, n) }?;
+    unsafe { T::from_napi_value(env, v) }
+        .map_err(|e| Error::new(Status::InvalidArg, format!("{}: {}", missing(what, n).reason, e.reason)))
+}
+
+/// An optional field: `undefined` or `null` are absent.
+unsafe fn get_opt<T: FromNapiValue>(
+    env: sys::napi_env,
+    obj: sys::napi_value,
+    n: Name,
+    what: &str,
+) -> Result<Option<T>> {
+    let v = unsafe { field(env, obj, n) }?;
+    let mut kind = 0;
+    check_status!(unsafe { sys::napi_typeof(env, v, &mut kind) })?;
+    if kind == sys::ValueType::napi_undefined || kind == sys::ValueType::napi_null {
+        return Ok(None);
+    }
+    unsafe { get(env, obj, n, what) }.map(Some)
+}
+
+/// The object's `type`, as one of the kind names.
+unsafe fn kind_of(env: sys::napi_env, obj: sys::napi_value, what: &str) -> Result<String> {
+    let mut t = 0;
+    check_status!(unsafe { sys::napi_typeof(env, obj, &mut t) })?;
+    if t != sys::ValueType::napi_object {
+        return Err(Error::new(Status::InvalidArg, format!("{what}: expected an object with a `type`")));
+    }
+    unsafe { get::<String>(env, obj, Name::type_, what) }
+}
+
+/// A new object with the properties `props` (enumerable, writable, configurable).
+unsafe fn object(env: sys::napi_env, props: &[(Name, sys::napi_value)]) -> Result<sys::napi_value> {
+    let mut descriptors = [sys::napi_property_descriptor {
+        utf8name: std::ptr::null(),
+        name: std::ptr::null_mut(),
+        method: None,
+        getter: None,
+        setter: None,
+        value: std::ptr::null_mut(),
+        attributes: sys::PropertyAttributes::writable
+            | sys::PropertyAttributes::enumerable
+            | sys::PropertyAttributes::configurable,
+        data: std::ptr::null_mut(),
+    }; 8];
+    for (d, (n, v)) in descriptors.iter_mut().zip(props) {
+        d.name = unsafe { name(env, *n) }?;
+        d.value = *v;
+    }
+    let mut obj = std::ptr::null_mut();
+    check_status!(unsafe { sys::napi_create_object(env, &mut obj) })?;
+    check_status!(unsafe { sys::napi_define_properties(env, obj, props.len(), descriptors.as_ptr()) })?;
+    Ok(obj)
+}
+
+/// A value for a property.
+unsafe fn js<T: ToNapiValue>(env: sys::napi_env, v: T) -> Result<sys::napi_value> {
+    unsafe { T::to_napi_value(env, v) }
+}
+
+unsafe fn algorithm_js(env: sys::napi_env, a: Algorithm) -> Result<sys::napi_value> {
+    unsafe {
+        name(
+            env,
+            match a {
+                Algorithm::Ab => Name::ab,
+                Algorithm::Bracha => Name::bracha,
+                Algorithm::Chain => Name::chain,
+            },
+        )
+    }
+}
+
+fn algorithm_from(s: &str) -> Result<Algorithm> {
+    match s {
+        "ab" => Ok(Algorithm::Ab),
+        "bracha" => Ok(Algorithm::Bracha),
+        "chain" => Ok(Algorithm::Chain),
+        _ => Err(Error::new(Status::InvalidArg, format!("algorithm {s:?} is not one of 'ab', 'bracha', 'chain'"))),
+    }
+}
+
+impl ValidateNapiValue for Operation {}
+
+impl FromNapiValue for Operation {
+    unsafe fn from_napi_value(env: sys::napi_env, v: sys::napi_value) -> Result<Self> {
+        let what = "operation";
+        unsafe {
+            Ok(Operation {
+                client: get(env, v, Name::client, what)?,
+                request: get(env, v, Name::request, what)?,
+                op: get(env, v, Name::op, what)?,
+            })
+        }
+    }
+}
+
+impl ToNapiValue for Operation {
+    unsafe fn to_napi_value(env: sys::napi_env, o: Self) -> Result<sys::napi_value> {
+        unsafe {
+            object(
+                env,
+                &[(Name::client, js(env, o.client)?), (Name::request, js(env, o.request)?), (Name::op, js(env, o.op)?)],
+            )
+        }
+    }
+}
+
+impl ValidateNapiValue for Input {}
+
+impl FromNapiValue for Input {
+    unsafe fn from_napi_value(env: sys::napi_env, v: sys::napi_value) -> Result<Self> {
+        let what = "input";
+        unsafe {
+            Ok(match kind_of(env, v, what)?.as_str() {
+                "message" => {
+                    Input::Message { from: get(env, v, Name::from, what)?, bytes: get(env, v, Name::bytes, what)? }
+                }
+                "publish" => Input::Publish {
+                    topic: get(env, v, Name::topic, what)?,
+                    payload: get(env, v, Name::payload, what)?,
+                    algorithm: algorithm_from(&get::<String>(env, v, Name::algorithm, what)?)?,
+                },
+                "subscribe" => Input::Subscribe { topics: get(env, v, Name::topics, what)? },
+                "submit" => Input::Submit { op: get(env, v, Name::op, what)? },
+                "read" => Input::Read { op: get(env, v, Name::op, what)? },
+                "timeout" => Input::Timeout,
+                "persisted" => Input::Persisted { token: get(env, v, Name::token, what)? },
+                "executed" => Input::Executed {
+                    seq: get(env, v, Name::seq, what)?,
+                    results: get(env, v, Name::results, what)?,
+                    snapshot: get_opt(env, v, Name::snapshot, what)?,
+                },
+                "recover" => Input::Recover { record: get(env, v, Name::record, what)? },
+                "answered" => Input::Answered {
+                    client: get(env, v, Name::client, what)?,
+                    request: get(env, v, Name::request, what)?,
+                    result: get(env, v, Name::result, what)?,
+                },
+                other => return Err(Error::new(Status::InvalidArg, format!("unknown input type {other:?}"))),
+            })
+        }
+    }
+}
+
+impl ToNapiValue for Input {
+    unsafe fn to_napi_value(env: sys::napi_env, input: Self) -> Result<sys::napi_value> {
+        unsafe {
+            let t = |n| Ok::<_, Error>((Name::type_, name(env, n)?));
+            match input {
+                Input::Message { from, bytes } => {
+                    object(env, &[t(Name::message)?, (Name::from, js(env, from)?), (Name::bytes, js(env, bytes)?)])
+                }
+                Input::Publish { topic, payload, algorithm } => object(
+                    env,
+                    &[
+                        t(Name::publish)?,
+                        (Name::topic, js(env, topic)?),
+                        (Name::payload, js(env, payload)?),
+                        (Name::algorithm, algorithm_js(env, algorithm)?),
+                    ],
+                ),
+                Input::Subscribe { topics } => object(env, &[t(Name::subscribe)?, (Name::topics, js(env, topics)?)]),
+                Input::Submit { op } => object(env, &[t(Name::submit)?, (Name::op, js(env, op)?)]),
+                Input::Read { op } => object(env, &[t(Name::read)?, (Name::op, js(env, op)?)]),
+                Input::Timeout => object(env, &[t(Name::timeout)?]),
+                Input::Persisted { token } => object(env, &[t(Name::persisted)?, (Name::token, js(env, token)?)]),
+                Input::Executed { seq, results, snapshot } => object(
+                    env,
+                    &[
+                        t(Name::executed)?,
+                        (Name::seq, js(env, seq)?),
+                        (Name::results, js(env, results)?),
+                        (Name::snapshot, js(env, snapshot.map_or(Either::B(Null), Either::A))?),
+                    ],
+                ),
+                Input::Recover { record } => object(env, &[t(Name::recover)?, (Name::record, js(env, record)?)]),
+                Input::Answered { client, request, result } => object(
+                    env,
+                    &[
+                        t(Name::answered)?,
+                        (Name::client, js(env, client)?),
+                        (Name::request, js(env, request)?),
+                        (Name::result, js(env, result)?),
+                    ],
+                ),
+            }
+        }
+    }
+}
+
+impl ValidateNapiValue for Output {}
+
+impl FromNapiValue for Output {
+    unsafe fn from_napi_value(env: sys::napi_env, v: sys::napi_value) -> Result<Self> {
+        let what = "output";
+        unsafe {
+            Ok(match kind_of(env, v, what)?.as_str() {
+                "send" => Output::Send { to: get(env, v, Name::to, what)?, bytes: get(env, v, Name::bytes, what)? },
+                "deliver" => Output::Deliver {
+                    publisher: get(env, v, Name::publisher, what)?,
+                    topic: get(env, v, Name::topic, what)?,
+                    seq: get(env, v, Name::seq, what)?,
+                    payload: get(env, v, Name::payload, what)?,
+                    algorithm: algorithm_from(&get::<String>(env, v, Name::algorithm, what)?)?,
+                    from_history: get(env, v, Name::from_history, what)?,
+                },
+                "persist" => {
+                    Output::Persist { token: get(env, v, Name::token, what)?, record: get(env, v, Name::record, what)? }
+                }
+                "fault" => Output::Fault { node: get(env, v, Name::node, what)?, kind: get(env, v, Name::kind, what)? },
+                "execute" => Output::Execute {
+                    seq: get(env, v, Name::seq, what)?,
+                    ops: get(env, v, Name::ops, what)?,
+                    snapshot: get(env, v, Name::snapshot, what)?,
+                },
+                "completed" => Output::Completed {
+                    request: get(env, v, Name::request, what)?,
+                    result: get(env, v, Name::result, what)?,
+                },
+                "query" => Output::Query {
+                    client: get(env, v, Name::client, what)?,
+                    request: get(env, v, Name::request, what)?,
+                    op: get(env, v, Name::op, what)?,
+                },
+                "restore" => {
+                    Output::Restore { seq: get(env, v, Name::seq, what)?, snapshot: get(env, v, Name::snapshot, what)? }
+                }
+                "compact" => Output::Compact { token: get(env, v, Name::token, what)? },
+                other => return Err(Error::new(Status::InvalidArg, format!("unknown output type {other:?}"))),
+            })
+        }
+    }
+}
+
+impl ToNapiValue for Output {
+    unsafe fn to_napi_value(env: sys::napi_env, output: Self) -> Result<sys::napi_value> {
+        unsafe {
+            let t = |n| Ok::<_, Error>((Name::type_, name(env, n)?));
+            match output {
+                Output::Send { to, bytes } => {
+                    object(env, &[t(Name::send)?, (Name::to, js(env, to)?), (Name::bytes, js(env, bytes)?)])
+                }
+                Output::Deliver { publisher, topic, seq, payload, algorithm, from_history } => object(
+                    env,
+                    &[
+                        t(Name::deliver)?,
+                        (Name::publisher, js(env, publisher)?),
+                        (Name::topic, js(env, topic)?),
+                        (Name::seq, js(env, seq)?),
+                        (Name::payload, js(env, payload)?),
+                        (Name::algorithm, algorithm_js(env, algorithm)?),
+                        (Name::from_history, js(env, from_history)?),
+                    ],
+                ),
+                Output::Persist { token, record } => {
+                    object(env, &[t(Name::persist)?, (Name::token, js(env, token)?), (Name::record, js(env, record)?)])
+                }
+                Output::Fault { node, kind } => {
+                    object(env, &[t(Name::fault)?, (Name::node, js(env, node)?), (Name::kind, js(env, kind)?)])
+                }
+                Output::Execute { seq, ops, snapshot } => object(
+                    env,
+                    &[
+                        t(Name::execute)?,
+                        (Name::seq, js(env, seq)?),
+                        (Name::ops, js(env, ops)?),
+                        (Name::snapshot, js(env, snapshot)?),
+                    ],
+                ),
+                Output::Completed { request, result } => object(
+                    env,
+                    &[t(Name::completed)?, (Name::request, js(env, request)?), (Name::result, js(env, result)?)],
+                ),
+                Output::Query { client, request, op } => object(
+                    env,
+                    &[
+                        t(Name::query)?,
+                        (Name::client, js(env, client)?),
+                        (Name::request, js(env, request)?),
+                        (Name::op, js(env, op)?),
+                    ],
+                ),
+                Output::Restore { seq, snapshot } => {
+                    object(env, &[t(Name::restore)?, (Name::seq, js(env, seq)?), (Name::snapshot, js(env, snapshot)?)])
+                }
+                Output::Compact { token } => object(env, &[t(Name::compact)?, (Name::token, js(env, token)?)]),
+            }
+        }
+    }
+}
+
+impl ValidateNapiValue for crate::node::TimedInput {}
+
+impl FromNapiValue for crate::node::TimedInput {
+    unsafe fn from_napi_value(env: sys::napi_env, v: sys::napi_value) -> Result<Self> {
+        let what = "timed input";
+        unsafe {
+            Ok(crate::node::TimedInput { now: get(env, v, Name::now, what)?, input: get(env, v, Name::input, what)? })
+        }
     }
 }

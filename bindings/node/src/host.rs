@@ -18,7 +18,10 @@ use napi::bindgen_prelude::*;
 use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
 use napi_derive::napi;
 use phalanx_core::host::{Application, HostError, HostLoop, MemoryStorage, NoApplication, Storage, drain};
-use phalanx_core::{HandleError, Input as CoreInput, Machine, Nanos, Node as CoreNode, Operation as CoreOperation, Output as CoreOutput, Stats, Status};
+use phalanx_core::{
+    HandleError, Input as CoreInput, Machine, Nanos, Node as CoreNode, Operation as CoreOperation,
+    Output as CoreOutput, Stats, Status,
+};
 use phalanx_host::storage::{Recovery, Wal, WalStorage};
 
 use crate::convert::{Bytes, Input, Operation, Output, U64};
@@ -221,7 +224,13 @@ impl RoundTask {
         let next_timeout = st.host.poll_timeout().map(U64);
         let node = &st.host.machine().node;
         *self.snapshot.lock().expect("not poisoned") = (node.status(), node.stats().clone());
-        Ok(RoundResult { outputs: outputs.into_iter().map(Output::from).collect(), requests, refused, next_timeout, error: None })
+        Ok(RoundResult {
+            outputs: outputs.into_iter().map(Output::from).collect(),
+            requests,
+            refused,
+            next_timeout,
+            error: None,
+        })
     }
 }
 

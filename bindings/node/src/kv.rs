@@ -10,7 +10,10 @@ use crate::{Code, Result, fail};
 
 /// put(key, value); its result is the value before.
 #[napi(ts_return_type = "Buffer")]
-pub fn kv_put(#[napi(ts_arg_type = "Uint8Array")] key: Bytes, #[napi(ts_arg_type = "Uint8Array")] value: Bytes) -> Bytes {
+pub fn kv_put(
+    #[napi(ts_arg_type = "Uint8Array")] key: Bytes,
+    #[napi(ts_arg_type = "Uint8Array")] value: Bytes,
+) -> Bytes {
     Bytes(kv::put(&key.0, &value.0))
 }
 

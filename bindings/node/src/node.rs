@@ -6,11 +6,11 @@ use napi_derive::napi;
 use phalanx_core::boundary::status_fields;
 use phalanx_core::{Node as CoreNode, NodeConfig, Stats as CoreStats, Status};
 
-use crate::convert::{Input, Output, U64, uint8_slice};
+use crate::convert::{Input, Output, Scope, U64, uint8_slice};
 use crate::{Code, Result, fail, handle_error};
 
 /// An input and the time it is fed at (a trace record is one).
-#[napi(object)]
+#[napi(object, object_to_js = false, object_from_js = false)]
 pub struct TimedInput {
     #[napi(ts_type = "bigint")]
     pub now: U64,
@@ -64,6 +64,12 @@ fn camel_case(name: &str) -> String {
     out
 }
 
+/// `value` as JavaScript, converted now (while a [`Scope`] holds the names).
+fn to_js<'env, T: ToNapiValue>(env: &'env Env, value: T) -> Result<Unknown<'env>> {
+    unsafe { Unknown::from_napi_value(env.raw(), T::to_napi_value(env.raw(), value).map_err(crate::napi_error)?) }
+        .map_err(crate::napi_error)
+}
+
 /// A decoded node configuration from any `Uint8Array`.
 pub fn node_config(env: &Env, config: Unknown) -> Result<NodeConfig> {
     let bytes = unsafe { uint8_slice(env.raw(), config.raw()) }.map_err(|e| fail(Code::Type, e.reason))?;
@@ -94,14 +100,25 @@ impl Node {
     /// request queue is full) for an input the caller got wrong; never for bytes from
     /// the network.
     #[napi]
-    pub fn handle(&mut self, #[napi(ts_arg_type = "bigint | number")] now: U64, input: Input) -> Result<()> {
+    pub fn handle(
+        &mut self,
+        env: Env,
+        #[napi(ts_arg_type = "bigint | number")] now: Unknown,
+        #[napi(ts_arg_type = "Input")] input: Unknown,
+    ) -> Result<()> {
+        let _names = Scope::enter(&env).map_err(crate::napi_error)?;
+        let now = U64::from_unknown(&env, now).map_err(crate::napi_error)?;
+        let input = unsafe { Input::from_napi_value(env.raw(), input.raw()) }.map_err(crate::napi_error)?;
         self.node.handle(now.0, input.into()).map_err(handle_error)
     }
 
     /// Feeds every input in order and returns every output they produced, in one call.
     /// A refused input does not stop the others.
-    #[napi(js_name = "handleManyRaw")]
-    pub fn handle_many_raw(&mut self, inputs: Vec<TimedInput>) -> Round {
+    #[napi(js_name = "handleManyRaw", ts_args_type = "inputs: Array<TimedInput>", ts_return_type = "Round")]
+    pub fn handle_many_raw<'env>(&mut self, env: &'env Env, inputs: Unknown) -> Result<Unknown<'env>> {
+        let _names = Scope::enter(env).map_err(crate::napi_error)?;
+        let inputs =
+            unsafe { Vec::<TimedInput>::from_napi_value(env.raw(), inputs.raw()) }.map_err(crate::napi_error)?;
         let mut outputs = Vec::new();
         let mut refused = Vec::new();
         for (i, TimedInput { now, input }) in inputs.into_iter().enumerate() {
@@ -110,19 +127,21 @@ impl Node {
             }
             outputs.extend(std::iter::from_fn(|| self.node.poll()).map(Output::from));
         }
-        Round { outputs, refused }
+        to_js(env, Round { outputs, refused })
     }
 
     /// The next output, or `null` when drained.
-    #[napi]
-    pub fn poll(&mut self) -> Option<Output> {
-        self.node.poll().map(Output::from)
+    #[napi(ts_return_type = "Output | null")]
+    pub fn poll<'env>(&mut self, env: &'env Env) -> Result<Unknown<'env>> {
+        let _names = Scope::enter(env).map_err(crate::napi_error)?;
+        to_js(env, self.node.poll().map(Output::from))
     }
 
     /// Every output waiting, in order.
-    #[napi]
-    pub fn drain(&mut self) -> Vec<Output> {
-        std::iter::from_fn(|| self.node.poll()).map(Output::from).collect()
+    #[napi(ts_return_type = "Array<Output>")]
+    pub fn drain<'env>(&mut self, env: &'env Env) -> Result<Unknown<'env>> {
+        let _names = Scope::enter(env).map_err(crate::napi_error)?;
+        to_js(env, std::iter::from_fn(|| self.node.poll()).map(Output::from).collect::<Vec<_>>())
     }
 
     /// The next deadline (ns), or `null`.
@@ -178,7 +197,12 @@ impl Node {
     #[napi]
     pub fn stats(&self) -> Stats {
         let s = self.node.stats();
-        Stats { stale: U64(s.stale), beyond_window: U64(s.beyond_window), unsubscribed: U64(s.unsubscribed), refused: U64(s.refused) }
+        Stats {
+            stale: U64(s.stale),
+            beyond_window: U64(s.beyond_window),
+            unsubscribed: U64(s.unsubscribed),
+            refused: U64(s.refused),
+        }
     }
 }
 

@@ -113,10 +113,19 @@ impl Task for SimulateTask {
 /// total order, liveness, …); resolves to what it did and the violations found.
 #[napi(ts_return_type = "Promise<Simulation>")]
 pub fn simulate(options: Option<SimulateOptions>) -> Result<AsyncTask<SimulateTask>> {
-    let o = options.unwrap_or(SimulateOptions { protocol: None, f: None, seed: None, adversarial: None, real_crypto: None });
+    let o = options.unwrap_or(SimulateOptions {
+        protocol: None,
+        f: None,
+        seed: None,
+        adversarial: None,
+        real_crypto: None,
+    });
     let protocol = o.protocol.unwrap_or_else(|| "pbft".into());
     if protocol != "pbft" && scenario::Protocol::from_name(&protocol).is_none() {
-        return Err(fail(Code::Config, format!("protocol {protocol:?} is not one of 'pbft', 'ab', 'bracha', 'chain', 'pubsub'")));
+        return Err(fail(
+            Code::Config,
+            format!("protocol {protocol:?} is not one of 'pbft', 'ab', 'bracha', 'chain', 'pubsub'"),
+        ));
     }
     let f = o.f.unwrap_or(1);
     if !(1..=3).contains(&f) {
