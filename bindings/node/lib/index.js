@@ -28,6 +28,7 @@ const kv = require('./kv');
 const { KvStore } = require('./kvstore');
 const { Client } = require('./client');
 const { Replica } = require('./replica');
+const { Wal } = require('./wal');
 
 /**
  * Runs one simulator scenario off the event loop and checks its properties.
@@ -74,6 +75,7 @@ module.exports = {
   KvStore,
   Client,
   Replica,
+  Wal,
   FAULT_KINDS,
   PhalanxError,
   ConfigError,

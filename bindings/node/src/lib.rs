@@ -17,6 +17,7 @@ mod kv;
 mod node;
 mod sim;
 mod trace;
+mod wal;
 
 /// The kind of a failure, as the `code` of the error thrown.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

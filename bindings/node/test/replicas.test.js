@@ -156,3 +156,29 @@ test('no quorum: the client times out; wrong arguments are refused', async () =>
   assert.throws(() => new phalanx.Replica(configs[0], addrs, new Counter(), { storage: dir }), (e) => e instanceof phalanx.StorageError && /wal\.log/.test(e.message));
   fs.rmSync(dir, { recursive: true, force: true });
 });
+
+test('Wal: a host that drives a Node keeps its records as phalanxd does', () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'phalanx-wal-'));
+  try {
+    const [, , , , config] = phalanx.generateCluster({ f: 1, protocol: 'pbft', clients: 1, seed: 5 });
+    const node = new phalanx.Node(config);
+    const wal = new phalanx.Wal(dir);
+    assert.deepEqual(wal.takeRecovered(), []);
+    node.handle(0n, { type: 'submit', op: Buffer.from('x') });
+    const persists = node.drain().filter((o) => o.type === 'persist');
+    for (const p of persists) wal.append(p.record);
+    wal.sync();
+    assert.equal(wal.length, persists.length);
+    // A restart: the records come back, for the node to recover from.
+    const again = new phalanx.Wal(dir);
+    const recovered = again.takeRecovered();
+    assert.deepEqual(recovered, persists.map((p) => p.record));
+    const restarted = new phalanx.Node(config);
+    for (const record of recovered) restarted.handle(1n, { type: 'recover', record });
+    assert.ok(restarted.nextRequest() > 1n, 'the lease on request numbers survived');
+    fs.writeFileSync(path.join(dir, 'wal.log'), 'garbage');
+    assert.throws(() => new phalanx.Wal(dir), (e) => e instanceof phalanx.StorageError && e.code === 'PHALANX_STORAGE');
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
