@@ -36,7 +36,7 @@ use std::fmt;
 pub use dump::dump;
 pub use file::{Trace, TraceWriter};
 pub use recorder::Recorder;
-pub use replay::{ReplaySummary, replay, replay_on};
+pub use replay::{ReplaySummary, SummaryBuilder, replay, replay_on};
 
 use crate::wire::pb;
 use crate::{Algorithm, Delivery, FaultKind, Input, Operation, Output, Request};

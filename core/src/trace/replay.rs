@@ -101,22 +101,7 @@ pub fn replay(trace: &Trace) -> Result<ReplaySummary, TraceError> {
 /// [`replay`] on a machine the caller built from `trace.header.node_config` (a node in a
 /// sandbox, say). A machine that fails is a [`TraceError::Machine`].
 pub fn replay_on(trace: &Trace, node: &mut dyn Machine) -> Result<ReplaySummary, TraceError> {
-    let mut summary = ReplaySummary {
-        records: trace.records.len(),
-        refused: 0,
-        outputs: 0,
-        sends: 0,
-        deliveries: 0,
-        persists: 0,
-        faults: 0,
-        executes: 0,
-        queries: 0,
-        completions: 0,
-        restores: 0,
-        compactions: 0,
-        digest: Digest::default(),
-    };
-    let mut digest = blake3::Hasher::new();
+    let mut summary = SummaryBuilder::new(trace.records.len());
     for (i, record) in trace.records.iter().enumerate() {
         let diverged = |detail: String| TraceError::Divergence { record: i, detail };
         let input = record.input.clone().ok_or_else(|| malformed("no input")).and_then(input_from_pb);
@@ -129,7 +114,9 @@ pub fn replay_on(trace: &Trace, node: &mut dyn Machine) -> Result<ReplaySummary,
             let (expected, got) = (show_result(&record.error), show_result(&error));
             return Err(diverged(format!("handle: expected {expected}, got {got}")));
         }
-        summary.refused += usize::from(!error.is_empty());
+        if !error.is_empty() {
+            summary.refused();
+        }
         let mut produced = 0;
         while let Some(output) = node.poll() {
             let got = output_to_pb(&output);
@@ -144,19 +131,8 @@ pub fn replay_on(trace: &Trace, node: &mut dyn Machine) -> Result<ReplaySummary,
                 }
                 Some(_) => {}
             }
-            digest.update(&encoded);
+            summary.add_encoded(&output, &encoded);
             produced += 1;
-            match output {
-                Output::Send { .. } => summary.sends += 1,
-                Output::Deliver(_) => summary.deliveries += 1,
-                Output::Persist { .. } => summary.persists += 1,
-                Output::Fault { .. } => summary.faults += 1,
-                Output::Execute { .. } => summary.executes += 1,
-                Output::Completed { .. } => summary.completions += 1,
-                Output::Restore { .. } => summary.restores += 1,
-                Output::Compact { .. } => summary.compactions += 1,
-                Output::Query { .. } => summary.queries += 1,
-            }
         }
         if let Some(why) = node.failure() {
             return Err(TraceError::Machine { record: i, detail: why });
@@ -167,12 +143,72 @@ pub fn replay_on(trace: &Trace, node: &mut dyn Machine) -> Result<ReplaySummary,
                 "{n} outputs recorded, {produced} produced; output {produced} missing: {missing}"
             )));
         }
-        summary.outputs += produced;
         if node.poll_timeout() != record.next_timeout {
             let (expected, got) = (show_timeout(record.next_timeout), show_timeout(node.poll_timeout()));
             return Err(diverged(format!("next timeout: expected {expected}, got {got}")));
         }
     }
-    summary.digest = *digest.finalize().as_bytes();
-    Ok(summary)
+    Ok(summary.finish())
+}
+
+/// Builds a [`ReplaySummary`] from the outputs of a replay as they come: for [`replay_on`]
+/// and for bindings that replay through their own API and must print the same summary.
+pub struct SummaryBuilder {
+    summary: ReplaySummary,
+    digest: blake3::Hasher,
+}
+
+impl SummaryBuilder {
+    /// For a trace of `records` records.
+    pub fn new(records: usize) -> Self {
+        let summary = ReplaySummary {
+            records,
+            refused: 0,
+            outputs: 0,
+            sends: 0,
+            deliveries: 0,
+            persists: 0,
+            faults: 0,
+            executes: 0,
+            queries: 0,
+            completions: 0,
+            restores: 0,
+            compactions: 0,
+            digest: Digest::default(),
+        };
+        SummaryBuilder { summary, digest: blake3::Hasher::new() }
+    }
+
+    /// An input `handle` refused.
+    pub fn refused(&mut self) {
+        self.summary.refused += 1;
+    }
+
+    /// The next output.
+    pub fn add(&mut self, output: &Output) {
+        self.add_encoded(output, &output_to_pb(output).encode_length_delimited_to_vec());
+    }
+
+    /// The next output, with its length-delimited `OutputRecord` encoding.
+    fn add_encoded(&mut self, output: &Output, encoded: &[u8]) {
+        self.digest.update(encoded);
+        let s = &mut self.summary;
+        s.outputs += 1;
+        match output {
+            Output::Send { .. } => s.sends += 1,
+            Output::Deliver(_) => s.deliveries += 1,
+            Output::Persist { .. } => s.persists += 1,
+            Output::Fault { .. } => s.faults += 1,
+            Output::Execute { .. } => s.executes += 1,
+            Output::Completed { .. } => s.completions += 1,
+            Output::Restore { .. } => s.restores += 1,
+            Output::Compact { .. } => s.compactions += 1,
+            Output::Query { .. } => s.queries += 1,
+        }
+    }
+
+    pub fn finish(mut self) -> ReplaySummary {
+        self.summary.digest = *self.digest.finalize().as_bytes();
+        self.summary
+    }
 }

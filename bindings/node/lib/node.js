@@ -1,0 +1,132 @@
+// @ts-check
+'use strict';
+const native = require('./native');
+const { HandleError, convert, guard } = require('./errors');
+
+/**
+ * @typedef {import('../native/index').Input} Input
+ * @typedef {import('../native/index').Output} Output
+ * @typedef {import('../native/index').TimedInput} TimedInput
+ * @typedef {import('../native/index').Refusal} Refusal
+ * @typedef {import('../native/index').Stats} Stats
+ */
+
+/**
+ * A Phalanx node (broker, publisher, subscriber, PBFT replica or client: the
+ * configuration decides) behind the sans-IO shape: `handle(now, input)` feeds one input,
+ * `poll()` drains outputs until `null` (iterating the node drains too), `pollTimeout()`
+ * gives the next deadline at which to feed `{ type: 'timeout' }`. Time is an input: `now`
+ * is in nanoseconds from any monotonic clock.
+ */
+class Node {
+  #node;
+
+  /** @param {Uint8Array} config an encoded configuration (`generateCluster`, `ClusterFile.nodeConfig`, `Trace.nodeConfig`) */
+  constructor(config) {
+    this.#node = guard(() => new native.Node(config));
+  }
+
+  /**
+   * Feeds one input at `now` (ns). Throws `HandleError` (`BackpressureError` when the
+   * request queue is full) for an input the caller got wrong; never for bytes from the
+   * network.
+   * @param {bigint | number} now
+   * @param {Input} input
+   */
+  handle(now, input) {
+    try {
+      this.#node.handle(now, input);
+    } catch (e) {
+      throw convert(e);
+    }
+  }
+
+  /**
+   * Feeds every `{ now, input }` in order (a trace's records will do) and returns every
+   * output they produced, in order, in one call. A refused input does not stop the
+   * others: the refusals are appended to `refusals` when it is given, and thrown
+   * otherwise, after the whole batch, as a `HandleError` carrying `outputs` and `refusals`.
+   * @param {TimedInput[]} inputs
+   * @param {Refusal[]} [refusals]
+   * @returns {Output[]}
+   */
+  handleMany(inputs, refusals) {
+    let round;
+    try {
+      round = this.#node.handleManyRaw(inputs);
+    } catch (e) {
+      throw convert(e);
+    }
+    if (refusals) {
+      refusals.push(...round.refused);
+    } else if (round.refused.length > 0) {
+      const err = new HandleError(round.refused.map((r) => `input ${r.index}: ${r.message}`).join('; '));
+      err.outputs = round.outputs;
+      err.refusals = round.refused;
+      throw err;
+    }
+    return round.outputs;
+  }
+
+  /** The next output, or `null` when drained. @returns {Output | null} */
+  poll() {
+    return this.#node.poll();
+  }
+
+  /** Every output waiting, in order. @returns {Output[]} */
+  drain() {
+    return this.#node.drain();
+  }
+
+  /** Drains the node. @returns {IterableIterator<Output>} */
+  *[Symbol.iterator]() {
+    for (let o = this.#node.poll(); o !== null; o = this.#node.poll()) yield o;
+  }
+
+  /** The next deadline (ns), or `null`. @returns {bigint | null} */
+  pollTimeout() {
+    return this.#node.pollTimeout();
+  }
+
+  /** PBFT client: the request number the next accepted `submit` or `read` gets. @returns {bigint | null} */
+  nextRequest() {
+    return this.#node.nextRequest();
+  }
+
+  /** Gauges and counters by the core's names in camelCase. @returns {Record<string, bigint>} */
+  status() {
+    return this.#node.status();
+  }
+
+  /** Input dropped without fault, and requests refused at a bound. @returns {Stats} */
+  stats() {
+    return this.#node.stats();
+  }
+
+  /** @returns {number} */
+  get id() {
+    return this.#node.id;
+  }
+
+  /** 'broker', 'publisher', 'subscriber' (pub/sub), 'replica' or 'client' (PBFT). @returns {string} */
+  get role() {
+    return this.#node.role;
+  }
+
+  /** 'pbft' or 'pubsub'. @returns {string} */
+  get protocol() {
+    return this.#node.protocol;
+  }
+
+  /** @returns {number} */
+  get f() {
+    return this.#node.f;
+  }
+
+  /** The replicas' (brokers') ids, ascending. @returns {number[]} */
+  get replicaIds() {
+    return this.#node.replicaIds;
+  }
+}
+
+module.exports = { Node };

@@ -1,0 +1,414 @@
+//! The native half of `Client` and `Replica`: the core's host loop
+//! ([`phalanx_core::host::HostLoop`]) with phalanxd's write-ahead log (or memory) as its
+//! storage and, for a replica, the user's JavaScript object as its application.
+//!
+//! The event loop never waits on it: `run` takes a round of inputs and does the round
+//! (recovery first, then the core, appends, the `fdatasync` before acknowledging,
+//! BLS signing and verification) on the libuv thread pool, and resolves to the outputs
+//! meant for the world. The application runs on the JavaScript thread: the round hands
+//! each batch, snapshot, restore or query over through a thread-safe function and waits
+//! for the answer, while the event loop goes on serving sockets and timers. JavaScript
+//! runs one round at a time (inputs that arrive meanwhile make the next one, which
+//! groups their syncs), and the functions it passes never throw (`lib/replica.js`).
+
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::Instant;
+
+use napi::bindgen_prelude::*;
+use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
+use napi_derive::napi;
+use phalanx_core::host::{Application, HostError, HostLoop, MemoryStorage, NoApplication, Storage, drain};
+use phalanx_core::{
+    HandleError, Input as CoreInput, Machine, Nanos, Node as CoreNode, Operation as CoreOperation,
+    Output as CoreOutput, Stats, Status,
+};
+use phalanx_host::storage::{Recovery, Wal, WalStorage};
+
+use crate::convert::{Bytes, Input, Operation, Output, U64};
+use crate::node::{Refusal, node_config, status_object};
+use crate::{Code, Result, fail};
+
+/// A JavaScript function the round calls and waits for.
+type Hook<T, R> = ThreadsafeFunction<T, R, T, Status_, false, true>;
+type Status_ = napi::Status;
+
+/// A batch to execute.
+#[napi(object)]
+pub struct ExecuteCall {
+    #[napi(ts_type = "bigint")]
+    pub seq: U64,
+    pub ops: Vec<Operation>,
+}
+
+/// A snapshot to restore, taken after batch `seq`.
+#[napi(object)]
+pub struct RestoreCall {
+    #[napi(ts_type = "bigint")]
+    pub seq: U64,
+    #[napi(ts_type = "Buffer")]
+    pub snapshot: Bytes,
+}
+
+/// A client's read-only op to evaluate.
+#[napi(object)]
+pub struct QueryCall {
+    pub client: u32,
+    #[napi(ts_type = "bigint")]
+    pub request: U64,
+    #[napi(ts_type = "Buffer")]
+    pub op: Bytes,
+}
+
+/// Calls `hook` with `arg` from the round's thread and waits for its answer.
+fn call<T: 'static + napi::bindgen_prelude::JsValuesTupleIntoVec, R: 'static + FromNapiValue + Send>(
+    hook: &Hook<T, R>,
+    arg: T,
+) -> std::result::Result<R, String> {
+    let (tx, rx) = mpsc::sync_channel(1);
+    let status = hook.call_with_return_value(arg, ThreadsafeFunctionCallMode::Blocking, move |ret, _| {
+        let _ = tx.send(ret.map_err(|e| e.reason.clone()));
+        Ok(())
+    });
+    if status != napi::Status::Ok {
+        return Err(format!("the application could not be called: {status}"));
+    }
+    rx.recv().map_err(|_| "the application did not answer (the environment is closing)".to_owned())?
+}
+
+/// The user's application, reached through thread-safe functions.
+struct JsApp {
+    execute: Hook<ExecuteCall, Vec<Bytes>>,
+    snapshot: Hook<(), Bytes>,
+    restore: Hook<RestoreCall, Option<String>>,
+    /// `None` when the application answers no read (`Answering` then drops queries).
+    query: Option<Hook<QueryCall, Option<Bytes>>>,
+    /// Set when a call failed: the round then fails instead of going on with made-up
+    /// results.
+    failed: Arc<Mutex<Option<String>>>,
+}
+
+impl JsApp {
+    fn failing<R>(&self, why: String, fallback: R) -> R {
+        self.failed.lock().expect("not poisoned").get_or_insert(why);
+        fallback
+    }
+}
+
+impl Application for JsApp {
+    fn execute(&mut self, seq: u64, ops: &[CoreOperation]) -> Vec<Vec<u8>> {
+        let call_ = ExecuteCall { seq: U64(seq), ops: ops.iter().cloned().map(Operation::from).collect() };
+        match call(&self.execute, call_) {
+            Ok(results) => results.into_iter().map(|b| b.0).collect(),
+            Err(why) => self.failing(why, vec![Vec::new(); ops.len()]),
+        }
+    }
+
+    fn snapshot(&self) -> Vec<u8> {
+        call(&self.snapshot, ()).map(|b| b.0).unwrap_or_else(|why| self.failing(why, Vec::new()))
+    }
+
+    fn restore(&mut self, seq: u64, snapshot: &[u8]) -> std::result::Result<(), String> {
+        match call(&self.restore, RestoreCall { seq: U64(seq), snapshot: Bytes(snapshot.to_vec()) })? {
+            None => Ok(()),
+            Some(why) => Err(why),
+        }
+    }
+
+    fn query(&self, op: &[u8]) -> Vec<u8> {
+        // Only reached for queries `Answering` lets through; the client and request are
+        // not part of the trait, and the application does not need them.
+        let Some(query) = &self.query else { return Vec::new() };
+        let call_ = QueryCall { client: 0, request: U64(0), op: Bytes(op.to_vec()) };
+        match call(query, call_) {
+            Ok(Some(result)) => result.0,
+            Ok(None) => Vec::new(),
+            Err(why) => self.failing(why, Vec::new()),
+        }
+    }
+}
+
+/// The node, with the `Query` outputs dropped when the application cannot answer them
+/// (the client then has the read ordered): the host loop answers every query it sees.
+struct Answering {
+    node: CoreNode,
+    answers: bool,
+}
+
+impl Machine for Answering {
+    fn handle(&mut self, now: Nanos, input: CoreInput) -> std::result::Result<(), HandleError> {
+        self.node.handle(now, input)
+    }
+
+    fn poll(&mut self) -> Option<CoreOutput> {
+        loop {
+            match self.node.poll()? {
+                CoreOutput::Query { .. } if !self.answers => continue,
+                o => return Some(o),
+            }
+        }
+    }
+
+    fn poll_timeout(&mut self) -> Option<Nanos> {
+        self.node.poll_timeout()
+    }
+}
+
+type Loop = HostLoop<Answering, Box<dyn Storage + Send>, Box<dyn Application + Send>>;
+
+struct State {
+    host: Loop,
+    /// Why a call to the application failed, if one did (shared with [`JsApp`]).
+    app_failed: Arc<Mutex<Option<String>>>,
+    recovered: bool,
+    /// Why an earlier round failed: the host stops for good.
+    failed: Option<(Code, String)>,
+}
+
+/// An error of a round, for the JavaScript side to throw as its class.
+#[napi(object)]
+pub struct RoundError {
+    pub code: String,
+    pub message: String,
+}
+
+/// What a round did: the outputs meant for the world (sends, completions, deliveries,
+/// faults), for each input the request number it got (a client's accepted `submit` or
+/// `read`) or `null`, the inputs refused, the next deadline on the host's clock, and the
+/// error that stopped the host, if one did.
+#[napi(object)]
+pub struct RoundResult {
+    pub outputs: Vec<Output>,
+    #[napi(ts_type = "Array<bigint | null>")]
+    pub requests: Vec<Option<U64>>,
+    pub refused: Vec<Refusal>,
+    #[napi(ts_type = "bigint | null")]
+    pub next_timeout: Option<U64>,
+    pub error: Option<RoundError>,
+}
+
+pub struct RoundTask {
+    state: Arc<Mutex<State>>,
+    snapshot: Arc<Mutex<(Status, Stats)>>,
+    inputs: Vec<CoreInput>,
+    now: Nanos,
+}
+
+fn host_error(e: HostError) -> (Code, String) {
+    let code = if matches!(e, HostError::Storage(_)) { Code::Storage } else { Code::Host };
+    (code, e.to_string())
+}
+
+impl RoundTask {
+    fn round(&mut self, st: &mut State) -> std::result::Result<RoundResult, (Code, String)> {
+        if let Some(e) = &st.failed {
+            return Err(e.clone());
+        }
+        let now = self.now;
+        if !st.recovered {
+            st.host.recover(now).map_err(host_error)?;
+            st.recovered = true;
+        }
+        let mut requests = Vec::with_capacity(self.inputs.len());
+        let mut refused = Vec::new();
+        for (i, input) in std::mem::take(&mut self.inputs).into_iter().enumerate() {
+            let number = st.host.machine().node.next_request();
+            match st.host.handle(now, input) {
+                Ok(()) => requests.push(number.map(U64)),
+                Err(e) => {
+                    requests.push(None);
+                    refused.push(Refusal::new(i, e));
+                }
+            }
+        }
+        let outputs = drain(&mut st.host, now).map_err(host_error)?;
+        let next_timeout = st.host.poll_timeout().map(U64);
+        let node = &st.host.machine().node;
+        *self.snapshot.lock().expect("not poisoned") = (node.status(), node.stats().clone());
+        Ok(RoundResult {
+            outputs: outputs.into_iter().map(Output::from).collect(),
+            requests,
+            refused,
+            next_timeout,
+            error: None,
+        })
+    }
+}
+
+impl Task for RoundTask {
+    type Output = RoundResult;
+    type JsValue = RoundResult;
+
+    fn compute(&mut self) -> napi::Result<RoundResult> {
+        let state = self.state.clone();
+        let mut st = state.lock().expect("a round never panics holding the state");
+        let result = self.round(&mut st);
+        let app_failure = st.app_failed.lock().expect("not poisoned").clone();
+        let result = match (result, app_failure) {
+            (_, Some(why)) => Err((Code::Host, format!("the application failed: {why}"))),
+            (r, None) => r,
+        };
+        Ok(result.unwrap_or_else(|(code, message)| {
+            st.failed = Some((code, message.clone()));
+            RoundResult {
+                outputs: Vec::new(),
+                requests: Vec::new(),
+                refused: Vec::new(),
+                next_timeout: None,
+                error: Some(RoundError { code: code.as_ref().to_owned(), message }),
+            }
+        }))
+    }
+
+    fn resolve(&mut self, _: Env, output: RoundResult) -> napi::Result<RoundResult> {
+        Ok(output)
+    }
+}
+
+/// The functions a replica's application is reached through (`lib/replica.js` makes them
+/// from the user's object; they never throw).
+#[napi(object)]
+pub struct AppHooks<'env> {
+    #[napi(ts_type = "(call: ExecuteCall) => Array<Uint8Array>")]
+    pub execute: Function<'env, ExecuteCall, Vec<Bytes>>,
+    #[napi(ts_type = "() => Uint8Array")]
+    pub snapshot: Function<'env, (), Bytes>,
+    /// Returns `null`, or why the snapshot was refused.
+    #[napi(ts_type = "(call: RestoreCall) => string | null")]
+    pub restore: Function<'env, RestoreCall, Option<String>>,
+    /// Absent when the application answers no read.
+    #[napi(ts_type = "(call: QueryCall) => Uint8Array | null")]
+    pub query: Option<Function<'env, QueryCall, Option<Bytes>>>,
+}
+
+/// Where a host keeps the records its node persists.
+#[napi(object)]
+pub struct HostOptions {
+    /// A directory for phalanxd's write-ahead log (`dir/wal.log`), synced before records
+    /// are acknowledged and fed back on start; without it, records live in memory.
+    pub storage: Option<String>,
+    /// Truncate a damaged log at the damage instead of refusing it.
+    pub repair: Option<bool>,
+}
+
+/// A node in its host loop, driven in rounds off the event loop (see the module doc).
+#[napi]
+pub struct Host {
+    state: Arc<Mutex<State>>,
+    snapshot: Arc<Mutex<(Status, Stats)>>,
+    started: Instant,
+    id: u32,
+    role: &'static str,
+    protocol: &'static str,
+    replicas: Vec<u32>,
+    persistent: bool,
+}
+
+fn hook<T: 'static + napi::bindgen_prelude::JsValuesTupleIntoVec, R: 'static + FromNapiValue>(
+    f: &Function<'_, T, R>,
+) -> Result<Hook<T, R>> {
+    f.build_threadsafe_function().weak::<true>().build().map_err(crate::napi_error)
+}
+
+#[napi]
+impl Host {
+    /// A host for the node `config`, with `app` for a PBFT replica (none for a client).
+    /// Throws `ConfigError`, or `StorageError` for a log that cannot be opened.
+    #[napi(constructor)]
+    pub fn new(
+        env: Env,
+        #[napi(ts_arg_type = "Uint8Array")] config: Unknown,
+        options: Option<HostOptions>,
+        app: Option<AppHooks>,
+    ) -> Result<Self> {
+        let config = node_config(&env, config)?;
+        let node = CoreNode::new(config).map_err(|e| fail(Code::Config, e))?;
+        let options = options.unwrap_or(HostOptions { storage: None, repair: None });
+        let storage: Box<dyn Storage + Send> = match &options.storage {
+            Some(dir) => {
+                let recovery = if options.repair.unwrap_or(false) { Recovery::Repair } else { Recovery::Strict };
+                let (wal, recovered) =
+                    Wal::open(std::path::Path::new(dir), recovery).map_err(|e| fail(Code::Storage, e))?;
+                Box::new(WalStorage::new(wal, recovered))
+            }
+            None => Box::new(MemoryStorage::default()),
+        };
+        let app_failed = Arc::new(Mutex::new(None));
+        let answers = app.as_ref().is_some_and(|a| a.query.is_some());
+        let application: Box<dyn Application + Send> = match &app {
+            Some(a) => Box::new(JsApp {
+                execute: hook(&a.execute)?,
+                snapshot: hook(&a.snapshot)?,
+                restore: hook(&a.restore)?,
+                query: a.query.as_ref().map(hook).transpose()?,
+                failed: app_failed.clone(),
+            }),
+            None => Box::new(NoApplication),
+        };
+        let (id, role, protocol) = (node.id(), node.role().name(), node.config().cluster.protocol.name());
+        let replicas = node.config().cluster.replicas().map(|n| n.id).collect();
+        let snapshot = Arc::new(Mutex::new((node.status(), node.stats().clone())));
+        let host = HostLoop::new(Answering { node, answers }, storage, application);
+        let state = State { host, app_failed, recovered: false, failed: None };
+        Ok(Host {
+            state: Arc::new(Mutex::new(state)),
+            snapshot,
+            started: Instant::now(),
+            id,
+            role,
+            protocol,
+            replicas,
+            persistent: options.storage.is_some(),
+        })
+    }
+
+    /// Nanoseconds on the host's monotonic clock (the clock of `nextTimeout`).
+    #[napi(ts_return_type = "bigint")]
+    pub fn now(&self) -> U64 {
+        U64(self.started.elapsed().as_nanos() as u64)
+    }
+
+    /// Runs one round with `inputs` (fed at the current time, in order) on the thread
+    /// pool. The first round recovers from the log first. One round at a time.
+    #[napi(ts_return_type = "Promise<RoundResult>")]
+    pub fn run(&self, inputs: Vec<Input>) -> AsyncTask<RoundTask> {
+        AsyncTask::new(RoundTask {
+            state: self.state.clone(),
+            snapshot: self.snapshot.clone(),
+            inputs: inputs.into_iter().map(CoreInput::from).collect(),
+            now: self.now().0,
+        })
+    }
+
+    /// The node's gauges and counters after the last round (as `Node.status()`).
+    #[napi(ts_return_type = "Record<string, bigint>")]
+    pub fn status<'env>(&self, env: &'env Env) -> napi::Result<Object<'env>> {
+        let (status, stats) = self.snapshot.lock().expect("not poisoned").clone();
+        status_object(env, &status, &stats)
+    }
+
+    #[napi(getter)]
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    #[napi(getter)]
+    pub fn role(&self) -> &'static str {
+        self.role
+    }
+
+    #[napi(getter)]
+    pub fn protocol(&self) -> &'static str {
+        self.protocol
+    }
+
+    #[napi(getter)]
+    pub fn replica_ids(&self) -> Vec<u32> {
+        self.replicas.clone()
+    }
+
+    /// Whether records go to a write-ahead log.
+    #[napi(getter)]
+    pub fn persistent(&self) -> bool {
+        self.persistent
+    }
+}

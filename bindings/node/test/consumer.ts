@@ -1,0 +1,76 @@
+// A TypeScript program using the package, type-checked (strict) by types.test.js:
+// the generated declarations must describe what the tests exercise.
+import * as phalanx from 'phalanx';
+import { Client, Node, Replica, Trace, type Input, type Output, type Application } from 'phalanx';
+
+const configs: Buffer[] = phalanx.generateCluster({ f: 1, protocol: 'pbft', clients: 1, seed: 7n });
+const node = new Node(configs[4]);
+const input: Input = { type: 'submit', op: new Uint8Array([1]) };
+node.handle(0n, input);
+node.handle(1, { type: 'timeout' });
+
+function describe(o: Output): string {
+  switch (o.type) {
+    case 'send':
+      return `send ${o.bytes.length} bytes to ${o.to}`;
+    case 'persist':
+      return `persist token ${o.token + 1n - 1n}`;
+    case 'execute':
+      return `execute batch ${o.seq}: ${o.ops.map((op) => op.op.toString('hex')).join(',')}`;
+    case 'completed':
+      return `completed ${o.request}: ${o.result.toString()}`;
+    case 'fault':
+      return `fault ${o.node} ${o.kind}`;
+    default:
+      return o.type;
+  }
+}
+for (const o of node) describe(o);
+const deadline: bigint | null = node.pollTimeout();
+const refusals: phalanx.Refusal[] = [];
+const outputs: Output[] = node.handleMany([{ now: deadline ?? 0n, input: { type: 'timeout' } }], refusals);
+void outputs;
+
+try {
+  node.handle(0n, { type: 'publish', topic: 0n, payload: Buffer.alloc(0), algorithm: 'bracha' });
+} catch (e) {
+  if (e instanceof phalanx.HandleError) console.log(e.code.toUpperCase());
+}
+
+const trace: Trace = Trace.load('x.trace');
+const summary: phalanx.ReplaySummary = trace.replay({ batch: true });
+const digest: string = summary.digest;
+void digest;
+
+class Counter implements Application {
+  value = 0;
+  execute(op: Buffer, ordered: { seq: bigint }): Uint8Array {
+    this.value += op.length + Number(ordered.seq % 2n);
+    return Buffer.from(String(this.value));
+  }
+  snapshot(): Uint8Array {
+    return Buffer.from(String(this.value));
+  }
+  restore(snapshot: Buffer): void {
+    this.value = Number(snapshot.toString());
+  }
+}
+
+async function main(): Promise<void> {
+  const addrs = [0, 1, 2, 3].map((id) => ({ id, host: '127.0.0.1', port: 7000 + id }));
+  const replica = new Replica(configs[0], addrs, new Counter(), { storage: '/tmp/r0' });
+  await replica.start();
+  const view: bigint | undefined = replica.status().view;
+  void view;
+  const client = Client.fromClusterFile('cluster.toml', { timeout: 1000 });
+  const before: Buffer | null = await client.put(Buffer.from('k'), Buffer.from('v'));
+  const cas: phalanx.CasResult = await client.cas(Buffer.from('k'), before, Buffer.from('w'));
+  void cas.swapped;
+  const result: Buffer = await client.read(phalanx.kv.get(Buffer.from('k')));
+  void result;
+  const sim: phalanx.Simulation = await phalanx.simulate({ protocol: 'bracha', f: 2 });
+  void sim.violations;
+  await client.close();
+  await replica.stop();
+}
+void main;

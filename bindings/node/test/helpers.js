@@ -1,0 +1,90 @@
+'use strict';
+// Shared by the tests: the repository, free loopback ports, phalanxd, waiting.
+const fs = require('node:fs');
+const net = require('node:net');
+const path = require('node:path');
+
+/** The repository root: PHALANX_REPO (scripts/test-node runs a copy of these tests), or this tree's. */
+const REPO = process.env.PHALANX_REPO ?? path.resolve(__dirname, '..', '..', '..');
+const TRACES = path.join(REPO, 'tests', 'traces');
+const MS = 1_000_000;
+
+/** `count` distinct free loopback ports (the OS picks them). */
+async function freePorts(count) {
+  const servers = [];
+  try {
+    for (let i = 0; i < count; i++) {
+      const s = net.createServer();
+      await new Promise((resolve, reject) => s.once('error', reject).listen(0, '127.0.0.1', resolve));
+      servers.push(s);
+    }
+    return servers.map((s) => s.address().port);
+  } finally {
+    await Promise.all(servers.map((s) => new Promise((r) => s.close(r))));
+  }
+}
+
+/** A base port such that base..base+count-1 are all free on loopback (for phalanxd keygen). */
+async function freePortBlock(count) {
+  for (let attempt = 0; attempt < 200; attempt++) {
+    const [base] = await freePorts(1);
+    if (base + count >= 65535) continue;
+    const servers = [];
+    let ok = true;
+    for (let p = base; p < base + count && ok; p++) {
+      const s = net.createServer();
+      ok = await new Promise((resolve) => s.once('error', () => resolve(false)).listen(p, '127.0.0.1', () => resolve(true)));
+      if (ok) servers.push(s);
+    }
+    await Promise.all(servers.map((s) => new Promise((r) => s.close(r))));
+    if (ok) return base;
+  }
+  throw new Error('no block of free ports found');
+}
+
+/** The phalanxd binary: PHALANXD, or the debug build in CARGO_TARGET_DIR or the repository; null if none. */
+function phalanxd() {
+  const candidates = [
+    process.env.PHALANXD,
+    process.env.CARGO_TARGET_DIR && path.join(process.env.CARGO_TARGET_DIR, 'debug', 'phalanxd'),
+    path.join(REPO, 'target', 'debug', 'phalanxd'),
+  ].filter(Boolean);
+  const found = candidates.find((c) => fs.existsSync(c)) ?? null;
+  if (!found && process.env.PHALANX_REQUIRE_PHALANXD) {
+    throw new Error('phalanxd not found: build it with `cargo build -p phalanx-host --bin phalanxd` (or set PHALANXD)');
+  }
+  return found;
+}
+
+/** Waits until `condition()` holds; fails with `what()` after `timeout` ms. */
+async function eventually(condition, what, timeout = 10_000) {
+  const end = Date.now() + timeout;
+  while (Date.now() < end && !condition()) await new Promise((r) => setTimeout(r, 20));
+  if (!condition()) throw new Error(`not within ${timeout} ms: ${what()}`);
+}
+
+/** A replicated counter, with every op it executed and where it was ordered. */
+class Counter {
+  value = 0;
+  ops = 0;
+  /** [seq, client, request, op] of every op executed, in order. */
+  executed = [];
+
+  execute(op, { seq, client, request }) {
+    this.ops++;
+    this.executed.push([seq, client, request, op.toString()]);
+    const s = op.toString();
+    if (s.startsWith('add:')) this.value += Number(s.slice(4));
+    return Buffer.from(String(this.value));
+  }
+
+  snapshot() {
+    return Buffer.from(JSON.stringify([this.value, this.ops]));
+  }
+
+  restore(snapshot) {
+    [this.value, this.ops] = JSON.parse(snapshot.toString());
+  }
+}
+
+module.exports = { REPO, TRACES, MS, freePorts, freePortBlock, phalanxd, eventually, Counter };
