@@ -93,7 +93,7 @@ class Node {
     return this.#node.nextRequest();
   }
 
-  /** Gauges and counters by the core's names in camelCase. @returns {Record<string, bigint>} */
+  /** Gauges, counters and flags by the core's names in camelCase. @returns {Record<string, bigint | boolean>} */
   status() {
     return this.#node.status();
   }

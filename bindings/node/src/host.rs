@@ -19,8 +19,7 @@ use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
 use napi_derive::napi;
 use phalanx_core::host::{Application, HostError, HostLoop, MemoryStorage, NoApplication, Storage, drain};
 use phalanx_core::{
-    HandleError, Input as CoreInput, Machine, Nanos, Node as CoreNode, Operation as CoreOperation,
-    Output as CoreOutput, Stats, Status,
+    Input as CoreInput, Nanos, Node as CoreNode, Operation as CoreOperation, Stats, Status,
 };
 use phalanx_host::storage::{Recovery, Wal, WalStorage};
 
@@ -80,7 +79,7 @@ struct JsApp {
     execute: Hook<ExecuteCall, Vec<Bytes>>,
     snapshot: Hook<(), Bytes>,
     restore: Hook<RestoreCall, Option<String>>,
-    /// `None` when the application answers no read (`Answering` then drops queries).
+    /// `None` when the application answers no read (the client then has it ordered).
     query: Option<Hook<QueryCall, Option<Bytes>>>,
     /// Set when a call failed: the round then fails instead of going on with made-up
     /// results.
@@ -114,46 +113,18 @@ impl Application for JsApp {
         }
     }
 
-    fn query(&self, op: &[u8]) -> Vec<u8> {
-        // Only reached for queries `Answering` lets through; the client and request are
-        // not part of the trait, and the application does not need them.
-        let Some(query) = &self.query else { return Vec::new() };
+    fn query(&self, op: &[u8]) -> Option<Vec<u8>> {
+        // The client and request are not part of the trait, and the application does not
+        // need them.
         let call_ = QueryCall { client: 0, request: U64(0), op: Bytes(op.to_vec()) };
-        match call(query, call_) {
-            Ok(Some(result)) => result.0,
-            Ok(None) => Vec::new(),
-            Err(why) => self.failing(why, Vec::new()),
+        match call(self.query.as_ref()?, call_) {
+            Ok(result) => result.map(|r| r.0),
+            Err(why) => self.failing(why, None),
         }
     }
 }
 
-/// The node, with the `Query` outputs dropped when the application cannot answer them
-/// (the client then has the read ordered): the host loop answers every query it sees.
-struct Answering {
-    node: CoreNode,
-    answers: bool,
-}
-
-impl Machine for Answering {
-    fn handle(&mut self, now: Nanos, input: CoreInput) -> std::result::Result<(), HandleError> {
-        self.node.handle(now, input)
-    }
-
-    fn poll(&mut self) -> Option<CoreOutput> {
-        loop {
-            match self.node.poll()? {
-                CoreOutput::Query { .. } if !self.answers => continue,
-                o => return Some(o),
-            }
-        }
-    }
-
-    fn poll_timeout(&mut self) -> Option<Nanos> {
-        self.node.poll_timeout()
-    }
-}
-
-type Loop = HostLoop<Answering, Box<dyn Storage + Send>, Box<dyn Application + Send>>;
+type Loop = HostLoop<CoreNode, Box<dyn Storage + Send>, Box<dyn Application + Send>>;
 
 struct State {
     host: Loop,
@@ -211,7 +182,7 @@ impl RoundTask {
         let mut requests = Vec::with_capacity(self.inputs.len());
         let mut refused = Vec::new();
         for (i, input) in std::mem::take(&mut self.inputs).into_iter().enumerate() {
-            let number = st.host.machine().node.next_request();
+            let number = st.host.machine().next_request();
             match st.host.handle(now, input) {
                 Ok(()) => requests.push(number.map(U64)),
                 Err(e) => {
@@ -222,7 +193,7 @@ impl RoundTask {
         }
         let outputs = drain(&mut st.host, now).map_err(host_error)?;
         let next_timeout = st.host.poll_timeout().map(U64);
-        let node = &st.host.machine().node;
+        let node = st.host.machine();
         *self.snapshot.lock().expect("not poisoned") = (node.status(), node.stats().clone());
         Ok(RoundResult {
             outputs: outputs.into_iter().map(Output::from).collect(),
@@ -333,7 +304,6 @@ impl Host {
             None => Box::new(MemoryStorage::default()),
         };
         let app_failed = Arc::new(Mutex::new(None));
-        let answers = app.as_ref().is_some_and(|a| a.query.is_some());
         let application: Box<dyn Application + Send> = match &app {
             Some(a) => Box::new(JsApp {
                 execute: hook(&a.execute)?,
@@ -347,7 +317,7 @@ impl Host {
         let (id, role, protocol) = (node.id(), node.role().name(), node.config().cluster.protocol.name());
         let replicas = node.config().cluster.replicas().map(|n| n.id).collect();
         let snapshot = Arc::new(Mutex::new((node.status(), node.stats().clone())));
-        let host = HostLoop::new(Answering { node, answers }, storage, application);
+        let host = HostLoop::new(node, storage, application);
         let state = State { host, app_failed, recovered: false, failed: None };
         Ok(Host {
             state: Arc::new(Mutex::new(state)),
@@ -380,7 +350,7 @@ impl Host {
     }
 
     /// The node's gauges and counters after the last round (as `Node.status()`).
-    #[napi(ts_return_type = "Record<string, bigint>")]
+    #[napi(ts_return_type = "Record<string, bigint | boolean>")]
     pub fn status<'env>(&self, env: &'env Env) -> napi::Result<Object<'env>> {
         let (status, stats) = self.snapshot.lock().expect("not poisoned").clone();
         status_object(env, &status, &stats)

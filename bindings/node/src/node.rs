@@ -3,7 +3,7 @@
 
 use napi::bindgen_prelude::*;
 use napi_derive::napi;
-use phalanx_core::boundary::status_fields;
+use phalanx_core::boundary::{StatusValue, stats_fields, status_fields};
 use phalanx_core::{Node as CoreNode, NodeConfig, Stats as CoreStats, Status};
 
 use crate::convert::{Input, Output, Scope, U64, uint8_slice};
@@ -39,11 +39,18 @@ impl Refusal {
     }
 }
 
-/// Every gauge and counter of a node by the core's names (in camelCase), as `bigint`s.
+/// Every gauge and counter of a node by the core's names (in camelCase): flags as
+/// booleans, counts as `bigint`s.
 pub fn status_object<'env>(env: &'env Env, status: &Status, stats: &CoreStats) -> napi::Result<Object<'env>> {
     let mut obj = Object::new(env)?;
-    for (name, value) in status_fields(status, stats) {
-        obj.set(camel_case(name), value)?;
+    for (name, value) in status_fields(status) {
+        match value {
+            StatusValue::Flag(b) => obj.set(camel_case(name), b)?,
+            StatusValue::Count(n) => obj.set(camel_case(name), U64(n))?,
+        }
+    }
+    for (name, n) in stats_fields(stats) {
+        obj.set(camel_case(name), U64(n))?;
     }
     Ok(obj)
 }
@@ -187,7 +194,7 @@ impl Node {
 
     /// Gauges and counters for metrics (view, executed, stable, …, and the drop
     /// counters of `stats()`), by the core's names in camelCase.
-    #[napi(ts_return_type = "Record<string, bigint>")]
+    #[napi(ts_return_type = "Record<string, bigint | boolean>")]
     pub fn status<'env>(&self, env: &'env Env) -> napi::Result<Object<'env>> {
         status_object(env, &self.node.status(), self.node.stats())
     }

@@ -60,8 +60,9 @@ async function main(): Promise<void> {
   const addrs = [0, 1, 2, 3].map((id) => ({ id, host: '127.0.0.1', port: 7000 + id }));
   const replica = new Replica(configs[0], addrs, new Counter(), { storage: '/tmp/r0' });
   await replica.start();
-  const view: bigint | undefined = replica.status().view;
-  void view;
+  const view = replica.status().view;
+  const viewNumber: bigint | undefined = typeof view === 'bigint' ? view : undefined;
+  void viewNumber;
   const client = Client.fromClusterFile('cluster.toml', { timeout: 1000 });
   const before: Buffer | null = await client.put(Buffer.from('k'), Buffer.from('v'));
   const cas: phalanx.CasResult = await client.cas(Buffer.from('k'), before, Buffer.from('w'));
