@@ -182,6 +182,55 @@ pub fn fast_aggregate_verify(mode: CryptoMode, pks: &[BlsPublicKey], msg: &[u8],
     }
 }
 
+/// A public key parsed and checked once (a valid point of G1, not the identity), so that
+/// a sum of many costs additions only. Only for keys whose possession was proven.
+#[derive(Clone, Debug)]
+pub struct BlsKey {
+    pub bytes: BlsPublicKey,
+    point: Option<PublicKey>,
+}
+
+impl BlsKey {
+    /// `None` if the bytes are not a valid key (`Real`).
+    pub fn parse(mode: CryptoMode, pk: &BlsPublicKey) -> Option<BlsKey> {
+        let point = match mode {
+            CryptoMode::Real => Some(PublicKey::key_validate(&pk.0).ok()?),
+            CryptoMode::InsecureTest => None,
+        };
+        Some(BlsKey { bytes: *pk, point })
+    }
+}
+
+/// Verifies a multi-signature by every one of `keys` on `msg`: the keys are summed, then
+/// one pairing check. False for no keys.
+pub fn verify_multi<'a>(
+    mode: CryptoMode,
+    mut keys: impl Iterator<Item = &'a BlsKey>,
+    msg: &[u8],
+    sig: &BlsSignature,
+) -> bool {
+    let Some(first) = keys.next() else { return false };
+    match (mode, &first.point) {
+        (CryptoMode::Real, Some(p)) => {
+            let mut acc = AggregatePublicKey::from_public_key(p);
+            for k in keys {
+                let Some(p) = &k.point else { return false };
+                if acc.add_public_key(p, false).is_err() {
+                    return false;
+                }
+            }
+            let Ok(sig) = Signature::uncompress(&sig.0) else { return false };
+            pairing_check(&acc.to_public_key(), &sig, SIG.dst, msg)
+        }
+        (CryptoMode::Real, None) => false,
+        (CryptoMode::InsecureTest, _) => {
+            let expected = keys
+                .fold(insecure_sign(&SIG, &first.bytes, msg), |acc, k| xor(&acc, &insecure_sign(&SIG, &k.bytes, msg)));
+            expected == *sig
+        }
+    }
+}
+
 /// e(pk, H(msg)) == e(g1, sig), with `pk` checked to be in G1 and not the identity, and
 /// `sig` checked to be in G2.
 fn pairing_check(pk: &PublicKey, sig: &Signature, dst: &[u8], msg: &[u8]) -> bool {

@@ -293,6 +293,18 @@ pub struct Log {
     pub completed: Vec<Completion>,
     /// PBFT: the checkpoint digests correct replica hosts signed, as (host, seq, digest).
     pub checkpoint_votes: Vec<(usize, u64, Vec<u8>)>,
+    /// Distillation: the batches servers delivered.
+    pub distilled: Vec<Distilled>,
+}
+
+/// A batch a distillation server delivered.
+#[derive(Clone, Debug)]
+pub struct Distilled {
+    pub at: Nanos,
+    pub host: usize,
+    pub node: NodeId,
+    pub incarnation: u32,
+    pub batch: crate::distill::DeliveredBatch,
 }
 
 pub struct Sim {
@@ -624,6 +636,13 @@ impl Sim {
                     incarnation: self.incarnations[host],
                     request,
                     result,
+                }),
+                Output::Delivered(batch) => self.log.distilled.push(Distilled {
+                    at: self.now,
+                    host,
+                    node: self.hosts[host].id,
+                    incarnation: self.incarnations[host],
+                    batch,
                 }),
                 // The loop keeps these to itself.
                 Output::Persist { .. }

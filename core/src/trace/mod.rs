@@ -178,6 +178,7 @@ pub fn output_to_pb(output: &Output) -> pb::OutputRecord {
         Output::Query { client, request, op } => {
             Kind::Query(pb::QueryOutput { client: *client, request: *request, op: op.clone() })
         }
+        Output::Delivered(d) => Kind::Delivered(d.to_pb()),
     };
     pb::OutputRecord { kind: Some(kind) }
 }
@@ -208,5 +209,8 @@ pub fn output_from_pb(record: pb::OutputRecord) -> Result<Output, TraceError> {
         Kind::Restore(r) => Output::Restore { seq: r.seq, snapshot: r.snapshot },
         Kind::Compact(c) => Output::Compact { token: c.token },
         Kind::Query(q) => Output::Query { client: q.client, request: q.request, op: q.op },
+        Kind::Delivered(d) => Output::Delivered(
+            crate::distill::DeliveredBatch::from_pb(d).ok_or_else(|| malformed("a delivered batch of uneven parts"))?,
+        ),
     })
 }

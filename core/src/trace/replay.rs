@@ -77,6 +77,7 @@ fn output_bytes(o: &pb::OutputRecord) -> Option<(&'static str, &[u8])> {
         Kind::Completed(c) => Some(("completed", &c.result)),
         Kind::Restore(r) => Some(("restore", &r.snapshot)),
         Kind::Query(q) => Some(("query", &q.op)),
+        Kind::Delivered(d) => d.msgs.as_ref().map(|m| ("delivered", m.bytes.as_slice())),
         Kind::Fault(_) | Kind::Execute(_) | Kind::Compact(_) => None,
     }
 }
@@ -148,7 +149,7 @@ pub fn replay_on(trace: &Trace, node: &mut dyn Machine) -> Result<ReplaySummary,
             produced += 1;
             match output {
                 Output::Send { .. } => summary.sends += 1,
-                Output::Deliver(_) => summary.deliveries += 1,
+                Output::Deliver(_) | Output::Delivered(_) => summary.deliveries += 1,
                 Output::Persist { .. } => summary.persists += 1,
                 Output::Fault { .. } => summary.faults += 1,
                 Output::Execute { .. } => summary.executes += 1,
