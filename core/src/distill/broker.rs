@@ -106,7 +106,8 @@ impl Broker {
         self.nonce = self.nonce.max(now).saturating_add(1);
         let broker = self.identity.public_key().0;
         for &server in &self.servers.ids.clone() {
-            let signature = self.identity.sign(&hello_statement(&self.servers, &broker, server, self.nonce)).0.to_vec();
+            let signature =
+                self.identity.sign(&hello_statement(&self.servers.system_id, &broker, server, self.nonce)).0.to_vec();
             let h = pb::BrokerHello { broker: broker.to_vec(), nonce: self.nonce, signature };
             send_frame(ctx, server, Frame::Hello(h));
         }
@@ -177,8 +178,10 @@ impl Broker {
         let signed: Vec<Vec<u8>> = candidates
             .iter()
             .flat_map(|(_, _, s, _, _, auth)| {
-                let b = broadcast_statement(&self.servers, s.id, s.seq, &s.msg);
-                let a = auth.as_ref().map(|(r, _)| broadcast_auth_statement(&self.servers, s.id, r.height, &r.root));
+                let b = broadcast_statement(&self.servers.system_id, s.id, s.seq, &s.msg);
+                let a = auth
+                    .as_ref()
+                    .map(|(r, _)| broadcast_auth_statement(&self.servers.system_id, s.id, r.height, &r.root));
                 std::iter::once(b).chain(a)
             })
             .collect();
@@ -281,7 +284,7 @@ impl Broker {
                 continue;
             }
             let Some(keys) = self.dir.get(r.id) else { continue };
-            let msg = reduction_auth_statement(&self.servers, r.id, &b.r1, &share);
+            let msg = reduction_auth_statement(&self.servers.system_id, r.id, &b.r1, &share);
             candidates.push((from, lane, r.id, BlsSignature(share), EdSignature(auth), keys, msg));
         }
         let items: Vec<EdItem> =
@@ -318,7 +321,7 @@ impl Broker {
         };
         let servers = &self.servers;
         let keys: BTreeMap<u64, _> = shares.keys().filter_map(|&id| Some((id, self.dir.get(id)?))).collect();
-        let msg = reduction_statement(servers, &b.r1);
+        let msg = reduction_statement(&servers.system_id, &b.r1);
         let mut good = Vec::new();
         let all: Vec<(u64, BlsSignature)> = shares.iter().map(|(id, (s, _))| (*id, *s)).collect();
         bisect(ctx, servers, &keys, &msg, &all, &mut good);
@@ -377,7 +380,7 @@ impl Broker {
             return;
         }
         let broker = self.identity.public_key().0;
-        let msg = witness_statement(&self.servers, &broker, w.lane, b.lane_seq, &b.r2);
+        let msg = witness_statement(&self.servers.system_id, &broker, w.lane, b.lane_seq, &b.r2);
         let all: Vec<(usize, BlsSignature)> = shards.iter().map(|(i, s)| (*i, *s)).collect();
         let good = self.servers.good_shares(ctx, &msg, &all);
         if good.len() < self.servers.p {
@@ -441,7 +444,7 @@ impl Broker {
         let fate = |i: usize| fates[i];
         let tree = b.batch.tree(per_leaf, &fate);
         let r3 = tree.root();
-        let msg = delivery_statement(&self.servers, d.height, &r3);
+        let msg = delivery_statement(&self.servers.system_id, d.height, &r3);
         let all: Vec<(usize, BlsSignature)> = group.iter().map(|(i, s)| (*i, *s)).collect();
         let good = self.servers.good_shares(ctx, &msg, &all);
         if good.len() < self.servers.p {

@@ -85,7 +85,7 @@ impl Client {
 
     fn sign_up(&mut self, ctx: &mut Ctx, now: Nanos) {
         let (ed, bls) = (self.ed.public_key().0, ctx.cfg.bls_secret.public_key().0);
-        let msg = sign_up_statement(&self.servers, &ed, &bls);
+        let msg = sign_up_statement(&self.servers.system_id, &ed, &bls);
         let s = pb::SignUp {
             ed_key: ed.to_vec(),
             bls_key: bls.to_vec(),
@@ -107,7 +107,7 @@ impl Client {
         let Ok(sig) = <[u8; 96]>::try_from(a.signature.as_slice()) else {
             return ctx.fault(self.servers.ids[server], FaultKind::Malformed);
         };
-        let msg = assign_statement(&self.servers, a.id, &ed, &bls);
+        let msg = assign_statement(&self.servers.system_id, a.id, &ed, &bls);
         if !self.servers.verify_share(ctx, server, &msg, &BlsSignature(sig)) {
             return ctx.fault(self.servers.ids[server], FaultKind::BadSignature);
         }
@@ -133,10 +133,10 @@ impl Client {
         let Some(id) = self.id.filter(|_| self.current.is_none() && !self.brokers.is_empty()) else { return };
         let Some((request, msg)) = self.queue.pop_front() else { return };
         let seq = self.lo;
-        let signature = self.ed.sign(&broadcast_statement(&self.servers, id, seq, &msg)).0.to_vec();
+        let signature = self.ed.sign(&broadcast_statement(&self.servers.system_id, id, seq, &msg)).0.to_vec();
         let (record, auth) = match &self.record {
             Some(r) if seq > 0 => {
-                let auth = self.ed.sign(&broadcast_auth_statement(&self.servers, id, r.height, &r.root));
+                let auth = self.ed.sign(&broadcast_auth_statement(&self.servers.system_id, id, r.height, &r.root));
                 (Some(r.clone()), auth.0.to_vec())
             }
             _ => (None, vec![]),
@@ -169,8 +169,8 @@ impl Client {
             self.hi = inc.raise;
             self.persist(ctx);
         }
-        let share = ctx.sign(&reduction_statement(&self.servers, &root));
-        let auth = self.ed.sign(&reduction_auth_statement(&self.servers, id, &root, &share.0));
+        let share = ctx.sign(&reduction_statement(&self.servers.system_id, &root));
+        let auth = self.ed.sign(&reduction_auth_statement(&self.servers.system_id, id, &root, &share.0));
         let r = pb::Reduction { id, root: root.to_vec(), share: share.0.to_vec(), auth: auth.0.to_vec() };
         send_frame(ctx, from, Frame::Reduction(r));
     }

@@ -44,7 +44,7 @@ mod server;
 pub use batch::{Batch, DeliveredBatch, Fate, Messages, PackedIds, Straggler, verify_proof};
 pub(crate) use broker::Broker;
 pub(crate) use client::Client;
-pub use directory::{Directory, generated_material, generated_secrets};
+pub use directory::{Directory, ED25519_PURPOSE, ed_key, generated_material, generated_secrets};
 pub(crate) use server::Server;
 
 use prost::Message;
@@ -97,6 +97,17 @@ pub(crate) fn msg_digest(msg: &[u8]) -> Digest {
     *blake3::hash(msg).as_bytes()
 }
 
+/// BLAKE3 of the server membership (ids and BLS keys): inside every signed statement,
+/// so that none carries over to another deployment.
+pub fn system_id(cluster: &crate::ClusterConfig) -> Digest {
+    let mut h = blake3::Hasher::new_derive_key("phalanx v1 distill system id");
+    for s in cluster.nodes.iter().filter(|n| n.role == Role::Server) {
+        h.update(&s.id.to_le_bytes());
+        h.update(&s.bls_public_key.0);
+    }
+    *h.finalize().as_bytes()
+}
+
 /// The servers as every distillation role sees them: their ids in order (certificate
 /// bitmaps index them), their BLS keys, the system id, and the thresholds.
 pub(crate) struct Servers {
@@ -114,24 +125,15 @@ impl Servers {
     pub fn new(ctx: &Ctx) -> Servers {
         let mode = ctx.cfg.cluster.crypto;
         let servers: Vec<_> = ctx.cfg.cluster.nodes.iter().filter(|n| n.role == Role::Server).collect();
-        let mut h = blake3::Hasher::new_derive_key("phalanx v1 distill system id");
-        for s in &servers {
-            h.update(&s.id.to_le_bytes());
-            h.update(&s.bls_public_key.0);
-        }
         Servers {
             ids: servers.iter().map(|s| s.id).collect(),
             // Validated with their proofs of possession by the configuration.
             keys: servers.iter().map(|s| BlsKey::parse(mode, &s.bls_public_key).expect("a validated key")).collect(),
-            system_id: *h.finalize().as_bytes(),
+            system_id: system_id(&ctx.cfg.cluster),
             p: ctx.quorums.one_correct(),
             q: ctx.quorums.intersecting(),
             mode,
         }
-    }
-
-    pub fn statement(&self, s: DistillStatement, parts: &[&[u8]]) -> Vec<u8> {
-        s.message(&self.system_id, parts)
     }
 
     pub fn index(&self, id: NodeId) -> Option<usize> {
@@ -195,49 +197,49 @@ impl Servers {
 }
 
 /// BatchDelivery{height, root}.
-pub(crate) fn delivery_statement(servers: &Servers, height: u64, root: &[u8]) -> Vec<u8> {
-    servers.statement(DistillStatement::BatchDelivery, &[&height.to_le_bytes(), root])
+pub fn delivery_statement(sys: &Digest, height: u64, root: &[u8]) -> Vec<u8> {
+    DistillStatement::BatchDelivery.message(sys, &[&height.to_le_bytes(), root])
 }
 
 /// BatchWitness{broker, lane, lane_seq, root}.
-pub(crate) fn witness_statement(servers: &Servers, broker: &[u8], lane: u32, lane_seq: u64, root: &[u8]) -> Vec<u8> {
-    servers.statement(DistillStatement::BatchWitness, &[broker, &lane.to_le_bytes(), &lane_seq.to_le_bytes(), root])
+pub fn witness_statement(sys: &Digest, broker: &[u8], lane: u32, lane_seq: u64, root: &[u8]) -> Vec<u8> {
+    DistillStatement::BatchWitness.message(sys, &[broker, &lane.to_le_bytes(), &lane_seq.to_le_bytes(), root])
 }
 
 /// Broadcast{id, seq, msg}.
-pub(crate) fn broadcast_statement(servers: &Servers, id: u64, seq: u64, msg: &[u8]) -> Vec<u8> {
+pub fn broadcast_statement(sys: &Digest, id: u64, seq: u64, msg: &[u8]) -> Vec<u8> {
     let len = (msg.len() as u32).to_le_bytes();
-    servers.statement(DistillStatement::Broadcast, &[&id.to_le_bytes(), &seq.to_le_bytes(), &len, msg])
+    DistillStatement::Broadcast.message(sys, &[&id.to_le_bytes(), &seq.to_le_bytes(), &len, msg])
 }
 
 /// Reduction{R1}.
-pub(crate) fn reduction_statement(servers: &Servers, root: &[u8]) -> Vec<u8> {
-    servers.statement(DistillStatement::Reduction, &[root])
+pub fn reduction_statement(sys: &Digest, root: &[u8]) -> Vec<u8> {
+    DistillStatement::Reduction.message(sys, &[root])
 }
 
 /// ReductionAuth{id, R1, share}.
-pub(crate) fn reduction_auth_statement(servers: &Servers, id: u64, root: &[u8], share: &[u8]) -> Vec<u8> {
-    servers.statement(DistillStatement::ReductionAuth, &[&id.to_le_bytes(), root, share])
+pub fn reduction_auth_statement(sys: &Digest, id: u64, root: &[u8], share: &[u8]) -> Vec<u8> {
+    DistillStatement::ReductionAuth.message(sys, &[&id.to_le_bytes(), root, share])
 }
 
 /// BroadcastAuth{id, height, root}.
-pub(crate) fn broadcast_auth_statement(servers: &Servers, id: u64, height: u64, root: &[u8]) -> Vec<u8> {
-    servers.statement(DistillStatement::BroadcastAuth, &[&id.to_le_bytes(), &height.to_le_bytes(), root])
+pub fn broadcast_auth_statement(sys: &Digest, id: u64, height: u64, root: &[u8]) -> Vec<u8> {
+    DistillStatement::BroadcastAuth.message(sys, &[&id.to_le_bytes(), &height.to_le_bytes(), root])
 }
 
 /// SignUp{ed_key, bls_key}.
-pub(crate) fn sign_up_statement(servers: &Servers, ed: &[u8], bls: &[u8]) -> Vec<u8> {
-    servers.statement(DistillStatement::SignUp, &[ed, bls])
+pub fn sign_up_statement(sys: &Digest, ed: &[u8], bls: &[u8]) -> Vec<u8> {
+    DistillStatement::SignUp.message(sys, &[ed, bls])
 }
 
 /// Assign{id, ed_key, bls_key}.
-pub(crate) fn assign_statement(servers: &Servers, id: u64, ed: &[u8], bls: &[u8]) -> Vec<u8> {
-    servers.statement(DistillStatement::Assign, &[&id.to_le_bytes(), ed, bls])
+pub fn assign_statement(sys: &Digest, id: u64, ed: &[u8], bls: &[u8]) -> Vec<u8> {
+    DistillStatement::Assign.message(sys, &[&id.to_le_bytes(), ed, bls])
 }
 
 /// Hello{broker, server, nonce}.
-pub(crate) fn hello_statement(servers: &Servers, broker: &[u8], server: NodeId, nonce: u64) -> Vec<u8> {
-    servers.statement(DistillStatement::Hello, &[broker, &server.to_le_bytes(), &nonce.to_le_bytes()])
+pub fn hello_statement(sys: &Digest, broker: &[u8], server: NodeId, nonce: u64) -> Vec<u8> {
+    DistillStatement::Hello.message(sys, &[broker, &server.to_le_bytes(), &nonce.to_le_bytes()])
 }
 
 /// Sends a frame to a broker or client (no cluster MAC: its contents are signed).
@@ -269,7 +271,8 @@ pub(crate) fn record_root(r: &pb::HeightRecord) -> Option<Digest> {
 /// Whether `r` is certified by f+1 servers (one verification).
 pub(crate) fn verify_record(servers: &Servers, ctx: &mut Ctx, r: &pb::HeightRecord) -> bool {
     let Some(cert) = &r.certificate else { return false };
-    record_root(r).is_some() && servers.verify_certificate(ctx, cert, &delivery_statement(servers, r.height, &r.root))
+    record_root(r).is_some()
+        && servers.verify_certificate(ctx, cert, &delivery_statement(&servers.system_id, r.height, &r.root))
 }
 
 /// A deterministic generator for a role's random choices (a broker's order of servers),

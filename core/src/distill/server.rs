@@ -152,7 +152,7 @@ impl Server {
             return ctx.stats.refused += 1;
         }
         ctx.counters.signatures_verified += 1;
-        let msg = hello_statement(&self.servers, &broker.0, ctx.me(), h.nonce);
+        let msg = hello_statement(&self.servers.system_id, &broker.0, ctx.me(), h.nonce);
         if !broker.verify(self.servers.mode, &msg, &EdSignature(sig)) {
             return ctx.fault(from, FaultKind::BadSignature);
         }
@@ -237,7 +237,7 @@ impl Server {
     }
 
     fn send_shard(&mut self, ctx: &mut Ctx, to: NodeId, key: LaneKey, lane_seq: u64, root: Digest) {
-        let msg = witness_statement(&self.servers, &key.0.0, key.1, lane_seq, &root);
+        let msg = witness_statement(&self.servers.system_id, &key.0.0, key.1, lane_seq, &root);
         let signature = ctx.sign(&msg).0.to_vec();
         let shard = pb::WitnessShard { lane: key.1, lane_seq, root: root.to_vec(), signature };
         self.last_shards.insert(key, (lane_seq, shard.clone()));
@@ -258,7 +258,7 @@ impl Server {
             .zip(&batch.straggler_at)
             .map(|(st, &at)| {
                 let key = self.dir.get(st.id).expect("ids checked").ed;
-                (key, broadcast_statement(s, st.id, st.seq, batch.msgs.get(at)), st.signature)
+                (key, broadcast_statement(&s.system_id, st.id, st.seq, batch.msgs.get(at)), st.signature)
             })
             .collect();
         let items: Vec<EdItem> = signed.iter().map(|(k, m, sig)| EdItem { key: k, msg: m, sig }).collect();
@@ -278,7 +278,7 @@ impl Server {
                 }
             }
             ctx.counters.signatures_verified += 1;
-            let msg = reduction_statement(&self.servers, &r1);
+            let msg = reduction_statement(&self.servers.system_id, &r1);
             if !verify_multi(self.servers.mode, keys.iter().map(|k| &k.bls), &msg, &agg) {
                 return false;
             }
@@ -297,7 +297,7 @@ impl Server {
             return ctx.stats.stale += 1;
         }
         let Some(cert) = &r.witness else { return ctx.fault(from, FaultKind::Malformed) };
-        let msg = witness_statement(&self.servers, &broker, r.lane, r.lane_seq, &r.root);
+        let msg = witness_statement(&self.servers.system_id, &broker, r.lane, r.lane_seq, &r.root);
         if !self.servers.verify_certificate(ctx, cert, &msg) {
             return ctx.fault(from, FaultKind::BadSignature);
         }
@@ -325,14 +325,14 @@ impl Server {
         let bls = BlsPublicKey(s.bls_key.as_slice().try_into().ok()?);
         let ed_pop = EdSignature(s.ed_pop.as_slice().try_into().ok()?);
         let bls_pop = BlsSignature(s.bls_pop.as_slice().try_into().ok()?);
-        let msg = sign_up_statement(&self.servers, &ed.0, &bls.0);
+        let msg = sign_up_statement(&self.servers.system_id, &ed.0, &bls.0);
         ctx.counters.signatures_verified += 2;
         (ed.verify(self.servers.mode, &msg, &ed_pop) && bls.verify(self.servers.mode, &msg, &bls_pop))
             .then_some((ed, bls))
     }
 
     fn answer_sign_up(&self, ctx: &mut Ctx, to: NodeId, id: u64, ed: &EdPublicKey, bls: &BlsPublicKey) {
-        let signature = ctx.sign(&assign_statement(&self.servers, id, &ed.0, &bls.0)).0.to_vec();
+        let signature = ctx.sign(&assign_statement(&self.servers.system_id, id, &ed.0, &bls.0)).0.to_vec();
         let a = pb::Assigned { id, ed_key: ed.0.to_vec(), bls_key: bls.0.to_vec(), signature };
         send_frame(ctx, to, Frame::Assigned(a));
     }
@@ -437,7 +437,7 @@ impl Server {
                 if r.lane >= ctx.cfg.cluster.params.lanes || r.lane_seq != self.next_seq(&key) {
                     return None;
                 }
-                let msg = witness_statement(&self.servers, &broker.0, r.lane, r.lane_seq, &root);
+                let msg = witness_statement(&self.servers.system_id, &broker.0, r.lane, r.lane_seq, &root);
                 if !self.servers.verify_certificate(ctx, r.witness.as_ref()?, &msg) {
                     return None;
                 }
@@ -527,7 +527,7 @@ impl Server {
             msgs: Messages::collect(delivered.iter().map(|&i| batch.msgs.get(i))),
         };
         ctx.push(Output::Delivered(out));
-        let signature = ctx.sign(&delivery_statement(&self.servers, height, &r3)).0.to_vec();
+        let signature = ctx.sign(&delivery_statement(&self.servers.system_id, height, &r3)).0.to_vec();
         if let Some(&(to, _)) = self.session_of.get(&a.key.0) {
             let shard = pb::DeliveryShard { lane: a.key.1, lane_seq: a.lane_seq, height, amendments, signature };
             send_frame(ctx, to, Frame::DeliveryShard(shard));
