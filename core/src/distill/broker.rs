@@ -10,17 +10,22 @@ use std::sync::Arc;
 use super::batch::{Batch, Fate, Messages, Straggler};
 use super::directory::{Directory, ed_key};
 use super::{
-    Rng, Servers, broadcast_auth_statement, broadcast_statement, delivery_statement, earliest, hello_statement,
-    open_frame, record_root, reduction_auth_statement, reduction_statement, send_frame, verify_record,
+    Rng, Servers, assign_statement, broadcast_auth_statement, broadcast_statement, delivery_statement, earliest,
+    hello_statement, open_frame, record_root, reduction_auth_statement, reduction_statement, send_frame, verify_record,
     witness_statement,
 };
 use crate::crypto::ed25519::{EdItem, verify_each};
-use crate::crypto::{BlsSignature, Digest, EdSecretKey, EdSignature, aggregate, verify_multi};
+use crate::crypto::{
+    BlsPublicKey, BlsSignature, Digest, EdPublicKey, EdSecretKey, EdSignature, aggregate, verify_multi,
+};
 use crate::node::Ctx;
 use crate::role::RoleMachine;
 use crate::wire::pb::distill_frame::Kind as Frame;
 use crate::wire::{Opened, pb};
 use crate::{FaultKind, Nanos, NodeId};
+
+/// Signed-up clients a broker learns the keys of, at most.
+const MAX_LEARNED: usize = 1 << 20;
 
 /// A submission that passed the filter, and where to answer its client.
 #[derive(Clone)]
@@ -157,6 +162,12 @@ impl Broker {
         // Shape and directory first; then every signature of the burst at once.
         let mut candidates = Vec::with_capacity(burst.len());
         for (from, at, s) in burst {
+            if let Some(a) = &s.assignment
+                && a.id == s.id
+                && self.dir.get(s.id).is_none()
+            {
+                self.learn(ctx, a);
+            }
             let Ok(sig) = <[u8; 64]>::try_from(s.signature.as_slice()) else {
                 ctx.fault(from, FaultKind::Malformed);
                 continue;
@@ -223,6 +234,19 @@ impl Broker {
             }
             self.pool.insert(s.id, Pooled { from, seq: s.seq, msg: s.msg, signature: EdSignature(sig.0) });
             self.pool_since.get_or_insert(at);
+        }
+    }
+
+    /// A signed-up client's id, certified by f+1 servers.
+    fn learn(&mut self, ctx: &mut Ctx, a: &pb::Assignment) {
+        let (Ok(ed), Ok(bls), Some(cert)) =
+            (<[u8; 32]>::try_from(a.ed_key.as_slice()), <[u8; 48]>::try_from(a.bls_key.as_slice()), &a.certificate)
+        else {
+            return;
+        };
+        let msg = assign_statement(&self.servers.system_id, a.id, &ed, &bls);
+        if self.servers.verify_certificate(ctx, cert, &msg) {
+            self.dir.learn(a.id, EdPublicKey(ed), &BlsPublicKey(bls), MAX_LEARNED);
         }
     }
 

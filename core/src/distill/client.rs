@@ -47,6 +47,8 @@ pub(crate) struct Client {
     /// Sign-up: each server's assignment share, and when to ask again.
     assigned: BTreeMap<usize, (u64, BlsSignature)>,
     sign_up_at: Option<Nanos>,
+    /// A signed-up client's certificate of its id, shown to brokers.
+    assignment: Option<pb::Assignment>,
 }
 
 impl Client {
@@ -76,6 +78,7 @@ impl Client {
             next_request: 1,
             assigned: BTreeMap::new(),
             sign_up_at: id.is_none().then_some(0),
+            assignment: None,
         }
     }
 
@@ -112,9 +115,14 @@ impl Client {
             return ctx.fault(self.servers.ids[server], FaultKind::BadSignature);
         }
         self.assigned.insert(server, (a.id, BlsSignature(sig)));
-        if self.assigned.values().filter(|(id, _)| *id == a.id).count() < self.servers.p {
+        let matching: Vec<(usize, BlsSignature)> =
+            self.assigned.iter().filter(|(_, (id, _))| *id == a.id).map(|(i, (_, s))| (*i, *s)).collect();
+        if matching.len() < self.servers.p {
             return;
         }
+        let (signers, sigs): (Vec<usize>, Vec<BlsSignature>) = matching.into_iter().unzip();
+        let certificate = self.servers.certificate(&signers, &sigs);
+        self.assignment = Some(pb::Assignment { id: a.id, ed_key: ed.to_vec(), bls_key: bls.to_vec(), certificate });
         self.id = Some(a.id);
         self.sign_up_at = None;
         self.assigned.clear();
@@ -124,7 +132,13 @@ impl Client {
 
     fn persist(&self, ctx: &mut Ctx) {
         let Some(id) = self.id else { return };
-        let r = pb::DistillClientRecord { id, lo: self.lo, hi: self.hi, record: self.record.clone() };
+        let r = pb::DistillClientRecord {
+            id,
+            lo: self.lo,
+            hi: self.hi,
+            record: self.record.clone(),
+            assignment: self.assignment.clone(),
+        };
         ctx.persist(r.encode_to_vec());
     }
 
@@ -141,7 +155,8 @@ impl Client {
             }
             _ => (None, vec![]),
         };
-        let submit = pb::Submit { id, seq, msg: msg.clone(), signature, record, auth };
+        let assignment = self.assignment.clone();
+        let submit = pb::Submit { id, seq, msg: msg.clone(), signature, record, auth, assignment };
         send_frame(ctx, self.brokers[self.broker], Frame::Submit(submit.clone()));
         let deadline = now + ctx.cfg.cluster.params.resubmit_timeout_ns;
         self.current = Some(Current { request, msg, submit, deadline });
@@ -215,7 +230,7 @@ impl Client {
             .map_err(|e| HandleError::Invalid(format!("persisted record: not a DistillClientRecord: {e}")))?;
         self.id = Some(r.id);
         self.sign_up_at = None;
-        (self.lo, self.hi, self.record) = (r.lo, r.hi, r.record);
+        (self.lo, self.hi, self.record, self.assignment) = (r.lo, r.hi, r.record, r.assignment);
         // What was in flight may have been signed at a raise up to hi and be delivered
         // there yet: the next message goes above it.
         if self.hi > self.lo {

@@ -28,6 +28,8 @@ pub struct Directory {
     /// Ids from `generated` on, in order.
     signed_up: Vec<Arc<Keys>>,
     by_ed: BTreeMap<EdPublicKey, u64>,
+    /// A broker's: signed-up entries it learned from their certificates, in any order.
+    learned: BTreeMap<u64, Arc<Keys>>,
 }
 
 /// The BLS key material of generated client `id`.
@@ -51,7 +53,15 @@ pub fn generated_secrets(mode: CryptoMode, seed: u64, id: u64) -> (EdSecretKey, 
 
 impl Directory {
     pub fn new(mode: CryptoMode, seed: u64, generated: u64) -> Self {
-        Directory { mode, seed, generated, derived: BTreeMap::new(), signed_up: Vec::new(), by_ed: BTreeMap::new() }
+        Directory {
+            mode,
+            seed,
+            generated,
+            derived: BTreeMap::new(),
+            signed_up: Vec::new(),
+            by_ed: BTreeMap::new(),
+            learned: BTreeMap::new(),
+        }
     }
 
     /// Ids `0 .. len()` exist.
@@ -78,7 +88,8 @@ impl Directory {
             });
             return Some(keys.clone());
         }
-        self.signed_up.get(usize::try_from(id - self.generated).ok()?).cloned()
+        let signed_up = usize::try_from(id - self.generated).ok().and_then(|i| self.signed_up.get(i));
+        signed_up.or_else(|| self.learned.get(&id)).cloned()
     }
 
     /// The id of a signed-up client with this Ed25519 key.
@@ -110,10 +121,15 @@ impl Directory {
         self.by_ed.clear();
     }
 
-    /// A broker learns an entry the servers certified (`Assigned`); ids must come in
-    /// order, as the TOB assigned them.
-    pub fn learn(&mut self, id: u64, ed: EdPublicKey, bls: &BlsPublicKey) -> bool {
-        id == self.len() && self.sign_up(ed, bls) == Some(id)
+    /// A broker learns an entry f+1 servers certified (an `Assignment`), bounded by
+    /// `max` entries learned.
+    pub fn learn(&mut self, id: u64, ed: EdPublicKey, bls: &BlsPublicKey, max: usize) -> bool {
+        if id < self.generated || self.learned.len() >= max {
+            return false;
+        }
+        let Some(bls) = BlsKey::parse(self.mode, bls) else { return false };
+        self.learned.insert(id, Arc::new(Keys { ed, bls }));
+        true
     }
 }
 
