@@ -126,25 +126,34 @@ const MAC_ENTRY_BYTES: u64 = 32;
 const MESSAGE_OVERHEAD: u64 = 4096;
 
 /// Protobuf conversions, each field named once.
+/// The parameters after `;` are encoded only when they differ from their defaults, so
+/// that configurations which do not use them (distillation's) encode as before.
 macro_rules! params_pb {
-    ($($field:ident),* $(,)?) => {
+    ($($field:ident),* ; $($optional:ident),* $(,)?) => {
+        params_pb!(@impl [$($field),*] [$($optional),*] [$($field,)* $($optional),*]);
+    };
+    (@impl [$($field:ident),*] [$($optional:ident),*] [$($all:ident),*]) => {
         impl Params {
             fn from_pb(p: pb::Params) -> Self {
                 let d = Params::default();
-                Params { $($field: p.$field.unwrap_or(d.$field)),* }
+                Params { $($all: p.$all.unwrap_or(d.$all)),* }
             }
 
             fn to_pb(&self) -> pb::Params {
-                pb::Params { $($field: Some(self.$field)),* }
+                let d = Params::default();
+                pb::Params {
+                    $($field: Some(self.$field),)*
+                    $($optional: (self.$optional != d.$optional).then_some(self.$optional)),*
+                }
             }
 
             /// Every parameter's name, as hosts spell it in configuration files.
-            pub const NAMES: &'static [&'static str] = &[$(stringify!($field)),*];
+            pub const NAMES: &'static [&'static str] = &[$(stringify!($all)),*];
 
             /// The parameter called `name`, if there is one.
             pub fn get(&self, name: &str) -> Option<u64> {
                 match name {
-                    $(stringify!($field) => Some(self.$field.into()),)*
+                    $(stringify!($all) => Some(self.$all.into()),)*
                     _ => None,
                 }
             }
@@ -153,8 +162,8 @@ macro_rules! params_pb {
             /// read parameters by name; the error names the parameter and the problem.
             pub fn set(&mut self, name: &str, value: u64) -> Result<(), ConfigError> {
                 match name {
-                    $(stringify!($field) => {
-                        self.$field = value
+                    $(stringify!($all) => {
+                        self.$all = value
                             .try_into()
                             .map_err(|_| ConfigError(format!("params.{name} = {value} is out of range")))?
                     })*
@@ -180,7 +189,7 @@ params_pb!(
     pipeline,
     request_timeout_ns,
     client_queue,
-    client_retry_ns,
+    client_retry_ns;
     distill_batch_size,
     pool_timeout_ns,
     reduction_timeout_ns,

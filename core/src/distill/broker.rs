@@ -350,6 +350,11 @@ impl Broker {
         let all: Vec<(u64, BlsSignature)> = shares.iter().map(|(id, (s, _))| (*id, *s)).collect();
         bisect(ctx, servers, &keys, &msg, &all, &mut good);
         good.sort_unstable();
+        for (id, e) in &b.entries {
+            if shares.contains_key(id) && good.binary_search(id).is_err() {
+                ctx.fault(e.from, FaultKind::BadSignature);
+            }
+        }
         let agg = aggregate(servers.mode, &good.iter().map(|id| shares[id].0).collect::<Vec<_>>());
         let stragglers: Vec<Straggler> = b
             .entries

@@ -45,6 +45,8 @@ pub struct Scenario {
     pub net: NetConfig,
     pub crypto: CryptoMode,
     pub horizon: Nanos,
+    /// Nodes whose traces are recorded.
+    pub record: Vec<NodeId>,
 }
 
 impl Scenario {
@@ -60,6 +62,7 @@ impl Scenario {
             net: NetConfig::default(),
             crypto: CryptoMode::InsecureTest,
             horizon: 30_000 * MS,
+            record: vec![],
         }
     }
 
@@ -139,7 +142,8 @@ impl Scenario {
         for cfg in configs {
             let behavior = unreachable.get(&cfg.id).map_or(Behavior::Correct, |s| Behavior::DropTo(s.clone()));
             let id = cfg.id;
-            hosts.insert(id, sim.add(cfg, behavior, None));
+            let label = format!("distill seed {} f {} node {id}", self.seed, self.f);
+            hosts.insert(id, sim.add(cfg, behavior, self.record.contains(&id).then_some(label.as_str())));
         }
         setup(&mut sim);
         let client = |i: u32| CLIENT_ADDRESS_BASE + i;
@@ -184,11 +188,35 @@ impl Scenario {
         sim.run(self.horizon);
         let check = DistillCheck { log: &sim.log, correct_servers, correct_ids, submitted, expect_all: true };
         let stats = check.run().map_err(|e| format!("seed {} f {}: {e} ({self:?})", self.seed, self.f))?;
-        Ok(Outcome { stats, sim })
+        let traces = self.record.iter().filter_map(|id| Some((*id, sim.trace(hosts[id])?.to_vec()))).collect();
+        Ok(Outcome { stats, sim, traces })
     }
 }
 
 pub struct Outcome {
     pub stats: Stats,
     pub sim: Sim,
+    /// The recorded traces, by node.
+    pub traces: BTreeMap<NodeId, Vec<u8>>,
+}
+
+/// The reference traces of distillation, with real crypto at f = 1: a client, a broker
+/// and a server, one client of the recorded broker straggling with a bad share.
+/// (File name, trace bytes).
+pub fn reference_traces() -> Vec<(String, Vec<u8>)> {
+    let broker = crate::config::FIRST_BROKER;
+    let client = CLIENT_ADDRESS_BASE;
+    let s = Scenario {
+        crypto: CryptoMode::Real,
+        clients: 4,
+        messages: 2,
+        faults: vec![Fault::Client(2, Lie::PoisonShare)],
+        record: vec![client, broker, 1],
+        ..Scenario::new(1, 1)
+    };
+    let mut traces = s.run().expect("the reference run passes its checks").traces;
+    [("distill-n4f1-client", client), ("distill-n4f1-broker", broker), ("distill-n4f1-server", 1)]
+        .into_iter()
+        .map(|(name, id)| (format!("{name}.trace"), traces.remove(&id).expect("recorded")))
+        .collect()
 }
