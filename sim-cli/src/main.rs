@@ -3,6 +3,7 @@
 
 mod bench;
 mod demo;
+mod distill_bench;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -60,6 +61,21 @@ enum Command {
         #[arg(long, value_delimiter = ',', default_value = "1,10,100,1000,10000")]
         batches: Vec<u32>,
     },
+    /// Distillation's server path (verifying and idle servers) and broker path, with real
+    /// crypto, beside BLAKE3 and the BLS and Ed25519 verification times.
+    DistillBench {
+        /// Measured batches per straggler fraction (after one to warm up).
+        #[arg(long, default_value_t = 8)]
+        batches: u32,
+        #[arg(long, default_value_t = 65_536)]
+        entries: u32,
+        /// The directory holds 2^bits clients (the width of a packed id).
+        #[arg(long, default_value_t = 20)]
+        directory_bits: u32,
+        /// Submissions the broker distills.
+        #[arg(long, default_value_t = 4096)]
+        broker_batch: u32,
+    },
 }
 
 #[derive(Subcommand)]
@@ -80,6 +96,10 @@ fn main() -> ExitCode {
         Command::Demo { publications } => demo::run(publications),
         Command::Seeds { protocol, f, from, count, real_every } => seeds(&protocol, f, from, count, real_every),
         Command::Trace { command } => trace(command),
+        Command::DistillBench { batches, entries, directory_bits, broker_batch } => {
+            distill_bench::run(batches, entries, directory_bits, broker_batch);
+            ExitCode::SUCCESS
+        }
         Command::Bench { count, only, batches } => {
             bench::run(count, &only, &batches);
             ExitCode::SUCCESS

@@ -182,6 +182,44 @@ pub fn fast_aggregate_verify(mode: CryptoMode, pks: &[BlsPublicKey], msg: &[u8],
     }
 }
 
+/// BLS12-381's group order r, as little-endian 64-bit limbs.
+const ORDER: [u64; 4] = [0xffff_ffff_0000_0001, 0x53bd_a402_fffe_5bfe, 0x3339_d808_09a1_d805, 0x73ed_a753_299d_7d48];
+
+/// The secret key Σ sk (mod r) of `keys`, whose signature on a message is the
+/// multi-signature of all of them: what a load generator that made the keys signs with
+/// (distillation spec §8), one signing instead of one per key. `Real` keys only.
+pub fn sum_secret_keys(keys: &[BlsSecretKey]) -> Option<BlsSecretKey> {
+    let mut acc = [0u64; 4];
+    for k in keys {
+        let Backend::Real(sk) = &k.backend else { return None };
+        let be = sk.to_bytes();
+        let x: [u64; 4] =
+            std::array::from_fn(|i| u64::from_be_bytes(be[24 - 8 * i..32 - 8 * i].try_into().expect("8")));
+        // Both below r < 2^255: the sum fits, then at most one subtraction of r.
+        let mut carry = 0u128;
+        for i in 0..4 {
+            let s = acc[i] as u128 + x[i] as u128 + carry;
+            acc[i] = s as u64;
+            carry = s >> 64;
+        }
+        if (0..4).rev().map(|i| acc[i].cmp(&ORDER[i])).find(|o| o.is_ne()) != Some(std::cmp::Ordering::Less) {
+            let mut borrow = 0i128;
+            for i in 0..4 {
+                let d = acc[i] as i128 - ORDER[i] as i128 - borrow;
+                acc[i] = d as u64;
+                borrow = i128::from(d < 0);
+            }
+        }
+    }
+    let mut be = [0u8; 32];
+    for i in 0..4 {
+        be[24 - 8 * i..32 - 8 * i].copy_from_slice(&acc[i].to_be_bytes());
+    }
+    let sk = SecretKey::from_bytes(&be).ok()?;
+    let public_key = BlsPublicKey(sk.sk_to_pk().compress());
+    Some(BlsSecretKey { key_material: [0; 32], backend: Backend::Real(sk), public_key })
+}
+
 /// A public key parsed and checked once (a valid point of G1, not the identity), so that
 /// a sum of many costs additions only. Only for keys whose possession was proven.
 #[derive(Clone, Debug)]
@@ -395,6 +433,18 @@ mod tests {
             assert_eq!(aggregate(mode, &sigs[..1]), Some(sigs[0]), "{mode:?}");
             assert!(fast_aggregate_verify(mode, &pks[..1], b"block 7", &sigs[0]), "{mode:?}");
         }
+    }
+
+    #[test]
+    fn the_sum_of_secret_keys_signs_their_multi_signature() {
+        let keys: Vec<BlsSecretKey> = (40..50).map(|s| key(CryptoMode::Real, s)).collect();
+        let sum = sum_secret_keys(&keys).unwrap();
+        let parsed: Vec<BlsKey> =
+            keys.iter().map(|k| BlsKey::parse(CryptoMode::Real, &k.public_key()).unwrap()).collect();
+        let sig = sum.sign(b"root");
+        assert!(verify_multi(CryptoMode::Real, parsed.iter(), b"root", &sig));
+        assert_eq!(Some(sig), aggregate(CryptoMode::Real, &keys.iter().map(|k| k.sign(b"root")).collect::<Vec<_>>()));
+        assert!(!verify_multi(CryptoMode::Real, parsed[1..].iter(), b"root", &sig));
     }
 
     #[test]

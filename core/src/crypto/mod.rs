@@ -10,7 +10,9 @@ mod bls;
 pub mod ed25519;
 mod mac;
 
-pub use bls::{BlsKey, BlsPublicKey, BlsSecretKey, BlsSignature, aggregate, fast_aggregate_verify, verify_multi};
+pub use bls::{
+    BlsKey, BlsPublicKey, BlsSecretKey, BlsSignature, aggregate, fast_aggregate_verify, sum_secret_keys, verify_multi,
+};
 pub use ed25519::{EdPublicKey, EdSecretKey, EdSignature};
 pub use mac::{MAC_LEN, MacKey, MacTag};
 
