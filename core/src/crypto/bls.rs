@@ -287,7 +287,8 @@ fn insecure_sign(domain: &Domain, pk: &BlsPublicKey, msg: &[u8]) -> BlsSignature
     BlsSignature(insecure_xof(domain.insecure_context, &[&pk.0, msg]))
 }
 
-fn insecure_xof<const N: usize>(context: &str, parts: &[&[u8]]) -> [u8; N] {
+/// A checksum of `parts` in its own context: the insecure test crypto's stand-in.
+pub(super) fn insecure_xof<const N: usize>(context: &str, parts: &[&[u8]]) -> [u8; N] {
     let mut h = blake3::Hasher::new_derive_key(context);
     for p in parts {
         h.update(p);

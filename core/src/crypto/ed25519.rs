@@ -6,6 +6,7 @@
 use ed25519_dalek::{Signature, Signer, SigningKey, Verifier, VerifyingKey};
 
 use super::CryptoMode;
+use super::bls::insecure_xof as xof;
 
 pub const ED_PUBLIC_KEY_LEN: usize = 32;
 pub const ED_SIGNATURE_LEN: usize = 64;
@@ -114,16 +115,6 @@ pub fn verify_each(mode: CryptoMode, items: &[EdItem<'_>]) -> (Vec<bool>, u64) {
     }
     let ok: Vec<bool> = items.iter().map(|i| i.key.verify(mode, i.msg, i.sig)).collect();
     (ok, items.len() as u64 + u64::from(items.len() > 1))
-}
-
-fn xof<const N: usize>(context: &str, parts: &[&[u8]]) -> [u8; N] {
-    let mut h = blake3::Hasher::new_derive_key(context);
-    for p in parts {
-        h.update(p);
-    }
-    let mut out = [0u8; N];
-    h.finalize_xof().fill(&mut out);
-    out
 }
 
 #[cfg(test)]

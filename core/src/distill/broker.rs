@@ -24,6 +24,9 @@ use crate::wire::pb::distill_frame::Kind as Frame;
 use crate::wire::{Opened, pb};
 use crate::{FaultKind, Nanos, NodeId};
 
+/// Submissions or reductions verified together at most.
+const MAX_BURST: usize = 4096;
+
 /// Signed-up clients a broker learns the keys of, at most.
 const MAX_LEARNED: usize = 1 << 20;
 
@@ -122,8 +125,19 @@ impl Broker {
     fn on_frame(&mut self, ctx: &mut Ctx, now: Nanos, from: NodeId, kind: Frame) {
         let server = self.servers.index(from);
         match (kind, server) {
-            (Frame::Submit(s), None) => self.burst.push((from, now, s)),
-            (Frame::Reduction(r), None) => self.reductions.push((from, r)),
+            (Frame::Submit(s), None) => {
+                self.burst.push((from, now, s));
+                // Bounded: a burst this long is verified at once, without waiting for a poll.
+                if self.burst.len() >= MAX_BURST {
+                    self.filter(ctx);
+                }
+            }
+            (Frame::Reduction(r), None) => {
+                self.reductions.push((from, r));
+                if self.reductions.len() >= MAX_BURST {
+                    self.take_reductions(ctx, now);
+                }
+            }
             (Frame::Lanes(l), Some(_)) => self.on_lanes(ctx, from, l),
             (Frame::WitnessShard(w), Some(i)) => self.on_witness_shard(ctx, now, i, w),
             (Frame::DeliveryShard(d), Some(i)) => self.on_delivery_shard(ctx, i, d),
