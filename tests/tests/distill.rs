@@ -124,6 +124,12 @@ fn a_crashed_and_restarted_server_catches_up() {
 }
 
 #[test]
+fn lost_delivery_shards_are_asked_for_again() {
+    // Found by the offline sweep: shards lost on a lossy network left a lane busy for good.
+    Scenario::random(1311, 1).run().unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
 fn seeds() {
     let seeds: u64 = std::env::var("PHALANX_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(1000);
     let start: u64 = std::env::var("PHALANX_SEED_START").ok().and_then(|s| s.parse().ok()).unwrap_or(0);

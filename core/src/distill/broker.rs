@@ -45,8 +45,13 @@ enum Stage {
     Reducing { deadline: Nanos, shares: BTreeMap<u64, (BlsSignature, EdSignature)> },
     /// Offered; waiting for f+1 witness shards.
     Witnessing { deadline: Nanos, pending: Vec<NodeId>, shards: BTreeMap<usize, BlsSignature> },
-    /// Witnessed; waiting for f+1 matching delivery shards.
-    Certifying { shards: BTreeMap<(u64, Vec<(u64, Option<u64>)>), BTreeMap<usize, BlsSignature>> },
+    /// Witnessed; waiting for f+1 matching delivery shards (the witness goes out again
+    /// at `deadline`: servers answer it with their shard, in case one was lost).
+    Certifying {
+        deadline: Nanos,
+        witness: Option<pb::Reference>,
+        shards: BTreeMap<(u64, Vec<(u64, Option<u64>)>), BTreeMap<usize, BlsSignature>>,
+    },
 }
 
 /// A batch in one lane, from batching to certification.
@@ -442,11 +447,11 @@ impl Broker {
             root: b.r2.to_vec(),
             witness: Some(witness),
         };
-        b.stage = Stage::Certifying { shards: BTreeMap::new() };
         for &server in &self.servers.ids {
             send_frame(ctx, server, Frame::Witness(r.clone()));
         }
-        let _ = now;
+        let deadline = now + ctx.cfg.cluster.params.witness_timeout_ns;
+        b.stage = Stage::Certifying { deadline, witness: Some(r), shards: BTreeMap::new() };
     }
 
     /// Step 10: f+1 delivery shards agreeing on (height, amendments) certify the amended
@@ -462,10 +467,10 @@ impl Broker {
             return ctx.stats.stale += 1;
         }
         // Shards may overtake this broker's own witness: they mean it was ordered.
-        if matches!(b.stage, Stage::Witnessing { .. }) {
-            b.stage = Stage::Certifying { shards: BTreeMap::new() };
+        if let Stage::Witnessing { deadline, .. } = b.stage {
+            b.stage = Stage::Certifying { deadline, witness: None, shards: BTreeMap::new() };
         }
-        let Stage::Certifying { shards } = &mut b.stage else { return };
+        let Stage::Certifying { shards, .. } = &mut b.stage else { return };
         let amendments: Vec<(u64, Option<u64>)> = d.amendments.iter().map(|a| (a.id, a.nudge)).collect();
         let group = shards.entry((d.height, amendments.clone())).or_default();
         group.insert(server, BlsSignature(sig));
@@ -523,12 +528,35 @@ impl Broker {
             let Some(b) = self.lanes[lane].1.as_mut() else { continue };
             match &mut b.stage {
                 Stage::Reducing { deadline, .. } if *deadline <= now => self.aggregate(ctx, now, lane),
-                Stage::Witnessing { deadline, pending, .. } if *deadline <= now => {
-                    // The pending verifiers verify now; the first quorum holds f+1 correct servers.
-                    let v = pb::VerifyOffer { lane: lane as u32, lane_seq: b.lane_seq, root: b.r2.to_vec() };
-                    let targets = if pending.is_empty() { self.servers.ids.clone() } else { std::mem::take(pending) };
-                    for server in targets {
-                        send_frame(ctx, server, Frame::Verify(v.clone()));
+                Stage::Witnessing { deadline, pending, shards } if *deadline <= now => {
+                    // The pending verifiers verify now; the first quorum holds f+1 correct
+                    // servers. Later, the servers without a shard get the offer again to
+                    // verify (one may have lost it, or its shard been lost).
+                    if pending.is_empty() {
+                        let batch = b.batch.to_pb();
+                        let without_shard =
+                            self.servers.ids.iter().enumerate().filter(|(i, _)| !shards.contains_key(i));
+                        for (_, &server) in without_shard {
+                            let offer = pb::Offer {
+                                lane: lane as u32,
+                                lane_seq: b.lane_seq,
+                                root: b.r2.to_vec(),
+                                batch: Some(batch.clone()),
+                                verify: true,
+                            };
+                            send_frame(ctx, server, Frame::Offer(offer));
+                        }
+                    } else {
+                        let v = pb::VerifyOffer { lane: lane as u32, lane_seq: b.lane_seq, root: b.r2.to_vec() };
+                        for server in std::mem::take(pending) {
+                            send_frame(ctx, server, Frame::Verify(v.clone()));
+                        }
+                    }
+                    *deadline = now + ctx.cfg.cluster.params.witness_timeout_ns;
+                }
+                Stage::Certifying { deadline, witness: Some(r), .. } if *deadline <= now => {
+                    for &server in &self.servers.ids {
+                        send_frame(ctx, server, Frame::Witness(r.clone()));
                     }
                     *deadline = now + ctx.cfg.cluster.params.witness_timeout_ns;
                 }
@@ -598,7 +626,7 @@ impl RoleMachine for Broker {
         let pool = self.pool_since.filter(|_| lane_free).map(|t| t.saturating_add(self.pool_timeout));
         let stages = self.lanes.iter().filter_map(|(_, b)| b.as_ref()).map(|b| match &b.stage {
             Stage::Reducing { deadline, .. } | Stage::Witnessing { deadline, .. } => Some(*deadline),
-            Stage::Certifying { .. } => None,
+            Stage::Certifying { deadline, witness, .. } => witness.as_ref().map(|_| *deadline),
         });
         earliest(stages.chain([self.hello_at, pool]))
     }

@@ -80,6 +80,8 @@ pub(crate) struct Server {
     session_of: BTreeMap<EdPublicKey, (NodeId, u64)>,
     offers: BTreeMap<LaneKey, Offered>,
     last_shards: BTreeMap<LaneKey, (u64, pb::WitnessShard)>,
+    /// The last delivery shard per lane, sent again when its witness comes again.
+    last_deliveries: BTreeMap<LaneKey, pb::DeliveryShard>,
     /// Delivered batches kept for peers that fetch them, oldest first.
     store: BTreeMap<Digest, Arc<Batch>>,
     stored: VecDeque<Digest>,
@@ -105,6 +107,7 @@ impl Server {
             session_of: BTreeMap::new(),
             offers: BTreeMap::new(),
             last_shards: BTreeMap::new(),
+            last_deliveries: BTreeMap::new(),
             store: BTreeMap::new(),
             stored: VecDeque::new(),
             queue: VecDeque::new(),
@@ -293,7 +296,12 @@ impl Server {
         let Ok(broker) = <[u8; 32]>::try_from(r.broker.as_slice()) else {
             return ctx.fault(from, FaultKind::Malformed);
         };
-        if r.lane_seq < self.next_seq(&(EdPublicKey(broker), r.lane)) {
+        let key = (EdPublicKey(broker), r.lane);
+        if r.lane_seq < self.next_seq(&key) {
+            // Ordered already: the broker may have lost this server's delivery shard.
+            if let Some(d) = self.last_deliveries.get(&key).filter(|d| d.lane_seq == r.lane_seq) {
+                send_frame(ctx, from, Frame::DeliveryShard(d.clone()));
+            }
             return ctx.stats.stale += 1;
         }
         let Some(cert) = &r.witness else { return ctx.fault(from, FaultKind::Malformed) };
@@ -528,10 +536,11 @@ impl Server {
         };
         ctx.push(Output::Delivered(out));
         let signature = ctx.sign(&delivery_statement(&self.servers.system_id, height, &r3)).0.to_vec();
+        let shard = pb::DeliveryShard { lane: a.key.1, lane_seq: a.lane_seq, height, amendments, signature };
         if let Some(&(to, _)) = self.session_of.get(&a.key.0) {
-            let shard = pb::DeliveryShard { lane: a.key.1, lane_seq: a.lane_seq, height, amendments, signature };
-            send_frame(ctx, to, Frame::DeliveryShard(shard));
+            send_frame(ctx, to, Frame::DeliveryShard(shard.clone()));
         }
+        self.last_deliveries.insert(a.key, shard);
         self.keep(a.root, batch.clone());
         while self.stored.len() > ctx.cfg.cluster.params.kept_batches as usize {
             if let Some(old) = self.stored.pop_front() {
