@@ -9,6 +9,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use phalanx_core::crypto::CryptoMode;
+use phalanx_core::sim::distill_scenario::Scenario as DistillScenario;
 use phalanx_core::sim::order_scenario;
 use phalanx_core::sim::scenario::{Protocol, reference_traces, sweep};
 use phalanx_core::trace::{Trace, dump, replay};
@@ -30,7 +32,7 @@ enum Command {
     },
     /// Runs adversarial scenarios over a range of seeds and checks every property.
     Seeds {
-        /// ab, bracha, chain, pubsub, pbft or all.
+        /// ab, bracha, chain, pubsub, pbft, distill or all.
         #[arg(long, default_value = "all")]
         protocol: String,
         /// Faults tolerated: 1 (n=4) or 2 (n=7); 0 runs both.
@@ -108,12 +110,13 @@ fn main() -> ExitCode {
 }
 
 fn seeds(protocol: &str, f: u32, from: u64, count: u64, real_every: u64) -> ExitCode {
-    let (protocols, pbft): (Vec<Protocol>, bool) = match (protocol, Protocol::from_name(protocol)) {
-        ("all", _) => (Protocol::ALL.to_vec(), true),
-        ("pbft", _) => (vec![], true),
-        (_, Some(p)) => (vec![p], false),
+    let (protocols, pbft, distill): (Vec<Protocol>, bool, bool) = match (protocol, Protocol::from_name(protocol)) {
+        ("all", _) => (Protocol::ALL.to_vec(), true, true),
+        ("pbft", _) => (vec![], true, false),
+        ("distill", _) => (vec![], false, true),
+        (_, Some(p)) => (vec![p], false, false),
         _ => {
-            eprintln!("unknown protocol {protocol:?}: use ab, bracha, chain, pubsub, pbft or all");
+            eprintln!("unknown protocol {protocol:?}: use ab, bracha, chain, pubsub, pbft, distill or all");
             return ExitCode::from(2);
         }
     };
@@ -130,10 +133,31 @@ fn seeds(protocol: &str, f: u32, from: u64, count: u64, real_every: u64) -> Exit
             failed += report(&result.failures);
             println!("pbft f={f}: {count} seeds from {from}, {} completions checked", result.completions);
         }
+        if distill {
+            let (failures, messages) = distill_sweep(f, from..from + count, real_every);
+            failed += report(&failures);
+            println!("distill f={f}: {count} seeds from {from}, {messages} delivered messages checked");
+        }
     }
-    let total = (protocols.len() + pbft as usize) as u64 * fs.len() as u64 * count;
+    let total = (protocols.len() + pbft as usize + distill as usize) as u64 * fs.len() as u64 * count;
     println!("{} passed, {failed} failed", total - failed);
     if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+}
+
+/// Distillation's random scenarios checked against spec §6: the failures, and how many
+/// messages correct clients had delivered.
+fn distill_sweep(f: u32, seeds: std::ops::Range<u64>, real_every: u64) -> (Vec<String>, u64) {
+    let (mut failures, mut messages) = (vec![], 0);
+    for seed in seeds {
+        let crypto = if seed % real_every.max(1) == 0 { CryptoMode::Real } else { CryptoMode::InsecureTest };
+        match (DistillScenario { crypto, ..DistillScenario::random(seed, f) }).run() {
+            Ok(o) => messages += o.stats.messages,
+            Err(e) => failures.push(format!(
+                "FAILED distill f={f} seed {seed}\n  rerun: cargo run -p phalanx-sim -- seeds --protocol distill --f {f} --from {seed} --count 1\n  {e}"
+            )),
+        }
+    }
+    (failures, messages)
 }
 
 /// Prints failing seeds; returns how many.
