@@ -55,6 +55,32 @@ pub struct Params {
     pub client_queue: u32,
     /// PBFT: a client retransmits a request unanswered for this long.
     pub client_retry_ns: u64,
+    /// Distillation: a broker batches at this many submissions...
+    pub distill_batch_size: u32,
+    /// ... or this long after the first one.
+    pub pool_timeout_ns: u64,
+    /// Distillation: a broker waits this long for clients' reductions.
+    pub reduction_timeout_ns: u64,
+    /// Distillation: a broker waits this long for witness shards before asking the
+    /// pending verifiers to verify.
+    pub witness_timeout_ns: u64,
+    /// Distillation: a client submits again through the next broker after this long.
+    pub resubmit_timeout_ns: u64,
+    /// Distillation: entries per Merkle leaf.
+    pub leaf_entries: u32,
+    /// Distillation: lanes per broker (server state per broker is bounded by them).
+    pub lanes: u32,
+    /// Distillation: servers asked to verify an offer beyond the f+1 that must.
+    pub margin: u32,
+    /// Distillation: the largest message a client may broadcast.
+    pub max_payload: u32,
+    /// Distillation: clients in the generated directory (ids 0 .. directory_size).
+    pub directory_size: u64,
+    /// Distillation: the seed the generated directory's keys come from. Anyone who knows
+    /// it knows every generated client's secret keys: tests and benchmarks only.
+    pub directory_seed: u64,
+    /// Distillation: delivered batches a server keeps for peers that fetch them.
+    pub kept_batches: u32,
 }
 
 impl Default for Params {
@@ -74,6 +100,18 @@ impl Default for Params {
             request_timeout_ns: 500_000_000,
             client_queue: 256,
             client_retry_ns: 250_000_000,
+            distill_batch_size: 65_536,
+            pool_timeout_ns: 1_000_000_000,
+            reduction_timeout_ns: 2_000_000_000,
+            witness_timeout_ns: 1_000_000_000,
+            resubmit_timeout_ns: 5_000_000_000,
+            leaf_entries: 16,
+            lanes: 64,
+            margin: 0,
+            max_payload: 256,
+            directory_size: 0,
+            directory_seed: 0,
+            kept_batches: 64,
         }
     }
 }
@@ -88,25 +126,34 @@ const MAC_ENTRY_BYTES: u64 = 32;
 const MESSAGE_OVERHEAD: u64 = 4096;
 
 /// Protobuf conversions, each field named once.
+/// The parameters after `;` are encoded only when they differ from their defaults, so
+/// that configurations which do not use them (distillation's) encode as before.
 macro_rules! params_pb {
-    ($($field:ident),* $(,)?) => {
+    ($($field:ident),* ; $($optional:ident),* $(,)?) => {
+        params_pb!(@impl [$($field),*] [$($optional),*] [$($field,)* $($optional),*]);
+    };
+    (@impl [$($field:ident),*] [$($optional:ident),*] [$($all:ident),*]) => {
         impl Params {
             fn from_pb(p: pb::Params) -> Self {
                 let d = Params::default();
-                Params { $($field: p.$field.unwrap_or(d.$field)),* }
+                Params { $($all: p.$all.unwrap_or(d.$all)),* }
             }
 
             fn to_pb(&self) -> pb::Params {
-                pb::Params { $($field: Some(self.$field)),* }
+                let d = Params::default();
+                pb::Params {
+                    $($field: Some(self.$field),)*
+                    $($optional: (self.$optional != d.$optional).then_some(self.$optional)),*
+                }
             }
 
             /// Every parameter's name, as hosts spell it in configuration files.
-            pub const NAMES: &'static [&'static str] = &[$(stringify!($field)),*];
+            pub const NAMES: &'static [&'static str] = &[$(stringify!($all)),*];
 
             /// The parameter called `name`, if there is one.
             pub fn get(&self, name: &str) -> Option<u64> {
                 match name {
-                    $(stringify!($field) => Some(self.$field.into()),)*
+                    $(stringify!($all) => Some(self.$all.into()),)*
                     _ => None,
                 }
             }
@@ -115,8 +162,8 @@ macro_rules! params_pb {
             /// read parameters by name; the error names the parameter and the problem.
             pub fn set(&mut self, name: &str, value: u64) -> Result<(), ConfigError> {
                 match name {
-                    $(stringify!($field) => {
-                        self.$field = value
+                    $(stringify!($all) => {
+                        self.$all = value
                             .try_into()
                             .map_err(|_| ConfigError(format!("params.{name} = {value} is out of range")))?
                     })*
@@ -142,7 +189,19 @@ params_pb!(
     pipeline,
     request_timeout_ns,
     client_queue,
-    client_retry_ns,
+    client_retry_ns;
+    distill_batch_size,
+    pool_timeout_ns,
+    reduction_timeout_ns,
+    witness_timeout_ns,
+    resubmit_timeout_ns,
+    leaf_entries,
+    lanes,
+    margin,
+    max_payload,
+    directory_size,
+    directory_seed,
+    kept_batches,
 );
 
 /// The public view of a cluster, shared by every node.
@@ -260,8 +319,11 @@ impl ClusterConfig {
                 4 * p.alpha as u64
             ));
         }
-        if self.protocol == Protocol::Pbft {
+        if matches!(self.protocol, Protocol::Pbft | Protocol::Distill) {
             p.validate_pbft(n)?;
+        }
+        if self.protocol == Protocol::Distill {
+            crate::distill::validate_params(p, n)?;
         }
         Ok(())
     }
@@ -335,8 +397,13 @@ impl NodeConfig {
             return err(format!("node id {} is not in the cluster", self.id));
         };
         let replica = self.cluster.protocol.replica_role();
+        // Distillation's brokers and clients hold no cluster keys: only servers share them.
+        let keyed = |role: Role| self.cluster.protocol != Protocol::Distill || role == replica;
         for peer in &self.cluster.nodes {
-            let talks = peer.id != self.id && (peer.role == replica || me.role == replica);
+            let talks = peer.id != self.id
+                && (peer.role == replica || me.role == replica)
+                && keyed(peer.role)
+                && keyed(me.role);
             if talks && !self.mac_keys.contains_key(&peer.id) {
                 return err(format!("node {}: missing MAC key for peer {}", self.id, peer.id));
             }
@@ -533,6 +600,108 @@ pub fn generate_cluster(spec: &ClusterSpec, seed: [u8; 32]) -> Result<Vec<NodeCo
             id,
             mac_keys: (0..total).filter(|&p| p != id).map(|p| (p, pairwise_mac_key(&seed, id, p))).collect(),
             bls_secret: secrets[id as usize].clone(),
+        })
+        .collect())
+}
+
+/// The shape of a test or benchmark distillation deployment: 3f+1 servers (ids 0..n),
+/// `brokers` brokers (ids from 1000), and nodes for the first `clients` clients of a
+/// generated directory of `params.directory_size` (addresses
+/// [`crate::distill::CLIENT_ADDRESS_BASE`] + id), plus `unregistered` clients outside it
+/// that sign up (addresses above those).
+#[derive(Clone, Debug)]
+pub struct DistillSpec {
+    pub f: u32,
+    pub brokers: u32,
+    pub clients: u32,
+    pub unregistered: u32,
+    pub params: Params,
+    pub crypto: CryptoMode,
+}
+
+/// The first broker's id in a generated distillation deployment.
+pub const FIRST_BROKER: NodeId = 1000;
+
+impl DistillSpec {
+    pub fn new(f: u32, brokers: u32, clients: u32) -> Self {
+        let params = Params {
+            directory_size: clients as u64,
+            directory_seed: 1,
+            distill_batch_size: 64,
+            max_payload: 64,
+            pool_timeout_ns: 20_000_000,
+            reduction_timeout_ns: 40_000_000,
+            witness_timeout_ns: 40_000_000,
+            resubmit_timeout_ns: 400_000_000,
+            lanes: 4,
+            leaf_entries: 4,
+            ..Params::default()
+        };
+        DistillSpec { f, brokers, clients, unregistered: 0, params, crypto: CryptoMode::InsecureTest }
+    }
+
+    pub fn servers(&self) -> u32 {
+        3 * self.f + 1
+    }
+
+    pub fn broker_ids(&self) -> impl Iterator<Item = NodeId> + use<> {
+        FIRST_BROKER..FIRST_BROKER + self.brokers
+    }
+
+    pub fn client_ids(&self) -> impl Iterator<Item = NodeId> + use<> {
+        let base = crate::distill::CLIENT_ADDRESS_BASE;
+        base..base + self.clients + self.unregistered
+    }
+}
+
+/// Every node's configuration of a distillation deployment, deterministically from
+/// `seed`: MAC keys among the servers only; generated clients hold their directory keys,
+/// unregistered ones keys of their own.
+pub fn generate_distill(spec: &DistillSpec, seed: [u8; 32]) -> Result<Vec<NodeConfig>, ConfigError> {
+    let n = spec.servers();
+    let base = crate::distill::CLIENT_ADDRESS_BASE;
+    let mut ids: Vec<(NodeId, Role)> = (0..n).map(|i| (i, Role::Server)).collect();
+    ids.extend(spec.broker_ids().map(|b| (b, Role::DistillBroker)));
+    ids.extend(spec.client_ids().map(|c| (c, Role::DistillClient)));
+    let material = |id: NodeId| match id.checked_sub(base) {
+        Some(d) if (d as u64) < spec.params.directory_size.min(spec.clients as u64) => {
+            crate::distill::generated_material(spec.params.directory_seed, d as u64)
+        }
+        _ => bls_key_material(&seed, id),
+    };
+    let secrets: Vec<BlsSecretKey> =
+        ids.iter().map(|&(id, _)| BlsSecretKey::from_key_material(spec.crypto, &material(id))).collect();
+    let nodes: Vec<NodeInfo> = ids
+        .iter()
+        .zip(&secrets)
+        .map(|(&(id, role), sk)| NodeInfo {
+            id,
+            role,
+            bls_public_key: sk.public_key(),
+            bls_pop: sk.prove_possession(),
+            topics: vec![],
+        })
+        .collect();
+    let cluster = ClusterConfig {
+        f: spec.f,
+        nodes,
+        params: spec.params.clone(),
+        crypto: spec.crypto,
+        protocol: Protocol::Distill,
+    };
+    cluster.validate()?;
+    Ok(ids
+        .iter()
+        .zip(secrets)
+        .map(|(&(id, role), bls_secret)| NodeConfig {
+            cluster: cluster.clone(),
+            id,
+            mac_keys: if role == Role::Server {
+                (0..n).filter(|&p| p != id).map(|p| (p, pairwise_mac_key(&seed, id, p))).collect()
+            } else {
+                BTreeMap::new()
+            },
+            bls_secret,
         })
         .collect())
 }

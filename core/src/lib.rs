@@ -9,6 +9,7 @@
 //! - [`broadcast`]: Authenticated Broadcast, Bracha's Reliable Broadcast and Chain.
 //! - [`pubsub`]: the publish/subscribe service with history publications built on them.
 //! - [`order`]: PBFT total-order state machine replication.
+//! - [`distill`]: distillation (Chop Chop): clients, untrusted brokers, servers over PBFT.
 //! - [`wire`]: protobuf messages and authenticated frames.
 //! - [`crypto`]: keyed-BLAKE3 MACs, BLAKE3 digests, BLS12-381 signatures.
 //! - [`sim`]: deterministic simulator with Byzantine adversaries and property checkers.
@@ -18,6 +19,7 @@ pub mod boundary;
 pub mod broadcast;
 pub mod config;
 pub mod crypto;
+pub mod distill;
 pub mod host;
 pub mod kv;
 mod node;
@@ -30,7 +32,10 @@ pub mod statement;
 pub mod trace;
 pub mod wire;
 
-pub use config::{ClusterConfig, ClusterSpec, ConfigError, NodeConfig, Params, Protocol, Role, generate_cluster};
+pub use config::{
+    ClusterConfig, ClusterSpec, ConfigError, DistillSpec, NodeConfig, Params, Protocol, Role, generate_cluster,
+    generate_distill,
+};
 pub use node::{
     Algorithm, Delivery, FaultKind, HandleError, Input, Machine, Nanos, Node, NodeId, Operation, Output, Request,
     Stats, Status,

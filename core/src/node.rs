@@ -267,6 +267,9 @@ pub enum Output {
     Compact {
         token: u64,
     },
+    /// Distillation server: a batch delivered at its height, with the entries it
+    /// delivered (one output per batch, never one per message).
+    Delivered(crate::distill::DeliveredBatch),
 }
 
 /// Input the caller got wrong. Bytes from the network never produce one.
@@ -772,6 +775,9 @@ impl Node {
     /// Opens a frame and hands its bodies to the role machine in order; the first that
     /// fails ends the frame with a fault.
     fn on_frame(&mut self, now: Nanos, from: NodeId, bytes: Vec<u8>) {
+        if self.role.reads_unkeyed() && !self.ctx.cfg.mac_keys.contains_key(&from) {
+            return self.role.on_unkeyed(&mut self.ctx, now, from, bytes);
+        }
         let max = self.ctx.cfg.cluster.params.max_message_bytes;
         let opened = wire::open(&self.ctx.keys, from, bytes, max);
         // The hop MAC was checked unless the frame failed before (size, decoding, sender).

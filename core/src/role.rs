@@ -14,11 +14,12 @@
 mod echo;
 
 use crate::config::ConfigError;
+use crate::distill;
 use crate::node::Ctx;
 use crate::order::{Client, Replica};
 use crate::pubsub::{Broker, Publisher, Subscriber};
 use crate::wire::Opened;
-use crate::{HandleError, Input, Nanos, Status};
+use crate::{HandleError, Input, Nanos, NodeId, Status};
 
 /// Which protocol family a cluster runs. The discriminant is its number on the wire
 /// (`ClusterConfig.protocol`).
@@ -28,6 +29,8 @@ pub enum Protocol {
     PubSub = 0,
     /// PBFT total order: replicas and clients.
     Pbft = 1,
+    /// Distillation (Chop Chop): servers ordering through PBFT, brokers, clients.
+    Distill = 2,
 }
 
 /// A node's role, named as its protocol family names it. The discriminant is its number
@@ -44,6 +47,13 @@ pub enum Role {
     Replica = 4,
     /// PBFT: a client of it.
     Client = 5,
+    /// Distillation: a server, a PBFT replica whose application is deduplication and
+    /// delivery of distilled batches.
+    Server = 6,
+    /// Distillation: an untrusted broker that distills clients' submissions.
+    DistillBroker = 7,
+    /// Distillation: a client with an id in the directory.
+    DistillClient = 8,
     /// Tests only: the toy role of [`echo`], which shows what adding a role takes.
     #[cfg(test)]
     Echo = 100,
@@ -61,6 +71,7 @@ struct Family {
 const PROTOCOLS: &[Family] = &[
     Family { protocol: Protocol::PubSub, name: "pubsub", replica: Role::Broker, client: Role::Publisher },
     Family { protocol: Protocol::Pbft, name: "pbft", replica: Role::Replica, client: Role::Client },
+    Family { protocol: Protocol::Distill, name: "distill", replica: Role::Server, client: Role::DistillClient },
 ];
 
 type Make = fn(&Ctx) -> Box<dyn RoleMachine>;
@@ -100,6 +111,24 @@ const REGISTRY: &[RoleEntry] = &[
         make: |ctx| Box::new(Replica::new(ctx)),
     },
     RoleEntry { protocol: Protocol::Pbft, role: Role::Client, name: "client", make: |ctx| Box::new(Client::new(ctx)) },
+    RoleEntry {
+        protocol: Protocol::Distill,
+        role: Role::Server,
+        name: "server",
+        make: |ctx| Box::new(distill::Server::new(ctx)),
+    },
+    RoleEntry {
+        protocol: Protocol::Distill,
+        role: Role::DistillBroker,
+        name: "distill-broker",
+        make: |ctx| Box::new(distill::Broker::new(ctx)),
+    },
+    RoleEntry {
+        protocol: Protocol::Distill,
+        role: Role::DistillClient,
+        name: "distill-client",
+        make: |ctx| Box::new(distill::Client::new(ctx)),
+    },
     #[cfg(test)]
     RoleEntry {
         protocol: Protocol::PubSub,
@@ -186,6 +215,18 @@ impl Role {
 pub(crate) trait RoleMachine: Send + Sync {
     /// A body from an authenticated frame, in frame order.
     fn on_message(&mut self, ctx: &mut Ctx, now: Nanos, msg: Opened);
+
+    /// Whether this role reads frames from peers it shares no MAC key with itself
+    /// ([`RoleMachine::on_unkeyed`]): distillation's, whose brokers and clients are not
+    /// cluster members and sign what they send. Other roles refuse them as `BadMac`.
+    fn reads_unkeyed(&self) -> bool {
+        false
+    }
+
+    /// Bytes from a peer this node shares no MAC key with (untrusted, unauthenticated).
+    fn on_unkeyed(&mut self, ctx: &mut Ctx, now: Nanos, from: NodeId, bytes: Vec<u8>) {
+        let _ = (ctx, now, from, bytes);
+    }
 
     /// An input for the role: a request from the node's own application, a host's answer
     /// (`Executed`, `Answered`) or a record to recover from. Never `Message`, `Timeout`

@@ -4,7 +4,7 @@
 //! (a client's key on a VIEW-CHANGE proves nothing, however valid the signature).
 
 use crate::NodeId;
-use crate::config::Role;
+use crate::config::{Protocol, Role};
 use crate::crypto::{BlsPublicKey, BlsSignature};
 use crate::node::Ctx;
 
@@ -25,10 +25,11 @@ impl Statement {
         }
     }
 
-    /// The only role whose keys sign this statement.
-    pub fn signer(self) -> Role {
+    /// The only role whose keys sign this statement in a cluster of `protocol`: the
+    /// replicas of PBFT, and the servers of distillation (PBFT replicas too).
+    pub fn signer(self, protocol: Protocol) -> Role {
         match self {
-            Statement::Checkpoint | Statement::ViewChange => Role::Replica,
+            Statement::Checkpoint | Statement::ViewChange => protocol.replica_role(),
         }
     }
 
@@ -40,6 +41,58 @@ impl Statement {
         m.extend_from_slice(&view.to_le_bytes());
         m.extend_from_slice(&seq.to_le_bytes());
         m.extend_from_slice(digest);
+        m
+    }
+}
+
+/// What distillation's signatures vouch for (shared/specs/distillation.md §1): each is
+/// `tag ‖ system_id ‖ canonical bytes`, where `system_id` is BLAKE3 of the server
+/// membership (so no statement carries over to another deployment) and the client's id is
+/// inside every statement a client signs but `Reduction`, the one message every client
+/// of a batch multi-signs. Tags 0–6 are the specification's; 7 and 8 are ours.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DistillStatement {
+    /// Client, Ed25519: Broadcast{id, seq, msg}.
+    Broadcast = 0,
+    /// Client, BLS: Reduction{R1}.
+    Reduction = 1,
+    /// Client, Ed25519: BroadcastAuth{id, height, root}, the record justifying its seq.
+    BroadcastAuth = 2,
+    /// Client, Ed25519: ReductionAuth{id, R1, share}.
+    ReductionAuth = 3,
+    /// Server, BLS: BatchWitness{broker, lane, lane_seq, R2}.
+    BatchWitness = 4,
+    /// Server, BLS: BatchDelivery{height, R3}.
+    BatchDelivery = 5,
+    /// Client, Ed25519 and BLS: SignUp{ed_key, bls_key}, the proofs of possession.
+    SignUp = 6,
+    /// Server, BLS: Assign{id, ed_key, bls_key} (S1).
+    Assign = 7,
+    /// Broker, Ed25519: Hello{broker, server, nonce}, opening its session with a server.
+    Hello = 8,
+}
+
+impl DistillStatement {
+    /// Who signs it: a server (by its cluster role), or a client or broker by the key
+    /// its directory entry or hello names.
+    pub fn signer(self) -> Role {
+        match self {
+            DistillStatement::BatchWitness | DistillStatement::BatchDelivery | DistillStatement::Assign => Role::Server,
+            DistillStatement::Hello => Role::DistillBroker,
+            _ => Role::DistillClient,
+        }
+    }
+
+    /// The signed bytes: the tag, the system id, then `parts` (fixed-width fields or a
+    /// length-prefixed last one, so the encoding is unambiguous).
+    pub fn message(self, system_id: &[u8; 32], parts: &[&[u8]]) -> Vec<u8> {
+        let len = parts.iter().map(|p| p.len()).sum::<usize>();
+        let mut m = Vec::with_capacity(1 + 32 + len);
+        m.push(self as u8);
+        m.extend_from_slice(system_id);
+        for p in parts {
+            m.extend_from_slice(p);
+        }
         m
     }
 }
@@ -63,12 +116,12 @@ impl Ctx {
     /// `id`'s key for `statement`: `None` unless `id` is a node of the role that signs it.
     pub fn signer_key(&self, statement: Statement, id: NodeId) -> Option<BlsPublicKey> {
         let node = self.cfg.cluster.node(id)?;
-        (node.role == statement.signer()).then_some(node.bls_public_key)
+        (node.role == statement.signer(self.cfg.cluster.protocol)).then_some(node.bls_public_key)
     }
 
     /// This node signs `s` (only a node of its signer role ever calls this).
     pub fn sign_statement(&self, s: Signed<'_>) -> BlsSignature {
-        debug_assert_eq!(self.role_of(self.me()), Some(s.statement.signer()), "{s:?}");
+        debug_assert_eq!(self.role_of(self.me()), Some(s.statement.signer(self.cfg.cluster.protocol)), "{s:?}");
         self.sign(&s.message())
     }
 

@@ -168,7 +168,8 @@ impl ClusterToml {
     /// table of another protocol's roles.
     fn members(&self, protocol: Protocol) -> Result<(&[ReplicaToml], &[ClientToml]), (String, String)> {
         let (replicas, clients, foreign) = match protocol {
-            Protocol::Pbft => {
+            // Distillation's servers are PBFT replicas (its brokers and clients: issue 20).
+            Protocol::Pbft | Protocol::Distill => {
                 (&self.replica, &self.client, [("broker", self.broker.len()), ("publisher", self.publisher.len())])
             }
             Protocol::PubSub => {
@@ -524,7 +525,7 @@ pub fn keygen(opts: &KeygenOptions) -> Result<PathBuf, ConfigError> {
     });
     let clients = (replicas..replicas + opts.clients).map(|id| ClientToml { id });
     match opts.protocol {
-        Protocol::Pbft => (toml.replica, toml.client) = (members.collect(), clients.collect()),
+        Protocol::Pbft | Protocol::Distill => (toml.replica, toml.client) = (members.collect(), clients.collect()),
         Protocol::PubSub => (toml.broker, toml.publisher) = (members.collect(), clients.collect()),
     }
     let text = format!(

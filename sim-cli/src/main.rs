@@ -3,11 +3,14 @@
 
 mod bench;
 mod demo;
+mod distill_bench;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use phalanx_core::crypto::CryptoMode;
+use phalanx_core::sim::distill_scenario::Scenario as DistillScenario;
 use phalanx_core::sim::order_scenario;
 use phalanx_core::sim::scenario::{Protocol, reference_traces, sweep};
 use phalanx_core::trace::{Trace, dump, replay};
@@ -29,7 +32,7 @@ enum Command {
     },
     /// Runs adversarial scenarios over a range of seeds and checks every property.
     Seeds {
-        /// ab, bracha, chain, pubsub, pbft or all.
+        /// ab, bracha, chain, pubsub, pbft, distill or all.
         #[arg(long, default_value = "all")]
         protocol: String,
         /// Faults tolerated: 1 (n=4) or 2 (n=7); 0 runs both.
@@ -60,6 +63,21 @@ enum Command {
         #[arg(long, value_delimiter = ',', default_value = "1,10,100,1000,10000")]
         batches: Vec<u32>,
     },
+    /// Distillation's server path (verifying and idle servers) and broker path, with real
+    /// crypto, beside BLAKE3 and the BLS and Ed25519 verification times.
+    DistillBench {
+        /// Measured batches per straggler fraction (after one to warm up).
+        #[arg(long, default_value_t = 8)]
+        batches: u32,
+        #[arg(long, default_value_t = 65_536)]
+        entries: u32,
+        /// The directory holds 2^bits clients (the width of a packed id).
+        #[arg(long, default_value_t = 20)]
+        directory_bits: u32,
+        /// Submissions the broker distills.
+        #[arg(long, default_value_t = 4096)]
+        broker_batch: u32,
+    },
 }
 
 #[derive(Subcommand)]
@@ -80,6 +98,10 @@ fn main() -> ExitCode {
         Command::Demo { publications } => demo::run(publications),
         Command::Seeds { protocol, f, from, count, real_every } => seeds(&protocol, f, from, count, real_every),
         Command::Trace { command } => trace(command),
+        Command::DistillBench { batches, entries, directory_bits, broker_batch } => {
+            distill_bench::run(batches, entries, directory_bits, broker_batch);
+            ExitCode::SUCCESS
+        }
         Command::Bench { count, only, batches } => {
             bench::run(count, &only, &batches);
             ExitCode::SUCCESS
@@ -88,12 +110,13 @@ fn main() -> ExitCode {
 }
 
 fn seeds(protocol: &str, f: u32, from: u64, count: u64, real_every: u64) -> ExitCode {
-    let (protocols, pbft): (Vec<Protocol>, bool) = match (protocol, Protocol::from_name(protocol)) {
-        ("all", _) => (Protocol::ALL.to_vec(), true),
-        ("pbft", _) => (vec![], true),
-        (_, Some(p)) => (vec![p], false),
+    let (protocols, pbft, distill): (Vec<Protocol>, bool, bool) = match (protocol, Protocol::from_name(protocol)) {
+        ("all", _) => (Protocol::ALL.to_vec(), true, true),
+        ("pbft", _) => (vec![], true, false),
+        ("distill", _) => (vec![], false, true),
+        (_, Some(p)) => (vec![p], false, false),
         _ => {
-            eprintln!("unknown protocol {protocol:?}: use ab, bracha, chain, pubsub, pbft or all");
+            eprintln!("unknown protocol {protocol:?}: use ab, bracha, chain, pubsub, pbft, distill or all");
             return ExitCode::from(2);
         }
     };
@@ -110,10 +133,31 @@ fn seeds(protocol: &str, f: u32, from: u64, count: u64, real_every: u64) -> Exit
             failed += report(&result.failures);
             println!("pbft f={f}: {count} seeds from {from}, {} completions checked", result.completions);
         }
+        if distill {
+            let (failures, messages) = distill_sweep(f, from..from + count, real_every);
+            failed += report(&failures);
+            println!("distill f={f}: {count} seeds from {from}, {messages} delivered messages checked");
+        }
     }
-    let total = (protocols.len() + pbft as usize) as u64 * fs.len() as u64 * count;
+    let total = (protocols.len() + pbft as usize + distill as usize) as u64 * fs.len() as u64 * count;
     println!("{} passed, {failed} failed", total - failed);
     if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+}
+
+/// Distillation's random scenarios checked against spec §6: the failures, and how many
+/// messages correct clients had delivered.
+fn distill_sweep(f: u32, seeds: std::ops::Range<u64>, real_every: u64) -> (Vec<String>, u64) {
+    let (mut failures, mut messages) = (vec![], 0);
+    for seed in seeds {
+        let crypto = if seed % real_every.max(1) == 0 { CryptoMode::Real } else { CryptoMode::InsecureTest };
+        match (DistillScenario { crypto, ..DistillScenario::random(seed, f) }).run() {
+            Ok(o) => messages += o.stats.messages,
+            Err(e) => failures.push(format!(
+                "FAILED distill f={f} seed {seed}\n  rerun: cargo run -p phalanx-sim -- seeds --protocol distill --f {f} --from {seed} --count 1\n  {e}"
+            )),
+        }
+    }
+    (failures, messages)
 }
 
 /// Prints failing seeds; returns how many.

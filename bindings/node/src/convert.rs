@@ -300,6 +300,17 @@ pub enum Output {
         #[napi(ts_type = "bigint")]
         token: U64,
     },
+    /// Distillation server: the batch delivered at `height`, its entries in id order.
+    Delivered {
+        #[napi(ts_type = "bigint")]
+        height: U64,
+        #[napi(ts_type = "bigint[]")]
+        ids: Vec<U64>,
+        #[napi(ts_type = "bigint[]")]
+        seqs: Vec<U64>,
+        #[napi(ts_type = "Buffer[]")]
+        msgs: Vec<Bytes>,
+    },
 }
 
 fn bytes_all(v: Vec<Vec<u8>>) -> Vec<Bytes> {
@@ -392,6 +403,12 @@ impl From<core::Output> for Output {
             O::Query { client, request, op } => Output::Query { client, request: U64(request), op: Bytes(op) },
             O::Restore { seq, snapshot } => Output::Restore { seq: U64(seq), snapshot: Bytes(snapshot) },
             O::Compact { token } => Output::Compact { token: U64(token) },
+            O::Delivered(batch) => Output::Delivered {
+                height: U64(batch.height),
+                ids: batch.entries().map(|(id, _, _)| U64(id)).collect(),
+                seqs: batch.seqs.iter().copied().map(U64).collect(),
+                msgs: batch.entries().map(|(_, _, msg)| Bytes(msg.to_vec())).collect(),
+            },
         }
     }
 }
@@ -425,6 +442,15 @@ impl TryFrom<Output> for core::Output {
             Output::Query { client, request, op } => O::Query { client, request: request.0, op: op.0 },
             Output::Restore { seq, snapshot } => O::Restore { seq: seq.0, snapshot: snapshot.0 },
             Output::Compact { token } => O::Compact { token: token.0 },
+            Output::Delivered { height, ids, seqs, msgs } => {
+                let ids: Vec<u64> = ids.into_iter().map(|id| id.0).collect();
+                O::Delivered(core::distill::DeliveredBatch {
+                    height: height.0,
+                    ids: core::distill::PackedIds::pack(&ids),
+                    seqs: seqs.into_iter().map(|s| s.0).collect(),
+                    msgs: core::distill::Messages::collect(msgs.iter().map(|m| m.0.as_slice())),
+                })
+            }
         })
     }
 }
@@ -482,6 +508,10 @@ names!(
     ops = "ops",
     now = "now",
     input = "input",
+    height = "height",
+    ids = "ids",
+    seqs = "seqs",
+    msgs = "msgs",
     // Kinds.
     message = "message",
     publish = "publish",
@@ -502,6 +532,7 @@ names!(
     query = "query",
     restore = "restore",
     compact = "compact",
+    delivered = "delivered",
     ab = "ab",
     bracha = "bracha",
     chain = "chain",
@@ -852,6 +883,12 @@ impl FromNapiValue for Output {
                     Output::Restore { seq: get(env, v, Name::seq, what)?, snapshot: get(env, v, Name::snapshot, what)? }
                 }
                 "compact" => Output::Compact { token: get(env, v, Name::token, what)? },
+                "delivered" => Output::Delivered {
+                    height: get(env, v, Name::height, what)?,
+                    ids: get(env, v, Name::ids, what)?,
+                    seqs: get(env, v, Name::seqs, what)?,
+                    msgs: get(env, v, Name::msgs, what)?,
+                },
                 other => return Err(Error::new(Status::InvalidArg, format!("unknown output type {other:?}"))),
             })
         }
@@ -910,6 +947,16 @@ impl ToNapiValue for Output {
                     object(env, &[t(Name::restore)?, (Name::seq, js(env, seq)?), (Name::snapshot, js(env, snapshot)?)])
                 }
                 Output::Compact { token } => object(env, &[t(Name::compact)?, (Name::token, js(env, token)?)]),
+                Output::Delivered { height, ids, seqs, msgs } => object(
+                    env,
+                    &[
+                        t(Name::delivered)?,
+                        (Name::height, js(env, height)?),
+                        (Name::ids, js(env, ids)?),
+                        (Name::seqs, js(env, seqs)?),
+                        (Name::msgs, js(env, msgs)?),
+                    ],
+                ),
             }
         }
     }

@@ -150,7 +150,8 @@ impl Input {
 /// `Output.Deliver(publisher, topic, seq, payload, algorithm, from_history)`,
 /// `Output.Persist(token, record)`, `Output.Fault(node, kind)`, `Output.Execute(seq, ops)`,
 /// `Output.Completed(request, result)`, `Output.Query(client, request, op)`,
-/// `Output.Restore(seq, snapshot)`, `Output.Compact(token)`. Outputs compare equal when
+/// `Output.Restore(seq, snapshot)`, `Output.Compact(token)`,
+/// `Output.Delivered(height, ids, seqs, msgs)`. Outputs compare equal when
 /// every field is equal.
 #[pyclass(module = "phalanx._native", eq)]
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -178,6 +179,8 @@ pub enum Output {
     Restore { seq: u64, snapshot: Buf },
     /// The records persisted before the one with `token` are obsolete.
     Compact { token: u64 },
+    /// Distillation server: the batch delivered at `height`, its entries in id order.
+    Delivered { height: u64, ids: Vec<u64>, seqs: Vec<u64>, msgs: Vec<Buf> },
 }
 
 #[pymethods]
@@ -205,6 +208,7 @@ impl Output {
             }
             Output::Restore { seq, snapshot } => format!("Restore(seq={seq}, snapshot={})", show(&snapshot.0)),
             Output::Compact { token } => format!("Compact(token={token})"),
+            Output::Delivered { height, ids, .. } => format!("Delivered(height={height}, entries={})", ids.len()),
         }
     }
 }
@@ -237,6 +241,12 @@ impl Output {
             CoreOutput::Query { client, request, op } => Output::Query { client, request, op: Buf(op) },
             CoreOutput::Restore { seq, snapshot } => Output::Restore { seq, snapshot: Buf(snapshot) },
             CoreOutput::Compact { token } => Output::Compact { token },
+            CoreOutput::Delivered(batch) => Output::Delivered {
+                height: batch.height,
+                ids: batch.entries().map(|(id, _, _)| id).collect(),
+                seqs: batch.seqs.clone(),
+                msgs: batch.entries().map(|(_, _, msg)| Buf(msg.to_vec())).collect(),
+            },
         }
     }
 }

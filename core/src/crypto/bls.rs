@@ -148,6 +148,24 @@ pub fn aggregate(mode: CryptoMode, sigs: &[BlsSignature]) -> Option<BlsSignature
     }
 }
 
+/// Aggregates signatures without checking each is in the signature group (only that it
+/// is on the curve): for shares whose aggregate is verified next ([`verify_multi`] checks
+/// it is in the group), where a subgroup check per share would cost more than the rest.
+/// None if empty or any is not a point.
+pub fn aggregate_unchecked(mode: CryptoMode, sigs: &[BlsSignature]) -> Option<BlsSignature> {
+    let (first, rest) = sigs.split_first()?;
+    match mode {
+        CryptoMode::Real => {
+            let mut acc = AggregateSignature::from_signature(&Signature::uncompress(&first.0).ok()?);
+            for s in rest {
+                acc.add_signature(&Signature::uncompress(&s.0).ok()?, false).ok()?;
+            }
+            Some(BlsSignature(acc.to_signature().compress()))
+        }
+        CryptoMode::InsecureTest => aggregate(mode, sigs),
+    }
+}
+
 /// Verifies an aggregate of signatures by `pks` on one message. Keys must have been
 /// validated with their PoP beforehand: without that, colluding keys can forge.
 pub fn fast_aggregate_verify(mode: CryptoMode, pks: &[BlsPublicKey], msg: &[u8], agg: &BlsSignature) -> bool {
@@ -182,6 +200,93 @@ pub fn fast_aggregate_verify(mode: CryptoMode, pks: &[BlsPublicKey], msg: &[u8],
     }
 }
 
+/// BLS12-381's group order r, as little-endian 64-bit limbs.
+const ORDER: [u64; 4] = [0xffff_ffff_0000_0001, 0x53bd_a402_fffe_5bfe, 0x3339_d808_09a1_d805, 0x73ed_a753_299d_7d48];
+
+/// The secret key Σ sk (mod r) of `keys`, whose signature on a message is the
+/// multi-signature of all of them: what a load generator that made the keys signs with
+/// (distillation spec §8), one signing instead of one per key. `Real` keys only.
+pub fn sum_secret_keys(keys: &[BlsSecretKey]) -> Option<BlsSecretKey> {
+    let mut acc = [0u64; 4];
+    for k in keys {
+        let Backend::Real(sk) = &k.backend else { return None };
+        let be = sk.to_bytes();
+        let x: [u64; 4] =
+            std::array::from_fn(|i| u64::from_be_bytes(be[24 - 8 * i..32 - 8 * i].try_into().expect("8")));
+        // Both below r < 2^255: the sum fits, then at most one subtraction of r.
+        let mut carry = 0u128;
+        for i in 0..4 {
+            let s = acc[i] as u128 + x[i] as u128 + carry;
+            acc[i] = s as u64;
+            carry = s >> 64;
+        }
+        if (0..4).rev().map(|i| acc[i].cmp(&ORDER[i])).find(|o| o.is_ne()) != Some(std::cmp::Ordering::Less) {
+            let mut borrow = 0i128;
+            for i in 0..4 {
+                let d = acc[i] as i128 - ORDER[i] as i128 - borrow;
+                acc[i] = d as u64;
+                borrow = i128::from(d < 0);
+            }
+        }
+    }
+    let mut be = [0u8; 32];
+    for i in 0..4 {
+        be[24 - 8 * i..32 - 8 * i].copy_from_slice(&acc[i].to_be_bytes());
+    }
+    let sk = SecretKey::from_bytes(&be).ok()?;
+    let public_key = BlsPublicKey(sk.sk_to_pk().compress());
+    Some(BlsSecretKey { key_material: [0; 32], backend: Backend::Real(sk), public_key })
+}
+
+/// A public key parsed and checked once (a valid point of G1, not the identity), so that
+/// a sum of many costs additions only. Only for keys whose possession was proven.
+#[derive(Clone, Debug)]
+pub struct BlsKey {
+    pub bytes: BlsPublicKey,
+    point: Option<PublicKey>,
+}
+
+impl BlsKey {
+    /// `None` if the bytes are not a valid key (`Real`).
+    pub fn parse(mode: CryptoMode, pk: &BlsPublicKey) -> Option<BlsKey> {
+        let point = match mode {
+            CryptoMode::Real => Some(PublicKey::key_validate(&pk.0).ok()?),
+            CryptoMode::InsecureTest => None,
+        };
+        Some(BlsKey { bytes: *pk, point })
+    }
+}
+
+/// Verifies a multi-signature by every one of `keys` on `msg`: the keys are summed, then
+/// one pairing check. False for no keys.
+pub fn verify_multi<'a>(
+    mode: CryptoMode,
+    mut keys: impl Iterator<Item = &'a BlsKey>,
+    msg: &[u8],
+    sig: &BlsSignature,
+) -> bool {
+    let Some(first) = keys.next() else { return false };
+    match (mode, &first.point) {
+        (CryptoMode::Real, Some(p)) => {
+            let mut acc = AggregatePublicKey::from_public_key(p);
+            for k in keys {
+                let Some(p) = &k.point else { return false };
+                if acc.add_public_key(p, false).is_err() {
+                    return false;
+                }
+            }
+            let Ok(sig) = Signature::uncompress(&sig.0) else { return false };
+            pairing_check(&acc.to_public_key(), &sig, SIG.dst, msg)
+        }
+        (CryptoMode::Real, None) => false,
+        (CryptoMode::InsecureTest, _) => {
+            let expected = keys
+                .fold(insecure_sign(&SIG, &first.bytes, msg), |acc, k| xor(&acc, &insecure_sign(&SIG, &k.bytes, msg)));
+            expected == *sig
+        }
+    }
+}
+
 /// e(pk, H(msg)) == e(g1, sig), with `pk` checked to be in G1 and not the identity, and
 /// `sig` checked to be in G2.
 fn pairing_check(pk: &PublicKey, sig: &Signature, dst: &[u8], msg: &[u8]) -> bool {
@@ -200,7 +305,8 @@ fn insecure_sign(domain: &Domain, pk: &BlsPublicKey, msg: &[u8]) -> BlsSignature
     BlsSignature(insecure_xof(domain.insecure_context, &[&pk.0, msg]))
 }
 
-fn insecure_xof<const N: usize>(context: &str, parts: &[&[u8]]) -> [u8; N] {
+/// A checksum of `parts` in its own context: the insecure test crypto's stand-in.
+pub(super) fn insecure_xof<const N: usize>(context: &str, parts: &[&[u8]]) -> [u8; N] {
     let mut h = blake3::Hasher::new_derive_key(context);
     for p in parts {
         h.update(p);
@@ -346,6 +452,18 @@ mod tests {
             assert_eq!(aggregate(mode, &sigs[..1]), Some(sigs[0]), "{mode:?}");
             assert!(fast_aggregate_verify(mode, &pks[..1], b"block 7", &sigs[0]), "{mode:?}");
         }
+    }
+
+    #[test]
+    fn the_sum_of_secret_keys_signs_their_multi_signature() {
+        let keys: Vec<BlsSecretKey> = (40..50).map(|s| key(CryptoMode::Real, s)).collect();
+        let sum = sum_secret_keys(&keys).unwrap();
+        let parsed: Vec<BlsKey> =
+            keys.iter().map(|k| BlsKey::parse(CryptoMode::Real, &k.public_key()).unwrap()).collect();
+        let sig = sum.sign(b"root");
+        assert!(verify_multi(CryptoMode::Real, parsed.iter(), b"root", &sig));
+        assert_eq!(Some(sig), aggregate(CryptoMode::Real, &keys.iter().map(|k| k.sign(b"root")).collect::<Vec<_>>()));
+        assert!(!verify_multi(CryptoMode::Real, parsed[1..].iter(), b"root", &sig));
     }
 
     #[test]

@@ -7,9 +7,14 @@
 //! simulations and benchmarks that say so run fast.
 
 mod bls;
+pub mod ed25519;
 mod mac;
 
-pub use bls::{BlsPublicKey, BlsSecretKey, BlsSignature, aggregate, fast_aggregate_verify};
+pub use bls::{
+    BlsKey, BlsPublicKey, BlsSecretKey, BlsSignature, aggregate, aggregate_unchecked, fast_aggregate_verify,
+    sum_secret_keys, verify_multi,
+};
+pub use ed25519::{EdPublicKey, EdSecretKey, EdSignature};
 pub use mac::{MAC_LEN, MacKey, MacTag};
 
 /// Which implementation backs MACs and signatures.
@@ -67,6 +72,14 @@ pub fn pairwise_mac_key(seed: &[u8; 32], a: u32, b: u32) -> MacKey {
     h.update(&lo.to_le_bytes());
     h.update(&hi.to_le_bytes());
     MacKey::from_bytes(*h.finalize().as_bytes())
+}
+
+/// Key material for another purpose derived from `material` (a node's Ed25519 key from
+/// its BLS key material, say): knowing one derived key reveals nothing of the others.
+pub fn derive_key_material(purpose: &str, material: &[u8; 32]) -> [u8; 32] {
+    let mut h = blake3::Hasher::new_derive_key(purpose);
+    h.update(material);
+    *h.finalize().as_bytes()
 }
 
 /// Deterministic BLS secret key material of node `id` derived from a cluster seed.

@@ -7,7 +7,7 @@ mod checkpoint;
 mod clients;
 mod view_change;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -155,6 +155,10 @@ pub(crate) struct Replica {
     early: BTreeMap<(u64, NodeId), Vec<Early>>,
     /// Each replica's latest valid VIEW-CHANGE.
     view_changes: BTreeMap<NodeId, view_change::Received>,
+    /// An application composed in the core (a distillation server's) rather than the
+    /// host's: `Execute` and `Restore` wait here for it instead of going out, and
+    /// replicas may submit requests of their own (its ops), which get no replies.
+    embedded: Option<VecDeque<Output>>,
 }
 
 /// A normal-case message that overtook the NEW-VIEW of its view.
@@ -217,7 +221,46 @@ impl Replica {
             failed_views: 0,
             early: BTreeMap::new(),
             view_changes: BTreeMap::new(),
+            embedded: None,
         }
+    }
+
+    /// A replica whose application runs in the core: it takes `Execute` and `Restore`
+    /// from [`Replica::take_handed`] and answers with `Input::Executed`.
+    pub fn with_embedded_application(ctx: &Ctx) -> Self {
+        Replica { embedded: Some(VecDeque::new()), ..Replica::new(ctx) }
+    }
+
+    /// The next `Execute` or `Restore` for an application in the core.
+    pub fn take_handed(&mut self) -> Option<Output> {
+        self.embedded.as_mut()?.pop_front()
+    }
+
+    /// Hands an `Execute` or `Restore` to the application: the host's, or one in the core.
+    fn hand(&mut self, ctx: &mut Ctx, o: Output) {
+        match &mut self.embedded {
+            Some(handed) => handed.push_back(o),
+            None => ctx.push(o),
+        }
+    }
+
+    /// Whether `id` may have requests ordered: a client, or with an application in the
+    /// core, a replica (a distillation server orders the batch references it witnessed).
+    fn submitter(&self, ctx: &Ctx, id: NodeId) -> bool {
+        ctx.role_of(id) == Some(Role::Client) || (self.embedded.is_some() && ctx.is_replica(id))
+    }
+
+    /// Requests of this replica's own, numbered from `first` (with an application in the
+    /// core): sent to the other replicas like a client's, with its authenticator, and
+    /// queued here.
+    pub fn submit_own(&mut self, ctx: &mut Ctx, now: Nanos, first: u64, ops: Vec<Bytes>) {
+        debug_assert!(self.embedded.is_some());
+        let r = Bundle::seal(&ctx.keys, &self.replicas, first, ops);
+        ctx.send_to_replicas(pb::body::Kind::Requests(r.clone()), &[]);
+        if let Some(bundle) = Bundle::parse(r) {
+            self.take_requests(ctx, now, bundle);
+        }
+        self.rearm(ctx);
     }
 
     fn is_primary(&self, ctx: &Ctx) -> bool {
@@ -272,16 +315,16 @@ impl Replica {
     /// replica verifies; one that does not proves nothing against the forwarder, as the
     /// client may have made it so).
     fn on_requests(&mut self, ctx: &mut Ctx, now: Nanos, from: NodeId, r: pb::Requests) {
-        let forwarded = match ctx.role_of(from) {
-            Some(Role::Client) => false,
-            Some(Role::Replica) => true,
-            _ => return ctx.fault(from, FaultKind::Unexpected),
-        };
+        if !self.submitter(ctx, from) && !ctx.is_replica(from) {
+            return ctx.fault(from, FaultKind::Unexpected);
+        }
         let Some(bundle) = Bundle::parse(r) else {
             return ctx.fault(from, FaultKind::Malformed);
         };
+        // A replica's requests are forwarded unless its own (and it may submit).
+        let forwarded = ctx.is_replica(from) && !(bundle.client == from && self.submitter(ctx, from));
         if forwarded {
-            if ctx.role_of(bundle.client) != Some(Role::Client) {
+            if !self.submitter(ctx, bundle.client) {
                 return ctx.fault(from, FaultKind::Unexpected);
             }
             ctx.counters.macs_verified += 1;
@@ -486,7 +529,8 @@ impl Replica {
         }
         let mut requests = Vec::with_capacity(batch.requests.len());
         for r in batch.requests {
-            match authenticate(ctx, &self.queues, r) {
+            let submitter = |ctx: &Ctx, id| self.submitter(ctx, id);
+            match authenticate(ctx, &self.queues, r, submitter) {
                 Some(authenticated) => requests.push(authenticated),
                 None => return ctx.fault(from, FaultKind::Malformed),
             }
@@ -732,7 +776,7 @@ impl Replica {
             }
             self.executing.insert(seq, running);
             self.delivered = seq;
-            ctx.push(Output::Execute { seq, ops, snapshot: seq.is_multiple_of(k) });
+            self.hand(ctx, Output::Execute { seq, ops, snapshot: seq.is_multiple_of(k) });
         }
     }
 
@@ -769,7 +813,10 @@ impl Replica {
         for (client, first, count) in self.executing.remove(&seq).expect("checked") {
             let results: Vec<Vec<u8>> = results.by_ref().take(count as usize).collect();
             let reply = ReplyBody { reply: Some(HostReply { view: self.view, first, results }) };
-            ctx.send_encoded(&Bytes::from(reply.encode_to_vec()), [client]);
+            // A replica's own requests need no reply: it learns their fate by executing.
+            if !ctx.is_replica(client) {
+                ctx.send_encoded(&Bytes::from(reply.encode_to_vec()), [client]);
+            }
             // The host's vectors become the cached results without a copy.
             let results = reply.reply.expect("built above").results.into_iter().map(Bytes::from).collect();
             self.table.get_mut(&client).expect("executing clients have a row").finish(first, results);
@@ -978,11 +1025,12 @@ fn authenticate(
     ctx: &mut Ctx,
     queues: &BTreeMap<NodeId, Queue>,
     r: pb::Requests,
+    submitter: impl Fn(&Ctx, NodeId) -> bool,
 ) -> Option<Result<Arc<Bundle>, Bundle>> {
     if let Some(copy) = header(&r.body).and_then(|(client, first)| held(queues, client, first, &r.body)) {
         return Some(Ok(copy));
     }
-    let bundle = Bundle::parse(r).filter(|b| ctx.role_of(b.client) == Some(Role::Client))?;
+    let bundle = Bundle::parse(r).filter(|b| submitter(ctx, b.client))?;
     ctx.counters.macs_verified += 1;
     Some(if bundle.authentic(&ctx.keys) { Ok(Arc::new(bundle)) } else { Err(bundle) })
 }

@@ -615,6 +615,14 @@ impl Forge<'_> {
                 0 => r.request = self.number(),
                 _ => r.result = self.bytes(),
             },
+            Kind::DistillFetch(f) => match pick {
+                0 => f.lane_seq = self.number(),
+                _ => f.root = self.digest(),
+            },
+            Kind::DistillFetched(f) => match pick {
+                0 => f.lane_seq = self.number(),
+                _ => f.batch = None,
+            },
             Kind::Bundle(_) => {}
         }
     }

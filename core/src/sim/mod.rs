@@ -17,6 +17,9 @@
 
 pub mod adversary;
 pub mod check;
+pub mod distill_adversary;
+pub mod distill_check;
+pub mod distill_scenario;
 pub mod keyed;
 pub mod order_check;
 pub mod order_scenario;
@@ -293,6 +296,18 @@ pub struct Log {
     pub completed: Vec<Completion>,
     /// PBFT: the checkpoint digests correct replica hosts signed, as (host, seq, digest).
     pub checkpoint_votes: Vec<(usize, u64, Vec<u8>)>,
+    /// Distillation: the batches servers delivered.
+    pub distilled: Vec<Distilled>,
+}
+
+/// A batch a distillation server delivered.
+#[derive(Clone, Debug)]
+pub struct Distilled {
+    pub at: Nanos,
+    pub host: usize,
+    pub node: NodeId,
+    pub incarnation: u32,
+    pub batch: crate::distill::DeliveredBatch,
 }
 
 pub struct Sim {
@@ -312,6 +327,8 @@ pub struct Sim {
     pool: Pool,
     /// Hijacks left per host with [`Behavior::Hijack`].
     hijacks: BTreeMap<usize, u32>,
+    /// Distillation's keyed liars, by host.
+    liars: BTreeMap<usize, (distill_adversary::Lie, distill_adversary::Liar)>,
     pub log: Log,
 }
 
@@ -336,6 +353,7 @@ impl Sim {
             coalition: Coalition::new([], vec![]),
             pool: Pool::default(),
             hijacks: BTreeMap::new(),
+            liars: BTreeMap::new(),
             log: Log::default(),
         }
     }
@@ -625,6 +643,13 @@ impl Sim {
                     request,
                     result,
                 }),
+                Output::Delivered(batch) => self.log.distilled.push(Distilled {
+                    at: self.now,
+                    host,
+                    node: self.hosts[host].id,
+                    incarnation: self.incarnations[host],
+                    batch,
+                }),
                 // The loop keeps these to itself.
                 Output::Persist { .. }
                 | Output::Compact { .. }
@@ -657,8 +682,23 @@ impl Sim {
         }
     }
 
+    /// Makes `host`, a distillation node, tell `lie` in what it sends.
+    pub fn lie(&mut self, host: usize, lie: distill_adversary::Lie) {
+        self.liars.insert(host, (lie, distill_adversary::Liar::default()));
+    }
+
     /// A send from `host`, through its adversary behaviour, onto the network.
     fn send(&mut self, host: usize, to: NodeId, bytes: Vec<u8>) {
+        if let Some((lie, liar)) = self.liars.get_mut(&host) {
+            for (to, bytes) in liar.rewrite(lie, &self.hosts[host].config, to, bytes) {
+                self.send_as_is(host, to, bytes);
+            }
+            return;
+        }
+        self.send_as_is(host, to, bytes);
+    }
+
+    fn send_as_is(&mut self, host: usize, to: NodeId, bytes: Vec<u8>) {
         let me = self.hosts[host].id;
         if !self.persona_talks(host, to) {
             return;

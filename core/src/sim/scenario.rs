@@ -350,7 +350,8 @@ pub fn reference_traces() -> Vec<(String, Vec<u8>)> {
         s.record = vec![node];
         (name.to_string(), s.run().traces.remove(&node).expect("recorded"))
     });
-    broadcast.chain(pbft).map(|(name, trace)| (format!("{name}.trace"), trace)).collect()
+    let traces = broadcast.chain(pbft).map(|(name, trace)| (format!("{name}.trace"), trace));
+    traces.chain(super::distill_scenario::reference_traces()).collect()
 }
 
 fn pbft_reference_cases() -> Vec<(&'static str, order_scenario::Scenario, NodeId)> {

@@ -188,6 +188,7 @@ fn replica_record(bytes: &[u8]) -> String {
             Kind::StableState(s) => {
                 format!("stable checkpoint {} state {} bytes", certificate(s.certificate.as_ref()), s.state.len())
             }
+            Kind::OwnRequests(n) => format!("own request numbers below {n} may be used"),
         },
         Ok(pb::ReplicaRecord { kind: None }) => "empty record".into(),
         Err(_) => undecodable(bytes.len()),
@@ -233,6 +234,8 @@ fn body(kind: &pb::body::Kind) -> String {
         Kind::PrePrepare(p) => format!("PrePrepare {}", pre_prepare(p)),
         Kind::Prepare(v) => format!("Prepare {}", vote(v)),
         Kind::Commit(v) => format!("Commit {}", vote(v)),
+        Kind::DistillFetch(f) => format!("DistillFetch lane {} seq {} root {}", f.lane, f.lane_seq, digest(&f.root)),
+        Kind::DistillFetched(f) => format!("DistillFetched lane {} seq {}", f.lane, f.lane_seq),
         Kind::Reply(r) => format!(
             "Reply view {} requests from {}: {} results ({} bytes)",
             r.view,
@@ -339,6 +342,9 @@ pub(super) fn describe_output(o: &pb::OutputRecord) -> String {
         Some(Kind::Restore(r)) => format!("Restore seq {} snapshot {} bytes", r.seq, r.snapshot.len()),
         Some(Kind::Compact(c)) => format!("Compact: records before token {} are obsolete", c.token),
         Some(Kind::Query(q)) => format!("Query client {} request {} op {} bytes", q.client, q.request, q.op.len()),
+        Some(Kind::Delivered(d)) => {
+            format!("Delivered height {} with {} entries", d.height, d.ids.as_ref().map_or(0, |i| i.count))
+        }
         None => "<no output>".into(),
     }
 }

@@ -181,6 +181,7 @@ impl From<Output> for pb::OutputRecord {
             Output::Restore { seq, snapshot } => Kind::Restore(pb::RestoreOutput { seq, snapshot }),
             Output::Compact { token } => Kind::Compact(pb::CompactOutput { token }),
             Output::Query { client, request, op } => Kind::Query(pb::QueryOutput { client, request, op }),
+            Output::Delivered(d) => Kind::Delivered(d.to_pb()),
         };
         pb::OutputRecord { kind: Some(kind) }
     }
@@ -212,5 +213,8 @@ pub fn output_from_pb(record: pb::OutputRecord) -> Result<Output, TraceError> {
         Kind::Restore(r) => Output::Restore { seq: r.seq, snapshot: r.snapshot },
         Kind::Compact(c) => Output::Compact { token: c.token },
         Kind::Query(q) => Output::Query { client: q.client, request: q.request, op: q.op },
+        Kind::Delivered(d) => Output::Delivered(
+            crate::distill::DeliveredBatch::from_pb(d).ok_or_else(|| malformed("a delivered batch of uneven parts"))?,
+        ),
     })
 }

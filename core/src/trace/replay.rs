@@ -77,6 +77,7 @@ fn output_bytes(o: &pb::OutputRecord) -> Option<(&'static str, &[u8])> {
         Kind::Completed(c) => Some(("completed", &c.result)),
         Kind::Restore(r) => Some(("restore", &r.snapshot)),
         Kind::Query(q) => Some(("query", &q.op)),
+        Kind::Delivered(d) => d.msgs.as_ref().map(|m| ("delivered", m.bytes.as_slice())),
         Kind::Fault(_) | Kind::Execute(_) | Kind::Compact(_) => None,
     }
 }
@@ -196,7 +197,7 @@ impl SummaryBuilder {
         s.outputs += 1;
         match output {
             Output::Send { .. } => s.sends += 1,
-            Output::Deliver(_) => s.deliveries += 1,
+            Output::Deliver(_) | Output::Delivered(_) => s.deliveries += 1,
             Output::Persist { .. } => s.persists += 1,
             Output::Fault { .. } => s.faults += 1,
             Output::Execute { .. } => s.executes += 1,

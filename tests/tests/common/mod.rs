@@ -204,7 +204,8 @@ impl Net {
                 | Output::Completed { .. }
                 | Output::Restore { .. }
                 | Output::Compact { .. }
-                | Output::Query { .. } => {
+                | Output::Query { .. }
+                | Output::Delivered(_) => {
                     panic!("the pub/sub family persists, executes and restores nothing")
                 }
             }

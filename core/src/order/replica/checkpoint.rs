@@ -295,7 +295,7 @@ impl Replica {
         for (client, first) in superseded {
             self.forget_pending(client, first);
         }
-        ctx.push(Output::Restore { seq, snapshot: state.app });
+        self.hand(ctx, Output::Restore { seq, snapshot: state.app });
         // Batches handed over before are superseded: their answers are let pass.
         self.superseded = self.delivered;
         self.executing.clear();

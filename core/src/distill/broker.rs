@@ -1,0 +1,647 @@
+//! The distillation broker (spec §5 steps 2, 3, 5, 6, 10): untrusted and unregistered.
+//! It filters submissions (a burst verified as one batch when the node is polled),
+//! batches them, has clients multi-sign the root, aggregates their shares (finding bad
+//! ones by aggregate-then-bisect; silent and bad clients straggle with their own
+//! signatures), gets the batch witnessed, and certifies its delivery to each client.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use super::batch::{Batch, Fate, Messages, Straggler};
+use super::directory::{Directory, ed_key};
+use super::{
+    Rng, Servers, assign_statement, broadcast_auth_statement, broadcast_statement, delivery_statement, earliest,
+    hello_statement, open_frame, record_root, reduction_auth_statement, reduction_statement, send_frame, verify_record,
+    witness_statement,
+};
+use crate::crypto::ed25519::{EdItem, verify_each};
+use crate::crypto::{
+    BlsPublicKey, BlsSignature, Digest, EdPublicKey, EdSecretKey, EdSignature, aggregate_unchecked, verify_multi,
+};
+use crate::node::Ctx;
+use crate::role::RoleMachine;
+use crate::wire::pb::distill_frame::Kind as Frame;
+use crate::wire::{Opened, pb};
+use crate::{FaultKind, Nanos, NodeId};
+
+/// Submissions or reductions verified together at most.
+const MAX_BURST: usize = 4096;
+
+/// Signed-up clients a broker learns the keys of, at most.
+const MAX_LEARNED: usize = 1 << 20;
+
+/// A submission that passed the filter, and where to answer its client.
+#[derive(Clone)]
+struct Pooled {
+    from: NodeId,
+    seq: u64,
+    msg: Vec<u8>,
+    signature: EdSignature,
+}
+
+/// Where a batch is.
+enum Stage {
+    /// Waiting for clients' reductions on R1.
+    Reducing { deadline: Nanos, shares: BTreeMap<u64, (BlsSignature, EdSignature)> },
+    /// Offered; waiting for f+1 witness shards.
+    Witnessing { deadline: Nanos, pending: Vec<NodeId>, shards: BTreeMap<usize, BlsSignature> },
+    /// Witnessed; waiting for f+1 matching delivery shards (the witness goes out again
+    /// at `deadline`: servers answer it with their shard, in case one was lost).
+    Certifying {
+        deadline: Nanos,
+        witness: Option<pb::Reference>,
+        shards: BTreeMap<(u64, Vec<(u64, Option<u64>)>), BTreeMap<usize, BlsSignature>>,
+    },
+}
+
+/// A batch in one lane, from batching to certification.
+struct InFlight {
+    lane_seq: u64,
+    entries: Vec<(u64, Pooled)>,
+    r1: Digest,
+    batch: Arc<Batch>,
+    r2: Digest,
+    stage: Stage,
+}
+
+pub(crate) struct Broker {
+    servers: Servers,
+    identity: EdSecretKey,
+    dir: Directory,
+    rng: Rng,
+    top: Option<pb::HeightRecord>,
+    burst: Vec<(NodeId, Nanos, pb::Submit)>,
+    reductions: Vec<(NodeId, pb::Reduction)>,
+    pool: BTreeMap<u64, Pooled>,
+    pool_since: Option<Nanos>,
+    pool_timeout: Nanos,
+    /// Per lane: the next lane seq, and the batch in it.
+    lanes: Vec<(u64, Option<InFlight>)>,
+    /// Lane statuses from servers (hello answers): lanes start once a quorum answered.
+    statuses: BTreeMap<NodeId, Vec<u64>>,
+    ready: bool,
+    hello_at: Option<Nanos>,
+    nonce: u64,
+    last_now: Nanos,
+}
+
+impl Broker {
+    pub fn new(ctx: &Ctx) -> Self {
+        let p = &ctx.cfg.cluster.params;
+        let material = ctx.cfg.bls_secret.key_material();
+        Broker {
+            servers: Servers::new(ctx),
+            identity: ed_key(ctx.cfg.cluster.crypto, material),
+            dir: Directory::new(ctx.cfg.cluster.crypto, p.directory_seed, p.directory_size),
+            rng: Rng::new(material),
+            top: None,
+            burst: Vec::new(),
+            reductions: Vec::new(),
+            pool: BTreeMap::new(),
+            pool_since: None,
+            pool_timeout: p.pool_timeout_ns,
+            lanes: (0..p.lanes).map(|_| (0, None)).collect(),
+            statuses: BTreeMap::new(),
+            ready: false,
+            hello_at: Some(0),
+            nonce: 0,
+            last_now: 0,
+        }
+    }
+
+    fn per_leaf(ctx: &Ctx) -> usize {
+        ctx.cfg.cluster.params.leaf_entries as usize
+    }
+
+    /// Opens (again) a session with every server.
+    fn hello(&mut self, ctx: &mut Ctx, now: Nanos) {
+        // Nonces grow with time, so a restarted broker's hellos still count.
+        self.nonce = self.nonce.max(now).saturating_add(1);
+        let broker = self.identity.public_key().0;
+        for &server in &self.servers.ids.clone() {
+            let signature =
+                self.identity.sign(&hello_statement(&self.servers.system_id, &broker, server, self.nonce)).0.to_vec();
+            let h = pb::BrokerHello { broker: broker.to_vec(), nonce: self.nonce, signature };
+            send_frame(ctx, server, Frame::Hello(h));
+        }
+        self.hello_at = (!self.ready).then(|| now + ctx.cfg.cluster.params.witness_timeout_ns);
+    }
+
+    fn on_frame(&mut self, ctx: &mut Ctx, now: Nanos, from: NodeId, kind: Frame) {
+        let server = self.servers.index(from);
+        match (kind, server) {
+            (Frame::Submit(s), None) => {
+                self.burst.push((from, now, s));
+                // Bounded: a burst this long is verified at once, without waiting for a poll.
+                if self.burst.len() >= MAX_BURST {
+                    self.filter(ctx);
+                }
+            }
+            (Frame::Reduction(r), None) => {
+                self.reductions.push((from, r));
+                if self.reductions.len() >= MAX_BURST {
+                    self.take_reductions(ctx, now);
+                }
+            }
+            (Frame::Lanes(l), Some(_)) => self.on_lanes(ctx, from, l),
+            (Frame::WitnessShard(w), Some(i)) => self.on_witness_shard(ctx, now, i, w),
+            (Frame::DeliveryShard(d), Some(i)) => self.on_delivery_shard(ctx, i, d),
+            (_, _) => ctx.fault(from, FaultKind::Unexpected),
+        }
+    }
+
+    /// Lanes start where f+1 of a quorum of servers say they are (at least one correct
+    /// server is that far, and no correct server is further than the TOB).
+    fn on_lanes(&mut self, ctx: &mut Ctx, from: NodeId, l: pb::LaneStatus) {
+        if self.ready || l.next.len() != self.lanes.len() {
+            return;
+        }
+        self.statuses.insert(from, l.next);
+        if self.statuses.len() < self.servers.q {
+            return;
+        }
+        for (lane, (next, _)) in self.lanes.iter_mut().enumerate() {
+            let mut reported: Vec<u64> = self.statuses.values().map(|s| s[lane]).collect();
+            reported.sort_unstable_by(|a, b| b.cmp(a));
+            *next = (*next).max(reported[self.servers.p - 1]);
+        }
+        self.ready = true;
+        self.hello_at = None;
+        let _ = ctx;
+    }
+
+    /// Step 2: the filter, over a burst of submissions verified together.
+    fn filter(&mut self, ctx: &mut Ctx) {
+        let burst = std::mem::take(&mut self.burst);
+        if burst.is_empty() {
+            return;
+        }
+        let p = &ctx.cfg.cluster.params;
+        let max_payload = p.max_payload as usize;
+        // Shape and directory first; then every signature of the burst at once.
+        let mut candidates = Vec::with_capacity(burst.len());
+        for (from, at, s) in burst {
+            if let Some(a) = &s.assignment
+                && a.id == s.id
+                && self.dir.get(s.id).is_none()
+            {
+                self.learn(ctx, a);
+            }
+            let Ok(sig) = <[u8; 64]>::try_from(s.signature.as_slice()) else {
+                ctx.fault(from, FaultKind::Malformed);
+                continue;
+            };
+            let Some(keys) = (s.msg.len() <= max_payload).then(|| self.dir.get(s.id)).flatten() else {
+                ctx.fault(from, FaultKind::Unexpected);
+                continue;
+            };
+            let auth = match (&s.record, <[u8; 64]>::try_from(s.auth.as_slice())) {
+                (None, _) => None,
+                (Some(r), Ok(a)) if record_root(r).is_some() => Some((r.clone(), EdSignature(a))),
+                (Some(_), _) => {
+                    ctx.fault(from, FaultKind::Malformed);
+                    continue;
+                }
+            };
+            candidates.push((from, at, s, EdSignature(sig), keys, auth));
+        }
+        let signed: Vec<Vec<u8>> = candidates
+            .iter()
+            .flat_map(|(_, _, s, _, _, auth)| {
+                let b = broadcast_statement(&self.servers.system_id, s.id, s.seq, &s.msg);
+                let a = auth
+                    .as_ref()
+                    .map(|(r, _)| broadcast_auth_statement(&self.servers.system_id, s.id, r.height, &r.root));
+                std::iter::once(b).chain(a)
+            })
+            .collect();
+        let mut items = Vec::with_capacity(signed.len());
+        let mut m = signed.iter();
+        for (_, _, _, sig, keys, auth) in &candidates {
+            items.push(EdItem { key: &keys.ed, msg: m.next().expect("one per candidate"), sig });
+            if let Some((_, a)) = auth {
+                items.push(EdItem { key: &keys.ed, msg: m.next().expect("one per auth"), sig: a });
+            }
+        }
+        let (ok, checks) = verify_each(self.servers.mode, &items);
+        ctx.counters.signatures_verified += checks;
+        let mut ok = ok.into_iter();
+        let in_flight: BTreeMap<u64, u64> = self
+            .lanes
+            .iter()
+            .filter_map(|(_, b)| b.as_ref())
+            .flat_map(|b| b.entries.iter().map(|(id, p)| (*id, p.seq)))
+            .collect();
+        for (from, at, s, sig, _, auth) in candidates {
+            let good = ok.next().expect("one per candidate") & auth.as_ref().is_none_or(|_| ok.next() == Some(true));
+            if !good {
+                ctx.fault(from, FaultKind::BadSignature);
+                continue;
+            }
+            if let Some((r, _)) = auth
+                && self.top.as_ref().is_none_or(|t| t.height < r.height)
+            {
+                if !verify_record(&self.servers, ctx, &r) {
+                    ctx.fault(from, FaultKind::BadSignature);
+                    continue;
+                }
+                self.top = Some(r);
+            }
+            if s.seq > self.top.as_ref().map_or(0, |t| t.height) || in_flight.get(&s.id) == Some(&s.seq) {
+                ctx.stats.refused += 1;
+                continue;
+            }
+            self.pool.insert(s.id, Pooled { from, seq: s.seq, msg: s.msg, signature: EdSignature(sig.0) });
+            self.pool_since.get_or_insert(at);
+        }
+    }
+
+    /// A signed-up client's id, certified by f+1 servers.
+    fn learn(&mut self, ctx: &mut Ctx, a: &pb::Assignment) {
+        let (Ok(ed), Ok(bls), Some(cert)) =
+            (<[u8; 32]>::try_from(a.ed_key.as_slice()), <[u8; 48]>::try_from(a.bls_key.as_slice()), &a.certificate)
+        else {
+            return;
+        };
+        let msg = assign_statement(&self.servers.system_id, a.id, &ed, &bls);
+        if self.servers.verify_certificate(ctx, cert, &msg) {
+            self.dir.learn(a.id, EdPublicKey(ed), &BlsPublicKey(bls), MAX_LEARNED);
+        }
+    }
+
+    /// Step 3: a full pool (or one that waited `pool_timeout`) becomes a batch in a free
+    /// lane; each client gets the root and the proof of its entry at the raise.
+    fn batch(&mut self, ctx: &mut Ctx, now: Nanos) {
+        let p = ctx.cfg.cluster.params.clone();
+        let due = self.pool.len() >= p.distill_batch_size as usize
+            || self.pool_since.is_some_and(|t| t.saturating_add(p.pool_timeout_ns) <= now);
+        let Some(lane) = self.lanes.iter().position(|(_, b)| b.is_none()).filter(|_| due && self.ready) else {
+            return;
+        };
+        let take = self.pool.len().min(p.distill_batch_size as usize);
+        let rest = self.pool.split_off(&self.pool.keys().nth(take).copied().unwrap_or(u64::MAX));
+        let entries: Vec<(u64, Pooled)> = std::mem::replace(&mut self.pool, rest).into_iter().collect();
+        self.pool_since = (!self.pool.is_empty()).then_some(now);
+        let raise = entries.iter().map(|(_, e)| e.seq).max().expect("a batch has entries");
+        let ids = entries.iter().map(|(id, _)| *id).collect();
+        let msgs = Messages::collect(entries.iter().map(|(_, e)| e.msg.as_slice()));
+        let batch = Batch::new(ids, msgs, raise, None, vec![]).expect("a pool is sorted by id");
+        let per_leaf = Self::per_leaf(ctx);
+        let fate = |_| Fate::Seq(raise);
+        let tree = batch.tree(per_leaf, &fate);
+        let r1 = tree.root();
+        for (i, (_, e)) in entries.iter().enumerate() {
+            let proof = batch.proof(&tree, per_leaf, i, &fate);
+            let inc = pb::Inclusion { root: r1.to_vec(), raise, proof: Some(proof), top: self.top.clone() };
+            send_frame(ctx, e.from, Frame::Inclusion(inc));
+        }
+        let deadline = now + p.reduction_timeout_ns;
+        let lane_seq = self.lanes[lane].0;
+        let stage = Stage::Reducing { deadline, shares: BTreeMap::new() };
+        self.lanes[lane].1 = Some(InFlight { lane_seq, entries, r1, batch: Arc::new(batch), r2: [0; 32], stage });
+    }
+
+    /// M3s, a burst at a time: a share counts once its auth verifies (so nobody can
+    /// spoil a client's share with an earlier one), one per id for the current R1, and
+    /// the batch is aggregated once every client's is in.
+    fn take_reductions(&mut self, ctx: &mut Ctx, now: Nanos) {
+        let burst = std::mem::take(&mut self.reductions);
+        let mut candidates = Vec::with_capacity(burst.len());
+        for (from, r) in burst {
+            let (Ok(share), Ok(auth)) =
+                (<[u8; 96]>::try_from(r.share.as_slice()), <[u8; 64]>::try_from(r.auth.as_slice()))
+            else {
+                ctx.fault(from, FaultKind::Malformed);
+                continue;
+            };
+            let lane = self.lanes.iter().position(|(_, b)| {
+                b.as_ref().is_some_and(|b| b.r1[..] == r.root[..] && matches!(b.stage, Stage::Reducing { .. }))
+            });
+            let Some(lane) = lane else {
+                ctx.stats.stale += 1;
+                continue;
+            };
+            let b = self.lanes[lane].1.as_ref().expect("found");
+            if b.entries.binary_search_by_key(&r.id, |(id, _)| *id).is_err() {
+                ctx.fault(from, FaultKind::Unexpected);
+                continue;
+            }
+            let Some(keys) = self.dir.get(r.id) else { continue };
+            let msg = reduction_auth_statement(&self.servers.system_id, r.id, &b.r1, &share);
+            candidates.push((from, lane, r.id, BlsSignature(share), EdSignature(auth), keys, msg));
+        }
+        let items: Vec<EdItem> =
+            candidates.iter().map(|(_, _, _, _, auth, keys, msg)| EdItem { key: &keys.ed, msg, sig: auth }).collect();
+        let (ok, checks) = verify_each(self.servers.mode, &items);
+        ctx.counters.signatures_verified += checks;
+        let mut complete = Vec::new();
+        for ((from, lane, id, share, auth, _, _), ok) in candidates.into_iter().zip(ok) {
+            if !ok {
+                ctx.fault(from, FaultKind::BadSignature);
+                continue;
+            }
+            let b = self.lanes[lane].1.as_mut().expect("found");
+            let Stage::Reducing { shares, .. } = &mut b.stage else { continue };
+            shares.entry(id).or_insert((share, auth));
+            if shares.len() == b.entries.len() && !complete.contains(&lane) {
+                complete.push(lane);
+            }
+        }
+        for lane in complete {
+            self.aggregate(ctx, now, lane);
+        }
+    }
+
+    /// Step 5: aggregates the authenticated shares, finds bad ones by bisection;
+    /// the silent and the bad straggle. Then step 6: offers the batch.
+    fn aggregate(&mut self, ctx: &mut Ctx, now: Nanos, lane: usize) {
+        let b = self.lanes[lane].1.as_mut().expect("a batch in the lane");
+        let Stage::Reducing { shares, .. } = std::mem::replace(
+            &mut b.stage,
+            Stage::Witnessing { deadline: now, pending: vec![], shards: BTreeMap::new() },
+        ) else {
+            return;
+        };
+        let servers = &self.servers;
+        let keys: BTreeMap<u64, _> = shares.keys().filter_map(|&id| Some((id, self.dir.get(id)?))).collect();
+        let msg = reduction_statement(&servers.system_id, &b.r1);
+        let mut good = Vec::new();
+        let all: Vec<(u64, BlsSignature)> = shares.iter().map(|(id, (s, _))| (*id, *s)).collect();
+        bisect(ctx, servers, &keys, &msg, &all, &mut good);
+        good.sort_unstable();
+        for (id, e) in &b.entries {
+            if shares.contains_key(id) && good.binary_search(id).is_err() {
+                ctx.fault(e.from, FaultKind::BadSignature);
+            }
+        }
+        let agg = aggregate_unchecked(servers.mode, &good.iter().map(|id| shares[id].0).collect::<Vec<_>>());
+        let stragglers: Vec<Straggler> = b
+            .entries
+            .iter()
+            .filter(|(id, _)| good.binary_search(id).is_err())
+            .map(|(id, e)| Straggler { id: *id, seq: e.seq, signature: e.signature })
+            .collect();
+        let old = &b.batch;
+        let batch = Batch::new(old.ids.clone(), old.msgs.clone(), old.raise, agg, stragglers).expect("same shape");
+        b.r2 = batch.root_t2(ctx.cfg.cluster.params.leaf_entries as usize);
+        b.batch = Arc::new(batch);
+        self.offer(ctx, now, lane);
+    }
+
+    /// Step 6: the offer to every server in a random order: the first f+1+margin verify,
+    /// the next up to a quorum are pending verifiers, the rest only check the root.
+    fn offer(&mut self, ctx: &mut Ctx, now: Nanos, lane: usize) {
+        let p = ctx.cfg.cluster.params.clone();
+        let verifiers = (self.servers.p + p.margin as usize).min(self.servers.ids.len());
+        let pending_end = self.servers.q.max(verifiers);
+        let mut order = self.servers.ids.clone();
+        self.rng.shuffle(&mut order);
+        let b = self.lanes[lane].1.as_mut().expect("a batch in the lane");
+        let batch = b.batch.to_pb();
+        for (i, &server) in order.iter().enumerate() {
+            let offer = pb::Offer {
+                lane: lane as u32,
+                lane_seq: b.lane_seq,
+                root: b.r2.to_vec(),
+                batch: Some(batch.clone()),
+                verify: i < verifiers,
+            };
+            send_frame(ctx, server, Frame::Offer(offer));
+        }
+        let pending = order[verifiers..pending_end].to_vec();
+        b.stage = Stage::Witnessing { deadline: now + p.witness_timeout_ns, pending, shards: BTreeMap::new() };
+    }
+
+    fn on_witness_shard(&mut self, ctx: &mut Ctx, now: Nanos, server: usize, w: pb::WitnessShard) {
+        let Ok(sig) = <[u8; 96]>::try_from(w.signature.as_slice()) else {
+            return ctx.fault(self.servers.ids[server], FaultKind::Malformed);
+        };
+        let Some(Some(b)) = self.lanes.get_mut(w.lane as usize).map(|(_, b)| b.as_mut()) else {
+            return ctx.stats.stale += 1;
+        };
+        let Stage::Witnessing { shards, .. } = &mut b.stage else { return ctx.stats.stale += 1 };
+        if b.lane_seq != w.lane_seq || b.r2[..] != w.root[..] {
+            return ctx.stats.stale += 1;
+        }
+        shards.insert(server, BlsSignature(sig));
+        if shards.len() < self.servers.p {
+            return;
+        }
+        let broker = self.identity.public_key().0;
+        let msg = witness_statement(&self.servers.system_id, &broker, w.lane, b.lane_seq, &b.r2);
+        let all: Vec<(usize, BlsSignature)> = shards.iter().map(|(i, s)| (*i, *s)).collect();
+        let good = self.servers.good_shares(ctx, &msg, &all);
+        if good.len() < self.servers.p {
+            for (i, _) in all.iter().filter(|(i, _)| !good.iter().any(|(g, _)| g == i)) {
+                ctx.fault(self.servers.ids[*i], FaultKind::BadSignature);
+                shards.remove(i);
+            }
+            return;
+        }
+        let (idx, sigs): (Vec<usize>, Vec<BlsSignature>) = good.into_iter().take(self.servers.p).unzip();
+        let Some(witness) = self.servers.certificate(&idx, &sigs) else { return };
+        let r = pb::Reference {
+            broker: broker.to_vec(),
+            lane: w.lane,
+            lane_seq: b.lane_seq,
+            root: b.r2.to_vec(),
+            witness: Some(witness),
+        };
+        for &server in &self.servers.ids {
+            send_frame(ctx, server, Frame::Witness(r.clone()));
+        }
+        let deadline = now + ctx.cfg.cluster.params.witness_timeout_ns;
+        b.stage = Stage::Certifying { deadline, witness: Some(r), shards: BTreeMap::new() };
+    }
+
+    /// Step 10: f+1 delivery shards agreeing on (height, amendments) certify the amended
+    /// tree; every client whose entry was not dropped gets its proof under it.
+    fn on_delivery_shard(&mut self, ctx: &mut Ctx, server: usize, d: pb::DeliveryShard) {
+        let Ok(sig) = <[u8; 96]>::try_from(d.signature.as_slice()) else {
+            return ctx.fault(self.servers.ids[server], FaultKind::Malformed);
+        };
+        let Some(Some(b)) = self.lanes.get_mut(d.lane as usize).map(|(_, b)| b.as_mut()) else {
+            return ctx.stats.stale += 1;
+        };
+        if b.lane_seq != d.lane_seq || matches!(b.stage, Stage::Reducing { .. }) {
+            return ctx.stats.stale += 1;
+        }
+        // Shards may overtake this broker's own witness: they mean it was ordered.
+        if let Stage::Witnessing { deadline, .. } = b.stage {
+            b.stage = Stage::Certifying { deadline, witness: None, shards: BTreeMap::new() };
+        }
+        let Stage::Certifying { shards, .. } = &mut b.stage else { return };
+        let amendments: Vec<(u64, Option<u64>)> = d.amendments.iter().map(|a| (a.id, a.nudge)).collect();
+        let group = shards.entry((d.height, amendments.clone())).or_default();
+        group.insert(server, BlsSignature(sig));
+        if group.len() < self.servers.p {
+            return;
+        }
+        // The amended tree: nudged entries at the seq delivered before, dropped ones out.
+        let seqs = b.batch.seqs();
+        let mut fates: Vec<Fate> = seqs.iter().map(|&s| Fate::Seq(s)).collect();
+        for (id, nudge) in &amendments {
+            let Ok(i) = b.batch.ids.binary_search(id) else {
+                // No correct server names an entry the batch lacks: f+1 agree, so this
+                // group is all faulty... which f+1 cannot be.
+                return;
+            };
+            fates[i] = nudge.map_or(Fate::Dropped, Fate::Seq);
+        }
+        let per_leaf = ctx.cfg.cluster.params.leaf_entries as usize;
+        let fate = |i: usize| fates[i];
+        let tree = b.batch.tree(per_leaf, &fate);
+        let r3 = tree.root();
+        let msg = delivery_statement(&self.servers.system_id, d.height, &r3);
+        let all: Vec<(usize, BlsSignature)> = group.iter().map(|(i, s)| (*i, *s)).collect();
+        let good = self.servers.good_shares(ctx, &msg, &all);
+        if good.len() < self.servers.p {
+            let bad: Vec<usize> = all.iter().map(|(i, _)| *i).filter(|i| !good.iter().any(|(g, _)| g == i)).collect();
+            for i in bad {
+                group.remove(&i);
+                ctx.fault(self.servers.ids[i], FaultKind::BadSignature);
+            }
+            return;
+        }
+        let (idx, sigs): (Vec<usize>, Vec<BlsSignature>) = good.into_iter().take(self.servers.p).unzip();
+        let Some(certificate) = self.servers.certificate(&idx, &sigs) else { return };
+        let record = pb::HeightRecord { height: d.height, root: r3.to_vec(), certificate: Some(certificate) };
+        for (i, (_, e)) in b.entries.iter().enumerate() {
+            let Fate::Seq(seq) = fates[i] else { continue };
+            let proof = b.batch.proof(&tree, per_leaf, i, &fate);
+            let delivery = pb::Delivery { record: Some(record.clone()), seq, proof: Some(proof) };
+            send_frame(ctx, e.from, Frame::Delivery(delivery));
+        }
+        if self.top.as_ref().is_none_or(|t| t.height < d.height) {
+            self.top = Some(record);
+        }
+        let lane = d.lane as usize;
+        self.lanes[lane].0 += 1;
+        self.lanes[lane].1 = None;
+    }
+
+    fn on_deadlines(&mut self, ctx: &mut Ctx, now: Nanos) {
+        if self.hello_at.is_some_and(|t| t <= now) {
+            self.hello(ctx, now);
+        }
+        for lane in 0..self.lanes.len() {
+            let Some(b) = self.lanes[lane].1.as_mut() else { continue };
+            match &mut b.stage {
+                Stage::Reducing { deadline, .. } if *deadline <= now => self.aggregate(ctx, now, lane),
+                Stage::Witnessing { deadline, pending, shards } if *deadline <= now => {
+                    // The pending verifiers verify now; the first quorum holds f+1 correct
+                    // servers. Later, the servers without a shard get the offer again to
+                    // verify (one may have lost it, or its shard been lost).
+                    if pending.is_empty() {
+                        let batch = b.batch.to_pb();
+                        let without_shard =
+                            self.servers.ids.iter().enumerate().filter(|(i, _)| !shards.contains_key(i));
+                        for (_, &server) in without_shard {
+                            let offer = pb::Offer {
+                                lane: lane as u32,
+                                lane_seq: b.lane_seq,
+                                root: b.r2.to_vec(),
+                                batch: Some(batch.clone()),
+                                verify: true,
+                            };
+                            send_frame(ctx, server, Frame::Offer(offer));
+                        }
+                    } else {
+                        let v = pb::VerifyOffer { lane: lane as u32, lane_seq: b.lane_seq, root: b.r2.to_vec() };
+                        for server in std::mem::take(pending) {
+                            send_frame(ctx, server, Frame::Verify(v.clone()));
+                        }
+                    }
+                    *deadline = now + ctx.cfg.cluster.params.witness_timeout_ns;
+                }
+                Stage::Certifying { deadline, witness: Some(r), .. } if *deadline <= now => {
+                    for &server in &self.servers.ids {
+                        send_frame(ctx, server, Frame::Witness(r.clone()));
+                    }
+                    *deadline = now + ctx.cfg.cluster.params.witness_timeout_ns;
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// Aggregate-then-bisect: the ids in `shares` whose shares verify, found with one
+/// verification for a set that is all good and a split for one that is not.
+fn bisect(
+    ctx: &mut Ctx,
+    servers: &Servers,
+    keys: &BTreeMap<u64, Arc<super::directory::Keys>>,
+    msg: &[u8],
+    shares: &[(u64, BlsSignature)],
+    good: &mut Vec<u64>,
+) {
+    if shares.is_empty() {
+        return;
+    }
+    let sigs: Vec<BlsSignature> = shares.iter().map(|(_, s)| *s).collect();
+    if let Some(agg) = aggregate_unchecked(servers.mode, &sigs) {
+        ctx.counters.signatures_verified += 1;
+        if verify_multi(servers.mode, shares.iter().map(|(id, _)| &keys[id].bls), msg, &agg) {
+            good.extend(shares.iter().map(|(id, _)| *id));
+            return;
+        }
+    }
+    if shares.len() > 1 {
+        let (a, b) = shares.split_at(shares.len() / 2);
+        bisect(ctx, servers, keys, msg, a, good);
+        bisect(ctx, servers, keys, msg, b, good);
+    }
+}
+
+impl RoleMachine for Broker {
+    fn on_message(&mut self, ctx: &mut Ctx, _now: Nanos, msg: Opened) {
+        // A broker shares no keys: nothing reaches it in cluster frames.
+        ctx.fault(msg.sender, FaultKind::Unexpected);
+    }
+
+    fn reads_unkeyed(&self) -> bool {
+        true
+    }
+
+    fn on_unkeyed(&mut self, ctx: &mut Ctx, now: Nanos, from: NodeId, bytes: Vec<u8>) {
+        self.last_now = now;
+        if let Some(kind) = open_frame(ctx, from, &bytes) {
+            self.on_frame(ctx, now, from, kind);
+        }
+    }
+
+    fn on_timeout(&mut self, ctx: &mut Ctx, now: Nanos) {
+        self.last_now = now;
+        self.filter(ctx);
+        self.take_reductions(ctx, now);
+        self.on_deadlines(ctx, now);
+        self.batch(ctx, now);
+    }
+
+    fn next_deadline(&self) -> Option<Nanos> {
+        // The pool's deadline only while a lane can take its batch, or a passed deadline
+        // would ask for timeouts that change nothing.
+        let lane_free = self.ready && self.lanes.iter().any(|(_, b)| b.is_none());
+        let pool = self.pool_since.filter(|_| lane_free).map(|t| t.saturating_add(self.pool_timeout));
+        let stages = self.lanes.iter().filter_map(|(_, b)| b.as_ref()).map(|b| match &b.stage {
+            Stage::Reducing { deadline, .. } | Stage::Witnessing { deadline, .. } => Some(*deadline),
+            Stage::Certifying { deadline, witness, .. } => witness.as_ref().map(|_| *deadline),
+        });
+        earliest(stages.chain([self.hello_at, pool]))
+    }
+
+    fn before_poll(&mut self, ctx: &mut Ctx) {
+        let now = self.last_now;
+        self.filter(ctx);
+        self.take_reductions(ctx, now);
+        self.batch(ctx, now);
+    }
+
+    fn live_instances(&self) -> usize {
+        self.pool.len()
+            + self.burst.len()
+            + self.reductions.len()
+            + self.lanes.iter().filter(|(_, b)| b.is_some()).count()
+    }
+}

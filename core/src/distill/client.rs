@@ -1,0 +1,304 @@
+//! The distillation client (spec §5 steps 1, 4, 11, and sign-up): one message in flight
+//! at a time, submitted with the lowest seq of its range; it signs a batch root only
+//! after checking its own entry under it and that the raise is justified by a certified
+//! height record, and accepts a delivery only with f+1 server signatures and its entry's
+//! proof. A broker that stalls is left for the next after `resubmit_timeout`, with the
+//! very same submission (deduplication resolves a double delivery).
+
+use std::collections::{BTreeMap, VecDeque};
+
+use prost::Message;
+
+use super::batch::verify_proof;
+use super::directory::{Directory, ed_key};
+use super::{
+    CLIENT_ADDRESS_BASE, Servers, assign_statement, broadcast_auth_statement, broadcast_statement, earliest,
+    open_frame, record_root, reduction_auth_statement, reduction_statement, send_frame, sign_up_statement,
+    verify_record,
+};
+use crate::config::Role;
+use crate::crypto::{BlsSignature, EdSecretKey};
+use crate::node::{Ctx, HandleError, Output};
+use crate::role::RoleMachine;
+use crate::wire::pb::distill_frame::Kind as Frame;
+use crate::wire::{Opened, pb};
+use crate::{FaultKind, Input, Nanos, NodeId, Request};
+
+/// The message in flight.
+struct Current {
+    request: u64,
+    msg: Vec<u8>,
+    submit: pb::Submit,
+    deadline: Nanos,
+}
+
+pub(crate) struct Client {
+    servers: Servers,
+    ed: EdSecretKey,
+    id: Option<u64>,
+    brokers: Vec<NodeId>,
+    broker: usize,
+    lo: u64,
+    hi: u64,
+    record: Option<pb::HeightRecord>,
+    queue: VecDeque<(u64, Vec<u8>)>,
+    current: Option<Current>,
+    next_request: u64,
+    /// Sign-up: each server's assignment share, and when to ask again.
+    assigned: BTreeMap<usize, (u64, BlsSignature)>,
+    sign_up_at: Option<Nanos>,
+    /// A signed-up client's certificate of its id, shown to brokers.
+    assignment: Option<pb::Assignment>,
+}
+
+impl Client {
+    pub fn new(ctx: &Ctx) -> Self {
+        let mode = ctx.cfg.cluster.crypto;
+        let p = &ctx.cfg.cluster.params;
+        // A generated client's address names its id, if its key is that id's.
+        let id = ctx.me().checked_sub(CLIENT_ADDRESS_BASE).map(u64::from).filter(|&d| {
+            let mut dir = Directory::new(mode, p.directory_seed, p.directory_size);
+            dir.get(d).is_some_and(|k| k.bls.bytes == ctx.cfg.bls_secret.public_key())
+        });
+        let brokers: Vec<NodeId> =
+            ctx.cfg.cluster.nodes.iter().filter(|n| n.role == Role::DistillBroker).map(|n| n.id).collect();
+        // Clients spread over the brokers.
+        let broker = (ctx.me() as usize) % brokers.len().max(1);
+        Client {
+            servers: Servers::new(ctx),
+            ed: ed_key(mode, ctx.cfg.bls_secret.key_material()),
+            id,
+            brokers,
+            broker,
+            lo: 0,
+            hi: 0,
+            record: None,
+            queue: VecDeque::new(),
+            current: None,
+            next_request: 1,
+            assigned: BTreeMap::new(),
+            sign_up_at: id.is_none().then_some(0),
+            assignment: None,
+        }
+    }
+
+    fn per_leaf(ctx: &Ctx) -> usize {
+        ctx.cfg.cluster.params.leaf_entries as usize
+    }
+
+    fn sign_up(&mut self, ctx: &mut Ctx, now: Nanos) {
+        let (ed, bls) = (self.ed.public_key().0, ctx.cfg.bls_secret.public_key().0);
+        let msg = sign_up_statement(&self.servers.system_id, &ed, &bls);
+        let s = pb::SignUp {
+            ed_key: ed.to_vec(),
+            bls_key: bls.to_vec(),
+            ed_pop: self.ed.sign(&msg).0.to_vec(),
+            bls_pop: ctx.sign(&msg).0.to_vec(),
+        };
+        for &server in &self.servers.ids.clone() {
+            send_frame(ctx, server, Frame::SignUp(s.clone()));
+        }
+        self.sign_up_at = Some(now + ctx.cfg.cluster.params.resubmit_timeout_ns);
+    }
+
+    /// S1: f+1 servers assigned the same id to our keys.
+    fn on_assigned(&mut self, ctx: &mut Ctx, now: Nanos, server: usize, a: pb::Assigned) {
+        let (ed, bls) = (self.ed.public_key().0, ctx.cfg.bls_secret.public_key().0);
+        if self.id.is_some() || a.ed_key[..] != ed[..] || a.bls_key[..] != bls[..] {
+            return ctx.stats.stale += 1;
+        }
+        let Ok(sig) = <[u8; 96]>::try_from(a.signature.as_slice()) else {
+            return ctx.fault(self.servers.ids[server], FaultKind::Malformed);
+        };
+        let msg = assign_statement(&self.servers.system_id, a.id, &ed, &bls);
+        if !self.servers.verify_share(ctx, server, &msg, &BlsSignature(sig)) {
+            return ctx.fault(self.servers.ids[server], FaultKind::BadSignature);
+        }
+        self.assigned.insert(server, (a.id, BlsSignature(sig)));
+        let matching: Vec<(usize, BlsSignature)> =
+            self.assigned.iter().filter(|(_, (id, _))| *id == a.id).map(|(i, (_, s))| (*i, *s)).collect();
+        if matching.len() < self.servers.p {
+            return;
+        }
+        let (signers, sigs): (Vec<usize>, Vec<BlsSignature>) = matching.into_iter().unzip();
+        let certificate = self.servers.certificate(&signers, &sigs);
+        self.assignment = Some(pb::Assignment { id: a.id, ed_key: ed.to_vec(), bls_key: bls.to_vec(), certificate });
+        self.id = Some(a.id);
+        self.sign_up_at = None;
+        self.assigned.clear();
+        self.persist(ctx);
+        self.next(ctx, now);
+    }
+
+    fn persist(&self, ctx: &mut Ctx) {
+        let Some(id) = self.id else { return };
+        let r = pb::DistillClientRecord {
+            id,
+            lo: self.lo,
+            hi: self.hi,
+            record: self.record.clone(),
+            assignment: self.assignment.clone(),
+        };
+        ctx.persist(r.encode_to_vec());
+    }
+
+    /// Step 1: the next message goes out with seq = lo, to the current broker.
+    fn next(&mut self, ctx: &mut Ctx, now: Nanos) {
+        let Some(id) = self.id.filter(|_| self.current.is_none() && !self.brokers.is_empty()) else { return };
+        let Some((request, msg)) = self.queue.pop_front() else { return };
+        let seq = self.lo;
+        let signature = self.ed.sign(&broadcast_statement(&self.servers.system_id, id, seq, &msg)).0.to_vec();
+        let (record, auth) = match &self.record {
+            Some(r) if seq > 0 => {
+                let auth = self.ed.sign(&broadcast_auth_statement(&self.servers.system_id, id, r.height, &r.root));
+                (Some(r.clone()), auth.0.to_vec())
+            }
+            _ => (None, vec![]),
+        };
+        let assignment = self.assignment.clone();
+        let submit = pb::Submit { id, seq, msg: msg.clone(), signature, record, auth, assignment };
+        send_frame(ctx, self.brokers[self.broker], Frame::Submit(submit.clone()));
+        let deadline = now + ctx.cfg.cluster.params.resubmit_timeout_ns;
+        self.current = Some(Current { request, msg, submit, deadline });
+    }
+
+    /// Step 4: signs R1 only for its own entry at a justified raise.
+    fn on_inclusion(&mut self, ctx: &mut Ctx, from: NodeId, inc: pb::Inclusion) {
+        let (Some(id), Some(cur)) = (self.id, &self.current) else { return ctx.stats.stale += 1 };
+        let (Some(proof), Ok(root)) = (&inc.proof, <[u8; 32]>::try_from(inc.root.as_slice())) else {
+            return ctx.fault(from, FaultKind::Malformed);
+        };
+        if !verify_proof(&root, Self::per_leaf(ctx), id, inc.raise, &cur.msg, proof) || inc.raise < self.lo {
+            return ctx.fault(from, FaultKind::Unexpected);
+        }
+        if inc.raise > 0 {
+            let justified = inc.top.as_ref().is_some_and(|t| {
+                inc.raise <= t.height && record_root(t).is_some() && verify_record(&self.servers, ctx, t)
+            });
+            if !justified {
+                return ctx.fault(from, FaultKind::Unexpected);
+            }
+        }
+        if inc.raise > self.hi {
+            // Durable before the share leaves: a restart must not reuse a seq up to it.
+            self.hi = inc.raise;
+            self.persist(ctx);
+        }
+        let share = ctx.sign(&reduction_statement(&self.servers.system_id, &root));
+        let auth = self.ed.sign(&reduction_auth_statement(&self.servers.system_id, id, &root, &share.0));
+        let r = pb::Reduction { id, root: root.to_vec(), share: share.0.to_vec(), auth: auth.0.to_vec() };
+        send_frame(ctx, from, Frame::Reduction(r));
+    }
+
+    /// Step 11: a delivery certified by f+1 servers with our entry under its root.
+    fn on_delivery(&mut self, ctx: &mut Ctx, now: Nanos, from: NodeId, d: pb::Delivery) {
+        let (Some(id), Some(cur)) = (self.id, &self.current) else { return ctx.stats.stale += 1 };
+        let (Some(record), Some(proof)) = (&d.record, &d.proof) else {
+            return ctx.fault(from, FaultKind::Malformed);
+        };
+        let Some(root) = record_root(record) else { return ctx.fault(from, FaultKind::Malformed) };
+        if d.seq < self.lo || d.seq > self.hi || !verify_proof(&root, Self::per_leaf(ctx), id, d.seq, &cur.msg, proof) {
+            return ctx.fault(from, FaultKind::Unexpected);
+        }
+        if !verify_record(&self.servers, ctx, record) {
+            return ctx.fault(from, FaultKind::BadSignature);
+        }
+        let request = cur.request;
+        let height = record.height;
+        self.record = Some(record.clone());
+        self.lo = self.hi + 1;
+        self.hi = self.lo;
+        self.current = None;
+        self.persist(ctx);
+        let mut result = height.to_le_bytes().to_vec();
+        result.extend_from_slice(&d.seq.to_le_bytes());
+        ctx.push(Output::Completed { request, result });
+        self.next(ctx, now);
+    }
+
+    /// The broker stalled: the same submission goes to the next broker.
+    fn resubmit(&mut self, ctx: &mut Ctx, now: Nanos) {
+        let Some(cur) = self.current.as_mut().filter(|c| c.deadline <= now) else { return };
+        self.broker = (self.broker + 1) % self.brokers.len();
+        cur.deadline = now + ctx.cfg.cluster.params.resubmit_timeout_ns;
+        let submit = cur.submit.clone();
+        send_frame(ctx, self.brokers[self.broker], Frame::Submit(submit));
+    }
+
+    fn recover(&mut self, record: &[u8]) -> Result<(), HandleError> {
+        let r = pb::DistillClientRecord::decode(record)
+            .map_err(|e| HandleError::Invalid(format!("persisted record: not a DistillClientRecord: {e}")))?;
+        self.id = Some(r.id);
+        self.sign_up_at = None;
+        (self.lo, self.hi, self.record, self.assignment) = (r.lo, r.hi, r.record, r.assignment);
+        // What was in flight may have been signed at a raise up to hi and be delivered
+        // there yet: the next message goes above it.
+        if self.hi > self.lo {
+            self.lo = self.hi + 1;
+            self.hi = self.lo;
+        }
+        Ok(())
+    }
+}
+
+impl RoleMachine for Client {
+    fn on_message(&mut self, ctx: &mut Ctx, _now: Nanos, msg: Opened) {
+        ctx.fault(msg.sender, FaultKind::Unexpected);
+    }
+
+    fn reads_unkeyed(&self) -> bool {
+        true
+    }
+
+    fn on_unkeyed(&mut self, ctx: &mut Ctx, now: Nanos, from: NodeId, bytes: Vec<u8>) {
+        let Some(kind) = open_frame(ctx, from, &bytes) else { return };
+        match (kind, self.servers.index(from)) {
+            (Frame::Assigned(a), Some(server)) => self.on_assigned(ctx, now, server, a),
+            (Frame::Inclusion(inc), None) => self.on_inclusion(ctx, from, inc),
+            (Frame::Delivery(d), None) => self.on_delivery(ctx, now, from, d),
+            _ => ctx.fault(from, FaultKind::Unexpected),
+        }
+    }
+
+    fn on_input(&mut self, ctx: &mut Ctx, now: Nanos, input: Input) -> Result<(), HandleError> {
+        match input {
+            Input::Request(Request::Submit { op }) => {
+                if op.len() > ctx.cfg.cluster.params.max_payload as usize {
+                    return Err(HandleError::Invalid(format!(
+                        "a message of {} bytes is longer than max_payload = {}",
+                        op.len(),
+                        ctx.cfg.cluster.params.max_payload
+                    )));
+                }
+                if self.queue.len() >= ctx.cfg.cluster.params.client_queue as usize {
+                    return Err(HandleError::Backpressure);
+                }
+                self.queue.push_back((self.next_request, op));
+                self.next_request += 1;
+                self.next(ctx, now);
+                Ok(())
+            }
+            Input::Recover { record } => self.recover(&record),
+            other => Err(HandleError::WrongRole { role: ctx.role(), request: other.name() }),
+        }
+    }
+
+    fn on_timeout(&mut self, ctx: &mut Ctx, now: Nanos) {
+        if self.sign_up_at.is_some_and(|t| t <= now) {
+            self.sign_up(ctx, now);
+        }
+        self.resubmit(ctx, now);
+    }
+
+    fn next_deadline(&self) -> Option<Nanos> {
+        earliest([self.sign_up_at, self.current.as_ref().map(|c| c.deadline)])
+    }
+
+    fn live_instances(&self) -> usize {
+        self.queue.len() + usize::from(self.current.is_some())
+    }
+
+    fn next_request(&self) -> Option<u64> {
+        Some(self.next_request)
+    }
+}

@@ -1,0 +1,155 @@
+//! The directory: client id → (Ed25519 key, BLS key). Ids `0 .. directory_size` are
+//! generated from `directory_seed` (tests and benchmarks, as the reference artifact
+//! does: anyone who knows the seed knows their secrets), derived when first needed;
+//! later ids come from sign-ups ordered by the TOB, in order.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::crypto::{BlsKey, BlsPublicKey, BlsSecretKey, CryptoMode, EdPublicKey, EdSecretKey, derive_key_material};
+
+/// The purpose a node's Ed25519 key material is derived for from its BLS key material.
+pub const ED25519_PURPOSE: &str = "phalanx v1 distill ed25519 key";
+
+/// A client's keys.
+#[derive(Clone, Debug)]
+pub struct Keys {
+    pub ed: EdPublicKey,
+    pub bls: BlsKey,
+}
+
+#[derive(Clone, Debug)]
+pub struct Directory {
+    mode: CryptoMode,
+    seed: u64,
+    generated: u64,
+    /// Generated entries derived so far.
+    derived: BTreeMap<u64, Arc<Keys>>,
+    /// Ids from `generated` on, in order.
+    signed_up: Vec<Arc<Keys>>,
+    by_ed: BTreeMap<EdPublicKey, u64>,
+    /// A broker's: signed-up entries it learned from their certificates, in any order.
+    learned: BTreeMap<u64, Arc<Keys>>,
+}
+
+/// The BLS key material of generated client `id`.
+pub fn generated_material(seed: u64, id: u64) -> [u8; 32] {
+    let mut h = blake3::Hasher::new_derive_key("phalanx v1 distill generated directory");
+    h.update(&seed.to_le_bytes());
+    h.update(&id.to_le_bytes());
+    *h.finalize().as_bytes()
+}
+
+/// A client's Ed25519 key from its BLS key material.
+pub fn ed_key(mode: CryptoMode, bls_material: &[u8; 32]) -> EdSecretKey {
+    EdSecretKey::from_key_material(mode, &derive_key_material(ED25519_PURPOSE, bls_material))
+}
+
+/// The secrets of generated client `id` (for tests, benchmarks and load generators).
+pub fn generated_secrets(mode: CryptoMode, seed: u64, id: u64) -> (EdSecretKey, BlsSecretKey) {
+    let material = generated_material(seed, id);
+    (ed_key(mode, &material), BlsSecretKey::from_key_material(mode, &material))
+}
+
+impl Directory {
+    pub fn new(mode: CryptoMode, seed: u64, generated: u64) -> Self {
+        Directory {
+            mode,
+            seed,
+            generated,
+            derived: BTreeMap::new(),
+            signed_up: Vec::new(),
+            by_ed: BTreeMap::new(),
+            learned: BTreeMap::new(),
+        }
+    }
+
+    /// Ids `0 .. len()` exist.
+    pub fn len(&self) -> u64 {
+        self.generated + self.signed_up.len() as u64
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn generated(&self) -> u64 {
+        self.generated
+    }
+
+    /// `id`'s keys, if it exists.
+    pub fn get(&mut self, id: u64) -> Option<Arc<Keys>> {
+        if id < self.generated {
+            let (mode, seed) = (self.mode, self.seed);
+            let keys = self.derived.entry(id).or_insert_with(|| {
+                let (ed, bls) = generated_secrets(mode, seed, id);
+                let bls = BlsKey::parse(mode, &bls.public_key()).expect("a generated key is valid");
+                Arc::new(Keys { ed: ed.public_key(), bls })
+            });
+            return Some(keys.clone());
+        }
+        let signed_up = usize::try_from(id - self.generated).ok().and_then(|i| self.signed_up.get(i));
+        signed_up.or_else(|| self.learned.get(&id)).cloned()
+    }
+
+    /// The id of a signed-up client with this Ed25519 key.
+    pub fn id_of(&self, ed: &EdPublicKey) -> Option<u64> {
+        self.by_ed.get(ed).copied()
+    }
+
+    /// Adds a signed-up client (its proofs of possession checked) under the next id, or
+    /// returns the id it has. `None` if the BLS key is not a valid key.
+    pub fn sign_up(&mut self, ed: EdPublicKey, bls: &BlsPublicKey) -> Option<u64> {
+        if let Some(id) = self.id_of(&ed) {
+            return Some(id);
+        }
+        let bls = BlsKey::parse(self.mode, bls)?;
+        let id = self.len();
+        self.signed_up.push(Arc::new(Keys { ed, bls }));
+        self.by_ed.insert(ed, id);
+        Some(id)
+    }
+
+    /// The signed-up entries, in id order (replicated state).
+    pub fn signed_up(&self) -> impl Iterator<Item = &Keys> {
+        self.signed_up.iter().map(|k| k.as_ref())
+    }
+
+    /// Forgets the sign-ups (before a restore replays them).
+    pub fn clear_sign_ups(&mut self) {
+        self.signed_up.clear();
+        self.by_ed.clear();
+    }
+
+    /// A broker learns an entry f+1 servers certified (an `Assignment`), bounded by
+    /// `max` entries learned.
+    pub fn learn(&mut self, id: u64, ed: EdPublicKey, bls: &BlsPublicKey, max: usize) -> bool {
+        if id < self.generated || self.learned.len() >= max {
+            return false;
+        }
+        let Some(bls) = BlsKey::parse(self.mode, bls) else { return false };
+        self.learned.insert(id, Arc::new(Keys { ed, bls }));
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_entries_match_their_secrets_and_sign_ups_follow() {
+        for mode in CryptoMode::ALL {
+            let mut d = Directory::new(mode, 7, 3);
+            let (ed, bls) = generated_secrets(mode, 7, 2);
+            let k = d.get(2).unwrap();
+            assert_eq!((k.ed, k.bls.bytes), (ed.public_key(), bls.public_key()));
+            assert!(d.get(3).is_none());
+            let (ed, bls) = generated_secrets(mode, 8, 0);
+            assert_eq!(d.sign_up(ed.public_key(), &bls.public_key()), Some(3));
+            assert_eq!(d.sign_up(ed.public_key(), &bls.public_key()), Some(3));
+            assert_eq!(d.get(3).unwrap().ed, ed.public_key());
+            assert_eq!(d.len(), 4);
+        }
+    }
+}

@@ -1,0 +1,686 @@
+//! The distillation server (spec §5 steps 7–9): a PBFT replica composed with the
+//! server's state as its application, run in the core. Offers are checked (fully at a
+//! verifier, by their root alone otherwise) and kept per lane; a witnessed reference goes
+//! through PBFT (every server submits it; the first ordered wins); executing an ordered
+//! reference deduplicates and delivers its batch, fetched from peers if this server lacks
+//! it. A PBFT batch is answered (`Executed`) only once every reference in it delivered,
+//! so the state a checkpoint signs — heights, lanes, deduplication, sign-ups — is a
+//! function of the ordered references alone.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use prost::Message;
+
+use super::batch::{Batch, DeliveredBatch, Fate, Messages, PackedIds};
+use super::directory::Directory;
+use super::{
+    MAX_SESSIONS, Servers, assign_statement, broadcast_statement, delivery_statement, hello_statement, msg_digest,
+    open_frame, reduction_statement, send_frame, sign_up_statement, witness_statement,
+};
+use crate::crypto::ed25519::{EdItem, verify_each};
+use crate::crypto::{BlsPublicKey, BlsSignature, Digest, EdPublicKey, EdSignature, verify_multi};
+use crate::node::{Ctx, HandleError, Output, Status};
+use crate::order::Replica;
+use crate::role::RoleMachine;
+use crate::wire::pb::distill_frame::Kind as Frame;
+use crate::wire::pb::distill_op::Kind as Op;
+use crate::wire::{Opened, pb};
+use crate::{FaultKind, Input, Nanos, NodeId, Operation};
+
+/// A broker's lane: its identity and the lane's index.
+type LaneKey = (EdPublicKey, u32);
+
+/// Own request numbers leased per persisted record.
+const LEASE: u64 = 1024;
+/// Sign-ups waiting for their answer at once.
+const MAX_SIGN_UPS_WAITING: usize = 1024;
+
+/// An offer this server holds for a lane: the batch it expects next there.
+struct Offered {
+    lane_seq: u64,
+    root: Digest,
+    batch: Arc<Batch>,
+    verified: bool,
+}
+
+/// A PBFT batch being executed.
+struct Execution {
+    seq: u64,
+    ops: Vec<Operation>,
+    next: usize,
+    snapshot: bool,
+    /// The reference at `next` was ordered (its lane moved on) and its batch is awaited.
+    awaiting: Option<Awaited>,
+}
+
+#[derive(Clone)]
+struct Awaited {
+    key: LaneKey,
+    lane_seq: u64,
+    root: Digest,
+}
+
+struct Logged {
+    seq: u64,
+    digest: Digest,
+}
+
+pub(crate) struct Server {
+    replica: Replica,
+    servers: Servers,
+    dir: Directory,
+    // Replicated: what checkpoints cover.
+    next_height: u64,
+    lanes: BTreeMap<LaneKey, u64>,
+    dedup: Vec<Option<Logged>>,
+    // This server's own.
+    sessions: BTreeMap<NodeId, EdPublicKey>,
+    session_of: BTreeMap<EdPublicKey, (NodeId, u64)>,
+    offers: BTreeMap<LaneKey, Offered>,
+    last_shards: BTreeMap<LaneKey, (u64, pb::WitnessShard)>,
+    /// The last delivery shard per lane, sent again when its witness comes again.
+    last_deliveries: BTreeMap<LaneKey, pb::DeliveryShard>,
+    /// Delivered batches kept for peers that fetch them, oldest first.
+    store: BTreeMap<Digest, Arc<Batch>>,
+    stored: VecDeque<Digest>,
+    queue: VecDeque<Execution>,
+    fetch_at: Option<Nanos>,
+    own_next: u64,
+    own_leased: u64,
+    sign_ups: BTreeMap<EdPublicKey, NodeId>,
+    last_now: Nanos,
+}
+
+impl Server {
+    pub fn new(ctx: &Ctx) -> Self {
+        let p = &ctx.cfg.cluster.params;
+        Server {
+            replica: Replica::with_embedded_application(ctx),
+            servers: Servers::new(ctx),
+            dir: Directory::new(ctx.cfg.cluster.crypto, p.directory_seed, p.directory_size),
+            next_height: 1,
+            lanes: BTreeMap::new(),
+            dedup: Vec::new(),
+            sessions: BTreeMap::new(),
+            session_of: BTreeMap::new(),
+            offers: BTreeMap::new(),
+            last_shards: BTreeMap::new(),
+            last_deliveries: BTreeMap::new(),
+            store: BTreeMap::new(),
+            stored: VecDeque::new(),
+            queue: VecDeque::new(),
+            fetch_at: None,
+            own_next: 1,
+            own_leased: 1,
+            sign_ups: BTreeMap::new(),
+            last_now: 0,
+        }
+    }
+
+    fn per_leaf(ctx: &Ctx) -> usize {
+        ctx.cfg.cluster.params.leaf_entries as usize
+    }
+
+    fn next_seq(&self, key: &LaneKey) -> u64 {
+        self.lanes.get(key).copied().unwrap_or(0)
+    }
+
+    // ------------------------------------------------------------ brokers and clients
+
+    fn on_frame(&mut self, ctx: &mut Ctx, now: Nanos, from: NodeId, kind: Frame) {
+        match kind {
+            Frame::Hello(h) => self.on_hello(ctx, from, h),
+            Frame::SignUp(s) => self.on_sign_up(ctx, now, from, s),
+            Frame::Offer(o) => self.on_offer(ctx, from, o),
+            Frame::Verify(v) => self.on_verify(ctx, from, v),
+            Frame::Witness(r) => self.on_witness(ctx, now, from, r),
+            _ => ctx.fault(from, FaultKind::Unexpected),
+        }
+    }
+
+    /// A broker's signed hello: this address speaks for its identity from now on.
+    fn on_hello(&mut self, ctx: &mut Ctx, from: NodeId, h: pb::BrokerHello) {
+        let (Ok(broker), Ok(sig)) =
+            (<[u8; 32]>::try_from(h.broker.as_slice()), <[u8; 64]>::try_from(h.signature.as_slice()))
+        else {
+            return ctx.fault(from, FaultKind::Malformed);
+        };
+        let broker = EdPublicKey(broker);
+        if self.session_of.get(&broker).is_some_and(|(_, nonce)| *nonce >= h.nonce) {
+            return ctx.stats.stale += 1;
+        }
+        if !self.sessions.contains_key(&from) && self.sessions.len() >= MAX_SESSIONS {
+            return ctx.stats.refused += 1;
+        }
+        ctx.counters.signatures_verified += 1;
+        let msg = hello_statement(&self.servers.system_id, &broker.0, ctx.me(), h.nonce);
+        if !broker.verify(self.servers.mode, &msg, &EdSignature(sig)) {
+            return ctx.fault(from, FaultKind::BadSignature);
+        }
+        if let Some((old, _)) = self.session_of.insert(broker, (from, h.nonce)) {
+            self.sessions.remove(&old);
+        }
+        self.sessions.insert(from, broker);
+        let next = (0..ctx.cfg.cluster.params.lanes).map(|l| self.next_seq(&(broker, l))).collect();
+        send_frame(ctx, from, Frame::Lanes(pb::LaneStatus { next }));
+    }
+
+    fn broker_of(&self, ctx: &mut Ctx, from: NodeId) -> Option<EdPublicKey> {
+        let b = self.sessions.get(&from).copied();
+        if b.is_none() {
+            ctx.fault(from, FaultKind::Unexpected);
+        }
+        b
+    }
+
+    /// M4 (step 7): refused unless for the lane's next seq (or the one before, to send
+    /// the last shard again); checked fully if asked to verify, else by its root; kept if
+    /// the lane expects nothing else; a shard answers a verified, kept offer.
+    fn on_offer(&mut self, ctx: &mut Ctx, from: NodeId, o: pb::Offer) {
+        let Some(broker) = self.broker_of(ctx, from) else { return };
+        let p = &ctx.cfg.cluster.params;
+        if o.lane >= p.lanes {
+            return ctx.fault(from, FaultKind::Unexpected);
+        }
+        let key = (broker, o.lane);
+        let ns = self.next_seq(&key);
+        if o.lane_seq.saturating_add(1) == ns {
+            if let Some((seq, shard)) = self.last_shards.get(&key).filter(|(s, _)| *s == o.lane_seq) {
+                let _ = seq;
+                send_frame(ctx, from, Frame::WitnessShard(shard.clone()));
+            }
+            return;
+        }
+        if o.lane_seq != ns {
+            return ctx.stats.beyond_window += 1;
+        }
+        let (Ok(root), Some(batch)) = (Digest::try_from(o.root.as_slice()), o.batch) else {
+            return ctx.fault(from, FaultKind::Malformed);
+        };
+        let Some(batch) = Batch::from_pb(batch, p.distill_batch_size, p.max_payload) else {
+            return ctx.fault(from, FaultKind::Malformed);
+        };
+        let verified = o.verify && self.verify_batch(ctx, &batch, &root);
+        if o.verify && !verified {
+            return ctx.fault(from, FaultKind::BadSignature);
+        }
+        if !verified && batch.root_t2(Self::per_leaf(ctx)) != root {
+            return ctx.fault(from, FaultKind::Malformed);
+        }
+        match self.offers.get_mut(&key) {
+            Some(held) if held.lane_seq == o.lane_seq && held.root != root => return,
+            Some(held) if held.lane_seq == o.lane_seq => held.verified |= verified,
+            _ => {
+                self.offers.insert(key, Offered { lane_seq: o.lane_seq, root, batch: Arc::new(batch), verified });
+            }
+        }
+        if verified {
+            self.send_shard(ctx, from, key, o.lane_seq, root);
+        }
+    }
+
+    /// M4's verify flag, after a witness timeout: verify the offer kept for that lane.
+    fn on_verify(&mut self, ctx: &mut Ctx, from: NodeId, v: pb::VerifyOffer) {
+        let Some(broker) = self.broker_of(ctx, from) else { return };
+        let key = (broker, v.lane);
+        let Some(held) = self.offers.get(&key).filter(|h| h.lane_seq == v.lane_seq && h.root[..] == v.root[..]) else {
+            return ctx.stats.stale += 1;
+        };
+        let (batch, root, was) = (held.batch.clone(), held.root, held.verified);
+        if !was && !self.verify_batch(ctx, &batch, &root) {
+            self.offers.remove(&key);
+            return ctx.fault(from, FaultKind::BadSignature);
+        }
+        if let Some(h) = self.offers.get_mut(&key) {
+            h.verified = true;
+        }
+        self.send_shard(ctx, from, key, v.lane_seq, root);
+    }
+
+    fn send_shard(&mut self, ctx: &mut Ctx, to: NodeId, key: LaneKey, lane_seq: u64, root: Digest) {
+        let msg = witness_statement(&self.servers.system_id, &key.0.0, key.1, lane_seq, &root);
+        let signature = ctx.sign(&msg).0.to_vec();
+        let shard = pb::WitnessShard { lane: key.1, lane_seq, root: root.to_vec(), signature };
+        self.last_shards.insert(key, (lane_seq, shard.clone()));
+        send_frame(ctx, to, Frame::WitnessShard(shard));
+    }
+
+    /// The full check of an offer at a verifier (step 7): every id in the directory,
+    /// the stragglers' signatures (one batch verification), the multi-signature of the
+    /// others on R1 against the sum of their keys, and R2.
+    fn verify_batch(&mut self, ctx: &mut Ctx, batch: &Batch, r2: &Digest) -> bool {
+        if batch.ids.last().is_none_or(|&last| last >= self.dir.len()) {
+            return false;
+        }
+        let s = &self.servers;
+        let signed: Vec<(EdPublicKey, Vec<u8>, EdSignature)> = batch
+            .stragglers
+            .iter()
+            .zip(&batch.straggler_at)
+            .map(|(st, &at)| {
+                let key = self.dir.get(st.id).expect("ids checked").ed;
+                (key, broadcast_statement(&s.system_id, st.id, st.seq, batch.msgs.get(at)), st.signature)
+            })
+            .collect();
+        let items: Vec<EdItem> = signed.iter().map(|(k, m, sig)| EdItem { key: k, msg: m, sig }).collect();
+        let (ok, checks) = verify_each(s.mode, &items);
+        ctx.counters.signatures_verified += checks;
+        if ok.iter().any(|o| !o) {
+            return false;
+        }
+        if !batch.all_straggle() {
+            let Some(agg) = batch.aggregate else { return false };
+            let r1 = batch.root_t1(Self::per_leaf(ctx));
+            let mut stragglers = batch.straggler_at.iter().peekable();
+            let mut keys = Vec::with_capacity(batch.len() - batch.stragglers.len());
+            for (i, &id) in batch.ids.iter().enumerate() {
+                if stragglers.next_if_eq(&&i).is_none() {
+                    keys.push(self.dir.get(id).expect("ids checked"));
+                }
+            }
+            ctx.counters.signatures_verified += 1;
+            let msg = reduction_statement(&self.servers.system_id, &r1);
+            if !verify_multi(self.servers.mode, keys.iter().map(|k| &k.bls), &msg, &agg) {
+                return false;
+            }
+        } else if batch.aggregate.is_some() {
+            return false;
+        }
+        batch.root_t2(Self::per_leaf(ctx)) == *r2
+    }
+
+    /// M6: a witness certificate; submitted to the TOB unless stale.
+    fn on_witness(&mut self, ctx: &mut Ctx, now: Nanos, from: NodeId, r: pb::Reference) {
+        let Ok(broker) = <[u8; 32]>::try_from(r.broker.as_slice()) else {
+            return ctx.fault(from, FaultKind::Malformed);
+        };
+        let key = (EdPublicKey(broker), r.lane);
+        if r.lane_seq < self.next_seq(&key) {
+            // Ordered already: the broker may have lost this server's delivery shard.
+            if let Some(d) = self.last_deliveries.get(&key).filter(|d| d.lane_seq == r.lane_seq) {
+                send_frame(ctx, from, Frame::DeliveryShard(d.clone()));
+            }
+            return ctx.stats.stale += 1;
+        }
+        let Some(cert) = &r.witness else { return ctx.fault(from, FaultKind::Malformed) };
+        let msg = witness_statement(&self.servers.system_id, &broker, r.lane, r.lane_seq, &r.root);
+        if !self.servers.verify_certificate(ctx, cert, &msg) {
+            return ctx.fault(from, FaultKind::BadSignature);
+        }
+        self.submit(ctx, now, Op::Reference(r));
+    }
+
+    /// S0: a client signs up; its proofs of possession are checked before the TOB orders
+    /// it (and again, deterministically, when it executes).
+    fn on_sign_up(&mut self, ctx: &mut Ctx, now: Nanos, from: NodeId, s: pb::SignUp) {
+        let Some((ed, bls)) = self.check_sign_up(ctx, &s) else {
+            return ctx.fault(from, FaultKind::BadSignature);
+        };
+        if let Some(id) = self.dir.id_of(&ed) {
+            return self.answer_sign_up(ctx, from, id, &ed, &bls);
+        }
+        if self.sign_ups.len() >= MAX_SIGN_UPS_WAITING && !self.sign_ups.contains_key(&ed) {
+            return ctx.stats.refused += 1;
+        }
+        self.sign_ups.insert(ed, from);
+        self.submit(ctx, now, Op::SignUp(s));
+    }
+
+    fn check_sign_up(&self, ctx: &mut Ctx, s: &pb::SignUp) -> Option<(EdPublicKey, BlsPublicKey)> {
+        let ed = EdPublicKey(s.ed_key.as_slice().try_into().ok()?);
+        let bls = BlsPublicKey(s.bls_key.as_slice().try_into().ok()?);
+        let ed_pop = EdSignature(s.ed_pop.as_slice().try_into().ok()?);
+        let bls_pop = BlsSignature(s.bls_pop.as_slice().try_into().ok()?);
+        let msg = sign_up_statement(&self.servers.system_id, &ed.0, &bls.0);
+        ctx.counters.signatures_verified += 2;
+        (ed.verify(self.servers.mode, &msg, &ed_pop) && bls.verify(self.servers.mode, &msg, &bls_pop))
+            .then_some((ed, bls))
+    }
+
+    fn answer_sign_up(&self, ctx: &mut Ctx, to: NodeId, id: u64, ed: &EdPublicKey, bls: &BlsPublicKey) {
+        let signature = ctx.sign(&assign_statement(&self.servers.system_id, id, &ed.0, &bls.0)).0.to_vec();
+        let a = pb::Assigned { id, ed_key: ed.0.to_vec(), bls_key: bls.0.to_vec(), signature };
+        send_frame(ctx, to, Frame::Assigned(a));
+    }
+
+    /// Orders `op` through PBFT as a request of this server's own, its number leased
+    /// durably first so a restart never reuses one.
+    fn submit(&mut self, ctx: &mut Ctx, now: Nanos, op: Op) {
+        if self.own_next >= self.own_leased {
+            self.own_leased = self.own_next + LEASE;
+            let record = pb::ReplicaRecord { kind: Some(pb::replica_record::Kind::OwnRequests(self.own_leased)) };
+            ctx.persist(record.encode_to_vec());
+        }
+        let first = self.own_next;
+        self.own_next += 1;
+        let op = Bytes::from(pb::DistillOp { kind: Some(op) }.encode_to_vec());
+        self.replica.submit_own(ctx, now, first, vec![op]);
+    }
+
+    // ------------------------------------------------------------ between servers
+
+    fn on_fetch(&mut self, ctx: &mut Ctx, from: NodeId, f: pb::DistillFetch) {
+        let (Ok(broker), Ok(root)) = (<[u8; 32]>::try_from(f.broker.as_slice()), Digest::try_from(f.root.as_slice()))
+        else {
+            return ctx.fault(from, FaultKind::Malformed);
+        };
+        let key = (EdPublicKey(broker), f.lane);
+        let held = self.offers.get(&key).filter(|o| o.root == root).map(|o| o.batch.clone());
+        let Some(batch) = held.or_else(|| self.store.get(&root).cloned()) else { return ctx.stats.stale += 1 };
+        let reply =
+            pb::DistillFetched { broker: f.broker, lane: f.lane, lane_seq: f.lane_seq, batch: Some(batch.to_pb()) };
+        ctx.send(pb::body::Kind::DistillFetched(reply), [from]);
+    }
+
+    /// A batch fetched for an ordered reference: taken if its root is the one ordered.
+    fn on_fetched(&mut self, ctx: &mut Ctx, from: NodeId, f: pb::DistillFetched) {
+        let Some(awaited) = self.queue.front().and_then(|e| e.awaiting.clone()) else { return ctx.stats.stale += 1 };
+        if awaited.key.0.0[..] != f.broker[..] || awaited.key.1 != f.lane || awaited.lane_seq != f.lane_seq {
+            return ctx.stats.stale += 1;
+        }
+        let p = &ctx.cfg.cluster.params;
+        let Some(batch) = f.batch.and_then(|b| Batch::from_pb(b, p.distill_batch_size, p.max_payload)) else {
+            return ctx.fault(from, FaultKind::Malformed);
+        };
+        if batch.root_t2(Self::per_leaf(ctx)) != awaited.root {
+            return ctx.fault(from, FaultKind::Malformed);
+        }
+        self.keep(awaited.root, Arc::new(batch));
+    }
+
+    fn keep(&mut self, root: Digest, batch: Arc<Batch>) {
+        if self.store.insert(root, batch).is_none() {
+            self.stored.push_back(root);
+        }
+    }
+
+    // ------------------------------------------------------------ the application
+
+    /// Takes what the replica handed over and executes as far as batches are here.
+    fn run(&mut self, ctx: &mut Ctx, now: Nanos) {
+        loop {
+            while let Some(handed) = self.replica.take_handed() {
+                match handed {
+                    Output::Execute { seq, ops, snapshot } => {
+                        self.queue.push_back(Execution { seq, ops, next: 0, snapshot, awaiting: None })
+                    }
+                    Output::Restore { snapshot, .. } => self.restore(ctx, &snapshot),
+                    _ => unreachable!("a replica hands over executions and restores only"),
+                }
+            }
+            let Some(mut exec) = self.queue.pop_front() else { return };
+            while exec.next < exec.ops.len() {
+                if exec.awaiting.is_none() {
+                    exec.awaiting = self.order(ctx, &exec.ops[exec.next].op);
+                }
+                if let Some(a) = exec.awaiting.clone() {
+                    let Some(batch) = self.batch_for(&a) else {
+                        self.queue.push_front(exec);
+                        return self.fetch(ctx, now);
+                    };
+                    self.deliver(ctx, &a, &batch);
+                    exec.awaiting = None;
+                }
+                exec.next += 1;
+            }
+            self.fetch_at = None;
+            let snapshot = exec.snapshot.then(|| self.snapshot());
+            let done = Input::Executed { seq: exec.seq, results: vec![vec![]; exec.ops.len()], snapshot };
+            if let Err(e) = self.replica.on_input(ctx, now, done) {
+                unreachable!("the replica refused its own execution: {e}");
+            }
+        }
+    }
+
+    /// Step 8: an ordered op. A reference valid for its lane's next seq moves the lane on
+    /// and names the batch to deliver; a sign-up gets the next id.
+    fn order(&mut self, ctx: &mut Ctx, op: &[u8]) -> Option<Awaited> {
+        match pb::DistillOp::decode(op).ok()?.kind? {
+            Op::Reference(r) => {
+                let broker = EdPublicKey(r.broker.as_slice().try_into().ok()?);
+                let root = Digest::try_from(r.root.as_slice()).ok()?;
+                let key = (broker, r.lane);
+                if r.lane >= ctx.cfg.cluster.params.lanes || r.lane_seq != self.next_seq(&key) {
+                    return None;
+                }
+                let msg = witness_statement(&self.servers.system_id, &broker.0, r.lane, r.lane_seq, &root);
+                if !self.servers.verify_certificate(ctx, r.witness.as_ref()?, &msg) {
+                    return None;
+                }
+                self.lanes.insert(key, r.lane_seq + 1);
+                Some(Awaited { key, lane_seq: r.lane_seq, root })
+            }
+            Op::SignUp(s) => {
+                let (ed, bls) = self.check_sign_up(ctx, &s)?;
+                let id = self.dir.sign_up(ed, &bls)?;
+                if let Some(to) = self.sign_ups.remove(&ed) {
+                    self.answer_sign_up(ctx, to, id, &ed, &bls);
+                }
+                None
+            }
+        }
+    }
+
+    fn batch_for(&mut self, a: &Awaited) -> Option<Arc<Batch>> {
+        if let Some(o) = self.offers.get(&a.key).filter(|o| o.root == a.root && o.lane_seq == a.lane_seq) {
+            let batch = o.batch.clone();
+            self.offers.remove(&a.key);
+            return Some(batch);
+        }
+        self.store.get(&a.root).cloned()
+    }
+
+    /// Asks the other servers for the batch awaited (again every request timeout / 4).
+    fn fetch(&mut self, ctx: &mut Ctx, now: Nanos) {
+        if self.fetch_at.is_some_and(|t| t > now) {
+            return;
+        }
+        let Some(a) = self.queue.front().and_then(|e| e.awaiting.clone()) else { return };
+        let f =
+            pb::DistillFetch { broker: a.key.0.0.to_vec(), lane: a.key.1, lane_seq: a.lane_seq, root: a.root.to_vec() };
+        ctx.send_to_replicas(pb::body::Kind::DistillFetch(f), &[]);
+        self.fetch_at = Some(now + ctx.cfg.cluster.params.request_timeout_ns / 4);
+    }
+
+    /// Step 9: deduplicates the batch against the logs, entries in id order, delivers
+    /// what is new as one output, and signs the delivery of the amended tree.
+    fn deliver(&mut self, ctx: &mut Ctx, a: &Awaited, batch: &Arc<Batch>) {
+        let seqs = batch.seqs();
+        // The amended tree's entries, made only once an amendment is needed.
+        let mut amended: Option<Vec<Fate>> = None;
+        let mut amendments = Vec::new();
+        let mut delivered: Vec<usize> = Vec::with_capacity(batch.len());
+        let known = self.dir.len();
+        for (i, (&id, &seq)) in batch.ids.iter().zip(&seqs).enumerate() {
+            // Not in the directory at this point of the order: never delivered.
+            let Some(slot) = usize::try_from(id).ok().filter(|_| id < known) else { continue };
+            if slot >= self.dedup.len() {
+                self.dedup.resize_with(slot + 1, || None);
+            }
+            let d = msg_digest(batch.msgs.get(i));
+            let amendment = match &self.dedup[slot] {
+                None => None,
+                Some(log) if log.digest == d && log.seq == seq => {
+                    continue; // the same again: kept in the tree, re-certified
+                }
+                Some(log) if log.digest == d => Some((pb::Amendment { id, nudge: Some(log.seq) }, Fate::Seq(log.seq))),
+                Some(log) if seq > log.seq => None,
+                Some(_) => Some((pb::Amendment { id, nudge: None }, Fate::Dropped)),
+            };
+            match amendment {
+                None => {
+                    self.dedup[slot] = Some(Logged { seq, digest: d });
+                    delivered.push(i);
+                }
+                Some((a, fate)) => {
+                    amendments.push(a);
+                    amended.get_or_insert_with(|| seqs.iter().map(|&s| Fate::Seq(s)).collect())[i] = fate;
+                }
+            }
+        }
+        let per_leaf = Self::per_leaf(ctx);
+        let r3 = match &amended {
+            None => a.root,
+            Some(fates) => batch.root_of(per_leaf, |i| fates[i]),
+        };
+        let height = self.next_height;
+        self.next_height += 1;
+        let ids: Vec<u64> = delivered.iter().map(|&i| batch.ids[i]).collect();
+        let out = DeliveredBatch {
+            height,
+            ids: PackedIds::pack(&ids),
+            seqs: delivered.iter().map(|&i| seqs[i]).collect(),
+            msgs: Messages::collect(delivered.iter().map(|&i| batch.msgs.get(i))),
+        };
+        ctx.push(Output::Delivered(out));
+        let signature = ctx.sign(&delivery_statement(&self.servers.system_id, height, &r3)).0.to_vec();
+        let shard = pb::DeliveryShard { lane: a.key.1, lane_seq: a.lane_seq, height, amendments, signature };
+        if let Some(&(to, _)) = self.session_of.get(&a.key.0) {
+            send_frame(ctx, to, Frame::DeliveryShard(shard.clone()));
+        }
+        self.last_deliveries.insert(a.key, shard);
+        self.keep(a.root, batch.clone());
+        while self.stored.len() > ctx.cfg.cluster.params.kept_batches as usize {
+            if let Some(old) = self.stored.pop_front() {
+                self.store.remove(&old);
+            }
+        }
+    }
+
+    /// The replicated state, encoded deterministically.
+    fn snapshot(&self) -> Vec<u8> {
+        pb::DistillState {
+            next_height: self.next_height,
+            lanes: self
+                .lanes
+                .iter()
+                .map(|((b, l), &next)| pb::LaneState { broker: b.0.to_vec(), lane: *l, next })
+                .collect(),
+            dedup: self
+                .dedup
+                .iter()
+                .enumerate()
+                .filter_map(|(id, l)| {
+                    l.as_ref().map(|l| pb::DedupRecord { id: id as u64, seq: l.seq, digest: l.digest.to_vec() })
+                })
+                .collect(),
+            signed_up: self
+                .dir
+                .signed_up()
+                .map(|k| pb::SignUp { ed_key: k.ed.0.to_vec(), bls_key: k.bls.bytes.0.to_vec(), ..Default::default() })
+                .collect(),
+        }
+        .encode_to_vec()
+    }
+
+    /// State transfer or a restart: the replicated state of a certified checkpoint.
+    fn restore(&mut self, ctx: &mut Ctx, snapshot: &[u8]) {
+        self.queue.clear();
+        self.fetch_at = None;
+        // The certificate vouched for these bytes: they are a correct server's snapshot.
+        let Ok(s) = pb::DistillState::decode(snapshot) else {
+            return ctx.fault(ctx.me(), FaultKind::Malformed);
+        };
+        self.next_height = s.next_height;
+        self.lanes = s
+            .lanes
+            .into_iter()
+            .filter_map(|l| Some(((EdPublicKey(l.broker.as_slice().try_into().ok()?), l.lane), l.next)))
+            .collect();
+        self.dedup.clear();
+        for r in s.dedup {
+            let (Ok(slot), Ok(digest)) = (usize::try_from(r.id), Digest::try_from(r.digest.as_slice())) else {
+                continue;
+            };
+            if slot >= self.dedup.len() {
+                self.dedup.resize_with(slot + 1, || None);
+            }
+            self.dedup[slot] = Some(Logged { seq: r.seq, digest });
+        }
+        self.dir.clear_sign_ups();
+        for k in s.signed_up {
+            if let (Ok(ed), Ok(bls)) =
+                (<[u8; 32]>::try_from(k.ed_key.as_slice()), <[u8; 48]>::try_from(k.bls_key.as_slice()))
+            {
+                self.dir.sign_up(EdPublicKey(ed), &BlsPublicKey(bls));
+            }
+        }
+        self.offers.retain(|key, o| o.lane_seq >= self.lanes.get(key).copied().unwrap_or(0));
+    }
+}
+
+impl RoleMachine for Server {
+    fn on_message(&mut self, ctx: &mut Ctx, now: Nanos, msg: Opened) {
+        self.last_now = now;
+        let from = msg.sender;
+        match msg.body {
+            pb::body::Kind::DistillFetch(f) if ctx.is_replica(from) => self.on_fetch(ctx, from, f),
+            pb::body::Kind::DistillFetched(f) if ctx.is_replica(from) => self.on_fetched(ctx, from, f),
+            _ => self.replica.on_message(ctx, now, msg),
+        }
+        self.run(ctx, now);
+    }
+
+    fn reads_unkeyed(&self) -> bool {
+        true
+    }
+
+    fn on_unkeyed(&mut self, ctx: &mut Ctx, now: Nanos, from: NodeId, bytes: Vec<u8>) {
+        self.last_now = now;
+        if ctx.is_replica(from) {
+            // A server's frame always carries a MAC: one without a key is forged.
+            return ctx.fault(from, FaultKind::BadMac);
+        }
+        if let Some(kind) = open_frame(ctx, from, &bytes) {
+            self.on_frame(ctx, now, from, kind);
+        }
+        self.run(ctx, now);
+    }
+
+    fn on_input(&mut self, ctx: &mut Ctx, now: Nanos, input: Input) -> Result<(), HandleError> {
+        match input {
+            Input::Recover { record } => {
+                if let Ok(pb::ReplicaRecord { kind: Some(pb::replica_record::Kind::OwnRequests(n)) }) =
+                    pb::ReplicaRecord::decode(record.as_slice())
+                {
+                    self.own_next = self.own_next.max(n);
+                    self.own_leased = self.own_next;
+                    return Ok(());
+                }
+                self.replica.on_input(ctx, now, Input::Recover { record })?;
+                self.run(ctx, now);
+                Ok(())
+            }
+            // The application runs here: the host executes nothing.
+            other => Err(HandleError::WrongRole { role: ctx.role(), request: other.name() }),
+        }
+    }
+
+    fn on_timeout(&mut self, ctx: &mut Ctx, now: Nanos) {
+        self.last_now = now;
+        self.replica.on_timeout(ctx, now);
+        self.run(ctx, now);
+        if self.fetch_at.is_some_and(|t| t <= now) {
+            self.fetch_at = None;
+            self.fetch(ctx, now);
+        }
+    }
+
+    fn next_deadline(&self) -> Option<Nanos> {
+        super::earliest([self.replica.next_deadline(), self.fetch_at])
+    }
+
+    fn before_poll(&mut self, ctx: &mut Ctx) {
+        self.replica.before_poll(ctx);
+    }
+
+    fn status(&self, ctx: &Ctx) -> Status {
+        self.replica.status(ctx)
+    }
+
+    fn live_instances(&self) -> usize {
+        self.replica.live_instances() + self.offers.len() + self.store.len() + self.queue.len() + self.sign_ups.len()
+    }
+}

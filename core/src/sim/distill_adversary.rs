@@ -1,0 +1,159 @@
+//! Keyed adversaries of distillation (spec §7 and issue 19's list): a faulty broker,
+//! client or server runs the real role, and what it sends is rewritten here with its own
+//! keys (read from its configuration), so its lies are well-formed and signed.
+
+use prost::Message;
+
+use crate::crypto::{BlsSecretKey, EdSecretKey};
+use crate::distill::{self, Batch, broadcast_statement, delivery_statement, reduction_auth_statement};
+use crate::wire::pb;
+use crate::wire::pb::distill_frame::Kind as Frame;
+use crate::{NodeConfig, NodeId};
+
+/// A lie a faulty node tells (each names the row of spec §7 or the issue it plays).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Lie {
+    /// Broker: shows half its clients a different root (another raise): they refuse to
+    /// sign or sign a root that does not aggregate; they straggle.
+    EquivocateRoots,
+    /// Broker: claims a raise far above any certified height.
+    InflateRaise,
+    /// Broker: its witness certificate never reaches the servers.
+    WithholdWitness,
+    /// Broker: its clients never get their delivery certificates.
+    WithholdDeliveries,
+    /// Broker: offers odd servers another valid batch for the same lane seq (its
+    /// stragglers only); at most one is ordered, the others fetch it.
+    SplitOffers,
+    /// Broker: sends every offer and witness again with the next one (replayed batches).
+    Replay,
+    /// Client: a share that is not a signature of the root, with a valid auth.
+    PoisonShare,
+    /// Client: reductions in another client's name (its auth cannot verify).
+    SpoofReduction,
+    /// Client: submits at a seq far above any height, signed.
+    InflateSeq,
+    /// Client: sends its earlier submissions again, to its other brokers too.
+    ReplaySubmits,
+    /// Server: witness shards that are not signatures of the batch.
+    BadWitnessShards,
+    /// Server: delivery shards with an invented amendment, validly signed for it.
+    BadDeliveryShards,
+}
+
+impl Lie {
+    pub const BROKER: [Lie; 6] = [
+        Lie::EquivocateRoots,
+        Lie::InflateRaise,
+        Lie::WithholdWitness,
+        Lie::WithholdDeliveries,
+        Lie::SplitOffers,
+        Lie::Replay,
+    ];
+    pub const CLIENT: [Lie; 4] = [Lie::PoisonShare, Lie::SpoofReduction, Lie::InflateSeq, Lie::ReplaySubmits];
+    pub const SERVER: [Lie; 2] = [Lie::BadWitnessShards, Lie::BadDeliveryShards];
+}
+
+/// A liar's state: what it sent before, for replays.
+#[derive(Default)]
+pub struct Liar {
+    sent: Vec<(NodeId, Vec<u8>)>,
+}
+
+const REPLAY_KEPT: usize = 32;
+
+impl Liar {
+    /// What node `cfg` sends to `to` instead of `bytes`.
+    pub fn rewrite(&mut self, lie: &Lie, cfg: &NodeConfig, to: NodeId, bytes: Vec<u8>) -> Vec<(NodeId, Vec<u8>)> {
+        let Some(kind) = pb::DistillFrame::decode(bytes.as_slice()).ok().and_then(|f| f.kind) else {
+            return vec![(to, bytes)];
+        };
+        let sys = distill::system_id(&cfg.cluster);
+        let frame = |k: Frame| pb::DistillFrame { kind: Some(k) }.encode_to_vec();
+        let mut out = vec![];
+        match (lie, kind) {
+            (Lie::EquivocateRoots, Frame::Inclusion(mut inc)) if to % 2 == 1 => {
+                inc.raise += 1;
+                out.push((to, frame(Frame::Inclusion(inc))));
+            }
+            (Lie::InflateRaise, Frame::Inclusion(mut inc)) => {
+                inc.raise = 1 << 40;
+                out.push((to, frame(Frame::Inclusion(inc))));
+            }
+            (Lie::WithholdWitness, Frame::Witness(_)) | (Lie::WithholdDeliveries, Frame::Delivery(_)) => {}
+            (Lie::SplitOffers, Frame::Offer(mut o)) if to % 2 == 1 => {
+                let p = &cfg.cluster.params;
+                let split =
+                    o.batch.clone().and_then(|b| Batch::from_pb(b, p.distill_batch_size, p.max_payload)).and_then(
+                        |b| {
+                            let keep: Vec<usize> = b.straggler_at.clone();
+                            (!keep.is_empty() && keep.len() < b.len()).then(|| {
+                                let ids = keep.iter().map(|&i| b.ids[i]).collect();
+                                let msgs = distill::Messages::collect(keep.iter().map(|&i| b.msgs.get(i)));
+                                Batch::new(ids, msgs, b.raise, None, b.stragglers.clone())
+                            })?
+                        },
+                    );
+                if let Some(split) = split {
+                    o.root = split.root_t2(p.leaf_entries as usize).to_vec();
+                    o.batch = Some(split.to_pb());
+                }
+                out.push((to, frame(Frame::Offer(o))));
+            }
+            (Lie::Replay, k @ (Frame::Offer(_) | Frame::Witness(_))) => {
+                out.push((to, frame(k)));
+                out.extend(self.sent.iter().filter(|(t, _)| *t == to).cloned());
+                self.remember(to, out[0].1.clone());
+            }
+            (Lie::PoisonShare, Frame::Reduction(mut r)) => {
+                let (ed, bls) = keys(cfg);
+                let share = bls.sign(b"not the root").0.to_vec();
+                r.auth = ed.sign(&reduction_auth_statement(&sys, r.id, &r.root, &share)).0.to_vec();
+                r.share = share;
+                out.push((to, frame(Frame::Reduction(r))));
+            }
+            (Lie::SpoofReduction, Frame::Reduction(r)) => {
+                out.push((to, frame(Frame::Reduction(r.clone()))));
+                let mut spoof = r;
+                spoof.id = spoof.id.wrapping_add(1);
+                out.push((to, frame(Frame::Reduction(spoof))));
+            }
+            (Lie::InflateSeq, Frame::Submit(mut s)) => {
+                let (ed, _) = keys(cfg);
+                s.seq = s.seq.saturating_add(1 << 40);
+                s.signature = ed.sign(&broadcast_statement(&sys, s.id, s.seq, &s.msg)).0.to_vec();
+                out.push((to, frame(Frame::Submit(s))));
+            }
+            (Lie::ReplaySubmits, k @ Frame::Submit(_)) => {
+                let bytes = frame(k);
+                out.push((to, bytes.clone()));
+                out.extend(self.sent.iter().cloned());
+                self.remember(to, bytes);
+            }
+            (Lie::BadWitnessShards, Frame::WitnessShard(mut w)) => {
+                w.signature = cfg.bls_secret.sign(b"not the batch").0.to_vec();
+                out.push((to, frame(Frame::WitnessShard(w))));
+            }
+            (Lie::BadDeliveryShards, Frame::DeliveryShard(mut d)) => {
+                // Claims an entry was dropped, and signs a root of its own for the height.
+                d.amendments = vec![pb::Amendment { id: 0, nudge: None }];
+                d.signature = cfg.bls_secret.sign(&delivery_statement(&sys, d.height, &[7; 32])).0.to_vec();
+                out.push((to, frame(Frame::DeliveryShard(d))));
+            }
+            (_, k) => out.push((to, frame(k))),
+        }
+        out
+    }
+
+    fn remember(&mut self, to: NodeId, bytes: Vec<u8>) {
+        self.sent.push((to, bytes));
+        if self.sent.len() > REPLAY_KEPT {
+            self.sent.remove(0);
+        }
+    }
+}
+
+/// A client's keys from its configuration.
+fn keys(cfg: &NodeConfig) -> (EdSecretKey, BlsSecretKey) {
+    (distill::ed_key(cfg.cluster.crypto, cfg.bls_secret.key_material()), cfg.bls_secret.clone())
+}
