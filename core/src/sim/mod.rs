@@ -285,6 +285,8 @@ pub struct Completion {
 pub struct Log {
     pub deliveries: Vec<Observed>,
     pub faults: BTreeMap<(NodeId, FaultKind), u64>,
+    /// The same faults by who reported them: (reporting host, accused node, kind).
+    pub accusations: BTreeMap<(usize, NodeId, FaultKind), u64>,
     pub messages_sent: u64,
     pub bytes_sent: u64,
     pub rejected_requests: Vec<(NodeId, String)>,
@@ -616,7 +618,10 @@ impl Sim {
                     incarnation: self.incarnations[host],
                     delivery,
                 }),
-                Output::Fault { node, kind } => *self.log.faults.entry((node, kind)).or_insert(0) += 1,
+                Output::Fault { node, kind } => {
+                    *self.log.faults.entry((node, kind)).or_insert(0) += 1;
+                    *self.log.accusations.entry((host, node, kind)).or_insert(0) += 1;
+                }
                 Output::Completed { request, result } => self.log.completed.push(Completion {
                     at: self.now,
                     host,
