@@ -295,6 +295,8 @@ pub struct Log {
     pub completed: Vec<Completion>,
     /// PBFT: the checkpoint digests correct replica hosts signed, as (host, seq, digest).
     pub checkpoint_votes: Vec<(usize, u64, Vec<u8>)>,
+    /// Hosts restarted, in order: a host's incarnation is how often it appears here.
+    pub restarts: Vec<usize>,
 }
 
 pub struct Sim {
@@ -552,6 +554,7 @@ impl Sim {
                 h.run = HostLoop::new(SimMachine::Plain(node), storage, SimApp::default());
                 h.crashed = false;
                 self.incarnations[host] += 1;
+                self.log.restarts.push(host);
                 let recovered = self.hosts[host].run.recover(self.now).map(|_| ());
                 self.check(host, recovered);
                 self.after_input(host);

@@ -18,7 +18,8 @@
 //!   completed, and no older than the state of any read that completed before it began;
 //! - liveness after stabilization: every request a correct client submits completes
 //!   within a bound after the network stabilises (or after its submission, if later), and
-//!   every batch agreed reaches every correct replica that never crashed within the bound;
+//!   every batch agreed reaches every correct replica within the bound (a replica that
+//!   crashed and restarted, in the incarnation it ends with);
 //! - no false accusations: no correct node reports a fault against a correct one (a
 //!   duplicated read answered twice is no equivocation, a checkpoint vote of a correct
 //!   replica is no bad signature).
@@ -39,7 +40,8 @@ pub struct Expectations {
     pub correct_clients: BTreeSet<usize>,
     /// What liveness promises, where it does.
     pub liveness: Option<Liveness>,
-    /// Correct replicas that never crashed: they must keep up with the agreed order.
+    /// Correct replicas that must keep up with the agreed order (a restarted one in its
+    /// last incarnation).
     pub converge: BTreeSet<usize>,
 }
 
@@ -353,8 +355,9 @@ fn liveness(
         }
     }
     for &host in &exp.converge {
+        let last = log.restarts.iter().filter(|&&h| h == host).count() as u32;
         let mut applied: BTreeMap<u64, Nanos> = BTreeMap::new();
-        for e in log.executed.iter().filter(|e| e.host == host) {
+        for e in log.executed.iter().filter(|e| e.host == host && e.incarnation == last) {
             applied.entry(e.seq).or_insert(e.at);
         }
         // A restore to seq k stands for every seq up to k.
@@ -541,8 +544,16 @@ mod tests {
         let (mut log, exp) = clean();
         let mut reference = Kv::new();
         reference.execute(&kv::put(b"a", b"1"));
+        log.restarts.push(0);
         log.executed.push(restore(0, 1, 1, &reference));
         log.executed.push(batch(0, 1, 2, vec![op(4, 2, kv::get(b"a"))]));
         assert_eq!(violations(&log, &exp), "");
+        // A restarted replica must catch up again: what it executed before counts no more.
+        log.executed.pop();
+        assert!(
+            violations(&log, &exp).starts_with("liveness: host 0 had not reached seq 2"),
+            "{}",
+            violations(&log, &exp)
+        );
     }
 }

@@ -284,8 +284,8 @@ impl Scenario {
 
     /// What PBFT promises under this scenario's faults, for a run that ended at `end`. A
     /// replica that crashed and restarted kept its storage, so it is held to every safety
-    /// property. Liveness holds after stabilization, whatever the faulty replicas do,
-    /// unless the network loses messages for good.
+    /// property, and to catching up once back. Liveness holds after stabilization,
+    /// whatever the faulty replicas do, unless the network loses messages for good.
     pub fn expectations(&self, end: Nanos) -> Expectations {
         let lossless = self.net.drop_ppm == 0 || self.net.lossy_until < Nanos::MAX;
         let liveness = lossless.then(|| Liveness { stable_at: self.stable_at(), bound: self.liveness_bound(), end });
@@ -293,10 +293,7 @@ impl Scenario {
             correct_replicas: (0..self.n()).filter(|&r| !self.faulty(r)).map(|r| r as usize).collect(),
             correct_clients: self.client_ids().filter(|&c| !self.faulty(c)).map(|c| c as usize).collect(),
             liveness,
-            converge: (0..self.n())
-                .filter(|&r| !self.faulty(r) && self.crash.iter().chain(&self.restarts).all(|c| c.0 != r))
-                .map(|r| r as usize)
-                .collect(),
+            converge: (0..self.n()).filter(|&r| !self.faulty(r)).map(|r| r as usize).collect(),
         }
     }
 
@@ -431,9 +428,8 @@ impl fmt::Display for Scenario {
         if let Some((r, down, up)) = self.crash {
             write!(f, " crash=replica{r}@{}ms..{}ms", down / MS, up / MS)?;
         }
-        if let Some(&(_, down, up)) = self.restarts.first() {
-            let replicas: Vec<NodeId> = self.restarts.iter().map(|r| r.0).collect();
-            write!(f, " restarts={replicas:?}@{}ms..{}ms", down / MS, up / MS)?;
+        for &(r, down, up) in &self.restarts {
+            write!(f, " restart=replica{r}@{}ms..{}ms", down / MS, up / MS)?;
         }
         if let Some((from, until, nodes)) = &self.partition {
             write!(f, " partition={nodes:?}@{}ms..{}ms", from / MS, until / MS)?;
