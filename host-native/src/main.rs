@@ -13,7 +13,7 @@ use phalanx_host::client::{ClientError, ClusterClient};
 use phalanx_host::config::{ClusterFile, KeygenOptions, Runtime, keygen};
 use phalanx_host::engine::{self, EngineChoice, WasmOptions};
 use phalanx_host::runtime::{self, StartOptions};
-use phalanx_host::{bench, demo, local_cluster};
+use phalanx_host::{bench, demo, faults, local_cluster};
 
 #[derive(Parser)]
 #[command(name = "phalanxd", version, about = "Phalanx replica daemon: PBFT key-value store or BFT publish/subscribe")]
@@ -35,6 +35,10 @@ enum Command {
     /// The main job: a local 4-replica cluster, a key-value workload, a replica killed
     /// and restarted in the middle.
     Demo(demo::DemoArgs),
+    /// Fault injection on a local cluster: concurrent clients, a seeded nemesis killing,
+    /// pausing and crashing replicas and damaging their logs, then checks (linearizable,
+    /// nothing acknowledged lost, equal state digests).
+    Faults(faults::FaultsArgs),
     /// One PBFT workload through the native core and the wasm engine (with and without
     /// host crypto): throughput of each and their ratio.
     #[cfg(feature = "wasm")]
@@ -206,6 +210,7 @@ fn main() -> ExitCode {
         Command::Client(a) => client_cmd(a),
         Command::Bench(a) => bench::run(a).map_err(Failure::from),
         Command::Demo(a) => demo::run(a).map_err(Failure::from),
+        Command::Faults(a) => faults::run(a).map_err(Failure::from),
         #[cfg(feature = "wasm")]
         Command::EngineBench(a) => engine::bench::run(a).map_err(Failure::from),
         Command::Trace { command } => trace_cmd(command).map_err(Failure::from),
