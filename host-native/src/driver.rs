@@ -156,6 +156,8 @@ pub struct Driver {
     told: Vec<AppEvent>,
     sends: Vec<(NodeId, Vec<u8>)>,
     faults: FaultLog,
+    /// The view and whether it was changing, as last logged.
+    view: (u64, bool),
 }
 
 /// Why the protocol thread stopped.
@@ -206,6 +208,7 @@ impl Driver {
             told: Vec::new(),
             sends: Vec::new(),
             faults: FaultLog::default(),
+            view: (0, false),
         }
     }
 
@@ -356,5 +359,15 @@ impl Driver {
     fn export_gauges(&mut self) {
         let (status, stats) = self.host.machine_mut().status();
         self.metrics.set_core(&status, &stats);
+        // View changes are rare and what an operator (and the fault-injection suite's
+        // reader) looks for first.
+        let view = (status.view, status.changing_view);
+        if view != self.view {
+            match view.1 {
+                true => tracing::info!("view change from view {} started", view.0),
+                false => tracing::info!("entered view {} (primary: {})", view.0, status.primary),
+            }
+            self.view = view;
+        }
     }
 }
