@@ -187,6 +187,12 @@ impl LocalCluster {
         self
     }
 
+    /// Stops holding the picked ports, for a caller that runs replicas of this
+    /// configuration itself (they stay this cluster's until it is dropped).
+    pub fn release_ports(&mut self) {
+        self.reserved.clear();
+    }
+
     pub fn config_path(&self) -> &Path {
         &self.cluster.path
     }
