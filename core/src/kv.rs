@@ -25,10 +25,16 @@
 //! never a panic, and never allocates more than its input. Snapshots list the entries
 //! in ascending key order as field(key) field(value); [`Kv::restore`] accepts only that
 //! canonical form, so equal snapshots mean equal states and equal digests.
+//!
+//! [`Kv::digest`] names the state without encoding it: the XOR of
+//! BLAKE3(field(key) field(value)) over the entries, kept up to date by every write in
+//! constant time, so a host can report it after every batch (phalanxd's metrics do, and
+//! the fault-injection suite compares replicas by it).
 
 use std::collections::BTreeMap;
 
 use crate::Operation;
+use crate::crypto::{Digest, digest};
 use crate::host::Application;
 
 /// A decoded operation.
@@ -208,6 +214,20 @@ impl Reply {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Kv {
     map: BTreeMap<Vec<u8>, Vec<u8>>,
+    /// The XOR of every entry's hash: a function of the map alone.
+    digest: Digest,
+}
+
+/// What an entry adds to (and, removed, takes from) [`Kv::digest`].
+fn entry_hash(key: &[u8], value: &[u8]) -> Digest {
+    let mut bytes = Vec::with_capacity(8 + key.len() + value.len());
+    field(&mut bytes, key);
+    field(&mut bytes, value);
+    digest(&bytes)
+}
+
+fn xor(into: &mut Digest, other: &Digest) {
+    into.iter_mut().zip(other).for_each(|(a, b)| *a ^= b);
 }
 
 impl Kv {
@@ -233,19 +253,39 @@ impl Kv {
 
     fn apply(&mut self, op: &[u8]) -> Reply {
         match Op::decode(op) {
-            Ok(Op::Put { key, value }) => Reply::Value(self.map.insert(key, value)),
+            Ok(Op::Put { key, value }) => Reply::Value(self.insert(key, value)),
             Ok(Op::Get { key }) => Reply::Value(self.map.get(&key).cloned()),
-            Ok(Op::Delete { key }) => Reply::Value(self.map.remove(&key)),
+            Ok(Op::Delete { key }) => Reply::Value(self.remove(&key)),
             Ok(Op::Cas { key, expected, new }) => {
                 let before = self.map.get(&key).cloned();
                 let swapped = before == expected;
                 if swapped {
-                    self.map.insert(key, new);
+                    self.insert(key, new);
                 }
                 Reply::Cas { swapped, before }
             }
             Err(why) => Reply::Invalid(why),
         }
+    }
+
+    fn insert(&mut self, key: Vec<u8>, value: Vec<u8>) -> Option<Vec<u8>> {
+        if let Some(old) = self.map.get(&key) {
+            xor(&mut self.digest, &entry_hash(&key, old));
+        }
+        xor(&mut self.digest, &entry_hash(&key, &value));
+        self.map.insert(key, value)
+    }
+
+    fn remove(&mut self, key: &[u8]) -> Option<Vec<u8>> {
+        let old = self.map.remove(key)?;
+        xor(&mut self.digest, &entry_hash(key, &old));
+        Some(old)
+    }
+
+    /// A digest of the whole state ([module docs](self)): equal states have equal digests,
+    /// whatever writes led to them.
+    pub fn digest(&self) -> Digest {
+        self.digest
     }
 
     pub fn get(&self, key: &[u8]) -> Option<&[u8]> {
@@ -281,7 +321,11 @@ impl Kv {
             }
             map.insert(k.to_vec(), v.to_vec());
         }
-        Ok(Kv { map })
+        let mut digest = Digest::default();
+        for (k, v) in &map {
+            xor(&mut digest, &entry_hash(k, v));
+        }
+        Ok(Kv { map, digest })
     }
 }
 
@@ -386,6 +430,28 @@ mod tests {
     }
 
     #[test]
+    fn the_digest_follows_the_state_not_the_writes_that_made_it() {
+        let mut a = Kv::new();
+        let empty = a.digest();
+        for op in [put(b"k", b"1"), put(b"j", b"2"), cas(b"k", Some(b"1"), b"3"), delete(b"j"), put(b"j", b"")] {
+            a.execute(&op);
+        }
+        let mut b = Kv::new();
+        b.execute(&put(b"j", b""));
+        b.execute(&put(b"k", b"3"));
+        assert_eq!(a.digest(), b.digest());
+        assert_eq!(Kv::restore(&a.snapshot()).unwrap().digest(), a.digest());
+        b.execute(&cas(b"k", Some(b"2"), b"4"));
+        assert_eq!(a.digest(), b.digest(), "a failed cas changes nothing");
+        b.execute(&put(b"k", b"4"));
+        assert_ne!(a.digest(), b.digest());
+        for key in [&b"j"[..], b"k"] {
+            b.execute(&delete(key));
+        }
+        assert_eq!(b.digest(), empty);
+    }
+
+    #[test]
     fn snapshots_are_canonical_and_restore_exactly() {
         let mut a = Kv::new();
         let mut b = Kv::new();
@@ -396,6 +462,7 @@ mod tests {
             b.execute(&put(k, v));
         }
         assert_eq!(a.snapshot(), b.snapshot(), "insertion order must not show");
+        assert_eq!(a.digest(), b.digest());
         assert_eq!(Kv::restore(&a.snapshot()), Ok(a.clone()));
         assert_eq!(Kv::restore(&[]), Ok(Kv::new()));
         assert_eq!(Kv::new().snapshot(), Vec::<u8>::new());

@@ -108,6 +108,18 @@ impl ClusterClient {
         Ok(requests.start)
     }
 
+    /// Submits the read-only `op` without waiting for its result (answered without
+    /// ordering by a quorum of matching answers, or ordered if they differ).
+    pub fn submit_read(&mut self, op: Vec<u8>) -> Result<u64, ClientError> {
+        Ok(self.take(vec![Request::Read { op }])?.start)
+    }
+
+    /// Frames this client has written to replicas' connections so far: unchanged since a
+    /// request was taken means nothing of it left this process.
+    pub fn frames_sent(&self) -> u64 {
+        self.node.metrics.frames_out_total()
+    }
+
     /// Submits `ops` together, without waiting for their results: they leave as one
     /// message, as far as a batch holds them. Returns the numbers of the ops accepted, a
     /// prefix of `ops`: shorter once `client_queue` requests are outstanding

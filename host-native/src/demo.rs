@@ -28,6 +28,10 @@ pub struct DemoArgs {
     /// Keep the cluster directory (configuration, logs, storage) afterwards.
     #[arg(long)]
     keep: bool,
+    /// Fixed ports instead of free ones: replica i listens on BASE_PORT+i and serves
+    /// metrics on BASE_PORT+4+i.
+    #[arg(long)]
+    base_port: Option<u16>,
 }
 
 /// The latest value the client was told each key has, and how many writes were acknowledged.
@@ -38,9 +42,11 @@ struct Acknowledged {
 }
 
 /// Orders every operation of `ops`, up to 64 in flight at once, handing each result to
-/// `done` with the operation's tag.
+/// `done` with the operation's tag. Fails with a replica's own error as soon as one
+/// exits on its own.
 fn pipelined<T>(
     client: &mut ClusterClient,
+    cluster: &mut LocalCluster,
     ops: impl IntoIterator<Item = (Vec<u8>, T)>,
     mut done: impl FnMut(T, Vec<u8>) -> Result<(), String>,
 ) -> Result<Duration, String> {
@@ -48,6 +54,7 @@ fn pipelined<T>(
     let mut ops = ops.into_iter().peekable();
     let mut in_flight = BTreeMap::new();
     let timeout = Duration::from_secs(30);
+    let mut waited = Duration::ZERO;
     while ops.peek().is_some() || !in_flight.is_empty() {
         while in_flight.len() < 64
             && let Some((op, _)) = ops.peek()
@@ -60,7 +67,16 @@ fn pipelined<T>(
                 Err(e) => return Err(e.to_string()),
             }
         }
-        let (request, result) = client.next_completion(timeout).map_err(|e| e.to_string())?;
+        let (request, result) = match client.next_completion(Duration::from_secs(1)) {
+            Ok(completed) => completed,
+            Err(ClientError::Timeout { .. }) if waited < timeout => {
+                cluster.check_running()?;
+                waited += Duration::from_secs(1);
+                continue;
+            }
+            Err(e) => return Err(e.to_string()),
+        };
+        waited = Duration::ZERO;
         if let Some(tag) = in_flight.remove(&request) {
             done(tag, result)?;
         }
@@ -68,13 +84,21 @@ fn pipelined<T>(
     Ok(started.elapsed())
 }
 
-/// Runs `ops` puts and records each acknowledged value.
-fn write_phase(client: &mut ClusterClient, phase: u32, ops: u64, acked: &mut Acknowledged) -> Result<Duration, String> {
+/// Runs `ops` puts, once every replica that should run serves, and records each
+/// acknowledged value.
+fn write_phase(
+    client: &mut ClusterClient,
+    cluster: &mut LocalCluster,
+    phase: u32,
+    ops: u64,
+    acked: &mut Acknowledged,
+) -> Result<Duration, String> {
+    cluster.wait_serving_all(Duration::from_secs(30)).map_err(|e| format!("before phase {phase}: {e}"))?;
     let puts = (0..ops).map(|i| {
         let (key, value) = (format!("key-{}", i % 500), format!("phase-{phase}-op-{i}"));
         (kv::put(key.as_bytes(), value.as_bytes()), (key, value))
     });
-    pipelined(client, puts, |(key, value), result| {
+    pipelined(client, cluster, puts, |(key, value), result| {
         match Reply::decode(&result) {
             Ok(Reply::Value(_)) => {}
             other => return Err(format!("phase {phase}: put {key}: unexpected reply {other:?}")),
@@ -103,88 +127,21 @@ pub fn run(a: DemoArgs) -> Result<(), String> {
     let dir =
         a.dir.clone().unwrap_or_else(|| std::env::temp_dir().join(format!("phalanx-demo-{}", std::process::id())));
     let binary = std::env::current_exe().map_err(|e| format!("finding phalanxd itself: {e}"))?;
-    let mut cluster = LocalCluster::create(&dir, &LocalSpec::default(), &binary)?;
+    let spec = LocalSpec { base_port: a.base_port, ..LocalSpec::default() };
+    let mut cluster = LocalCluster::create(&dir, &spec, &binary)?;
     if a.kill as usize >= cluster.replicas() {
         return Err(format!("--kill {}: the cluster has replicas 0..{}", a.kill, cluster.replicas() - 1));
     }
     println!("phalanx demo: PBFT key-value store, 4 replicas (f = 1) as separate processes, real cryptography");
     println!("cluster files, logs and storage in {}", dir.display());
-    cluster.start_all()?;
-    let client_id = cluster.cluster.clients[0];
-    let mut client = ClusterClient::start(&cluster.cluster, client_id, None).map_err(|e| e.to_string())?;
-    let mut acked = Acknowledged::default();
     let result = (|| {
-        let took = write_phase(&mut client, 1, a.ops, &mut acked)?;
-        println!("phase 1: {} puts acknowledged by a quorum (2f+1 = 3) of replicas in {took:.2?}", a.ops);
-
-        cluster.kill(a.kill);
-        println!("killed replica {} with SIGKILL", a.kill);
-        let took = write_phase(&mut client, 2, a.ops, &mut acked)?;
-        println!("phase 2: {} puts with replica {} down in {took:.2?}", a.ops, a.kill);
-
-        cluster.start(a.kill)?;
-        cluster.wait_listening(Duration::from_secs(30))?;
-        println!("restarted replica {}: it recovers its log and catches up from the others", a.kill);
-        let took = write_phase(&mut client, 3, a.ops, &mut acked)?;
-        println!("phase 3: {} puts with every replica up in {took:.2?}", a.ops);
-
-        // Every acknowledged write must be there: read every key back through consensus.
-        let gets = acked.values.iter().map(|(key, want)| (kv::get(key.as_bytes()), (key, want)));
-        let took = pipelined(&mut client, gets, |(key, want), got| match Reply::decode(&got) {
-            Ok(Reply::Value(Some(v))) if v == want.as_bytes() => Ok(()),
-            other => Err(format!("get {key}: expected {want:?}, got {other:?}: an acknowledged write was lost")),
-        })?;
-        println!(
-            "read back all {} keys in {:.2?}: every one of the {} acknowledged writes is there",
-            acked.values.len(),
-            took,
-            acked.writes
-        );
-
-        // The restarted replica executes the same batches as the others.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let seqs: Vec<Option<f64>> = (0..cluster.replicas() as NodeId).map(|r| executed(&cluster, r)).collect();
-            let max = seqs.iter().flatten().fold(0.0f64, |m, &s| m.max(s));
-            if seqs[a.kill as usize].is_some_and(|s| s >= max) {
-                break;
-            }
-            if Instant::now() > deadline {
-                return Err(format!("replica {} did not catch up: executed {:?} of {max}", a.kill, seqs));
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        println!("\nreplica  view  leader  executed batch  stable checkpoint  faults reported");
-        for r in 0..cluster.replicas() as NodeId {
-            let faults = cluster
-                .metrics_addr(r)
-                .and_then(|addr| scrape(addr).ok())
-                .map(|t| {
-                    let kinds: Vec<String> = t
-                        .lines()
-                        .filter_map(|l| l.strip_prefix("phalanx_faults_total{kind=\""))
-                        .filter_map(|l| l.split_once("\"} "))
-                        .filter(|(_, n)| *n != "0")
-                        .map(|(kind, n)| format!("{kind}: {n}"))
-                        .collect();
-                    if kinds.is_empty() { "none".to_string() } else { kinds.join(", ") }
-                })
-                .unwrap_or_default();
-            println!(
-                "{r:>7}  {:>4}  {:>6}  {:>14}  {:>17}  {faults}",
-                gauge(&cluster, r, "phalanx_view"),
-                gauge(&cluster, r, "phalanx_leader"),
-                gauge(&cluster, r, "phalanx_executed_seq"),
-                gauge(&cluster, r, "phalanx_stable_checkpoint_seq"),
-            );
-        }
-        println!(
-            "\nreplica {} was killed mid-run and rejoined; {} writes acknowledged, none lost.",
-            a.kill, acked.writes
-        );
-        Ok(())
+        cluster.start_all()?;
+        let client_id = cluster.cluster.clients[0];
+        let mut client = ClusterClient::start(&cluster.cluster, client_id, None).map_err(|e| e.to_string())?;
+        let result = workload(&a, &mut cluster, &mut client);
+        let _ = client.stop();
+        result
     })();
-    let _ = client.stop();
     drop(cluster);
     if a.keep || result.is_err() {
         println!("kept {}", dir.display());
@@ -192,4 +149,74 @@ pub fn run(a: DemoArgs) -> Result<(), String> {
         let _ = std::fs::remove_dir_all(&dir);
     }
     result
+}
+
+/// The three phases, the read-back and the summary.
+fn workload(a: &DemoArgs, cluster: &mut LocalCluster, client: &mut ClusterClient) -> Result<(), String> {
+    let mut acked = Acknowledged::default();
+    let took = write_phase(client, cluster, 1, a.ops, &mut acked)?;
+    println!("phase 1: {} puts acknowledged by a quorum (2f+1 = 3) of replicas in {took:.2?}", a.ops);
+
+    cluster.kill(a.kill);
+    println!("killed replica {} with SIGKILL", a.kill);
+    let took = write_phase(client, cluster, 2, a.ops, &mut acked)?;
+    println!("phase 2: {} puts with replica {} down in {took:.2?}", a.ops, a.kill);
+
+    cluster.start(a.kill)?;
+    println!("restarted replica {}: it recovers its log and catches up from the others", a.kill);
+    let took = write_phase(client, cluster, 3, a.ops, &mut acked)?;
+    println!("phase 3: {} puts with every replica up in {took:.2?}", a.ops);
+
+    // Every acknowledged write must be there: read every key back through consensus.
+    let gets = acked.values.iter().map(|(key, want)| (kv::get(key.as_bytes()), (key, want)));
+    let took = pipelined(client, cluster, gets, |(key, want), got| match Reply::decode(&got) {
+        Ok(Reply::Value(Some(v))) if v == want.as_bytes() => Ok(()),
+        other => Err(format!("get {key}: expected {want:?}, got {other:?}: an acknowledged write was lost")),
+    })?;
+    println!(
+        "read back all {} keys in {:.2?}: every one of the {} acknowledged writes is there",
+        acked.values.len(),
+        took,
+        acked.writes
+    );
+
+    // The restarted replica executes the same batches as the others.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let seqs: Vec<Option<f64>> = (0..cluster.replicas() as NodeId).map(|r| executed(cluster, r)).collect();
+        let max = seqs.iter().flatten().fold(0.0f64, |m, &s| m.max(s));
+        if seqs[a.kill as usize].is_some_and(|s| s >= max) {
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err(format!("replica {} did not catch up: executed {:?} of {max}", a.kill, seqs));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    println!("\nreplica  view  leader  executed batch  stable checkpoint  faults reported");
+    for r in 0..cluster.replicas() as NodeId {
+        let faults = cluster
+            .metrics_addr(r)
+            .and_then(|addr| scrape(addr).ok())
+            .map(|t| {
+                let kinds: Vec<String> = t
+                    .lines()
+                    .filter_map(|l| l.strip_prefix("phalanx_faults_total{kind=\""))
+                    .filter_map(|l| l.split_once("\"} "))
+                    .filter(|(_, n)| *n != "0")
+                    .map(|(kind, n)| format!("{kind}: {n}"))
+                    .collect();
+                if kinds.is_empty() { "none".to_string() } else { kinds.join(", ") }
+            })
+            .unwrap_or_default();
+        println!(
+            "{r:>7}  {:>4}  {:>6}  {:>14}  {:>17}  {faults}",
+            gauge(cluster, r, "phalanx_view"),
+            gauge(cluster, r, "phalanx_leader"),
+            gauge(cluster, r, "phalanx_executed_seq"),
+            gauge(cluster, r, "phalanx_stable_checkpoint_seq"),
+        );
+    }
+    println!("\nreplica {} was killed mid-run and rejoined; {} writes acknowledged, none lost.", a.kill, acked.writes);
+    Ok(())
 }

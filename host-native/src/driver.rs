@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use phalanx_core::host::{Application, HostError, HostLoop, Storage};
 use phalanx_core::kv::Kv;
-use phalanx_core::{Delivery, HandleError, Input, Nanos, NodeId, Operation, Output, Request};
+use phalanx_core::{Delivery, FaultKind, HandleError, Input, Nanos, NodeId, Operation, Output, Request};
 
 use crate::engine::Engine;
 use crate::metrics::Metrics;
@@ -87,6 +87,7 @@ impl Application for MeteredKv {
         let results = Application::execute(&mut self.kv, seq, ops);
         self.metrics.execution_time(started.elapsed(), ops.len());
         self.metrics.batch_size(ops.len());
+        self.metrics.state(seq, self.kv.digest());
         results
     }
 
@@ -99,6 +100,7 @@ impl Application for MeteredKv {
             // A quorum certified this state, so ours must be the faulty side.
             .map_err(|e| format!("a certified snapshot at batch {seq} does not decode: {e}"))?;
         tracing::info!("state transfer: restored the application at batch {seq} ({} keys)", self.kv.len());
+        self.metrics.state(seq, self.kv.digest());
         Ok(())
     }
 
@@ -108,6 +110,40 @@ impl Application for MeteredKv {
 }
 
 type Host = HostLoop<Box<dyn Engine>, Box<dyn Storage + Send>, MeteredKv>;
+
+/// How often each kind of fault is logged at most: a faulty peer can report itself
+/// thousands of times a second, and the metrics count every one.
+const FAULT_LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// Faults logged at info level, at most one line per kind every [`FAULT_LOG_EVERY`],
+/// saying how many of that kind were not logged since.
+#[derive(Default)]
+struct FaultLog {
+    /// Per kind (as `FaultKind::ALL` orders them): when it was last logged, and how many
+    /// came since.
+    kinds: [(Option<Instant>, u64); FaultKind::ALL.len()],
+}
+
+impl FaultLog {
+    fn report(&mut self, node: NodeId, kind: FaultKind) {
+        let Some(i) = FaultKind::ALL.iter().position(|&k| k == kind) else { return };
+        let (last, unlogged) = &mut self.kinds[i];
+        if last.is_some_and(|at| at.elapsed() < FAULT_LOG_EVERY) {
+            *unlogged += 1;
+            return;
+        }
+        let more = std::mem::take(unlogged);
+        *last = Some(Instant::now());
+        if more == 0 {
+            tracing::info!("fault: node {node}: {}", kind.name());
+        } else {
+            tracing::info!(
+                "fault: node {node}: {} ({more} more of this kind, not logged, since the last)",
+                kind.name()
+            );
+        }
+    }
+}
 
 pub struct Driver {
     host: Host,
@@ -119,6 +155,9 @@ pub struct Driver {
     /// What to tell the application at the end of the round.
     told: Vec<AppEvent>,
     sends: Vec<(NodeId, Vec<u8>)>,
+    faults: FaultLog,
+    /// The view and whether it was changing, as last logged.
+    view: (u64, bool),
 }
 
 /// Why the protocol thread stopped.
@@ -168,6 +207,8 @@ impl Driver {
             app_events: parts.app_events,
             told: Vec::new(),
             sends: Vec::new(),
+            faults: FaultLog::default(),
+            view: (0, false),
         }
     }
 
@@ -273,7 +314,7 @@ impl Driver {
             Output::Send { to, bytes } => self.sends.push((to, bytes)),
             Output::Fault { node, kind } => {
                 self.metrics.fault(kind);
-                tracing::debug!("fault: node {node}: {}", kind.name());
+                self.faults.report(node, kind);
             }
             Output::Completed { request, result } => {
                 self.metrics.completed(1);
@@ -320,5 +361,15 @@ impl Driver {
     fn export_gauges(&mut self) {
         let (status, stats) = self.host.machine_mut().status();
         self.metrics.set_core(&status, &stats);
+        // View changes are rare and what an operator (and the fault-injection suite's
+        // reader) looks for first.
+        let view = (status.view, status.changing_view);
+        if view != self.view {
+            match view.1 {
+                true => tracing::info!("view change from view {} started", view.0),
+                false => tracing::info!("entered view {} (primary: {})", view.0, status.primary),
+            }
+            self.view = view;
+        }
     }
 }

@@ -5,8 +5,8 @@
 //! length-delimited TCP frames ([`net`]), a protocol thread that owns the core node
 //! ([`driver`]), a checksummed write-ahead log ([`storage`]), Prometheus metrics
 //! ([`metrics`]), node start-up and thread pinning ([`runtime`]), a cluster client
-//! ([`client`]), local clusters of real processes ([`local_cluster`]), and the `bench`
-//! and `demo` commands.
+//! ([`client`]), local clusters of real processes ([`local_cluster`]), the `bench`
+//! and `demo` commands, and fault injection on real processes ([`faults`]).
 
 pub mod bench;
 pub mod client;
@@ -14,6 +14,7 @@ pub mod config;
 pub mod demo;
 pub mod driver;
 pub mod engine;
+pub mod faults;
 pub mod local_cluster;
 pub mod metrics;
 pub mod net;

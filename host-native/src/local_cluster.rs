@@ -1,19 +1,41 @@
 //! A cluster of real `phalanxd run` processes on this machine, for `demo`, `bench` and
 //! the end-to-end tests: generated keys, one process per replica with its log in the
-//! cluster directory, and kill -9 / restart of any of them.
+//! cluster directory, and kill -9, pause and restart of any of them.
+//!
+//! Ports: replicas must know each other's addresses before they start, so the cluster
+//! picks them, below the kernel's ephemeral range (outgoing connections take their local
+//! ports from that range, and one could take a replica's port between the pick and the
+//! bind); each is checked free by binding it, and held until its replica first starts.
+//! A replica that still finds its address taken exits with [`EXIT_ADDRESS_IN_USE`] and
+//! is started again, a few times, before the collision is reported with the replica's own
+//! error. Starting waits until each replica serves: its metrics endpoint answers with its
+//! node id, so a foreign process on its port does not pass for it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, File};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU16, Ordering};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use phalanx_core::crypto::CryptoMode;
 use phalanx_core::{NodeId, Params, Protocol};
 
 use crate::config::{ClusterFile, KeygenOptions, Runtime, keygen};
+use crate::metrics::{scrape, value};
+
+/// `phalanxd run`'s exit status when its listen or metrics address is taken.
+pub const EXIT_ADDRESS_IN_USE: u8 = 4;
+/// Starts of a replica whose address is taken, before the collision is an error.
+const START_ATTEMPTS: u32 = 5;
+/// The wait before the next start, times the attempt.
+const START_RETRY: Duration = Duration::from_millis(300);
+/// How long a replica may take to serve after it is started.
+const SERVE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Where picked ports start (below it are well-known and registered services).
+const LOWEST_PORT: u16 = 10_000;
 
 pub struct LocalCluster {
     pub dir: PathBuf,
@@ -23,6 +45,10 @@ pub struct LocalCluster {
     extra_args: Vec<String>,
     /// Arguments for one replica only (e.g. `--engine wasm`), after `extra_args`.
     node_args: BTreeMap<NodeId, Vec<String>>,
+    /// Ports picked and held until their replica first starts, by replica.
+    reserved: BTreeMap<NodeId, Vec<TcpListener>>,
+    /// The ports this cluster uses, in [`IN_USE`] until it is dropped.
+    ports: Vec<u16>,
 }
 
 /// What to generate for a local cluster.
@@ -34,8 +60,11 @@ pub struct LocalSpec {
     pub subscribers: u32,
     pub crypto: CryptoMode,
     pub params: Params,
-    /// Metrics endpoints on free loopback ports.
+    /// Metrics endpoints (on ports picked with the replicas').
     pub metrics: bool,
+    /// Fixed ports instead of picked ones: replica i listens on `base_port + i` and
+    /// serves metrics on `base_port + n + i`.
+    pub base_port: Option<u16>,
 }
 
 impl Default for LocalSpec {
@@ -48,22 +77,55 @@ impl Default for LocalSpec {
             crypto: CryptoMode::Real,
             params: Params::default(),
             metrics: true,
+            base_port: None,
         }
     }
 }
 
-/// `count` consecutive loopback ports that are free now, starting at a port derived from
-/// the process id and a per-process counter, so parallel tests and test runs rarely collide.
-fn free_ports(count: u16) -> u16 {
-    static CLUSTERS: AtomicU16 = AtomicU16::new(0);
+/// Ports of the local clusters this process runs, so that one never picks another's
+/// port while that one's replica is down.
+static IN_USE: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+
+/// Where the kernel's ephemeral range starts.
+fn ephemeral_start() -> u16 {
+    fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768)
+}
+
+/// `count` consecutive loopback ports below the ephemeral range, each bound (and so
+/// free) now and held by the returned listeners; starting at a point derived from the
+/// process id and a per-process counter, so parallel tests and test runs rarely meet.
+pub fn free_ports(count: u16) -> Result<(u16, Vec<TcpListener>), String> {
+    static CLUSTERS: AtomicU64 = AtomicU64::new(0);
     let nth = CLUSTERS.fetch_add(1, Ordering::Relaxed);
-    let mut base = 20_000 + (std::process::id() % 1_000) as u16 * 40 + (nth % 10) * 4 * count;
-    loop {
-        if (0..count).all(|i| TcpListener::bind(("127.0.0.1", base + i)).is_ok()) {
-            return base;
+    let top = ephemeral_start().max(LOWEST_PORT + 2 * count);
+    let span = (top - LOWEST_PORT - count) as u64;
+    let mut offset = (std::process::id() as u64 * 7919 + nth * 4 * count as u64) % span;
+    let mut in_use = IN_USE.lock().expect("port registry lock");
+    for _ in 0..span / count as u64 {
+        let base = LOWEST_PORT + offset as u16;
+        let ours = (base..base + count).any(|p| in_use.contains(&p));
+        let held: Vec<TcpListener> =
+            (base..base + count).map_while(|p| TcpListener::bind(("127.0.0.1", p)).ok()).collect();
+        if !ours && held.len() == count as usize {
+            in_use.extend(base..base + count);
+            return Ok((base, held));
         }
-        base = if base > 60_000 { 20_000 } else { base + count + 7 };
+        offset = (offset + count as u64 + 1) % span;
     }
+    Err(format!("no {count} consecutive free loopback ports between {LOWEST_PORT} and {top}"))
+}
+
+/// Why a replica did not come to serve.
+enum NotServing {
+    /// It exited: its status, and its own last words from its log.
+    Exited {
+        status: ExitStatus,
+        error: String,
+    },
+    Timeout(String),
 }
 
 impl LocalCluster {
@@ -71,7 +133,11 @@ impl LocalCluster {
     pub fn create(dir: &Path, spec: &LocalSpec, binary: &Path) -> Result<Self, String> {
         let _ = fs::remove_dir_all(dir);
         let replicas = 3 * spec.f + 1;
-        let base = free_ports(2 * replicas as u16);
+        let count = if spec.metrics { 2 * replicas } else { replicas } as u16;
+        let (base, held) = match spec.base_port {
+            Some(base) => (base, vec![]),
+            None => free_ports(count)?,
+        };
         let opts = KeygenOptions {
             dir: dir.to_path_buf(),
             protocol: spec.protocol,
@@ -88,16 +154,24 @@ impl LocalCluster {
             runtime: Runtime { pin_threads: false, ..Runtime::default() },
             force: true,
         };
-        let path = keygen(&opts).map_err(|e| e.to_string())?;
-        let cluster = ClusterFile::load(&path).map_err(|e| e.to_string())?;
-        let procs = (0..replicas).map(|_| None).collect();
+        let ports = if held.is_empty() { vec![] } else { (base..base + count).collect() };
+        let release = |ports: &[u16]| IN_USE.lock().expect("port registry lock").retain(|p| !ports.contains(p));
+        let path = keygen(&opts).map_err(|e| e.to_string()).inspect_err(|_| release(&ports))?;
+        let cluster = ClusterFile::load(&path).map_err(|e| e.to_string()).inspect_err(|_| release(&ports))?;
+        // Replica i's ports are the i-th of each group.
+        let mut reserved: BTreeMap<NodeId, Vec<TcpListener>> = BTreeMap::new();
+        for (i, listener) in held.into_iter().enumerate() {
+            reserved.entry((i % replicas as usize) as NodeId).or_default().push(listener);
+        }
         Ok(LocalCluster {
             dir: dir.to_path_buf(),
             cluster,
             binary: binary.to_path_buf(),
-            procs,
+            procs: (0..replicas).map(|_| None).collect(),
             extra_args: vec![],
             node_args: BTreeMap::new(),
+            reserved,
+            ports,
         })
     }
 
@@ -113,6 +187,12 @@ impl LocalCluster {
         self
     }
 
+    /// Stops holding the picked ports, for a caller that runs replicas of this
+    /// configuration itself (they stay this cluster's until it is dropped).
+    pub fn release_ports(&mut self) {
+        self.reserved.clear();
+    }
+
     pub fn config_path(&self) -> &Path {
         &self.cluster.path
     }
@@ -121,8 +201,51 @@ impl LocalCluster {
         self.dir.join(format!("replica-{id}.log"))
     }
 
-    /// Starts replica `id` (its output appended to `replica-<id>.log`).
+    /// Starts replica `id` (its output appended to `replica-<id>.log`) and waits until it
+    /// serves.
     pub fn start(&mut self, id: NodeId) -> Result<(), String> {
+        self.start_each(&[id])
+    }
+
+    /// Starts every replica at once and waits until each serves.
+    pub fn start_all(&mut self) -> Result<(), String> {
+        let all: Vec<NodeId> = (0..self.procs.len() as NodeId).collect();
+        self.start_each(&all)
+    }
+
+    /// Starts `ids` together, then starts again, a few times, those that found their
+    /// address taken; an error names the replica and says what it said.
+    fn start_each(&mut self, ids: &[NodeId]) -> Result<(), String> {
+        let mut left = ids.to_vec();
+        for attempt in 1..=START_ATTEMPTS {
+            for &id in &left {
+                self.spawn(id)?;
+            }
+            let mut collided = Vec::new();
+            for &id in &left {
+                match self.wait_serving(id, Instant::now() + SERVE_TIMEOUT) {
+                    Ok(()) => {}
+                    Err(NotServing::Exited { status, error })
+                        if status.code() == Some(EXIT_ADDRESS_IN_USE.into()) && attempt < START_ATTEMPTS =>
+                    {
+                        tracing::warn!("replica {id}: its address is taken ({error}); starting it again");
+                        collided.push(id);
+                    }
+                    Err(e) => return Err(self.describe(id, e)),
+                }
+            }
+            if collided.is_empty() {
+                return Ok(());
+            }
+            std::thread::sleep(START_RETRY * attempt);
+            left = collided;
+        }
+        unreachable!("the last attempt returns")
+    }
+
+    /// Runs `phalanxd run` for replica `id`, on ports no longer held for it.
+    fn spawn(&mut self, id: NodeId) -> Result<(), String> {
+        self.reserved.remove(&id);
         let log = File::options()
             .create(true)
             .append(true)
@@ -148,35 +271,71 @@ impl LocalCluster {
         Ok(())
     }
 
-    pub fn start_all(&mut self) -> Result<(), String> {
-        for id in 0..self.procs.len() as NodeId {
-            self.start(id)?;
+    /// Waits until replica `id` serves: its metrics endpoint answers with its node id
+    /// (without metrics: its address accepts a connection), or it exits.
+    fn wait_serving(&mut self, id: NodeId, deadline: Instant) -> Result<(), NotServing> {
+        let replica = self.cluster.replica(id).expect("a replica of the cluster").clone();
+        loop {
+            if let Some(status) = self.exited(id) {
+                return Err(NotServing::Exited { status, error: self.last_words(id) });
+            }
+            let serving = match replica.metrics {
+                Some(addr) => scrape(addr).ok().and_then(|t| value(&t, "phalanx_node_id")) == Some(id as f64),
+                None => TcpStream::connect_timeout(&replica.address, Duration::from_millis(200)).is_ok(),
+            };
+            if serving {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                let on = replica.metrics.unwrap_or(replica.address);
+                return Err(NotServing::Timeout(format!("does not serve on {on} after {SERVE_TIMEOUT:?}")));
+            }
+            std::thread::sleep(Duration::from_millis(50));
         }
-        self.wait_listening(Duration::from_secs(30))
     }
 
-    /// Waits until every running replica accepts connections.
-    pub fn wait_listening(&mut self, timeout: Duration) -> Result<(), String> {
+    /// Waits until every replica that runs serves (before a phase of a workload starts),
+    /// or fails with the error of one that exited.
+    pub fn wait_serving_all(&mut self, timeout: Duration) -> Result<(), String> {
         let deadline = Instant::now() + timeout;
-        for r in self.cluster.replicas.clone() {
-            if self.procs[r.id as usize].is_none() {
-                continue;
-            }
-            while TcpStream::connect_timeout(&r.address, Duration::from_millis(200)).is_err() {
-                if let Some(status) = self.exited(r.id) {
-                    return Err(format!("replica {} exited ({status}); see {}", r.id, self.log_path(r.id).display()));
-                }
-                if Instant::now() > deadline {
-                    return Err(format!("replica {} is not listening on {}", r.id, r.address));
-                }
-                std::thread::sleep(Duration::from_millis(50));
+        for id in 0..self.procs.len() as NodeId {
+            if self.procs[id as usize].is_some() {
+                self.wait_serving(id, deadline).map_err(|e| self.describe(id, e))?;
             }
         }
         Ok(())
     }
 
+    /// Fails with the replica's own error if a replica this cluster started (and did not
+    /// kill) has exited.
+    pub fn check_running(&mut self) -> Result<(), String> {
+        for id in 0..self.procs.len() as NodeId {
+            if let Some(status) = self.exited(id) {
+                return Err(self.describe(id, NotServing::Exited { status, error: self.last_words(id) }));
+            }
+        }
+        Ok(())
+    }
+
+    fn describe(&self, id: NodeId, why: NotServing) -> String {
+        let log = self.log_path(id);
+        match why {
+            NotServing::Exited { status, error } => {
+                format!("replica {id} exited on its own ({status}): {error} (its log: {})", log.display())
+            }
+            NotServing::Timeout(why) => format!("replica {id} {why} (its log: {})", log.display()),
+        }
+    }
+
+    /// The last error a replica printed (`phalanxd: …`), or its log's last line.
+    fn last_words(&self, id: NodeId) -> String {
+        let log = fs::read_to_string(self.log_path(id)).unwrap_or_default();
+        let lines = || log.lines().rev().map(str::trim).filter(|l| !l.is_empty());
+        lines().find(|l| l.starts_with("phalanxd: ")).or_else(|| lines().next()).unwrap_or("no output").to_string()
+    }
+
     /// The exit status of replica `id` if it has exited.
-    pub fn exited(&mut self, id: NodeId) -> Option<std::process::ExitStatus> {
+    pub fn exited(&mut self, id: NodeId) -> Option<ExitStatus> {
         self.procs[id as usize].as_mut().and_then(|c| c.try_wait().ok().flatten())
     }
 
@@ -186,6 +345,31 @@ impl LocalCluster {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+
+    /// The process id of replica `id`, while it runs.
+    pub fn pid(&self, id: NodeId) -> Option<u32> {
+        self.procs[id as usize].as_ref().map(Child::id)
+    }
+
+    /// SIGSTOP: the replica stops where it is, its connections open, until [`Self::resume`].
+    pub fn pause(&mut self, id: NodeId) -> Result<(), String> {
+        self.signal(id, libc::SIGSTOP)
+    }
+
+    /// SIGCONT after [`Self::pause`].
+    pub fn resume(&mut self, id: NodeId) -> Result<(), String> {
+        self.signal(id, libc::SIGCONT)
+    }
+
+    fn signal(&mut self, id: NodeId, signal: libc::c_int) -> Result<(), String> {
+        let pid = self.pid(id).ok_or_else(|| format!("replica {id} is not running"))?;
+        // The child is ours and not yet reaped (it is reaped only by `kill` or `exited`), so
+        // its pid names it.
+        if self.exited(id).is_some() || unsafe { libc::kill(pid as libc::pid_t, signal) } != 0 {
+            return Err(format!("signalling replica {id} (pid {pid}): {}", std::io::Error::last_os_error()));
+        }
+        Ok(())
     }
 
     pub fn metrics_addr(&self, id: NodeId) -> Option<SocketAddr> {
@@ -202,5 +386,6 @@ impl Drop for LocalCluster {
         for id in 0..self.procs.len() as NodeId {
             self.kill(id);
         }
+        IN_USE.lock().expect("port registry lock").retain(|p| !self.ports.contains(p));
     }
 }

@@ -9,11 +9,11 @@ use phalanx_core::crypto::CryptoMode;
 use phalanx_core::kv::{self, Reply};
 use phalanx_core::trace::{Trace, dump, replay};
 use phalanx_core::{Algorithm, NodeId, Params, Protocol};
-use phalanx_host::client::ClusterClient;
+use phalanx_host::client::{ClientError, ClusterClient};
 use phalanx_host::config::{ClusterFile, KeygenOptions, Runtime, keygen};
 use phalanx_host::engine::{self, EngineChoice, WasmOptions};
 use phalanx_host::runtime::{self, StartOptions};
-use phalanx_host::{bench, demo};
+use phalanx_host::{bench, demo, faults, local_cluster};
 
 #[derive(Parser)]
 #[command(name = "phalanxd", version, about = "Phalanx replica daemon: PBFT key-value store or BFT publish/subscribe")]
@@ -35,6 +35,10 @@ enum Command {
     /// The main job: a local 4-replica cluster, a key-value workload, a replica killed
     /// and restarted in the middle.
     Demo(demo::DemoArgs),
+    /// Fault injection on a local cluster: concurrent clients, a seeded nemesis killing,
+    /// pausing and crashing replicas and damaging their logs, then checks (linearizable,
+    /// nothing acknowledged lost, equal state digests).
+    Faults(faults::FaultsArgs),
     /// One PBFT workload through the native core and the wasm engine (with and without
     /// host crypto): throughput of each and their ratio.
     #[cfg(feature = "wasm")]
@@ -144,6 +148,10 @@ enum ClientOp {
     /// ordered).
     Get {
         key: String,
+        /// Order the read like a write instead (one PBFT round, never answered from a
+        /// replica's state alone).
+        #[arg(long)]
+        ordered: bool,
     },
     Delete {
         key: String,
@@ -197,21 +205,58 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let result = match cli.command {
-        Command::Keygen(a) => keygen_cmd(a),
+        Command::Keygen(a) => keygen_cmd(a).map_err(Failure::from),
         Command::Run(a) => run_cmd(a),
         Command::Client(a) => client_cmd(a),
-        Command::Bench(a) => bench::run(a),
-        Command::Demo(a) => demo::run(a),
+        Command::Bench(a) => bench::run(a).map_err(Failure::from),
+        Command::Demo(a) => demo::run(a).map_err(Failure::from),
+        Command::Faults(a) => faults::run(a).map_err(Failure::from),
         #[cfg(feature = "wasm")]
-        Command::EngineBench(a) => engine::bench::run(a),
-        Command::Trace { command } => trace_cmd(command),
+        Command::EngineBench(a) => engine::bench::run(a).map_err(Failure::from),
+        Command::Trace { command } => trace_cmd(command).map_err(Failure::from),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("phalanxd: {e}");
-            ExitCode::FAILURE
+        Err(failure) => {
+            let (status, why) = match failure {
+                Failure::Failed(why) => (1, why),
+                Failure::OutcomeUnknown(why) => (EXIT_OUTCOME_UNKNOWN, why),
+                Failure::AddressInUse(why) => (EXIT_ADDRESS_IN_USE, why),
+            };
+            eprintln!("phalanxd: {why}");
+            ExitCode::from(status)
         }
+    }
+}
+
+/// `client`: the operation was handed to the replicas and no quorum answered in time; it
+/// may still take effect (exit status 1 means it was not sent, so it never will).
+const EXIT_OUTCOME_UNKNOWN: u8 = 3;
+/// `run`: the replica's listen or metrics address is taken by another socket (a collision
+/// a supervisor may retry; `LocalCluster` does).
+const EXIT_ADDRESS_IN_USE: u8 = local_cluster::EXIT_ADDRESS_IN_USE;
+
+/// Why a command failed; each kind has its exit status (the README lists them; clap's
+/// usage errors exit with 2).
+enum Failure {
+    /// 1. For `client`: the operation was not sent (bad arguments or configuration, a
+    /// request the client refused, or nothing reached any replica before the timeout).
+    Failed(String),
+    /// [`EXIT_OUTCOME_UNKNOWN`].
+    OutcomeUnknown(String),
+    /// [`EXIT_ADDRESS_IN_USE`].
+    AddressInUse(String),
+}
+
+impl From<String> for Failure {
+    fn from(why: String) -> Self {
+        Failure::Failed(why)
+    }
+}
+
+impl From<&str> for Failure {
+    fn from(why: &str) -> Self {
+        Failure::Failed(why.to_string())
     }
 }
 
@@ -246,10 +291,10 @@ fn load(path: &std::path::Path) -> Result<ClusterFile, String> {
     ClusterFile::load(path).map_err(|e| e.to_string())
 }
 
-fn run_cmd(a: RunArgs) -> Result<(), String> {
+fn run_cmd(a: RunArgs) -> Result<(), Failure> {
     let cluster = load(&a.config)?;
     if cluster.replica(a.id).is_none() {
-        return Err(format!("{}: node {} is not a replica of this cluster", a.config.display(), a.id));
+        return Err(format!("{}: node {} is not a replica of this cluster", a.config.display(), a.id).into());
     }
     if a.exit_with_stdin {
         std::thread::spawn(|| {
@@ -274,7 +319,10 @@ fn run_cmd(a: RunArgs) -> Result<(), String> {
         }
     };
     let opts = StartOptions { record_trace: a.record_trace, repair: a.repair, data_dir: None, engine };
-    let node = runtime::start(&cluster, a.id, &opts).map_err(|e| e.to_string())?;
+    let node = runtime::start(&cluster, a.id, &opts).map_err(|e| match e.address_in_use() {
+        true => Failure::AddressInUse(e.to_string()),
+        false => Failure::Failed(e.to_string()),
+    })?;
     tracing::info!(
         "replica {} serving {} on {:?}, metrics on {:?}",
         a.id,
@@ -282,7 +330,7 @@ fn run_cmd(a: RunArgs) -> Result<(), String> {
         node.listen,
         node.metrics_addr
     );
-    node.wait()
+    Ok(node.wait()?)
 }
 
 fn show_reply(result: &[u8]) -> String {
@@ -299,7 +347,7 @@ fn show_reply(result: &[u8]) -> String {
     }
 }
 
-fn client_cmd(a: ClientArgs) -> Result<(), String> {
+fn client_cmd(a: ClientArgs) -> Result<(), Failure> {
     let cluster = load(&a.config)?;
     let subscribing = matches!(a.op, ClientOp::Subscribe { .. });
     let id = match a.id {
@@ -314,7 +362,7 @@ fn client_cmd(a: ClientArgs) -> Result<(), String> {
     // (op, whether it is a read that needs no ordering)
     let (op, read) = match a.op {
         ClientOp::Put { key, value } => (kv::put(key.as_bytes(), value.as_bytes()), false),
-        ClientOp::Get { key } => (kv::get(key.as_bytes()), true),
+        ClientOp::Get { key, ordered } => (kv::get(key.as_bytes()), !ordered),
         ClientOp::Delete { key } => (kv::delete(key.as_bytes()), false),
         ClientOp::Cas { key, expected, new } => {
             (kv::cas(key.as_bytes(), expected.as_deref().map(str::as_bytes), new.as_bytes()), false)
@@ -328,7 +376,7 @@ fn client_cmd(a: ClientArgs) -> Result<(), String> {
             client.publish(topic, message.into_bytes(), algorithm).map_err(|e| e.to_string())?;
             // Give the broadcast time to leave before the process exits.
             std::thread::sleep(Duration::from_millis(500));
-            return client.stop();
+            return Ok(client.stop()?);
         }
         ClientOp::Subscribe { count } => {
             let mut seen = 0;
@@ -343,14 +391,23 @@ fn client_cmd(a: ClientArgs) -> Result<(), String> {
                 );
                 seen += 1;
             }
-            return client.stop();
+            return Ok(client.stop()?);
         }
     };
+    let before = client.frames_sent();
     let result = if read { client.read(op, timeout) } else { client.execute(op, timeout) };
-    let result = result.map_err(|e| e.to_string());
+    let result = result.map_err(|e| match e {
+        // The core refused it: nothing of it left this process.
+        ClientError::Refused(_) => Failure::Failed(e.to_string()),
+        // Any frame that left since may have carried it to a replica.
+        _ if client.frames_sent() > before => {
+            Failure::OutcomeUnknown(format!("{e}; the operation was sent and may still take effect"))
+        }
+        _ => Failure::Failed(format!("{e}; nothing reached any replica, so the operation was not sent")),
+    });
     let stopped = client.stop();
     println!("{}", show_reply(&result?));
-    stopped
+    Ok(stopped?)
 }
 
 fn trace_cmd(command: TraceCommand) -> Result<(), String> {

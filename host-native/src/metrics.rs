@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
+use phalanx_core::crypto::Digest;
 use phalanx_core::{FaultKind, NodeId, Stats, Status};
 
 /// Latency bucket bounds, in nanoseconds (50 µs to 5 s).
@@ -143,6 +144,8 @@ pub struct Metrics {
     completed: AtomicU64,
     /// The core's latest status and statistics, copied by the protocol thread.
     core: Mutex<(Status, Stats)>,
+    /// The application state's digest after the batch of this seq (PBFT replicas).
+    state: Mutex<Option<(u64, Digest)>>,
 }
 
 impl Metrics {
@@ -165,6 +168,7 @@ impl Metrics {
             operations_executed: AtomicU64::new(0),
             completed: AtomicU64::new(0),
             core: Mutex::default(),
+            state: Mutex::default(),
         }
     }
 
@@ -237,6 +241,16 @@ impl Metrics {
         self.completed.fetch_add(n, Relaxed);
     }
 
+    /// Notes the application state's digest after the batch at `seq` (executed or restored).
+    pub fn state(&self, seq: u64, digest: Digest) {
+        *self.state.lock().expect("metrics lock") = Some((seq, digest));
+    }
+
+    /// Frames written to any peer so far (hellos included).
+    pub fn frames_out_total(&self) -> u64 {
+        self.traffic.iter().map(|c| c.frames_out.load(Relaxed)).sum()
+    }
+
     /// Copies the core's latest values (once per round of the protocol thread).
     pub fn set_core(&self, status: &Status, stats: &Stats) {
         *self.core.lock().expect("metrics lock") = (*status, stats.clone());
@@ -270,6 +284,14 @@ impl Metrics {
         counter(o, "phalanx_view_changes_total", "New views entered.", c.view_changes);
         gauge(o, "phalanx_executed_seq", "Sequence number of the last batch executed.", c.executed);
         gauge(o, "phalanx_stable_checkpoint_seq", "Sequence number of the stable checkpoint.", c.stable);
+        if let Some((seq, digest)) = *self.state.lock().expect("metrics lock") {
+            let name = "phalanx_state_digest";
+            let help = "The application state's digest (BLAKE3 of its entries, XORed) as the label; the \
+                        value is the batch after which the state had it: replicas at one batch must agree.";
+            header(o, name, "gauge", help);
+            let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+            sample(o, &format!("{name}{{digest=\"{hex}\"}}"), seq);
+        }
         gauge(o, "phalanx_client_queue_length", "Client requests received and not yet executed.", c.pending_requests);
         counter(
             o,
@@ -378,6 +400,14 @@ pub fn value(text: &str, name_with_labels: &str) -> Option<f64> {
     text.lines()
         .filter(|l| !l.starts_with('#'))
         .find_map(|l| l.strip_prefix(name_with_labels)?.strip_prefix(' ')?.split_whitespace().next()?.parse().ok())
+}
+
+/// The batch and the state digest (hex) of `phalanx_state_digest` in Prometheus text
+/// `text`, if the node reports one.
+pub fn state_digest(text: &str) -> Option<(u64, String)> {
+    let line = text.lines().find_map(|l| l.strip_prefix("phalanx_state_digest{digest=\""))?;
+    let (hex, rest) = line.split_once("\"} ")?;
+    Some((rest.trim().parse().ok()?, hex.to_string()))
 }
 
 /// Serves `GET /metrics` on `addr` (port 0 picks one) from a new thread, which runs for
@@ -560,6 +590,11 @@ mod tests {
         assert_eq!(value(&t, "phalanx_macs_verified_total"), Some(99.0));
         assert_eq!(value(&t, "phalanx_node_id"), Some(0.0));
         assert_eq!(value(&t, "phalanx_missing"), None);
+        assert!(!t.contains("phalanx_state_digest"), "no state before the first batch");
+        m.state(9, [0xab; 32]);
+        let t = m.render();
+        assert_eq!(value(&t, &format!("phalanx_state_digest{{digest=\"{}\"}}", "ab".repeat(32))), Some(9.0));
+        assert_eq!(state_digest(&t), Some((9, "ab".repeat(32))));
 
         // Every sample has HELP and TYPE, names are prefixed and there is no node label.
         let mut typed = Vec::new();

@@ -43,6 +43,13 @@ impl std::fmt::Display for StartError {
 
 impl std::error::Error for StartError {}
 
+impl StartError {
+    /// Whether an address the node listens on (peers or metrics) is taken.
+    pub fn address_in_use(&self) -> bool {
+        matches!(self, StartError::Io { source, .. } if source.kind() == std::io::ErrorKind::AddrInUse)
+    }
+}
+
 /// How to start a node beyond what the cluster file says.
 #[derive(Clone, Debug, Default)]
 pub struct StartOptions {
@@ -153,9 +160,9 @@ pub fn start(cluster: &ClusterFile, id: NodeId, opts: &StartOptions) -> Result<R
     };
     let to_driver = events_tx.clone();
     let deliver = move |frames| to_driver.send(Event::Messages(frames)).is_ok();
-    let listen_on = net_cfg.listen;
-    let (network, outbox) = Network::new(net_cfg, metrics.clone(), deliver)
-        .map_err(io(format!("node {id}: listening on {listen_on:?}")))?;
+    let listening = net_cfg.listen.map_or_else(|| "connecting".to_string(), |a| format!("listening on {a}"));
+    let (network, outbox) =
+        Network::new(net_cfg, metrics.clone(), deliver).map_err(io(format!("node {id}: {listening}")))?;
     let listen = network.local_addr();
     let metrics_addr = match replica.and_then(|r| r.metrics) {
         Some(addr) => Some(metrics::serve(addr, metrics.clone()).map_err(io(format!("metrics on {addr}")))?.0),

@@ -360,6 +360,28 @@ fn too_long(len: usize) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, format!("record of {len} bytes exceeds the {MAX_RECORD}-byte limit"))
 }
 
+/// The byte range, header included, of the last intact record of the log in `dir`
+/// (`None` if it holds none): for tools that damage a log on purpose, as the
+/// fault-injection suite does.
+pub fn last_record(dir: &Path) -> Result<Option<std::ops::Range<u64>>, StorageError> {
+    let path = dir.join(LOG_NAME);
+    let data = fs::read(&path).map_err(io_err(&path, "read"))?;
+    if data.len() < MAGIC.len() || data[..MAGIC.len()] != MAGIC {
+        return Err(StorageError::Corrupt { path, offset: 0, reason: "missing PHXWAL01 header".into() });
+    }
+    let (mut off, mut last) = (MAGIC.len(), None);
+    while let Ok(record) = parse(&data, off) {
+        last = Some(off as u64..(off + HEADER + record.len()) as u64);
+        off += HEADER + record.len();
+    }
+    Ok(last)
+}
+
+/// The path of the log in `dir`.
+pub fn log_path(dir: &Path) -> PathBuf {
+    dir.join(LOG_NAME)
+}
+
 /// The log as the core's host loop uses it ([`phalanx_core::host::Storage`]): a record's
 /// position counts every record of the log since it was created, compacted ones
 /// included, so positions stay valid across compactions.

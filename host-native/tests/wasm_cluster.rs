@@ -108,7 +108,9 @@ fn a_wasm_replica_whose_guest_fails_stops_with_the_cause_and_a_nonzero_exit() {
     let component = common::component();
     let dir = std::env::temp_dir().join(format!("phalanx-e2e-wasm-fails-{}", std::process::id()));
     let spec = LocalSpec { crypto: CryptoMode::InsecureTest, ..LocalSpec::default() };
-    let c = LocalCluster::create(&dir, &spec, Path::new(BINARY)).unwrap();
+    let mut c = LocalCluster::create(&dir, &spec, Path::new(BINARY)).unwrap();
+    // The replica below is run by hand, not by the cluster.
+    c.release_ports();
     let path = c.config_path().to_path_buf();
     let good = std::fs::read_to_string(&path).unwrap();
     // Keygen writes every [runtime] field: change one line of it.

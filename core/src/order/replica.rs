@@ -73,6 +73,12 @@ struct Voted {
 /// sees another view only when a view change fails to settle it.
 pub(crate) const VOTED_KEPT: usize = 4;
 
+/// Catch-up requests a replica sends when it starts (`request_timeout_ns / 4` apart) even
+/// if nothing it recovered says it is behind: it may have been down while the others
+/// ordered batches, one request could be lost, and an idle cluster sends it nothing else
+/// to notice it by.
+const START_ASKS: u32 = 4;
+
 pub(crate) struct Replica {
     replicas: Vec<NodeId>,
     view: u64,
@@ -106,6 +112,14 @@ pub(crate) struct Replica {
     /// Whether this run has sent again, once its records were back, its votes for the
     /// slots of its view.
     resumed: bool,
+    /// A slot this replica knows committed elsewhere but cannot commit itself (it voted
+    /// against the batch its equivocating primary got committed), or what it may have
+    /// executed before a restart: it asks its peers what committed until it has executed
+    /// that far.
+    behind: u64,
+    /// Catch-up requests still owed after the start whether or not this replica knows it
+    /// is behind: the others may have ordered more while it was down.
+    start_asks: u32,
     /// Requests (client, first, count) of each delivered batch awaiting their results.
     executing: BTreeMap<u64, Vec<(NodeId, u64, u64)>>,
     /// Snapshots this replica took at checkpoints not yet stable.
@@ -198,6 +212,8 @@ impl Replica {
             superseded: 0,
             answer_from: 0,
             resumed: false,
+            behind: 0,
+            start_asks: 0,
             executing: BTreeMap::new(),
             snapshots: BTreeMap::new(),
             checkpoint_votes: BTreeMap::new(),
@@ -210,7 +226,9 @@ impl Replica {
             forward_at: None,
             forwarded_for: None,
             suspect: None,
-            fetch_at: None,
+            // At once: `resume` asks the others what they committed, without waiting for
+            // an input (an idle cluster sends none).
+            fetch_at: Some(0),
             last_now: 0,
             catch_up: BTreeMap::new(),
             offered_states: BTreeMap::new(),
@@ -684,13 +702,18 @@ impl Replica {
     /// A slot f+1 replicas sent COMMIT for, whose PRE-PREPARE this replica never got (a
     /// faulty primary may have left it out): a correct replica prepared that batch, so it
     /// is fetched from them by digest, and voted for like a PRE-PREPARE when it comes.
+    ///
+    /// A primary that told this replica another story (equivocation) leaves it with a
+    /// PRE-PREPARE for another batch. Parked, it is dropped (no other batch prepares in this
+    /// view once a correct replica prepared one) and the committed one fetched. Voted for,
+    /// this replica must not vote again: it catches up instead, until it has executed this
+    /// slot, from f+1 replicas offering the batch they committed. Otherwise it would wait
+    /// for the next view change or checkpoint, which an idle cluster never brings.
     fn fetch_committed(&mut self, ctx: &mut Ctx, seq: u64) {
-        if self.changing.is_some() || self.parked.contains_key(&seq) {
+        if self.changing.is_some() {
             return;
         }
-        let Some(slot) = self.log.get_mut(&seq).filter(|s| s.proposal.is_none() && s.wanted.is_none()) else {
-            return;
-        };
+        let Some(slot) = self.log.get_mut(&seq).filter(|s| s.wanted.is_none()) else { return };
         let Some(&(_, d)) = slot
             .commits
             .iter()
@@ -698,6 +721,21 @@ impl Replica {
         else {
             return;
         };
+        match (&slot.proposal, self.parked.get(&seq)) {
+            (Some(b), _) if b.digest == d => return,
+            (Some(_), _) => {
+                self.behind = self.behind.max(seq);
+                if self.fetch_at.is_none() {
+                    self.fetch_state(ctx);
+                }
+                return;
+            }
+            (None, Some(parked)) if parked.digest == d => return,
+            (None, Some(_)) => {
+                self.parked.remove(&seq);
+            }
+            (None, None) => {}
+        }
         slot.wanted = Some(d);
         let voters: Vec<NodeId> = slot.commits.iter().filter(|(_, x)| *x == d).map(|(r, _)| *r).collect();
         ctx.send(pb::body::Kind::FetchBatch(pb::FetchBatch { seq, digest: d.to_vec() }), voters);
@@ -837,18 +875,34 @@ impl Replica {
         Ok(())
     }
 
-    /// After a restart, once every persisted record is back (at the first other input):
-    /// sends again this replica's votes for the slots of its view. A cluster that
-    /// restarted as a whole then commits them again without a view change, since nobody
-    /// else re-sends theirs.
+    /// Once every persisted record is back (at the first input after them; a deadline is
+    /// due from the start, so it comes even in an idle cluster): asks the others what they
+    /// committed (`START_ASKS` times, and until it has executed as far as it may have
+    /// before a crash), and sends again this replica's votes for the slots of its view. A
+    /// replica that restarted alone learns the batches the others committed meanwhile,
+    /// which it would otherwise not before their next checkpoint; a cluster that restarted
+    /// as a whole commits its slots again without a view change, since nobody else
+    /// re-sends their votes.
     fn resume(&mut self, ctx: &mut Ctx) {
         if std::mem::replace(&mut self.resumed, true) {
             return;
         }
+        self.behind = self.behind.max(self.answer_from);
+        self.start_asks = START_ASKS;
+        self.fetch_state(ctx);
+        for body in self.own_votes(ctx, 0) {
+            ctx.send_to_replicas(body, &[]);
+        }
+    }
+
+    /// This replica's votes in its view for the slots from `from` on: its PRE-PREPARE (as
+    /// primary, above the NEW-VIEW's slots) or PREPARE, and its COMMIT if it sent one. For peers that may have lost
+    /// them to a crash, theirs or this replica's.
+    fn own_votes(&self, ctx: &Ctx, from: u64) -> Vec<pb::body::Kind> {
         let primary = self.is_primary(ctx);
         let view = self.view;
         let mut bodies = Vec::new();
-        for (&seq, slot) in &self.log {
+        for (&seq, slot) in self.log.range(from..) {
             let Some(batch) = &slot.proposal else { continue };
             let voted_here = self
                 .voted
@@ -858,7 +912,8 @@ impl Replica {
                 continue;
             }
             let vote = pb::Vote { view, seq, digest: batch.digest.to_vec() };
-            bodies.push(if primary {
+            // The NEW-VIEW proposed the slots up to `reproposed`; everyone PREPAREs those.
+            bodies.push(if primary && seq > self.reproposed {
                 pb::body::Kind::PrePrepare(pb::PrePrepare { view, seq, batch: batch.encoded.clone() })
             } else {
                 pb::body::Kind::Prepare(vote.clone())
@@ -867,9 +922,7 @@ impl Replica {
                 bodies.push(pb::body::Kind::Commit(vote));
             }
         }
-        for body in bodies {
-            ctx.send_to_replicas(body, &[]);
-        }
+        bodies
     }
 
     /// Restores what was persisted before a crash: the view it entered (and one it was
@@ -900,9 +953,15 @@ impl Replica {
                 self.note_voted(pp.seq, pp.view, batch.clone());
                 if pp.view == self.view {
                     self.next_seq = self.next_seq.max(pp.seq + 1);
-                    let me = ctx.me();
+                    let (me, primary) = (ctx.me(), primary(&self.replicas, pp.view));
                     let slot = self.log.entry(pp.seq).or_default();
                     let _ = add_vote(&mut slot.prepares, me, batch.digest);
+                    // Taken from the primary's PRE-PREPARE, which is its vote: the one it
+                    // sends again after a restart is known and so not counted then, and
+                    // with f faulty replicas silent the others need it.
+                    if pp.seq > self.reproposed {
+                        let _ = add_vote(&mut slot.prepares, primary, batch.digest);
+                    }
                     slot.proposal = Some(batch);
                     slot.seen_at = now;
                 }

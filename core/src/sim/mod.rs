@@ -288,6 +288,8 @@ pub struct Completion {
 pub struct Log {
     pub deliveries: Vec<Observed>,
     pub faults: BTreeMap<(NodeId, FaultKind), u64>,
+    /// The same faults by who reported them: (reporting host, accused node, kind).
+    pub accusations: BTreeMap<(usize, NodeId, FaultKind), u64>,
     pub messages_sent: u64,
     pub bytes_sent: u64,
     pub rejected_requests: Vec<(NodeId, String)>,
@@ -296,6 +298,8 @@ pub struct Log {
     pub completed: Vec<Completion>,
     /// PBFT: the checkpoint digests correct replica hosts signed, as (host, seq, digest).
     pub checkpoint_votes: Vec<(usize, u64, Vec<u8>)>,
+    /// Hosts restarted, in order: a host's incarnation is how often it appears here.
+    pub restarts: Vec<usize>,
     /// Distillation: the batches servers delivered.
     pub distilled: Vec<Distilled>,
 }
@@ -568,6 +572,7 @@ impl Sim {
                 h.run = HostLoop::new(SimMachine::Plain(node), storage, SimApp::default());
                 h.crashed = false;
                 self.incarnations[host] += 1;
+                self.log.restarts.push(host);
                 let recovered = self.hosts[host].run.recover(self.now).map(|_| ());
                 self.check(host, recovered);
                 self.after_input(host);
@@ -634,7 +639,10 @@ impl Sim {
                     incarnation: self.incarnations[host],
                     delivery,
                 }),
-                Output::Fault { node, kind } => *self.log.faults.entry((node, kind)).or_insert(0) += 1,
+                Output::Fault { node, kind } => {
+                    *self.log.faults.entry((node, kind)).or_insert(0) += 1;
+                    *self.log.accusations.entry((host, node, kind)).or_insert(0) += 1;
+                }
                 Output::Completed { request, result } => self.log.completed.push(Completion {
                     at: self.now,
                     host,

@@ -18,14 +18,18 @@
 //!   completed, and no older than the state of any read that completed before it began;
 //! - liveness after stabilization: every request a correct client submits completes
 //!   within a bound after the network stabilises (or after its submission, if later), and
-//!   every batch agreed reaches every correct replica that never crashed within the bound.
+//!   every batch agreed reaches every correct replica within the bound (a replica that
+//!   crashed and restarted, in the incarnation it ends with);
+//! - no false accusations: no correct node reports a fault against a correct one (a
+//!   duplicated read answered twice is no equivocation, a checkpoint vote of a correct
+//!   replica is no bad signature).
 
 use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::{Applied, Log};
 use crate::kv::{self, Kv};
-use crate::{Nanos, NodeId, Operation};
+use crate::{FaultKind, Nanos, NodeId, Operation};
 
 /// What a run must satisfy.
 #[derive(Clone, Debug, Default)]
@@ -36,7 +40,8 @@ pub struct Expectations {
     pub correct_clients: BTreeSet<usize>,
     /// What liveness promises, where it does.
     pub liveness: Option<Liveness>,
-    /// Correct replicas that never crashed: they must keep up with the agreed order.
+    /// Correct replicas that must keep up with the agreed order (a restarted one in its
+    /// last incarnation).
     pub converge: BTreeSet<usize>,
 }
 
@@ -73,7 +78,23 @@ pub fn check(log: &Log, exp: &Expectations) -> Vec<String> {
     if let Some(l) = exp.liveness {
         liveness(log, exp, l, &submitted, &agreed, &mut violations);
     }
+    accusations(log, exp, &mut violations);
     violations
+}
+
+/// Faults correct nodes reported against correct nodes. A frame whose MAC fails names a
+/// sender it cannot prove (anyone can claim to be anyone), so those are left out.
+fn accusations(log: &Log, exp: &Expectations, violations: &mut Vec<String>) {
+    let correct = |host: usize| exp.correct_replicas.contains(&host) || exp.correct_clients.contains(&host);
+    let unproven = [FaultKind::BadMac, FaultKind::ForgedSender];
+    for (&(host, accused, kind), count) in &log.accusations {
+        if correct(host) && correct(accused as usize) && !unproven.contains(&kind) {
+            violations.push(format!(
+                "accusation: correct host {host} reported {} against correct node {accused} {count} times",
+                kind.name()
+            ));
+        }
+    }
 }
 
 /// Each correct client's requests, numbered 1, 2, 3 … in submission order.
@@ -334,8 +355,9 @@ fn liveness(
         }
     }
     for &host in &exp.converge {
+        let last = log.restarts.iter().filter(|&&h| h == host).count() as u32;
         let mut applied: BTreeMap<u64, Nanos> = BTreeMap::new();
-        for e in log.executed.iter().filter(|e| e.host == host) {
+        for e in log.executed.iter().filter(|e| e.host == host && e.incarnation == last) {
             applied.entry(e.seq).or_insert(e.at);
         }
         // A restore to seq k stands for every seq up to k.
@@ -436,6 +458,10 @@ mod tests {
             ("validity", Box::new(|l: &mut Log| l.executed[0] = batch(0, 0, 1, vec![op(4, 1, kv::put(b"a", b"2"))]))),
             ("client", Box::new(|l: &mut Log| l.completed[1].result = kv::Reply::Value(None).encode())),
             ("checkpoints", Box::new(|l: &mut Log| l.checkpoint_votes[1].2 = vec![8; 32])),
+            (
+                "accusation",
+                Box::new(|l: &mut Log| *l.accusations.entry((4, 1, FaultKind::Equivocation)).or_default() += 1),
+            ),
             ("liveness", Box::new(|l: &mut Log| drop(l.completed.pop()))),
             ("liveness", Box::new(|l: &mut Log| l.completed[1].at = 20 * MS)),
             ("liveness", Box::new(|l: &mut Log| drop(l.executed.pop()))),
@@ -504,6 +530,9 @@ mod tests {
         log.executed.push(batch(2, 0, 1, vec![op(4, 7, b"junk".to_vec())]));
         log.completed.push(Completion { at: 0, host: 5, node: 5, incarnation: 0, request: 1, result: vec![] });
         log.checkpoint_votes.push((2, 2, vec![9; 32]));
+        log.accusations.insert((2, 0, FaultKind::Equivocation), 1);
+        log.accusations.insert((0, 2, FaultKind::Equivocation), 1);
+        log.accusations.insert((0, 1, FaultKind::BadMac), 1);
         assert_eq!(violations(&log, &exp), "");
         exp.liveness = None;
         log.completed.clear();
@@ -515,8 +544,16 @@ mod tests {
         let (mut log, exp) = clean();
         let mut reference = Kv::new();
         reference.execute(&kv::put(b"a", b"1"));
+        log.restarts.push(0);
         log.executed.push(restore(0, 1, 1, &reference));
         log.executed.push(batch(0, 1, 2, vec![op(4, 2, kv::get(b"a"))]));
         assert_eq!(violations(&log, &exp), "");
+        // A restarted replica must catch up again: what it executed before counts no more.
+        log.executed.pop();
+        assert!(
+            violations(&log, &exp).starts_with("liveness: host 0 had not reached seq 2"),
+            "{}",
+            violations(&log, &exp)
+        );
     }
 }

@@ -56,6 +56,10 @@ pub struct Scenario {
     pub split: Option<(NodeId, Vec<NodeId>)>,
     /// A replica crashed at the first time and restarted from its storage at the second.
     pub crash: Option<(NodeId, Nanos, Nanos)>,
+    /// More replicas crashed and restarted from their storage, each between two times:
+    /// correct replicas that lose nothing they synced (so not counted in f), one of them
+    /// or the whole cluster at once. Never the replica of `crash`.
+    pub restarts: Vec<(NodeId, Nanos, Nanos)>,
     /// Nodes cut off from the rest between two times; held messages arrive at the heal.
     pub partition: Option<(Nanos, Nanos, Vec<NodeId>)>,
     /// Nodes whose traces are recorded.
@@ -119,6 +123,7 @@ impl Scenario {
             twin: None,
             split: None,
             crash: None,
+            restarts: vec![],
             partition: None,
             record: vec![],
             horizon: 60_000 * MS,
@@ -219,6 +224,27 @@ impl Scenario {
         }
         s.burst = 1 + rng.below(4) as u32;
         s.reads = rng.chance(500_000);
+        // Another slow client: the first requests of two clients reach the replicas in
+        // different orders.
+        if s.clients > 1 && rng.chance(300_000) {
+            s.net.slow.push((n + s.clients - 1, (1 + rng.below(30)) * MS));
+        }
+        // Correct replicas crash and restart, one or all at once, often while the network
+        // still loses messages.
+        if rng.chance(200_000) {
+            let down = rng.below(40) * MS;
+            let up = down + (1 + rng.below(40)) * MS;
+            let whole = rng.chance(300_000);
+            let correct: Vec<NodeId> = (0..n).filter(|&r| !s.faulty(r) && s.crash.is_none_or(|c| c.0 != r)).collect();
+            let one = (!correct.is_empty()).then(|| *rng.pick(&correct));
+            let crashed = s.crash.map(|c| c.0);
+            s.restarts =
+                (0..n).filter(|&r| Some(r) != crashed && (whole || Some(r) == one)).map(|r| (r, down, up)).collect();
+            if rng.chance(500_000) {
+                s.net.drop_ppm = 20_000 + rng.below(40_000) as u32;
+                s.net.lossy_until = up + rng.below(40) * MS;
+            }
+        }
         s
     }
 
@@ -243,7 +269,7 @@ impl Scenario {
     pub fn stable_at(&self) -> Nanos {
         let workload = self.ops as Nanos * self.interval + self.clients as Nanos * 100_000 + 30 * MS;
         let partition = self.partition.as_ref().map_or(0, |p| p.1);
-        let crash = self.crash.map_or(0, |c| c.2);
+        let crash = self.crash.iter().chain(&self.restarts).map(|c| c.2).max().unwrap_or(0);
         let lossy = if self.net.drop_ppm > 0 { self.net.lossy_until } else { 0 };
         workload.max(partition).max(crash).max(lossy)
     }
@@ -258,8 +284,8 @@ impl Scenario {
 
     /// What PBFT promises under this scenario's faults, for a run that ended at `end`. A
     /// replica that crashed and restarted kept its storage, so it is held to every safety
-    /// property. Liveness holds after stabilization, whatever the faulty replicas do,
-    /// unless the network loses messages for good.
+    /// property, and to catching up once back. Liveness holds after stabilization,
+    /// whatever the faulty replicas do, unless the network loses messages for good.
     pub fn expectations(&self, end: Nanos) -> Expectations {
         let lossless = self.net.drop_ppm == 0 || self.net.lossy_until < Nanos::MAX;
         let liveness = lossless.then(|| Liveness { stable_at: self.stable_at(), bound: self.liveness_bound(), end });
@@ -267,10 +293,7 @@ impl Scenario {
             correct_replicas: (0..self.n()).filter(|&r| !self.faulty(r)).map(|r| r as usize).collect(),
             correct_clients: self.client_ids().filter(|&c| !self.faulty(c)).map(|c| c as usize).collect(),
             liveness,
-            converge: (0..self.n())
-                .filter(|&r| !self.faulty(r) && self.crash.is_none_or(|c| c.0 != r))
-                .map(|r| r as usize)
-                .collect(),
+            converge: (0..self.n()).filter(|&r| !self.faulty(r)).map(|r| r as usize).collect(),
         }
     }
 
@@ -315,7 +338,7 @@ impl Scenario {
                 }
             }
         }
-        if let Some((r, down, up)) = self.crash {
+        for &(r, down, up) in self.crash.iter().chain(&self.restarts) {
             sim.crash_at(down, r as usize);
             sim.restart_at(up, r as usize);
         }
@@ -404,6 +427,9 @@ impl fmt::Display for Scenario {
         }
         if let Some((r, down, up)) = self.crash {
             write!(f, " crash=replica{r}@{}ms..{}ms", down / MS, up / MS)?;
+        }
+        for &(r, down, up) in &self.restarts {
+            write!(f, " restart=replica{r}@{}ms..{}ms", down / MS, up / MS)?;
         }
         if let Some((from, until, nodes)) = &self.partition {
             write!(f, " partition={nodes:?}@{}ms..{}ms", from / MS, until / MS)?;

@@ -2,7 +2,11 @@
 //! state (the application snapshot and the exactly-once table); 2f+1 matching
 //! signatures, aggregated, make a stable checkpoint that frees the log and storage below
 //! it. A replica left behind asks its peers: f+1 matching committed batches, or a
-//! checkpoint state whose digest a certificate (or f+1 peers) vouches for, bring it up.
+//! checkpoint state whose digest a certificate (or f+1 peers) vouches for, bring it up,
+//! and their votes for what has not committed yet let it commit that with them. It asks
+//! when it sees a checkpoint it has not reached become stable, when it knows a slot
+//! committed that it cannot commit itself, and, a few times, when it starts: none of
+//! these needs new requests, so it also catches up in an idle cluster.
 
 use std::collections::BTreeSet;
 
@@ -156,11 +160,14 @@ impl Replica {
     }
 
     /// Asks the other replicas for what this replica has not executed: the state of the
-    /// stable checkpoint if it is behind it, asked again every `request_timeout_ns / 4`
-    /// until done.
+    /// stable checkpoint if it is behind it, or batches it knows committed elsewhere
+    /// (`behind`, which after a restart covers what it may have executed before); asked
+    /// again every `request_timeout_ns / 4` until done. After it starts it also asks a few
+    /// times regardless (`start_asks`).
     pub(super) fn fetch_state(&mut self, ctx: &mut Ctx) {
         self.fetch_at = None;
-        if self.executed < self.low {
+        if self.executed < self.low.max(self.behind) || self.start_asks > 0 {
+            self.start_asks = self.start_asks.saturating_sub(1);
             self.catch_up_request(ctx);
             self.fetch_at = Some(self.last_now.saturating_add(ctx.cfg.cluster.params.request_timeout_ns / 4));
         }
@@ -173,7 +180,8 @@ impl Replica {
 
     /// Answers a replica that lacks `f.seq` onwards: the state at the newest checkpoint
     /// at or after it (certified if stable here, else bare: the fetcher checks it against
-    /// its own certificate or f+1 matching offers), then the committed batches after.
+    /// its own certificate or f+1 matching offers), then the committed batches after, then
+    /// its votes for the slots after those.
     pub(super) fn on_fetch_state(&mut self, ctx: &mut Ctx, from: NodeId, f: pb::FetchState) {
         let stable = match (&self.stable, &self.stable_snapshot) {
             (Some(cert), Some(state)) if cert.seq >= f.seq => Some((cert.seq, Some(cert.clone()), state.clone())),
@@ -194,6 +202,13 @@ impl Replica {
             .collect();
         for c in committed {
             ctx.send(pb::body::Kind::Committed(c), [from]);
+        }
+        // And this replica's votes for what has not committed here yet: a peer that
+        // restarted (or whose restart came after this replica's) lost them.
+        if self.changing.is_none() {
+            for vote in self.own_votes(ctx, self.delivered.max(after.saturating_sub(1)) + 1) {
+                ctx.send(vote, [from]);
+            }
         }
     }
 
