@@ -26,12 +26,14 @@ use bytes::Bytes;
 use prost::Message;
 
 use super::Rng;
+use crate::broadcast::chain::ChainPath;
 use crate::config::Role;
 use crate::crypto::{BlsSecretKey, BlsSignature, CryptoMode, aggregate, digest};
 use crate::order::header;
+use crate::quorum::Quorums;
 use crate::statement::Statement;
 use crate::wire::{self, Keyring, pb};
-use crate::{NodeConfig, NodeId};
+use crate::{Algorithm, NodeConfig, NodeId};
 
 /// One faulty node's secrets.
 struct Member {
@@ -46,22 +48,27 @@ pub struct Coalition {
     members: BTreeMap<NodeId, Member>,
     /// Every node of the cluster, for choosing receivers and ids.
     everyone: Vec<NodeId>,
+    /// The cluster's Chain, for publications a faulty publisher sends by it.
+    chain: Option<ChainPath>,
 }
 
 impl Coalition {
     pub fn new<'a>(faulty: impl IntoIterator<Item = &'a NodeConfig>, everyone: Vec<NodeId>) -> Self {
         // An empty coalition signs nothing, so its mode does not matter.
         let mut crypto = CryptoMode::Real;
+        let mut chain = None;
         let members = faulty
             .into_iter()
             .map(|c| {
                 crypto = c.cluster.crypto;
+                let replicas: Vec<NodeId> = c.cluster.replicas().map(|r| r.id).collect();
+                chain = Some(ChainPath::new(&replicas, Quorums::new(replicas.len(), c.cluster.f as usize)));
                 let role = c.cluster.node(c.id).expect("a member of its cluster").role;
                 let keys = Keyring::new(c.cluster.crypto, c.id, c.mac_keys.clone());
                 (c.id, Member { keys, bls: c.bls_secret.clone(), role })
             })
             .collect();
-        Coalition { crypto, members, everyone }
+        Coalition { crypto, members, everyone, chain }
     }
 
     pub fn contains(&self, id: NodeId) -> bool {
@@ -111,6 +118,19 @@ impl Coalition {
     pub fn seal(&self, from: NodeId, to: NodeId, body: &[u8], mut macs: Vec<pb::Mac>) -> Vec<u8> {
         macs.extend(self.members[&from].keys.mac_to(to, body));
         wire::frame(from, body, &macs)
+    }
+
+    /// A frame from member `me`, the publisher of `p`, to `to` carrying `p` sent by
+    /// `algorithm`: SEND, or a Chain hop with `me`'s MACs to the next chain positions.
+    pub fn publication(&self, me: NodeId, to: NodeId, mut p: pb::Publication, algorithm: Algorithm) -> Vec<u8> {
+        p.algorithm = algorithm.to_pb() as i32;
+        p.step = if algorithm == Algorithm::Chain { pb::Step::Hop } else { pb::Step::Send } as i32;
+        let body = wire::encode_body(pb::body::Kind::Publication(p));
+        let mut macs = Vec::new();
+        if let Some(chain) = self.chain.as_ref().filter(|_| algorithm == Algorithm::Chain) {
+            chain.macs_for(&self.members[&me].keys, me, &body, &[], to, &[], &mut macs);
+        }
+        self.seal(me, to, &body, macs)
     }
 
     /// `bytes`, a frame member `me` sends to `to`, with `mutate` applied to its body (to
