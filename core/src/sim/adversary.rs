@@ -98,6 +98,17 @@ pub struct ReplicaFaults {
 /// `keyed`, faulty replicas also lie with the coalition's keys, inject invented bodies,
 /// hijack view changes (PBFT) and split into personas.
 pub fn draw_replica_faults(rng: &mut Rng, n: u32, f: u32, everyone: &[NodeId], keyed: bool) -> ReplicaFaults {
+    draw_faults(rng, n, f, everyone, keyed, if keyed { 12 } else { 9 })
+}
+
+/// [`draw_replica_faults`] for pub/sub brokers, keyed: every behaviour but PBFT's
+/// [`Behavior::Hijack`].
+pub fn draw_broker_faults(rng: &mut Rng, n: u32, f: u32, everyone: &[NodeId]) -> ReplicaFaults {
+    draw_faults(rng, n, f, everyone, true, 11)
+}
+
+/// The behaviours are the first `kinds` of the list below.
+fn draw_faults(rng: &mut Rng, n: u32, f: u32, everyone: &[NodeId], keyed: bool, kinds: u64) -> ReplicaFaults {
     const MS: Nanos = 1_000_000;
     let some = |rng: &mut Rng| -> Vec<NodeId> { everyone.iter().copied().filter(|_| rng.chance(500_000)).collect() };
     let mut faulty: Vec<NodeId> = Vec::new();
@@ -114,7 +125,6 @@ pub fn draw_replica_faults(rng: &mut Rng, n: u32, f: u32, everyone: &[NodeId], k
     }
     let mut out =
         ReplicaFaults { behaviors: vec![Behavior::Correct; n as usize], twin: None, split: None, crash: None };
-    let kinds = if keyed { 12 } else { 9 };
     for &b in &faulty {
         out.behaviors[b as usize] = match rng.below(kinds) {
             0 => Behavior::Silent,
