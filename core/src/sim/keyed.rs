@@ -133,6 +133,59 @@ impl Coalition {
         self.seal(me, to, &body, macs)
     }
 
+    /// A frame from member `from` to `to` carrying `kind` with everything in it that
+    /// colluders authenticate made valid: a colluding client's request authenticator,
+    /// VIEW-CHANGEs and CHECKPOINT votes signed by their senders (those a NEW-VIEW relays
+    /// too), and the Chain MACs of every colluder on a publication's path up to `from`.
+    /// For a fuzzer's bodies: whatever it picks gets past authentication.
+    pub fn seal_authenticated(&self, from: NodeId, to: NodeId, mut kind: pb::body::Kind) -> Vec<u8> {
+        match &mut kind {
+            pb::body::Kind::Checkpoint(c) if self.contains(from) => {
+                c.signature = self.sign(from, Statement::Checkpoint, 0, c.seq, &c.digest).0.to_vec();
+            }
+            pb::body::Kind::NewView(nv) => {
+                for s in nv.view_changes.iter_mut().filter(|s| self.contains(s.sender)) {
+                    if let Ok(mut vc) = pb::ViewChange::decode(&s.view_change[..]) {
+                        self.sign_view_change(s.sender, &mut vc);
+                        s.view_change = vc.encode_to_vec();
+                    }
+                }
+            }
+            _ => {}
+        }
+        self.reauthenticate(from, &mut kind, &mut []);
+        let chain_hop = match &kind {
+            pb::body::Kind::Publication(p) if p.step == pb::Step::Hop as i32 => Some(p.publisher),
+            _ => None,
+        };
+        let body = wire::encode_body(kind);
+        let mut macs = Vec::new();
+        if let (Some(chain), Some(publisher)) = (&self.chain, chain_hop) {
+            // The path from the publisher through the members up to `from`, each hop
+            // adding its MACs to what it carries on.
+            let mut path = vec![publisher];
+            while let Some(next) = path.last().filter(|&&at| at != from).and_then(|&at| chain.successor(at, publisher))
+            {
+                path.push(next);
+            }
+            for (i, node) in path.iter().enumerate() {
+                let Some(m) = self.members.get(node) else { continue };
+                let mut carried = Vec::new();
+                chain.macs_for(
+                    &m.keys,
+                    publisher,
+                    &body,
+                    &macs,
+                    path.get(i + 1).copied().unwrap_or(to),
+                    &[to],
+                    &mut carried,
+                );
+                macs = carried;
+            }
+        }
+        self.seal(from, to, &body, macs)
+    }
+
     /// `bytes`, a frame member `me` sends to `to`, with `mutate` applied to its body (to
     /// each body, in a bundle) and what the coalition authenticates in them made valid
     /// again, VIEW-CHANGEs signed by `signer`. A frame that does not decode passes as it is.
