@@ -162,9 +162,14 @@ impl Coalition {
         let mut macs = Vec::new();
         if let (Some(chain), Some(publisher)) = (&self.chain, chain_hop) {
             // The path from the publisher through the members up to `from`, each hop
-            // adding its MACs to what it carries on.
+            // adding its MACs to what it carries on (a "publisher" that is a member itself
+            // would lead back to itself: the path ends there).
             let mut path = vec![publisher];
-            while let Some(next) = path.last().filter(|&&at| at != from).and_then(|&at| chain.successor(at, publisher))
+            while let Some(next) = path
+                .last()
+                .filter(|&&at| at != from)
+                .and_then(|&at| chain.successor(at, publisher))
+                .filter(|next| !path.contains(next))
             {
                 path.push(next);
             }
