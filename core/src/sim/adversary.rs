@@ -288,9 +288,10 @@ fn mix(
 fn alter(kind: &mut pb::body::Kind, macs: &mut Vec<pb::Mac>, field: u64, me: NodeId) {
     let pb::body::Kind::Publication(p) = kind else { return equivocate(kind) };
     match field {
-        0 => p.seq += 1,
-        1 => p.publisher += 1,
-        2 => p.topic += 1,
+        // What it relays may itself be a colluder's lie, numbered up to u64::MAX.
+        0 => p.seq = p.seq.wrapping_add(1),
+        1 => p.publisher = p.publisher.wrapping_add(1),
+        2 => p.topic = p.topic.wrapping_add(1),
         4 if macs.iter().any(|m| m.from != me) => macs.retain(|m| m.from == me),
         _ => p.payload = bytes::Bytes::from_static(b"altered by a Byzantine node"),
     }
