@@ -739,4 +739,20 @@ mod tests {
         }
         assert_eq!(bad_macs, 0, "every frame carries its sender's valid MAC");
     }
+
+    /// Found by the pubsub_node fuzzer: a Chain hop whose "publisher" is a chain member
+    /// led the path back to that member, and sealing it never ended.
+    #[test]
+    fn sealing_a_chain_hop_that_names_a_member_as_publisher_ends() {
+        let spec = ClusterSpec { clients: 1, subscribers: 1, crypto: CryptoMode::InsecureTest, ..ClusterSpec::new(1) };
+        let cfgs = generate_cluster(&spec, [5; 32]).unwrap();
+        let everyone: Vec<NodeId> = cfgs.iter().map(|c| c.id).collect();
+        let coalition = Coalition::new(&cfgs, everyone.clone());
+        let subscriber = *everyone.last().unwrap();
+        for publisher in 0..4 {
+            let hop = pb::Publication { publisher, seq: 1, step: pb::Step::Hop as i32, ..Default::default() };
+            let frame = coalition.seal_authenticated(4, subscriber, pb::body::Kind::Publication(hop));
+            assert!(!frame.is_empty());
+        }
+    }
 }
