@@ -49,10 +49,18 @@ impl Quorums {
 
     /// 2f+1: at least f+1 of them are correct. Bracha delivers on this many matching
     /// READYs: those f+1 correct ones make every correct replica send READY (they are
-    /// `one_correct`), so every correct process delivers too (totality). Chain has this
-    /// many members, so that f faulty ones leave a correct majority of it.
+    /// `one_correct`), so every correct process delivers too (totality).
     pub fn f_plus_one_correct(self) -> usize {
         2 * self.f + 1
+    }
+
+    /// n − ⌈(n+f+1)/2⌉ + f + 1 (2f+1 at n = 3f+1 and 3f+2): Chain's members. Every correct
+    /// member forwards what a destination delivers by Chain, and there are more of them
+    /// (≥ n + 1 − `intersecting`) than correct replicas outside any `intersecting`
+    /// quorum, so a Chain delivery and an AB or Bracha one of the same instance share a
+    /// correct broker, which takes only one of them (`crate::pubsub`).
+    pub fn chain(self) -> usize {
+        self.spare() + self.one_correct()
     }
 
     /// The most replicas that can be silent while an `intersecting` quorum still forms.
@@ -74,6 +82,7 @@ mod tests {
                 assert!(shared > f, "n={n} f={f}: two quorums of {} share only {shared}", q.intersecting());
                 assert!(q.intersecting() <= n - f, "n={n} f={f}: the correct replicas cannot make a quorum");
                 assert_eq!(q.spare(), n - q.intersecting());
+                assert!(q.chain() <= n && q.chain() > 2 * f, "n={n} f={f}: chain {}", q.chain());
             }
         }
     }
@@ -85,5 +94,9 @@ mod tests {
         assert_eq!(q(7, 2).intersecting(), 5);
         // Where 2f+1 would not intersect in a correct replica.
         assert_eq!((q(5, 1).intersecting(), q(6, 1).intersecting(), q(9, 2).intersecting()), (4, 4, 6));
+        assert_eq!(
+            (q(4, 1).chain(), q(5, 1).chain(), q(6, 1).chain(), q(7, 2).chain(), q(9, 2).chain()),
+            (3, 3, 4, 5, 6)
+        );
     }
 }

@@ -447,3 +447,46 @@ fn a_mac_under_the_wrong_pairwise_key_is_bad_mac() {
         }
     }
 }
+
+/// Finding C (issue 14): a publication numbered u64::MAX, the last sequence number there
+/// is, overflowed the window arithmetic (`seq + 1` when the source slides a broker's
+/// window, `next += 1` when a subscriber that joined late delivers it): a panic in debug
+/// builds, a wrap-around to seq 0 in release. It is a valid number like any other: the
+/// broker relays it once, subscribers deliver it once, and its replays are stale.
+#[test]
+fn finding_c_a_publication_numbered_u64_max_is_relayed_and_delivered_once() {
+    const LAST: u64 = u64::MAX;
+    for alpha in [0, 2] {
+        let cfgs = cluster(params(alpha), vec![]);
+        let mut net = Net::new(&cfgs);
+        // The subscribers follow topic 0 from now on: a late join, whose order starts at
+        // the first publication delivered.
+        for s in SUBSCRIBERS {
+            net.request(s, phalanx_core::Request::Subscribe { topics: vec![0] }).unwrap();
+        }
+        net.run();
+        let publisher = Forger::new(&cfgs[PUBLISHER as usize]);
+        for (seq, alg) in [(LAST, Algorithm::Ab), (LAST - 1, Algorithm::Bracha)] {
+            let body = pub_body(0, seq, alg, pb::Step::Send, &seq.to_le_bytes());
+            for b in BROKERS {
+                net.inject(PUBLISHER, b, publisher.frame(b, &body));
+            }
+            net.run();
+        }
+        // Replays change nothing.
+        for b in BROKERS {
+            let body = pub_body(0, LAST, Algorithm::Ab, pb::Step::Send, &LAST.to_le_bytes());
+            net.inject(PUBLISHER, b, publisher.frame(b, &body));
+        }
+        net.run();
+        for s in SUBSCRIBERS {
+            let got = net.delivered_at(s);
+            let expected: &[(u64, u64, bool)] =
+                if alpha == 0 { &[(0, LAST, false), (0, LAST - 1, false)] } else { &[(0, LAST, false)] };
+            assert_eq!(got, expected, "alpha {alpha}, subscriber {s}");
+        }
+        // (The real publisher node, which did not send these, refuses the brokers' HISTORY.)
+        let faults: Vec<_> = net.faults.iter().filter(|f| f.0 != PUBLISHER).collect();
+        assert!(faults.is_empty(), "alpha {alpha}: {faults:?}");
+    }
+}

@@ -4,11 +4,11 @@
 
 use std::collections::BTreeSet;
 
-use phalanx_core::FaultKind;
 use phalanx_core::crypto::CryptoMode;
 use phalanx_core::sim::adversary::Behavior;
 use phalanx_core::sim::scenario::Outcome;
 use phalanx_core::sim::scenario::{Protocol, Scenario};
+use phalanx_core::{Algorithm, FaultKind};
 
 /// Brokers are 0..n; with one publisher and two subscribers, the publisher is n and the
 /// subscribers n+1, n+2.
@@ -229,4 +229,38 @@ fn histories_do_not_starve_the_fast_path_over_many_windows() {
             .count() as f64;
         assert!(fast_ab > 0.9 * ab_published, "subscriber {sub}: only {fast_ab} of {ab_published} AB on the fast path");
     }
+}
+
+/// Finding 9 of issue 15: a Byzantine publisher sends each publication to the chain's
+/// head (broker 0) by Chain or AB — sometimes followed by Bracha — and to the other
+/// brokers by Bracha, each algorithm with a payload of its own. On main, brokers relayed
+/// by every algorithm they were sent: subscribers delivered different payloads for one
+/// seq (Chain's and Bracha's), and broker 0, done with the instance after AB, ignored its
+/// READYs, so a subscriber whom the faulty broker withheld READYs from never delivered
+/// what the other did. Each broker now relays the first algorithm the publisher used with
+/// it, and counts READYs whatever it relayed: consistency and Bracha's totality hold.
+#[test]
+fn finding_9_a_publisher_mixing_algorithms_cannot_split_subscribers() {
+    let mut delivered = 0;
+    for f in [1u32, 2] {
+        let n = 3 * f + 1;
+        let sub_a = n + 1;
+        for head in [vec![Algorithm::Chain], vec![Algorithm::Ab], vec![Algorithm::Ab, Algorithm::Bracha]] {
+            for seed in 0..8 {
+                let mut s = Scenario { publications: 3, seed, ..scenario(Protocol::Bracha, f) };
+                let mut plan: Vec<_> = head.iter().map(|&alg| (0, alg, true)).collect();
+                plan.extend((1..n).map(|b| (b, Algorithm::Bracha, true)));
+                s.publisher_behaviors[0] = Behavior::Mix(plan);
+                // The last f brokers echo to the others but send READY to one subscriber.
+                for b in n - f..n {
+                    s.brokers[b as usize] = Behavior::OnlyTo((0..n).chain([sub_a]).collect());
+                }
+                // The checker holds every seq to one payload (agreement) delivered by
+                // both subscribers or neither (totality).
+                let outcome = assert_clean(&s);
+                delivered += outcome.log.deliveries.len();
+            }
+        }
+    }
+    assert!(delivered > 100, "the mixed publications must mostly arrive: {delivered}");
 }

@@ -409,3 +409,36 @@ fn a_publisher_using_bracha_is_not_throttled_to_the_flush_timer() {
     let delivered: Vec<u64> = net.delivered_at(SUB_A).iter().map(|d| d.1).collect();
     assert_eq!(delivered, (1..=3 * ALPHA as u64).collect::<Vec<_>>(), "all delivered with no timeout");
 }
+
+/// Finding 9 of issue 15, at one broker: the publisher's first word on an instance binds
+/// it. Broker 0 relays the AB SEND, refuses the same seq's Bracha SEND as the publisher's
+/// equivocation (no ECHO), yet on f+1 READYs for the Bracha payload sends its own READY
+/// to brokers and subscribers: without that a subscriber could miss a Bracha delivery
+/// that another made (totality).
+#[test]
+fn a_broker_relays_one_algorithm_per_instance_and_still_amplifies_readies() {
+    let cfgs = cluster(params(0), vec![0]);
+    let mut broker = node(&cfgs, 0);
+    let publisher = Forger::new(&cfgs[PUBLISHER as usize]);
+    let send = |alg, payload: &[u8]| publication(PUBLISHER, 0, 1, alg, pb::Step::Send, false, payload.to_vec());
+    let outs = feed(&mut broker, 0, PUBLISHER, &publisher.frame(0, &send(Algorithm::Ab, b"x")));
+    let relayed: Vec<NodeId> = publications(&outs).into_iter().map(|(to, _)| to).collect();
+    assert_eq!(relayed, SUBSCRIBERS);
+    let outs = feed(&mut broker, 0, PUBLISHER, &publisher.frame(0, &send(Algorithm::Bracha, b"y")));
+    assert_eq!(faults(&outs), [(PUBLISHER, phalanx_core::FaultKind::Equivocation)]);
+    assert!(publications(&outs).is_empty(), "no ECHO for a second algorithm");
+    // A replayed AB SEND is a duplicate, not a second relay.
+    assert!(feed(&mut broker, 0, PUBLISHER, &publisher.frame(0, &send(Algorithm::Ab, b"x"))).is_empty());
+    let ready = |b: NodeId| {
+        let body = publication(PUBLISHER, 0, 1, Algorithm::Bracha, pb::Step::Ready, false, b"y".to_vec());
+        Forger::new(&cfgs[b as usize]).frame(0, &body)
+    };
+    assert!(feed(&mut broker, 0, 1, &ready(1)).is_empty());
+    let readies: Vec<NodeId> = publications(&feed(&mut broker, 0, 2, &ready(2)))
+        .into_iter()
+        .filter(|(_, p)| p.step() == pb::Step::Ready && p.payload[..] == b"y"[..])
+        .map(|(to, _)| to)
+        .collect();
+    assert_eq!(readies, [1, 2, 3, SUB_A, SUB_B]);
+    assert_eq!(broker.stats().stale, 1);
+}

@@ -1,7 +1,10 @@
-//! Chain (seed 000 §3.3, DESIGN §5.3): the first 2f+1 replicas (by id) form a chain.
+//! Chain (seed 000 §3.3, DESIGN §5.3): the first [`Quorums::chain`] replicas (by id)
+//! form a chain: 2f+1 at n = 3f+1 (the thesis' chain) and 3f+2, more beyond, so that a
+//! Chain delivery always meets any quorum of AB copies or Bracha ECHOes for the same
+//! instance in a correct broker (`crate::pubsub`).
 //!
 //! Positions on the path: the source is 0, chain member k is k+1 and every destination
-//! is 2f+2. A node at position x verifies the MACs addressed to it by the f+1 positions
+//! comes after the last member. A node at position x verifies the MACs addressed to it by the f+1 positions
 //! before it (as many as exist), adds its own for the f+1 positions after it, and carries
 //! forward the upstream MACs still needed downstream. The body is forwarded verbatim, so
 //! every MAC covers the same bytes.
@@ -22,9 +25,9 @@ pub struct ChainPath {
 }
 
 impl ChainPath {
-    /// The chain of the first 2f+1 of `brokers` (sorted ascending).
+    /// The chain of the first [`Quorums::chain`] of `brokers` (sorted ascending).
     pub fn new(brokers: &[NodeId], q: Quorums) -> Self {
-        ChainPath { members: brokers[..q.f_plus_one_correct().min(brokers.len())].to_vec(), f: q.f() }
+        ChainPath { members: brokers[..q.chain().min(brokers.len())].to_vec(), f: q.f() }
     }
 
     pub fn head(&self) -> NodeId {

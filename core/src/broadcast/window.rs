@@ -7,6 +7,11 @@
 //! stream), or by f+1 distinct replicas (at least one of them correct). A Byzantine
 //! replica flooding distinct sequence numbers therefore moves nothing and allocates at
 //! most one attestation slot.
+//!
+//! Sequence numbers come from the network, so every one in 1..=u64::MAX is valid and no
+//! arithmetic here adds to one: positions are offsets from `low` (`seq - low`, with
+//! `seq >= low`), and `low` never passes the last sequence number (once u64::MAX is
+//! finished it stays as the window's one Done slot).
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -55,7 +60,7 @@ impl<T> Window<T> {
     }
 
     pub fn is_beyond(&self, seq: u64) -> bool {
-        seq >= self.low && seq - self.low >= self.cap
+        beyond(self.low, self.cap, seq)
     }
 
     /// The instance for `seq`, created by `make` if it is new and inside the window.
@@ -95,21 +100,23 @@ impl<T> Window<T> {
 
     fn advance(&mut self) {
         while let Some(Slot::Done) = self.slots.front() {
+            let Some(next) = self.low.checked_add(1) else { return };
             self.slots.pop_front();
-            self.low += 1;
+            self.low = next;
         }
     }
 
     /// Moves the window so that `seq` is its last slot, abandoning what falls below.
     pub fn slide_to(&mut self, seq: u64) {
-        let new_low = (seq + 1).saturating_sub(self.cap);
+        let new_low = seq.saturating_sub(self.cap - 1);
         if new_low <= self.low {
             return;
         }
         let dropped = (new_low - self.low).min(self.slots.len() as u64) as usize;
         self.slots.drain(..dropped);
         self.low = new_low;
-        self.attested.retain(|_, s| *s >= new_low + self.cap);
+        let cap = self.cap;
+        self.attested.retain(|_, s| beyond(new_low, cap, *s));
         self.advance();
     }
 
@@ -128,6 +135,11 @@ impl<T> Window<T> {
         self.slide_to(seen[quorum - 1]);
         self.low != before
     }
+}
+
+/// Whether `seq` lies past the window of `cap` slots from `low`.
+fn beyond(low: u64, cap: u64, seq: u64) -> bool {
+    seq >= low && seq - low >= cap
 }
 
 /// Windows per stream. Each stream is charged to the node whose message opened it, and
@@ -198,6 +210,28 @@ mod tests {
         // Both vouch for at least 20, so 20 becomes the last slot.
         assert_eq!(w.low(), 17);
         assert!(matches!(w.entry(20, || 0), Entry::Live(_)));
+    }
+
+    /// Finding C: sequence numbers up to u64::MAX slide, attest and finish without
+    /// overflow, and the last one stays done.
+    #[test]
+    fn the_last_sequence_number_slides_finishes_and_stays_done() {
+        let mut w: Window<u8> = Window::new(4);
+        assert!(w.is_beyond(u64::MAX));
+        assert!(!w.attest(2, u64::MAX, 2));
+        assert!(w.attest(3, u64::MAX, 2));
+        assert_eq!(w.low(), u64::MAX - 3);
+        w.slide_to(u64::MAX);
+        assert!(matches!(w.entry(u64::MAX, || 0), Entry::Live(_)));
+        for seq in (u64::MAX - 3..=u64::MAX).rev() {
+            w.finish(seq);
+        }
+        assert_eq!((w.low(), w.live()), (u64::MAX, 1));
+        assert!(matches!(w.entry(u64::MAX, || 0), Entry::Done));
+        assert!(matches!(w.entry(u64::MAX - 1, || 0), Entry::Done));
+        w.slide_to(u64::MAX);
+        assert!(!w.attest(4, u64::MAX, 1));
+        assert_eq!(w.low(), u64::MAX);
     }
 
     #[test]

@@ -1,5 +1,29 @@
 //! The broker: a replica of the three broadcasts that filters by topic and applies the
 //! α flow control of seed 000 §6.2.
+//!
+//! One instance, (publisher, topic, history, seq), is one broadcast whichever algorithm
+//! carries it. A Byzantine publisher may send it by several algorithms or with several
+//! payloads (finding 9 of issue 15), so each broker keeps this rule:
+//!
+//! - The publisher's first word on an instance *binds* it here: its AB or Bracha SEND,
+//!   or a Chain hop whose upstream MACs verify (only the publisher can have started
+//!   one; a faulty member cannot alter it). The broker then relays by that algorithm
+//!   only, once: it forwards AB's or Chain's body, or ECHOes Bracha's payload. Whatever
+//!   else the publisher says of the instance is refused, as its equivocation.
+//! - Bracha's ECHOes and READYs from brokers are counted whatever the binding, and a
+//!   broker sends READY on an ECHO quorum or f+1 READYs even if it relayed by AB or
+//!   Chain (amplification, which totality needs).
+//!
+//! Consistency: a subscriber delivers by AB on an intersecting quorum of copies, by
+//! Bracha only once some correct broker sent READY, which first needs an intersecting
+//! quorum of ECHOes, and by Chain only once every correct chain member (more than the
+//! correct brokers outside any intersecting quorum, [`crate::quorum::Quorums::chain`])
+//! forwarded it. Any two of these share a correct broker, and a correct broker relays
+//! one algorithm and one payload, so two deliveries of one instance are of one payload.
+//! Totality: a correct subscriber's Bracha delivery means f+1 correct brokers sent READY,
+//! so every correct broker does, bound or not. The one exception is bounded memory: a
+//! publisher that sends a sequence number `window` or more past an instance at a broker
+//! makes it abandon the instance there (it can only hurt its own stream).
 
 use std::collections::BTreeMap;
 
@@ -24,6 +48,14 @@ struct Flow {
     last_history: u64,
 }
 
+/// A broker's state for one instance.
+#[derive(Default)]
+struct Instance {
+    /// The algorithm of the publisher's first word on it: the only one this broker relays.
+    bound: Option<Algorithm>,
+    bracha: BrachaReplica,
+}
+
 pub(crate) struct Broker {
     chain: ChainPath,
     alpha: u32,
@@ -31,10 +63,10 @@ pub(crate) struct Broker {
     /// followers of each topic, ascending by id.
     subscriptions: BTreeMap<NodeId, Vec<u64>>,
     followers: BTreeMap<u64, Vec<NodeId>>,
-    /// Bracha state per instance; AB and Chain need none until they finish, and the
-    /// window remembers that. Whatever algorithm a message names, it cannot lock an
-    /// instance against the one the publisher really used.
-    streams: Streams<StreamKey, BrachaReplica>,
+    /// Per instance, its binding and Bracha's votes. Only the publisher's own word binds,
+    /// so whatever algorithm another broker's message names, it cannot lock an instance
+    /// against the one the publisher really used.
+    streams: Streams<StreamKey, Instance>,
     flows: BTreeMap<(NodeId, u64), Flow>,
 }
 
@@ -99,47 +131,57 @@ impl Broker {
             Ok(v) => v,
             Err(kind) => return ctx.fault(from, kind),
         };
-        let from_source = from == p.publisher;
         let from_broker = ctx.role_of(from) == Some(Role::Broker);
-        let allowed = match (alg, step) {
-            (Algorithm::Ab | Algorithm::Bracha, pb::Step::Send) => from_source,
-            (Algorithm::Bracha, pb::Step::Echo | pb::Step::Ready) => from_broker,
-            (Algorithm::Chain, pb::Step::Hop) => {
-                self.chain.is_member(ctx.me()) && from == self.chain.predecessor(ctx.me(), p.publisher)
+        // Whether this is the publisher's own word: its SEND, or a Chain hop whose upstream
+        // MACs prove that the publisher started it (or is faulty).
+        let publishers_word = match (alg, step) {
+            (Algorithm::Ab | Algorithm::Bracha, pb::Step::Send) if from == p.publisher => true,
+            (Algorithm::Bracha, pb::Step::Echo | pb::Step::Ready) if from_broker => false,
+            (Algorithm::Chain, pb::Step::Hop)
+                if self.chain.is_member(ctx.me()) && from == self.chain.predecessor(ctx.me(), p.publisher) =>
+            {
+                if !self.chain.verify_upstream(&ctx.keys, p.publisher, &raw, macs, &mut ctx.counters.macs_verified) {
+                    return ctx.fault(from, FaultKind::BadChainMac);
+                }
+                true
             }
-            _ => false,
+            _ => return ctx.fault(from, FaultKind::Unexpected),
         };
-        if !allowed {
-            return ctx.fault(from, FaultKind::Unexpected);
-        }
         let Some(window) = self.streams.window(p.publisher, (p.topic, p.history), from) else {
             return ctx.fault(from, FaultKind::TooManyStreams);
         };
         if window.is_beyond(p.seq) {
-            if from_source {
+            if publishers_word {
                 window.slide_to(p.seq);
-            } else if from_broker {
+            } else {
                 window.attest(from, p.seq, ctx.quorums.one_correct());
             }
         }
-        let r = match window.entry(p.seq, BrachaReplica::default) {
-            Entry::Live(r) => r,
+        let inst = match window.entry(p.seq, Instance::default) {
+            Entry::Live(inst) => inst,
             Entry::Done => return ctx.stats.stale += 1,
             Entry::Beyond => return ctx.stats.beyond_window += 1,
         };
+        if publishers_word {
+            match inst.bound {
+                None => inst.bound = Some(alg),
+                // Bracha's SEND is taken once by `on_send`.
+                Some(bound) if bound == alg && alg == Algorithm::Bracha => {}
+                Some(bound) if bound == alg => return ctx.stats.stale += 1,
+                Some(_) => return ctx.fault(p.publisher, FaultKind::Equivocation),
+            }
+        }
+        // AB- and Chain-bound instances stay live until the window slides past them: they
+        // still take part in Bracha's READYs if the publisher also used Bracha elsewhere.
+        let r = &mut inst.bracha;
         match (alg, step) {
             (Algorithm::Ab, _) => {
-                window.finish(p.seq);
                 // The source's body verbatim: nothing to re-encode.
                 if Self::admit(&mut self.flows, self.alpha, ctx, &p) {
                     ctx.send_encoded(&raw, followers_of(&self.followers, p.topic).iter().copied());
                 }
             }
             (Algorithm::Chain, _) => {
-                if !self.chain.verify_upstream(&ctx.keys, p.publisher, &raw, macs, &mut ctx.counters.macs_verified) {
-                    return ctx.fault(from, FaultKind::BadChainMac);
-                }
-                window.finish(p.seq);
                 if Self::admit(&mut self.flows, self.alpha, ctx, &p) {
                     self.forward_chain(ctx, &p, raw, macs);
                 }
@@ -175,7 +217,7 @@ impl Broker {
         }
         let window = self.streams.existing(p.publisher, (p.topic, p.history)).expect("stream exists");
         loop {
-            let Entry::Live(r) = window.entry(p.seq, BrachaReplica::default) else {
+            let Entry::Live(Instance { bracha: r, .. }) = window.entry(p.seq, Instance::default) else {
                 return;
             };
             if step.deliver.is_some() && p.history {

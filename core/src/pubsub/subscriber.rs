@@ -26,8 +26,10 @@ struct Instance {
 
 /// Per (publisher, topic) delivery order when histories are on.
 struct Order {
-    next: u64,
-    /// Publications known but not yet deliverable, at most `window` ahead of `next`.
+    /// Every seq up to this one is delivered (or was before a late join). The next is
+    /// `delivered + 1`, which does not exist once u64::MAX is delivered.
+    delivered: u64,
+    /// Publications known but not yet deliverable, at most `window` beyond `delivered`.
     pending: BTreeMap<u64, (Bytes, Algorithm, bool)>,
 }
 
@@ -112,9 +114,11 @@ impl Subscriber {
         from_history: bool,
     ) {
         let first = if self.joined_late.contains(&topic) { seq } else { 1 };
-        let order =
-            self.orders.entry((publisher, topic)).or_insert_with(|| Order { next: first, pending: BTreeMap::new() });
-        if seq < order.next || seq - order.next >= self.window {
+        let order = self
+            .orders
+            .entry((publisher, topic))
+            .or_insert_with(|| Order { delivered: first.saturating_sub(1), pending: BTreeMap::new() });
+        if seq <= order.delivered || seq - order.delivered > self.window {
             return;
         }
         match order.pending.get(&seq) {
@@ -125,15 +129,17 @@ impl Subscriber {
             }
         }
         let mut fast_path = self.streams.existing(publisher, (topic, false));
-        while let Some((payload, algorithm, from_history)) = order.pending.remove(&order.next) {
+        while let Some(seq) = order.delivered.checked_add(1)
+            && let Some((payload, algorithm, from_history)) = order.pending.remove(&seq)
+        {
             // Delivered, whichever path brought it: the fast-path instance is done too, or
             // its window would stop moving and starve the fast path.
             if let Some(w) = fast_path.as_deref_mut() {
-                w.finish(order.next);
+                w.finish(seq);
             }
             let payload = payload.to_vec();
-            ctx.push(Output::Deliver(Delivery { publisher, topic, seq: order.next, payload, algorithm, from_history }));
-            order.next += 1;
+            ctx.push(Output::Deliver(Delivery { publisher, topic, seq, payload, algorithm, from_history }));
+            order.delivered = seq;
         }
     }
 }

@@ -10,8 +10,8 @@ use prost::Message;
 
 use super::keyed::{Coalition, Forge, Pool};
 use super::{NetConfig, Rng};
-use crate::wire::pb;
-use crate::{Nanos, NodeId};
+use crate::wire::{self, pb};
+use crate::{Algorithm, Nanos, NodeId};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Behavior {
@@ -40,6 +40,10 @@ pub enum Behavior {
     /// send, invented from what the coalition saw, at random times to random nodes
     /// ([`super::keyed::Forge::invent`]).
     Inject(u32),
+    /// Publisher: sends each of its publications to each listed broker by the listed
+    /// algorithm (Chain to the chain's head), with the payload it published or, where
+    /// marked, one of that algorithm's own. A broker listed twice gets two versions.
+    Mix(Vec<(NodeId, Algorithm, bool)>),
     /// PBFT replica: each time its node executes a batch, relays a NEW-VIEW for the next
     /// view it is primary of, made of the coalition's VIEW-CHANGEs (clients' among them)
     /// claiming nothing prepared, then proposes empty batches at the slots just
@@ -70,6 +74,11 @@ impl Behavior {
             Behavior::Lie(to) => format!("lie-to{to:?}"),
             Behavior::Inject(budget) => format!("inject{budget}"),
             Behavior::Hijack => "hijack".into(),
+            Behavior::Mix(plan) => {
+                let to: Vec<String> =
+                    plan.iter().map(|(b, alg, own)| format!("{b}:{alg:?}{}", if *own { "*" } else { "" })).collect();
+                format!("mix[{}]", to.join(","))
+            }
         }
     }
 }
@@ -89,6 +98,17 @@ pub struct ReplicaFaults {
 /// `keyed`, faulty replicas also lie with the coalition's keys, inject invented bodies,
 /// hijack view changes (PBFT) and split into personas.
 pub fn draw_replica_faults(rng: &mut Rng, n: u32, f: u32, everyone: &[NodeId], keyed: bool) -> ReplicaFaults {
+    draw_faults(rng, n, f, everyone, keyed, if keyed { 12 } else { 9 })
+}
+
+/// [`draw_replica_faults`] for pub/sub brokers, keyed: every behaviour but PBFT's
+/// [`Behavior::Hijack`].
+pub fn draw_broker_faults(rng: &mut Rng, n: u32, f: u32, everyone: &[NodeId]) -> ReplicaFaults {
+    draw_faults(rng, n, f, everyone, true, 11)
+}
+
+/// The behaviours are the first `kinds` of the list below.
+fn draw_faults(rng: &mut Rng, n: u32, f: u32, everyone: &[NodeId], keyed: bool, kinds: u64) -> ReplicaFaults {
     const MS: Nanos = 1_000_000;
     let some = |rng: &mut Rng| -> Vec<NodeId> { everyone.iter().copied().filter(|_| rng.chance(500_000)).collect() };
     let mut faulty: Vec<NodeId> = Vec::new();
@@ -105,7 +125,6 @@ pub fn draw_replica_faults(rng: &mut Rng, n: u32, f: u32, everyone: &[NodeId], k
     }
     let mut out =
         ReplicaFaults { behaviors: vec![Behavior::Correct; n as usize], twin: None, split: None, crash: None };
-    let kinds = if keyed { 12 } else { 9 };
     for &b in &faulty {
         out.behaviors[b as usize] = match rng.below(kinds) {
             0 => Behavior::Silent,
@@ -221,6 +240,7 @@ pub fn tamper(
             vec![(to, me, Forge { rng, pool, coalition, me }.rewrite(to, &bytes))]
         }
         Behavior::Lie(_) => vec![(to, me, bytes)],
+        Behavior::Mix(plan) => mix(plan, me, coalition, to, bytes),
         Behavior::ForgeSender(victim) => {
             let Ok(mut frame) = pb::Frame::decode(bytes.as_slice()) else { return vec![] };
             frame.sender = *victim;
@@ -229,15 +249,49 @@ pub fn tamper(
     }
 }
 
+/// [`Behavior::Mix`]: each regular publication in a frame to `to` goes instead to the
+/// plan's versions for `to` (for a Chain hop, which goes to the head alone, to the plan's
+/// versions for every broker); anything else goes on as it was.
+fn mix(
+    plan: &[(NodeId, Algorithm, bool)],
+    me: NodeId,
+    coalition: &Coalition,
+    to: NodeId,
+    bytes: Vec<u8>,
+) -> Vec<Frame> {
+    let Some(bodies) = wire::bodies_of(&bytes) else { return vec![(to, me, bytes)] };
+    let mut frames = Vec::new();
+    for body in bodies {
+        let pb::body::Kind::Publication(p) = body else {
+            frames.push((to, me, coalition.seal(me, to, &wire::encode_body(body), vec![])));
+            continue;
+        };
+        if p.history {
+            frames.push((to, me, coalition.seal(me, to, &wire::encode_body(pb::body::Kind::Publication(p)), vec![])));
+            continue;
+        }
+        let everywhere = p.step == pb::Step::Hop as i32;
+        for &(broker, algorithm, own) in plan.iter().filter(|v| everywhere || v.0 == to) {
+            let mut version = p.clone();
+            if own {
+                version.payload = [&p.payload[..], format!("/by {algorithm:?}").as_bytes()].concat().into();
+            }
+            frames.push((broker, me, coalition.publication(me, broker, version, algorithm)));
+        }
+    }
+    frames
+}
+
 /// Seed 000 §6.7's alterations of a publication: seq+1, publisher+1, topic+1, contents
 /// replaced, or the upstream (Chain) MACs dropped (contents replaced where there are
 /// none). Other messages get their content changed as by [`equivocate`].
 fn alter(kind: &mut pb::body::Kind, macs: &mut Vec<pb::Mac>, field: u64, me: NodeId) {
     let pb::body::Kind::Publication(p) = kind else { return equivocate(kind) };
     match field {
-        0 => p.seq += 1,
-        1 => p.publisher += 1,
-        2 => p.topic += 1,
+        // What it relays may itself be a colluder's lie, numbered up to u64::MAX.
+        0 => p.seq = p.seq.wrapping_add(1),
+        1 => p.publisher = p.publisher.wrapping_add(1),
+        2 => p.topic = p.topic.wrapping_add(1),
         4 if macs.iter().any(|m| m.from != me) => macs.retain(|m| m.from == me),
         _ => p.payload = bytes::Bytes::from_static(b"altered by a Byzantine node"),
     }

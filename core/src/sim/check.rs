@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::Log;
-use crate::NodeId;
+use crate::{Algorithm, NodeId};
 
 /// (publisher, topic, seq): one broadcast instance as subscribers see it.
 pub type Key = (NodeId, u64, u64);
@@ -16,13 +16,16 @@ pub struct Expectations {
     pub correct_subscribers: BTreeMap<usize, Vec<u64>>,
     /// What correct publishers published.
     pub published: BTreeMap<Key, Vec<u8>>,
-    /// Publishers whose instances correct subscribers must agree on.
+    /// Publishers whose instances correct subscribers must agree on however they learned
+    /// them, histories included. Whatever the publisher, subscribers always agree on what
+    /// they deliver by an instance's own broadcast (consistency, `crate::pubsub`'s rule).
     pub agreement_publishers: BTreeSet<NodeId>,
     /// Every correct publisher's publication reaches every correct subscriber following
     /// its topic (validity; only when the network loses nothing and the protocol promises it).
     pub validity: BTreeSet<Key>,
-    /// If one correct subscriber delivers an instance, all do (Bracha).
-    pub totality: bool,
+    /// Publishers whose instances, once one correct subscriber delivers one by Bracha,
+    /// every correct subscriber following its topic delivers (Bracha's totality).
+    pub totality_publishers: BTreeSet<NodeId>,
     /// Deliveries per (publisher, topic) come in seq order 1, 2, 3, … (histories on).
     pub ordered: bool,
 }
@@ -32,6 +35,8 @@ pub fn check(log: &Log, exp: &Expectations) -> Vec<String> {
     let mut violations = Vec::new();
     let mut seen: BTreeMap<(usize, u32, Key), usize> = BTreeMap::new();
     let mut contents: BTreeMap<Key, BTreeMap<usize, &[u8]>> = BTreeMap::new();
+    let mut broadcast: BTreeMap<Key, BTreeSet<&[u8]>> = BTreeMap::new();
+    let mut by_bracha: BTreeSet<Key> = BTreeSet::new();
     let mut order: BTreeMap<(usize, u32, NodeId, u64), u64> = BTreeMap::new();
     let correct_publishers: BTreeSet<NodeId> = exp.published.keys().map(|k| k.0).collect();
     for o in log.deliveries.iter().filter(|o| exp.correct_subscribers.contains_key(&o.host)) {
@@ -57,6 +62,12 @@ pub fn check(log: &Log, exp: &Expectations) -> Vec<String> {
                 .push(format!("integrity: host {} delivered {key:?}, which the correct publisher never sent", o.host));
         }
         contents.entry(key).or_default().insert(o.host, &d.payload);
+        if !d.from_history {
+            broadcast.entry(key).or_default().insert(&d.payload);
+            if d.algorithm == Algorithm::Bracha {
+                by_bracha.insert(key);
+            }
+        }
         if exp.ordered && correct_publishers.contains(&d.publisher) {
             let next = order.entry((o.host, o.incarnation, d.publisher, d.topic)).or_insert(1);
             if d.seq != *next {
@@ -65,13 +76,21 @@ pub fn check(log: &Log, exp: &Expectations) -> Vec<String> {
             *next = d.seq + 1;
         }
     }
+    for (key, payloads) in &broadcast {
+        if payloads.len() > 1 {
+            violations.push(format!(
+                "consistency: correct subscribers delivered {} contents for {key:?} by its broadcast",
+                payloads.len()
+            ));
+        }
+    }
     for (key, by_host) in &contents {
         let distinct: BTreeSet<&[u8]> = by_host.values().copied().collect();
         if distinct.len() > 1 && exp.agreement_publishers.contains(&key.0) {
             violations
                 .push(format!("agreement: correct subscribers delivered {} contents for {key:?}", distinct.len()));
         }
-        if exp.totality {
+        if exp.totality_publishers.contains(&key.0) && by_bracha.contains(key) {
             for (host, topics) in &exp.correct_subscribers {
                 if topics.contains(&key.1) && !by_host.contains_key(host) {
                     violations.push(format!(

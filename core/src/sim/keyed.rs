@@ -26,12 +26,14 @@ use bytes::Bytes;
 use prost::Message;
 
 use super::Rng;
+use crate::broadcast::chain::ChainPath;
 use crate::config::Role;
 use crate::crypto::{BlsSecretKey, BlsSignature, CryptoMode, aggregate, digest};
 use crate::order::header;
+use crate::quorum::Quorums;
 use crate::statement::Statement;
 use crate::wire::{self, Keyring, pb};
-use crate::{NodeConfig, NodeId};
+use crate::{Algorithm, NodeConfig, NodeId};
 
 /// One faulty node's secrets.
 struct Member {
@@ -46,22 +48,27 @@ pub struct Coalition {
     members: BTreeMap<NodeId, Member>,
     /// Every node of the cluster, for choosing receivers and ids.
     everyone: Vec<NodeId>,
+    /// The cluster's Chain, for publications a faulty publisher sends by it.
+    chain: Option<ChainPath>,
 }
 
 impl Coalition {
     pub fn new<'a>(faulty: impl IntoIterator<Item = &'a NodeConfig>, everyone: Vec<NodeId>) -> Self {
         // An empty coalition signs nothing, so its mode does not matter.
         let mut crypto = CryptoMode::Real;
+        let mut chain = None;
         let members = faulty
             .into_iter()
             .map(|c| {
                 crypto = c.cluster.crypto;
+                let replicas: Vec<NodeId> = c.cluster.replicas().map(|r| r.id).collect();
+                chain = Some(ChainPath::new(&replicas, Quorums::new(replicas.len(), c.cluster.f as usize)));
                 let role = c.cluster.node(c.id).expect("a member of its cluster").role;
                 let keys = Keyring::new(c.cluster.crypto, c.id, c.mac_keys.clone());
                 (c.id, Member { keys, bls: c.bls_secret.clone(), role })
             })
             .collect();
-        Coalition { crypto, members, everyone }
+        Coalition { crypto, members, everyone, chain }
     }
 
     pub fn contains(&self, id: NodeId) -> bool {
@@ -111,6 +118,77 @@ impl Coalition {
     pub fn seal(&self, from: NodeId, to: NodeId, body: &[u8], mut macs: Vec<pb::Mac>) -> Vec<u8> {
         macs.extend(self.members[&from].keys.mac_to(to, body));
         wire::frame(from, body, &macs)
+    }
+
+    /// A frame from member `me`, the publisher of `p`, to `to` carrying `p` sent by
+    /// `algorithm`: SEND, or a Chain hop with `me`'s MACs to the next chain positions.
+    pub fn publication(&self, me: NodeId, to: NodeId, mut p: pb::Publication, algorithm: Algorithm) -> Vec<u8> {
+        p.algorithm = algorithm.to_pb() as i32;
+        p.step = if algorithm == Algorithm::Chain { pb::Step::Hop } else { pb::Step::Send } as i32;
+        let body = wire::encode_body(pb::body::Kind::Publication(p));
+        let mut macs = Vec::new();
+        if let Some(chain) = self.chain.as_ref().filter(|_| algorithm == Algorithm::Chain) {
+            chain.macs_for(&self.members[&me].keys, me, &body, &[], to, &[], &mut macs);
+        }
+        self.seal(me, to, &body, macs)
+    }
+
+    /// A frame from member `from` to `to` carrying `kind` with everything in it that
+    /// colluders authenticate made valid: a colluding client's request authenticator,
+    /// VIEW-CHANGEs and CHECKPOINT votes signed by their senders (those a NEW-VIEW relays
+    /// too), and the Chain MACs of every colluder on a publication's path up to `from`.
+    /// For a fuzzer's bodies: whatever it picks gets past authentication.
+    pub fn seal_authenticated(&self, from: NodeId, to: NodeId, mut kind: pb::body::Kind) -> Vec<u8> {
+        match &mut kind {
+            pb::body::Kind::Checkpoint(c) if self.contains(from) => {
+                c.signature = self.sign(from, Statement::Checkpoint, 0, c.seq, &c.digest).0.to_vec();
+            }
+            pb::body::Kind::NewView(nv) => {
+                for s in nv.view_changes.iter_mut().filter(|s| self.contains(s.sender)) {
+                    if let Ok(mut vc) = pb::ViewChange::decode(&s.view_change[..]) {
+                        self.sign_view_change(s.sender, &mut vc);
+                        s.view_change = vc.encode_to_vec();
+                    }
+                }
+            }
+            _ => {}
+        }
+        self.reauthenticate(from, &mut kind, &mut []);
+        let chain_hop = match &kind {
+            pb::body::Kind::Publication(p) if p.step == pb::Step::Hop as i32 => Some(p.publisher),
+            _ => None,
+        };
+        let body = wire::encode_body(kind);
+        let mut macs = Vec::new();
+        if let (Some(chain), Some(publisher)) = (&self.chain, chain_hop) {
+            // The path from the publisher through the members up to `from`, each hop
+            // adding its MACs to what it carries on (a "publisher" that is a member itself
+            // would lead back to itself: the path ends there).
+            let mut path = vec![publisher];
+            while let Some(next) = path
+                .last()
+                .filter(|&&at| at != from)
+                .and_then(|&at| chain.successor(at, publisher))
+                .filter(|next| !path.contains(next))
+            {
+                path.push(next);
+            }
+            for (i, node) in path.iter().enumerate() {
+                let Some(m) = self.members.get(node) else { continue };
+                let mut carried = Vec::new();
+                chain.macs_for(
+                    &m.keys,
+                    publisher,
+                    &body,
+                    &macs,
+                    path.get(i + 1).copied().unwrap_or(to),
+                    &[to],
+                    &mut carried,
+                );
+                macs = carried;
+            }
+        }
+        self.seal(from, to, &body, macs)
     }
 
     /// `bytes`, a frame member `me` sends to `to`, with `mutate` applied to its body (to
@@ -668,5 +746,21 @@ mod tests {
             }
         }
         assert_eq!(bad_macs, 0, "every frame carries its sender's valid MAC");
+    }
+
+    /// Found by the pubsub_node fuzzer: a Chain hop whose "publisher" is a chain member
+    /// led the path back to that member, and sealing it never ended.
+    #[test]
+    fn sealing_a_chain_hop_that_names_a_member_as_publisher_ends() {
+        let spec = ClusterSpec { clients: 1, subscribers: 1, crypto: CryptoMode::InsecureTest, ..ClusterSpec::new(1) };
+        let cfgs = generate_cluster(&spec, [5; 32]).unwrap();
+        let everyone: Vec<NodeId> = cfgs.iter().map(|c| c.id).collect();
+        let coalition = Coalition::new(&cfgs, everyone.clone());
+        let subscriber = *everyone.last().unwrap();
+        for publisher in 0..4 {
+            let hop = pb::Publication { publisher, seq: 1, step: pb::Step::Hop as i32, ..Default::default() };
+            let frame = coalition.seal_authenticated(4, subscriber, pb::body::Kind::Publication(hop));
+            assert!(!frame.is_empty());
+        }
     }
 }

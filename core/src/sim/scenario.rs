@@ -11,6 +11,7 @@ use super::check::{Expectations, check};
 use super::order_scenario;
 use super::{Log, NetConfig, Rng, Sim};
 use crate::crypto::CryptoMode;
+use crate::quorum::Quorums;
 use crate::{Algorithm, ClusterSpec, Nanos, NodeId, Params, Request, generate_cluster};
 
 const MS: Nanos = 1_000_000;
@@ -46,6 +47,8 @@ impl Protocol {
 pub struct Scenario {
     pub seed: u64,
     pub f: u32,
+    /// Brokers beyond 3f+1 (n = 3f+1+extra): quorums and the chain must still intersect.
+    pub extra_brokers: u32,
     pub protocol: Protocol,
     pub alpha: u32,
     pub publishers: u32,
@@ -60,8 +63,13 @@ pub struct Scenario {
     pub brokers: Vec<Behavior>,
     /// One behaviour per publisher.
     pub publisher_behaviors: Vec<Behavior>,
+    /// One behaviour per subscriber: a faulty one lends the coalition its keys.
+    pub subscriber_behaviors: Vec<Behavior>,
     /// A node run twice with one identity.
     pub twin: Option<NodeId>,
+    /// A faulty broker split in two personas: the second talks only with these brokers,
+    /// the first with the others, each with a story of its own.
+    pub split: Option<(NodeId, Vec<NodeId>)>,
     /// A broker crashed at the first time and restarted (fresh) at the second.
     pub crash: Option<(NodeId, Nanos, Nanos)>,
     /// Nodes cut off from the rest between two times; held messages arrive at the heal.
@@ -87,6 +95,7 @@ impl Scenario {
         Scenario {
             seed,
             f,
+            extra_brokers: 0,
             protocol,
             alpha: if protocol == Protocol::PubSub { 4 } else { 0 },
             publishers: 1,
@@ -97,7 +106,9 @@ impl Scenario {
             net: NetConfig::default(),
             brokers: vec![Behavior::Correct; n as usize],
             publisher_behaviors: vec![Behavior::Correct],
+            subscriber_behaviors: vec![Behavior::Correct; 2],
             twin: None,
+            split: None,
             crash: None,
             partition: None,
             record: vec![],
@@ -105,7 +116,7 @@ impl Scenario {
     }
 
     pub fn n(&self) -> u32 {
-        3 * self.f + 1
+        3 * self.f + 1 + self.extra_brokers
     }
 
     /// Node ids: brokers 0..n, then publishers, then subscribers.
@@ -119,9 +130,12 @@ impl Scenario {
         first..first + self.subscribers
     }
 
-    /// A scenario drawn from `seed`: up to f faulty brokers (Byzantine behaviours, a
-    /// crash and restart, or twins), sometimes a Byzantine publisher, a network with
-    /// random latency, duplicates and a partition that heals.
+    /// A scenario drawn from `seed`: n = 3f+1 to 3f+3 brokers, up to f of them faulty
+    /// (keyed Byzantine behaviours, split personas, a crash and restart, or twins),
+    /// sometimes a Byzantine publisher (lying, inventing, mixing algorithms, equivocating)
+    /// and a faulty subscriber inventing bodies, a network with random latency,
+    /// duplicates and a partition that heals. Every faulty node holds its real keys and
+    /// lends them to the others ([`super::keyed`]).
     pub fn adversarial(protocol: Protocol, f: u32, seed: u64, crypto: CryptoMode) -> Self {
         let mut rng = Rng::new(seed);
         let mut s = Scenario::new(protocol, f, seed);
@@ -132,25 +146,36 @@ impl Scenario {
         s.interval = (1 + rng.below(3)) * MS;
         s.alpha = if protocol == Protocol::PubSub { 2 + rng.below(3) as u32 } else { 0 };
         s.net = adversary::draw_net(&mut rng, true);
+        s.extra_brokers = rng.below(3) as u32;
         let n = s.n();
         let everyone: Vec<NodeId> = (0..n + s.publishers + s.subscribers).collect();
-        let faults = adversary::draw_replica_faults(&mut rng, n, f, &everyone, false);
+        let faults = adversary::draw_broker_faults(&mut rng, n, f, &everyone);
         s.brokers = faults.behaviors;
         s.twin = faults.twin;
+        s.split = faults.split;
         s.crash = faults.crash;
-        if rng.chance(250_000) {
+        let some_brokers = |rng: &mut Rng, ppm| (0..n).filter(|_| rng.chance(ppm)).collect::<Vec<_>>();
+        if rng.chance(350_000) {
             let first = n;
-            s.publisher_behaviors[0] = match rng.below(3) {
+            s.publisher_behaviors[0] = match rng.below(9) {
                 0 => Behavior::Equivocate,
-                1 => Behavior::OnlyTo((0..n).filter(|_| rng.chance(600_000)).collect()),
-                _ if s.twin.is_none() => {
+                1 => Behavior::OnlyTo(some_brokers(&mut rng, 600_000)),
+                2 if s.twin.is_none() => {
                     s.twin = Some(first);
                     Behavior::Correct
                 }
-                _ => Behavior::AlterTo((0..n).filter(|_| rng.chance(500_000)).collect()),
+                3 => Behavior::Lie(some_brokers(&mut rng, 500_000)),
+                4 => Behavior::Inject(20 + rng.below(100) as u32),
+                5..=7 => Behavior::Mix(Self::draw_mix(&mut rng, n)),
+                8 => Behavior::Replay,
+                _ => Behavior::AlterTo(some_brokers(&mut rng, 500_000)),
             };
         }
         s.publisher_behaviors.resize(s.publishers as usize, Behavior::Correct);
+        s.subscriber_behaviors = vec![Behavior::Correct; s.subscribers as usize];
+        if s.subscribers > 2 && rng.chance(300_000) {
+            s.subscriber_behaviors[2] = Behavior::Inject(20 + rng.below(100) as u32);
+        }
         if rng.chance(300_000) {
             let at = rng.below(10) * MS;
             s.partition = Some((at, at + (1 + rng.below(30)) * MS, vec![*rng.pick(&everyone)]));
@@ -158,13 +183,42 @@ impl Scenario {
         s
     }
 
-    /// Brokers that may misbehave: Byzantine, crashed or twinned.
+    /// A [`Behavior::Mix`] plan: the brokers split in two groups, the first (from the
+    /// chain's head) sent one version by Chain (the head only) or AB, the second another
+    /// by Bracha or AB, mostly with payloads of their own; now and then a broker gets both.
+    fn draw_mix(rng: &mut Rng, n: u32) -> Vec<(NodeId, Algorithm, bool)> {
+        let split = 1 + rng.below(n as u64 - 1) as NodeId;
+        let first = *rng.pick(&[Algorithm::Chain, Algorithm::Ab]);
+        let second = *rng.pick(&[Algorithm::Bracha, Algorithm::Bracha, Algorithm::Ab]);
+        let own = rng.chance(800_000);
+        let mut plan: Vec<(NodeId, Algorithm, bool)> = (0..n)
+            .filter_map(|b| match b < split {
+                true if first == Algorithm::Chain && b > 0 => None,
+                true => Some((b, first, own)),
+                false => Some((b, second, true)),
+            })
+            .collect();
+        if rng.chance(500_000) {
+            let b = rng.below(n as u64) as NodeId;
+            let other = if b < split { second } else { first };
+            plan.push((b, if other == Algorithm::Chain && b > 0 { Algorithm::Ab } else { other }, true));
+        }
+        plan
+    }
+
+    /// Brokers that may misbehave: Byzantine, crashed, twinned or split.
     fn faulty_brokers(&self) -> BTreeSet<NodeId> {
         let mut faulty: BTreeSet<NodeId> =
             (0..self.n()).filter(|&b| self.brokers[b as usize] != Behavior::Correct).collect();
         faulty.extend(self.crash.map(|c| c.0));
         faulty.extend(self.twin.filter(|&t| t < self.n()));
+        faulty.extend(self.split.as_ref().map(|s| s.0));
         faulty
+    }
+
+    /// Subscribers beyond `subscriber_behaviors` are correct.
+    fn subscriber_behavior(&self, id: NodeId) -> &Behavior {
+        self.subscriber_behaviors.get((id - self.n() - self.publishers) as usize).unwrap_or(&Behavior::Correct)
     }
 
     fn correct_publishers(&self) -> BTreeSet<NodeId> {
@@ -191,6 +245,7 @@ impl Scenario {
 
     pub fn run(&self) -> Outcome {
         let mut spec = ClusterSpec::new(self.f);
+        spec.replicas = self.n();
         spec.clients = self.publishers;
         spec.subscribers = self.subscribers;
         spec.crypto = self.crypto;
@@ -207,13 +262,19 @@ impl Scenario {
             } else if id < self.n() + self.publishers {
                 self.publisher_behaviors[(id - self.n()) as usize].clone()
             } else {
-                Behavior::Correct
+                self.subscriber_behavior(id).clone()
             };
             let label = format!("{} f={} seed={} node {id}", self.protocol.name(), self.f, self.seed);
             let record = self.record.contains(&id).then_some(label.as_str());
             hosts.insert(id, sim.add(cfg.clone(), behavior, record));
         }
         let twin_host = self.twin.map(|t| sim.add(configs[t as usize].clone(), Behavior::Correct, None));
+        if let Some((b, serves)) = &self.split {
+            sim.add_persona(configs[*b as usize].clone(), serves.clone());
+        }
+        if let Some(t) = self.twin {
+            sim.collude(t);
+        }
         for p in self.publisher_ids() {
             for i in 0..self.publications {
                 let at = i as Nanos * self.interval + (p - self.n()) as Nanos * 100_000;
@@ -252,11 +313,15 @@ impl Scenario {
     fn expectations(&self, hosts: &BTreeMap<NodeId, usize>) -> Expectations {
         let correct = self.correct_publishers();
         let faulty = self.faulty_brokers();
-        let chain_intact = faulty.iter().all(|&b| b > 2 * self.f); // the chain is brokers 0..2f+1
+        let chain = Quorums::new(self.n() as usize, self.f as usize).chain() as NodeId;
+        let chain_intact = faulty.iter().all(|&b| b >= chain); // the chain is brokers 0..chain
         let reliable = self.net.drop_ppm == 0;
         let mut exp = Expectations {
-            correct_subscribers: self.subscriber_ids().map(|s| (hosts[&s], vec![0])).collect(),
-            totality: self.protocol == Protocol::Bracha && reliable,
+            correct_subscribers: self
+                .subscriber_ids()
+                .filter(|&s| *self.subscriber_behavior(s) == Behavior::Correct)
+                .map(|s| (hosts[&s], vec![0]))
+                .collect(),
             ordered: self.alpha > 0,
             ..Expectations::default()
         };
@@ -264,6 +329,16 @@ impl Scenario {
             // A Byzantine publisher can make the fast path and its own history disagree.
             if self.alpha == 0 || correct.contains(&p) {
                 exp.agreement_publishers.insert(p);
+            }
+            // Bracha's totality holds for any publisher that does not itself abandon its
+            // instances by numbering publications a window or more ahead (a lying or
+            // inventing one may).
+            let behavior = &self.publisher_behaviors[(p - self.n()) as usize];
+            if self.protocol == Protocol::Bracha
+                && reliable
+                && !matches!(behavior, Behavior::Lie(_) | Behavior::Inject(_))
+            {
+                exp.totality_publishers.insert(p);
             }
             if !correct.contains(&p) {
                 continue;
@@ -307,8 +382,16 @@ impl fmt::Display for Scenario {
                 write!(f, " publisher{}={}", self.n() + i as u32, behavior.label())?;
             }
         }
+        for (s, behavior) in self.subscriber_ids().zip(&self.subscriber_behaviors) {
+            if *behavior != Behavior::Correct {
+                write!(f, " subscriber{s}={}", behavior.label())?;
+            }
+        }
         if let Some(t) = self.twin {
             write!(f, " twin={t}")?;
+        }
+        if let Some((b, serves)) = &self.split {
+            write!(f, " split=broker{b}/{serves:?}")?;
         }
         if let Some((b, down, up)) = self.crash {
             write!(f, " crash=broker{b}@{}ms..{}ms", down / MS, up / MS)?;
@@ -391,22 +474,36 @@ pub struct Sweep {
 }
 
 /// Runs adversarial seeds `seeds` of `protocol` at `f`, with real crypto on every
-/// `real_every`-th seed and insecure test crypto on the others.
+/// `real_every`-th seed and insecure test crypto on the others. A seed whose run panics
+/// fails like one that violates a property (nothing from the network may panic).
 pub fn sweep(protocol: Protocol, f: u32, seeds: std::ops::Range<u64>, real_every: u64) -> Sweep {
     let mut out = Sweep::default();
     for seed in seeds {
         let crypto = if seed % real_every.max(1) == 0 { CryptoMode::Real } else { CryptoMode::InsecureTest };
         let s = Scenario::adversarial(protocol, f, seed, crypto);
-        let outcome = s.run();
         out.seeds += 1;
-        out.deliveries += outcome.log.deliveries.len();
-        if !outcome.violations.is_empty() {
+        let violations = match run_caught(|| s.run()) {
+            Ok(outcome) => {
+                out.deliveries += outcome.log.deliveries.len();
+                outcome.violations
+            }
+            Err(panic) => vec![panic],
+        };
+        if !violations.is_empty() {
             out.failures.push(format!(
-                "FAILED {s}\n  rerun: cargo run -p phalanx-sim -- seeds --protocol {} --f {f} --from {seed} --count 1\n  {}",
+                "FAILED {s}\n  rerun: cargo run -p phalanx-sim -- seeds --protocol {} --f {f} --from {seed} --count 1 --real-every {real_every}\n  {}",
                 protocol.name(),
-                outcome.violations.join("\n  ")
+                violations.join("\n  ")
             ));
         }
     }
     out
+}
+
+/// Runs `run`, turning a panic into its message.
+pub fn run_caught<T>(run: impl FnOnce() -> T) -> Result<T, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)).map_err(|e| {
+        let message = e.downcast_ref::<&str>().map(|m| m.to_string()).or_else(|| e.downcast_ref::<String>().cloned());
+        format!("panic: {}", message.unwrap_or_default())
+    })
 }

@@ -1,0 +1,17 @@
+//! `wire::open` at a broker and at a PBFT replica, for a frame claimed from node `data[0]`:
+//! any bytes are bodies or a fault, never a panic.
+#![no_main]
+
+use phalanx_core::wire::{self, Keyring};
+use phalanx_fuzz_harness::{pbft, pubsub};
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    let Some((&from, bytes)) = data.split_first() else { return };
+    for cluster in [pubsub(), pbft()] {
+        let cfg = &cluster.configs[0];
+        let keys = Keyring::new(cfg.cluster.crypto, cfg.id, cfg.mac_keys.clone());
+        if let Ok(bodies) = wire::open(&keys, from as u32, bytes.to_vec(), cfg.cluster.params.max_message_bytes) {
+            bodies.for_each(drop);
+        }
+    }
+});
