@@ -12,6 +12,7 @@ func text(_ value: Data?) -> String {
 }
 
 var localCluster: LocalCluster? = nil
+var localDirectory: URL? = nil
 let clusterFile: String
 if let path = CommandLine.arguments.dropFirst().first {
     clusterFile = path
@@ -22,6 +23,7 @@ if let path = CommandLine.arguments.dropFirst().first {
     let cluster = try LocalCluster(dir: dir.path, phalanxd: phalanxd)
     try cluster.startAll()
     localCluster = cluster
+    localDirectory = dir
     clusterFile = cluster.configPath()
 }
 
@@ -37,4 +39,5 @@ if case .value(let value) = try kvDecodeReply(reply: await client.read(op: kvGet
 }
 print("delete greeting           -> before: \(text(try await client.delete(key: key)))")
 client.close()
-localCluster = nil
+localCluster = nil  // stops the replicas
+if let dir = localDirectory { try? FileManager.default.removeItem(at: dir) }
