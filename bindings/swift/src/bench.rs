@@ -11,12 +11,12 @@ use crate::errors::PhalanxError;
 use crate::trace::Trace;
 
 /// Seconds the core takes to feed every input of `trace` to a fresh node and drain its
-/// outputs, `repeat` times: with `batch` 0, `handle` and `poll` per input (the single-call
-/// shape); otherwise a `handleMany` round per `batch` inputs.
+/// outputs, once per run, `repeat` runs: with `batch` 0, `handle` and `poll` per input
+/// (the single-call shape); otherwise a `handleMany` round per `batch` inputs.
 #[uniffi::export]
-pub fn time_core(trace: &Trace, batch: u32, repeat: u32) -> Result<f64, PhalanxError> {
+pub fn time_core(trace: &Trace, batch: u32, repeat: u32) -> Result<Vec<f64>, PhalanxError> {
     let inputs = trace.inputs();
-    let mut total = 0.0;
+    let mut runs = Vec::with_capacity(repeat as usize);
     for _ in 0..repeat {
         let mut node = CoreNode::from_config_bytes(&trace.node_config()).map_err(PhalanxError::config)?;
         let inputs = inputs.clone();
@@ -35,7 +35,7 @@ pub fn time_core(trace: &Trace, batch: u32, repeat: u32) -> Result<f64, PhalanxE
                 black_box(Round::run(&mut node, round));
             }
         }
-        total += started.elapsed().as_secs_f64();
+        runs.push(started.elapsed().as_secs_f64());
     }
-    Ok(total)
+    Ok(runs)
 }

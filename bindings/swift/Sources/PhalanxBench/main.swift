@@ -1,7 +1,8 @@
 // The Swift binding's benchmark: inputs per second through Swift on the reference traces
 // (tests/traces), one call per input (`handle`, then `poll` until nil) and one call per
 // round (`handleMany`), against the core alone in Rust doing the same. Prints figures
-// and ratios from one run; it asserts nothing.
+// and ratios from one run; it asserts nothing. Each figure is the median run's (a run
+// feeds a whole trace to a fresh node), robust to a busy machine's preemptions.
 //
 //   scripts/test-swift bench [repeat] [batch]
 import Foundation
@@ -19,34 +20,38 @@ func seconds(_ body: () throws -> Void) rethrows -> Double {
     return Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
 }
 
+func median(_ runs: [Double]) -> Double {
+    runs.sorted()[runs.count / 2]
+}
+
 func swiftSingle(_ trace: Trace, _ inputs: [TimedInput]) throws -> Double {
-    var total = 0.0
+    var runs: [Double] = []
     for _ in 0..<repeats {
         let node = try Node(config: trace.nodeConfig())
-        total += seconds {
+        runs.append(seconds {
             for timed in inputs {
                 try? node.handle(now: timed.now, input: timed.input)
                 while node.poll() != nil {}
             }
-        }
+        })
     }
-    return total
+    return median(runs)
 }
 
 func swiftBatch(_ trace: Trace, _ inputs: [TimedInput]) throws -> Double {
-    var total = 0.0
+    var runs: [Double] = []
     for _ in 0..<repeats {
         let node = try Node(config: trace.nodeConfig())
-        total += seconds {
+        runs.append(seconds {
             var start = 0
             while start < inputs.count {
                 let end = min(start + batch, inputs.count)
                 _ = node.handleMany(inputs: Array(inputs[start..<end]))
                 start = end
             }
-        }
+        })
     }
-    return total
+    return median(runs)
 }
 
 let files = try FileManager.default.contentsOfDirectory(at: traces, includingPropertiesForKeys: nil)
@@ -54,9 +59,9 @@ let files = try FileManager.default.contentsOfDirectory(at: traces, includingPro
     .sorted { $0.path < $1.path }
 guard !files.isEmpty else { fatalError("no traces in \(traces.path) (set PHALANX_REPO)") }
 
-print("inputs/s over \(files.count) traces, \(repeats) runs each, rounds of \(batch) inputs")
+print("inputs/s over \(files.count) traces, median of \(repeats) runs each, rounds of \(batch) inputs")
 func rate(_ inputs: Int, _ seconds: Double) -> String {
-    String(format: "%12.0f", Double(inputs * repeats) / seconds)
+    String(format: "%12.0f", Double(inputs) / seconds)
 }
 print("trace".padding(toLength: 44, withPad: " ", startingAt: 0)
     + "      inputs   rust single swift single   rust batch  swift batch")
@@ -67,9 +72,9 @@ var logRatios = (single: 0.0, batch: 0.0, batchVsSingle: 0.0)
 for file in files {
     let trace = try Trace.load(path: file.path)
     let inputs = trace.records().map { TimedInput(now: $0.now, input: $0.input) }
-    let rustSingle = try timeCore(trace: trace, batch: 0, repeat: UInt32(repeats))
+    let rustSingle = median(try timeCore(trace: trace, batch: 0, repeat: UInt32(repeats)))
     let single = try swiftSingle(trace, inputs)
-    let rustBatch = try timeCore(trace: trace, batch: UInt32(batch), repeat: UInt32(repeats))
+    let rustBatch = median(try timeCore(trace: trace, batch: UInt32(batch), repeat: UInt32(repeats)))
     let batched = try swiftBatch(trace, inputs)
     totals.inputs += inputs.count
     totals.rustSingle += rustSingle

@@ -4552,9 +4552,10 @@ public protocol Application: AnyObject, Sendable {
     func restore(seq: UInt64, snapshot: Data) throws 
     
     /**
-     * Evaluates a read-only op against the state as it is, changing nothing.
+     * Evaluates a read-only op against the state as it is, changing nothing; `nil`
+     * leaves it unanswered (no read-only ops, or this one failed).
      */
-    func query(op: Data)  -> Data
+    func query(op: Data)  -> Data?
     
 }
 
@@ -4663,7 +4664,7 @@ fileprivate struct UniffiCallbackInterfaceApplication {
             uniffiCallStatus: UnsafeMutablePointer<RustCallStatus>
         ) in
             let makeCall = {
-                () throws -> Data in
+                () throws -> Data? in
                 guard let uniffiObj = try? FfiConverterCallbackInterfaceApplication.handleMap.get(handle: uniffiHandle) else {
                     throw UniffiInternalError.unexpectedStaleHandle
                 }
@@ -4673,7 +4674,7 @@ fileprivate struct UniffiCallbackInterfaceApplication {
             }
 
             
-            let writeReturn = { uniffiOutReturn.pointee = FfiConverterData.lower($0) }
+            let writeReturn = { uniffiOutReturn.pointee = FfiConverterOptionData.lower($0) }
             uniffiTraitInterfaceCall(
                 callStatus: uniffiCallStatus,
                 makeCall: makeCall,
@@ -5052,6 +5053,31 @@ fileprivate struct FfiConverterSequenceUInt64: FfiConverterRustBuffer {
 #if swift(>=5.8)
 @_documentation(visibility: private)
 #endif
+fileprivate struct FfiConverterSequenceDouble: FfiConverterRustBuffer {
+    typealias SwiftType = [Double]
+
+    public static func write(_ value: [Double], into buf: inout [UInt8]) {
+        let len = Int32(value.count)
+        writeInt(&buf, len)
+        for item in value {
+            FfiConverterDouble.write(item, into: &buf)
+        }
+    }
+
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> [Double] {
+        let len: Int32 = try readInt(&buf)
+        var seq = [Double]()
+        seq.reserveCapacity(Int(len))
+        for _ in 0 ..< len {
+            seq.append(try FfiConverterDouble.read(from: &buf))
+        }
+        return seq
+    }
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
 fileprivate struct FfiConverterSequenceData: FfiConverterRustBuffer {
     typealias SwiftType = [Data]
 
@@ -5299,11 +5325,11 @@ fileprivate func uniffiFutureContinuationCallback(handle: UInt64, pollResult: In
 }
 /**
  * Seconds the core takes to feed every input of `trace` to a fresh node and drain its
- * outputs, `repeat` times: with `batch` 0, `handle` and `poll` per input (the single-call
- * shape); otherwise a `handleMany` round per `batch` inputs.
+ * outputs, once per run, `repeat` runs: with `batch` 0, `handle` and `poll` per input
+ * (the single-call shape); otherwise a `handleMany` round per `batch` inputs.
  */
-public func timeCore(trace: Trace, batch: UInt32, `repeat`: UInt32)throws  -> Double  {
-    return try  FfiConverterDouble.lift(try rustCallWithError(FfiConverterTypePhalanxError_lift) {
+public func timeCore(trace: Trace, batch: UInt32, `repeat`: UInt32)throws  -> [Double]  {
+    return try  FfiConverterSequenceDouble.lift(try rustCallWithError(FfiConverterTypePhalanxError_lift) {
         uniffiCallStatus in
     uniffi_phalanx_swift_fn_func_time_core(
         FfiConverterTypeTrace_lower(trace),
@@ -5463,7 +5489,7 @@ private let initializationResult: InitializationResult = {
     if bindings_contract_version != scaffolding_contract_version {
         return InitializationResult.contractVersionMismatch
     }
-    if (uniffi_phalanx_swift_checksum_func_time_core() != 18476) {
+    if (uniffi_phalanx_swift_checksum_func_time_core() != 39218) {
         return InitializationResult.apiChecksumMismatch
     }
     if (uniffi_phalanx_swift_checksum_func_describe_config() != 4968) {
@@ -5691,7 +5717,7 @@ private let initializationResult: InitializationResult = {
     if (uniffi_phalanx_swift_checksum_method_application_restore() != 13121) {
         return InitializationResult.apiChecksumMismatch
     }
-    if (uniffi_phalanx_swift_checksum_method_application_query() != 28016) {
+    if (uniffi_phalanx_swift_checksum_method_application_query() != 54079) {
         return InitializationResult.apiChecksumMismatch
     }
 
