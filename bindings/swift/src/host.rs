@@ -47,8 +47,9 @@ pub trait Application: Send + Sync {
     fn snapshot(&self) -> Vec<u8>;
     /// Replaces the state with a snapshot taken after batch `seq`.
     fn restore(&self, seq: u64, snapshot: Vec<u8>) -> Result<(), ApplicationError>;
-    /// Evaluates a read-only op against the state as it is, changing nothing.
-    fn query(&self, op: Vec<u8>) -> Vec<u8>;
+    /// Evaluates a read-only op against the state as it is, changing nothing; `nil`
+    /// leaves it unanswered (no read-only ops, or this one failed).
+    fn query(&self, op: Vec<u8>) -> Option<Vec<u8>>;
 }
 
 /// The Swift application, as the core's host loop calls it.
@@ -67,8 +68,9 @@ impl host::Application for Foreign {
         self.0.restore(seq, snapshot.to_vec()).map_err(|e| e.to_string())
     }
 
+    // This core's host loop answers every query; main's takes the Option as it is.
     fn query(&self, op: &[u8]) -> Vec<u8> {
-        self.0.query(op.to_vec())
+        self.0.query(op.to_vec()).unwrap_or_default()
     }
 }
 

@@ -41,7 +41,7 @@ final class LogApplication: Application, @unchecked Sendable {
         restored += 1
     }
 
-    func query(op: Data) -> Data {
+    func query(op: Data) -> Data? {
         Data("\(log.count)")
     }
 }
