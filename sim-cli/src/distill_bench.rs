@@ -17,7 +17,7 @@ use phalanx_core::distill::{
 };
 use phalanx_core::wire::pb;
 use phalanx_core::wire::pb::distill_frame::Kind as Frame;
-use phalanx_core::{DistillSpec, Input, Node, NodeConfig, NodeId, Output, Params, Request, generate_distill};
+use phalanx_core::{DistillSpec, Input, Node, NodeConfig, NodeId, Output, Params, generate_distill};
 use prost::Message;
 
 const BROKER: NodeId = phalanx_core::config::FIRST_BROKER;
@@ -388,5 +388,4 @@ fn broker(count: u32, straggler_pct: u64) {
         100.0 * filter_and_batch.as_secs_f64() / total.as_secs_f64(),
         100.0 * aggregate.as_secs_f64() / total.as_secs_f64(),
     );
-    let _ = Request::Submit { op: vec![] };
 }

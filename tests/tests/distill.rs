@@ -3,6 +3,8 @@
 //! delivery per message, authenticity, seq growth, acceptances, liveness), and a seed
 //! sweep drawing faults at random (PHALANX_SEEDS per f, 1,000 by default).
 
+use std::collections::BTreeSet;
+
 use phalanx_core::crypto::CryptoMode;
 use phalanx_core::sim::distill_adversary::Lie;
 use phalanx_core::sim::distill_check::Stats;
@@ -42,6 +44,19 @@ fn clients_outside_the_directory_sign_up_first() {
     let s = Scenario { unregistered: 2, ..Scenario::new(3, 1) };
     // The two sign up, then their messages are delivered too.
     assert_eq!(run(s).messages, ALL + 2 * 3);
+}
+
+#[test]
+fn a_client_signing_up_with_a_rogue_key_is_refused() {
+    // Client 12, outside the directory, cannot prove possession of its BLS key: no id, so
+    // nothing of it is delivered; client 13 signs up and delivers.
+    let s = Scenario { unregistered: 2, faults: vec![Fault::Client(12, Lie::RogueKey)], ..Scenario::new(3, 1) };
+    let out = s.run().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(out.stats.messages, ALL + 3);
+    let ids: BTreeSet<u64> =
+        out.sim.log.distilled.iter().flat_map(|d| d.batch.entries().map(|(id, _, _)| id).collect::<Vec<_>>()).collect();
+    // The honest newcomer got the one new id.
+    assert_eq!(ids, (0..13).collect::<BTreeSet<u64>>());
 }
 
 // ---- spec §7, row by row

@@ -5,7 +5,9 @@
 use prost::Message;
 
 use crate::crypto::{BlsSecretKey, EdSecretKey};
-use crate::distill::{self, Batch, broadcast_statement, delivery_statement, reduction_auth_statement};
+use crate::distill::{
+    self, Batch, broadcast_statement, delivery_statement, reduction_auth_statement, sign_up_statement,
+};
 use crate::wire::pb;
 use crate::wire::pb::distill_frame::Kind as Frame;
 use crate::{NodeConfig, NodeId};
@@ -35,6 +37,9 @@ pub enum Lie {
     InflateSeq,
     /// Client: sends its earlier submissions again, to its other brokers too.
     ReplaySubmits,
+    /// Client signing up: announces a BLS key it cannot prove possession of (a rogue
+    /// key, as in a rogue-key attack on aggregates), its Ed25519 proof valid.
+    RogueKey,
     /// Server: witness shards that are not signatures of the batch.
     BadWitnessShards,
     /// Server: delivery shards with an invented amendment, validly signed for it.
@@ -129,6 +134,15 @@ impl Liar {
                 out.push((to, bytes.clone()));
                 out.extend(self.sent.iter().cloned());
                 self.remember(to, bytes);
+            }
+            (Lie::RogueKey, Frame::SignUp(mut up)) => {
+                let (ed, bls) = keys(cfg);
+                let rogue = BlsSecretKey::from_key_material(cfg.cluster.crypto, &[0xee; 32]).public_key();
+                let msg = sign_up_statement(&sys, &up.ed_key, &rogue.0);
+                up.bls_key = rogue.0.to_vec();
+                up.ed_pop = ed.sign(&msg).0.to_vec();
+                up.bls_pop = bls.sign(&msg).0.to_vec();
+                out.push((to, frame(Frame::SignUp(up))));
             }
             (Lie::BadWitnessShards, Frame::WitnessShard(mut w)) => {
                 w.signature = cfg.bls_secret.sign(b"not the batch").0.to_vec();

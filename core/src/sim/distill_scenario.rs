@@ -107,6 +107,10 @@ impl Scenario {
                 _ => {}
             }
         }
+        // Drawn last, so that the other draws of a seed stay as they were.
+        if s.unregistered > 0 && rng.chance(150_000) {
+            s.faults.push(Fault::Client(s.clients, Lie::RogueKey));
+        }
         s
     }
 

@@ -82,6 +82,7 @@ Completed = Output.Completed
 Query = Output.Query
 Restore = Output.Restore
 Compact = Output.Compact
+Delivered = Output.Delivered
 
 
 class Trace(_native.Trace):
@@ -156,6 +157,7 @@ __all__ = [
     "Completed",
     "ConfigError",
     "Deliver",
+    "Delivered",
     "DivergenceError",
     "Execute",
     "Executed",

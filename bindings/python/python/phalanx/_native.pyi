@@ -115,6 +115,13 @@ class Output:
     class Compact(Output):
         token: int
         def __init__(self, token: int) -> None: ...
+    class Delivered(Output):
+        """Distillation server: the batch delivered at ``height``, entries in id order."""
+        height: int
+        ids: List[int]
+        seqs: List[int]
+        msgs: List[bytes]
+        def __init__(self, height: int, ids: List[int], seqs: List[int], msgs: List[_Bytes]) -> None: ...
 
 class Node:
     """A Phalanx node behind the sans-IO shape (handle / poll / poll_timeout)."""
