@@ -709,6 +709,11 @@ RustBuffer uniffi_phalanx_swift_fn_func_kv_get(RustBuffer key, RustCallStatus *_
 RustBuffer uniffi_phalanx_swift_fn_func_kv_put(RustBuffer key, RustBuffer value, RustCallStatus *_Nonnull out_status
 );
 #endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_FUNC_DELIVERED_ENTRIES
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_FUNC_DELIVERED_ENTRIES
+RustBuffer uniffi_phalanx_swift_fn_func_delivered_entries(RustBuffer batch, RustCallStatus *_Nonnull out_status
+);
+#endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_FUNC_FAULT_KIND_NAME
 #define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_FUNC_FAULT_KIND_NAME
 RustBuffer uniffi_phalanx_swift_fn_func_fault_kind_name(RustBuffer kind, RustCallStatus *_Nonnull out_status
@@ -1035,6 +1040,12 @@ uint16_t uniffi_phalanx_swift_checksum_func_kv_get(void
 #ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_FUNC_KV_PUT
 #define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_FUNC_KV_PUT
 uint16_t uniffi_phalanx_swift_checksum_func_kv_put(void
+    
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_FUNC_DELIVERED_ENTRIES
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_FUNC_DELIVERED_ENTRIES
+uint16_t uniffi_phalanx_swift_checksum_func_delivered_entries(void
     
 );
 #endif

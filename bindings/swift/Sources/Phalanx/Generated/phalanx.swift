@@ -2428,6 +2428,133 @@ public func FfiConverterTypeCasResult_lower(_ value: CasResult) -> RustBuffer {
 
 
 /**
+ * The batch a distillation server delivered, in its compact form: ids bit-packed,
+ * messages in one buffer. `deliveredEntries` unpacks it.
+ */
+public struct DeliveredBatch: Equatable, Hashable {
+    public var height: UInt64
+    public var ids: PackedIds
+    public var seqs: [UInt64]
+    public var msgs: Messages
+
+    // Default memberwise initializers are never public by default, so we
+    // declare one manually.
+    public init(height: UInt64, ids: PackedIds, seqs: [UInt64], msgs: Messages) {
+        self.height = height
+        self.ids = ids
+        self.seqs = seqs
+        self.msgs = msgs
+    }
+
+    
+
+    
+}
+
+#if compiler(>=6)
+extension DeliveredBatch: Sendable {}
+#endif
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public struct FfiConverterTypeDeliveredBatch: FfiConverterRustBuffer {
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> DeliveredBatch {
+        return
+            try DeliveredBatch(
+                height: FfiConverterUInt64.read(from: &buf), 
+                ids: FfiConverterTypePackedIds.read(from: &buf), 
+                seqs: FfiConverterSequenceUInt64.read(from: &buf), 
+                msgs: FfiConverterTypeMessages.read(from: &buf)
+        )
+    }
+
+    public static func write(_ value: DeliveredBatch, into buf: inout [UInt8]) {
+        FfiConverterUInt64.write(value.height, into: &buf)
+        FfiConverterTypePackedIds.write(value.ids, into: &buf)
+        FfiConverterSequenceUInt64.write(value.seqs, into: &buf)
+        FfiConverterTypeMessages.write(value.msgs, into: &buf)
+    }
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeDeliveredBatch_lift(_ buf: RustBuffer) throws -> DeliveredBatch {
+    return try FfiConverterTypeDeliveredBatch.lift(buf)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeDeliveredBatch_lower(_ value: DeliveredBatch) -> RustBuffer {
+    return FfiConverterTypeDeliveredBatch.lower(value)
+}
+
+
+/**
+ * One entry of a delivered batch: a client's message at its sequence number.
+ */
+public struct DeliveredEntry: Equatable, Hashable {
+    public var id: UInt64
+    public var seq: UInt64
+    public var msg: Data
+
+    // Default memberwise initializers are never public by default, so we
+    // declare one manually.
+    public init(id: UInt64, seq: UInt64, msg: Data) {
+        self.id = id
+        self.seq = seq
+        self.msg = msg
+    }
+
+    
+
+    
+}
+
+#if compiler(>=6)
+extension DeliveredEntry: Sendable {}
+#endif
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public struct FfiConverterTypeDeliveredEntry: FfiConverterRustBuffer {
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> DeliveredEntry {
+        return
+            try DeliveredEntry(
+                id: FfiConverterUInt64.read(from: &buf), 
+                seq: FfiConverterUInt64.read(from: &buf), 
+                msg: FfiConverterData.read(from: &buf)
+        )
+    }
+
+    public static func write(_ value: DeliveredEntry, into buf: inout [UInt8]) {
+        FfiConverterUInt64.write(value.id, into: &buf)
+        FfiConverterUInt64.write(value.seq, into: &buf)
+        FfiConverterData.write(value.msg, into: &buf)
+    }
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeDeliveredEntry_lift(_ buf: RustBuffer) throws -> DeliveredEntry {
+    return try FfiConverterTypeDeliveredEntry.lift(buf)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeDeliveredEntry_lower(_ value: DeliveredEntry) -> RustBuffer {
+    return FfiConverterTypeDeliveredEntry.lower(value)
+}
+
+
+/**
  * A publication delivered to a subscriber.
  */
 public struct Delivery: Equatable, Hashable {
@@ -2503,6 +2630,67 @@ public func FfiConverterTypeDelivery_lift(_ buf: RustBuffer) throws -> Delivery 
 #endif
 public func FfiConverterTypeDelivery_lower(_ value: Delivery) -> RustBuffer {
     return FfiConverterTypeDelivery.lower(value)
+}
+
+
+/**
+ * Messages in one buffer: all `shared_len` long, or each ending at its `ends` offset.
+ */
+public struct Messages: Equatable, Hashable {
+    public var sharedLen: UInt32?
+    public var ends: [UInt32]
+    public var bytes: Data
+
+    // Default memberwise initializers are never public by default, so we
+    // declare one manually.
+    public init(sharedLen: UInt32?, ends: [UInt32], bytes: Data) {
+        self.sharedLen = sharedLen
+        self.ends = ends
+        self.bytes = bytes
+    }
+
+    
+
+    
+}
+
+#if compiler(>=6)
+extension Messages: Sendable {}
+#endif
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public struct FfiConverterTypeMessages: FfiConverterRustBuffer {
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> Messages {
+        return
+            try Messages(
+                sharedLen: FfiConverterOptionUInt32.read(from: &buf), 
+                ends: FfiConverterSequenceUInt32.read(from: &buf), 
+                bytes: FfiConverterData.read(from: &buf)
+        )
+    }
+
+    public static func write(_ value: Messages, into buf: inout [UInt8]) {
+        FfiConverterOptionUInt32.write(value.sharedLen, into: &buf)
+        FfiConverterSequenceUInt32.write(value.ends, into: &buf)
+        FfiConverterData.write(value.bytes, into: &buf)
+    }
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeMessages_lift(_ buf: RustBuffer) throws -> Messages {
+    return try FfiConverterTypeMessages.lift(buf)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeMessages_lower(_ value: Messages) -> RustBuffer {
+    return FfiConverterTypeMessages.lower(value)
 }
 
 
@@ -2661,6 +2849,67 @@ public func FfiConverterTypeOrderedOperation_lift(_ buf: RustBuffer) throws -> O
 #endif
 public func FfiConverterTypeOrderedOperation_lower(_ value: OrderedOperation) -> RustBuffer {
     return FfiConverterTypeOrderedOperation.lower(value)
+}
+
+
+/**
+ * Client ids, `count` of them at `bits` bits each.
+ */
+public struct PackedIds: Equatable, Hashable {
+    public var bits: UInt32
+    public var count: UInt32
+    public var packed: Data
+
+    // Default memberwise initializers are never public by default, so we
+    // declare one manually.
+    public init(bits: UInt32, count: UInt32, packed: Data) {
+        self.bits = bits
+        self.count = count
+        self.packed = packed
+    }
+
+    
+
+    
+}
+
+#if compiler(>=6)
+extension PackedIds: Sendable {}
+#endif
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public struct FfiConverterTypePackedIds: FfiConverterRustBuffer {
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> PackedIds {
+        return
+            try PackedIds(
+                bits: FfiConverterUInt32.read(from: &buf), 
+                count: FfiConverterUInt32.read(from: &buf), 
+                packed: FfiConverterData.read(from: &buf)
+        )
+    }
+
+    public static func write(_ value: PackedIds, into buf: inout [UInt8]) {
+        FfiConverterUInt32.write(value.bits, into: &buf)
+        FfiConverterUInt32.write(value.count, into: &buf)
+        FfiConverterData.write(value.packed, into: &buf)
+    }
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypePackedIds_lift(_ buf: RustBuffer) throws -> PackedIds {
+    return try FfiConverterTypePackedIds.lift(buf)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypePackedIds_lower(_ value: PackedIds) -> RustBuffer {
+    return FfiConverterTypePackedIds.lower(value)
 }
 
 
@@ -3850,6 +4099,11 @@ public enum Output: Equatable, Hashable {
      */
     case compact(token: UInt64
     )
+    /**
+     * Distillation server: a batch delivered at its height (`deliveredEntries` lists it).
+     */
+    case delivered(DeliveredBatch
+    )
 
 
 
@@ -3896,6 +4150,9 @@ public struct FfiConverterTypeOutput: FfiConverterRustBuffer {
         )
         
         case 9: return .compact(token: try FfiConverterUInt64.read(from: &buf)
+        )
+        
+        case 10: return .delivered(try FfiConverterTypeDeliveredBatch.read(from: &buf)
         )
         
         default: throw UniffiInternalError.unexpectedEnumCase
@@ -3958,6 +4215,11 @@ public struct FfiConverterTypeOutput: FfiConverterRustBuffer {
         case let .compact(token):
             writeInt(&buf, Int32(9))
             FfiConverterUInt64.write(token, into: &buf)
+            
+        
+        case let .delivered(v1):
+            writeInt(&buf, Int32(10))
+            FfiConverterTypeDeliveredBatch.write(v1, into: &buf)
             
         }
     }
@@ -4170,6 +4432,10 @@ public enum Protocol: Equatable, Hashable {
      * PBFT total order: replicas and clients.
      */
     case pbft
+    /**
+     * Distillation (Chop Chop): servers ordering through PBFT, brokers, clients.
+     */
+    case distill
 
 
 
@@ -4195,6 +4461,8 @@ public struct FfiConverterTypeProtocol: FfiConverterRustBuffer {
         
         case 2: return .pbft
         
+        case 3: return .distill
+        
         default: throw UniffiInternalError.unexpectedEnumCase
         }
     }
@@ -4209,6 +4477,10 @@ public struct FfiConverterTypeProtocol: FfiConverterRustBuffer {
         
         case .pbft:
             writeInt(&buf, Int32(2))
+        
+        
+        case .distill:
+            writeInt(&buf, Int32(3))
         
         }
     }
@@ -4448,6 +4720,9 @@ public enum Role: Equatable, Hashable {
     case subscriber
     case replica
     case client
+    case server
+    case distillBroker
+    case distillClient
 
 
 
@@ -4479,6 +4754,12 @@ public struct FfiConverterTypeRole: FfiConverterRustBuffer {
         
         case 5: return .client
         
+        case 6: return .server
+        
+        case 7: return .distillBroker
+        
+        case 8: return .distillClient
+        
         default: throw UniffiInternalError.unexpectedEnumCase
         }
     }
@@ -4505,6 +4786,18 @@ public struct FfiConverterTypeRole: FfiConverterRustBuffer {
         
         case .client:
             writeInt(&buf, Int32(5))
+        
+        
+        case .server:
+            writeInt(&buf, Int32(6))
+        
+        
+        case .distillBroker:
+            writeInt(&buf, Int32(7))
+        
+        
+        case .distillClient:
+            writeInt(&buf, Int32(8))
         
         }
     }
@@ -5103,6 +5396,31 @@ fileprivate struct FfiConverterSequenceData: FfiConverterRustBuffer {
 #if swift(>=5.8)
 @_documentation(visibility: private)
 #endif
+fileprivate struct FfiConverterSequenceTypeDeliveredEntry: FfiConverterRustBuffer {
+    typealias SwiftType = [DeliveredEntry]
+
+    public static func write(_ value: [DeliveredEntry], into buf: inout [UInt8]) {
+        let len = Int32(value.count)
+        writeInt(&buf, len)
+        for item in value {
+            FfiConverterTypeDeliveredEntry.write(item, into: &buf)
+        }
+    }
+
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> [DeliveredEntry] {
+        let len: Int32 = try readInt(&buf)
+        var seq = [DeliveredEntry]()
+        seq.reserveCapacity(Int(len))
+        for _ in 0 ..< len {
+            seq.append(try FfiConverterTypeDeliveredEntry.read(from: &buf))
+        }
+        return seq
+    }
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
 fileprivate struct FfiConverterSequenceTypeOrderedOperation: FfiConverterRustBuffer {
     typealias SwiftType = [OrderedOperation]
 
@@ -5441,6 +5759,17 @@ public func kvPut(key: Data, value: Data) -> Data  {
 })
 }
 /**
+ * A delivered batch's entries, in id order.
+ */
+public func deliveredEntries(batch: DeliveredBatch) -> [DeliveredEntry]  {
+    return try!  FfiConverterSequenceTypeDeliveredEntry.lift(try! rustCall() {
+        uniffiCallStatus in
+    uniffi_phalanx_swift_fn_func_delivered_entries(
+        FfiConverterTypeDeliveredBatch_lower(batch),uniffiCallStatus
+    )
+})
+}
+/**
  * The name traces and metrics use for a fault.
  */
 public func faultKindName(kind: FaultKind) -> String  {
@@ -5514,6 +5843,9 @@ private let initializationResult: InitializationResult = {
         return InitializationResult.apiChecksumMismatch
     }
     if (uniffi_phalanx_swift_checksum_func_kv_put() != 4997) {
+        return InitializationResult.apiChecksumMismatch
+    }
+    if (uniffi_phalanx_swift_checksum_func_delivered_entries() != 58122) {
         return InitializationResult.apiChecksumMismatch
     }
     if (uniffi_phalanx_swift_checksum_func_fault_kind_name() != 36854) {
