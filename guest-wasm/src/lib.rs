@@ -74,7 +74,7 @@ impl GuestMachine for NodeMachine {
     }
 
     fn run(&self, inputs: Vec<u8>) -> Result<Vec<u8>, String> {
-        let inputs = boundary::decode_inputs(&inputs).map_err(|e| e.to_string())?;
+        let inputs = boundary::decode_inputs(inputs).map_err(|e| e.to_string())?;
         // Only in the `fault-injection` build, which exists so that the host's fault tests
         // can make the guest trap on demand.
         #[cfg(feature = "fault-injection")]
