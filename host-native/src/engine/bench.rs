@@ -135,7 +135,7 @@ pub fn run(args: EngineBenchArgs) -> Result<(), String> {
     let (trace, workload) = record(&args)?;
     let wasm = |host_crypto| -> Result<WasmRuntime, String> {
         let opts =
-            WasmOptions { component: component.clone(), fuel_per_call: u64::MAX, memory_bytes: 4 << 30, host_crypto };
+            WasmOptions { component: component.clone(), ms_per_call: u64::MAX, memory_bytes: 4 << 30, host_crypto };
         WasmRuntime::load(&opts).map_err(|e| e.to_string())
     };
     let (with_host, without_host) = (wasm(true)?, wasm(false)?);
