@@ -12,6 +12,11 @@ use phalanx_core::boundary::{self, Round};
 use phalanx_core::crypto::{BlsBackend, BlsPublicKey, BlsSecretKey, BlsSignature, CryptoMode};
 use phalanx_core::trace::{Trace, replay as replay_trace};
 
+mod alloc;
+
+#[global_allocator]
+static ALLOCATOR: alloc::SizeClasses = alloc::SizeClasses::new();
+
 wit_bindgen::generate!({ path: "../wit", world: "phalanx" });
 
 use exports::phalanx::node::node::{CryptoBackend, Guest, GuestMachine, Machine as MachineHandle};
