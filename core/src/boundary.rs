@@ -11,6 +11,7 @@
 //! Names that cross as text (algorithm names, status fields) are defined here too, for
 //! bindings that show them to their language.
 
+use bytes::Bytes;
 use prost::Message;
 
 use crate::trace::{TraceError, input_from_pb, output_from_pb};
@@ -27,8 +28,10 @@ pub fn encode_inputs(inputs: Vec<(Nanos, Input)>) -> Vec<u8> {
     pb::InputBatch { inputs }.encode_to_vec()
 }
 
-pub fn decode_inputs(bytes: &[u8]) -> Result<Vec<(Nanos, Input)>, TraceError> {
-    let batch = pb::InputBatch::decode(bytes).map_err(|e| malformed("input batch", e))?;
+/// Decodes an `InputBatch`, taking its buffer: each input's bytes are copied out of it
+/// once (decoding from a borrowed slice would copy them twice).
+pub fn decode_inputs(bytes: Vec<u8>) -> Result<Vec<(Nanos, Input)>, TraceError> {
+    let batch = pb::InputBatch::decode(Bytes::from(bytes)).map_err(|e| malformed("input batch", e))?;
     batch
         .inputs
         .into_iter()
@@ -72,8 +75,9 @@ impl Round {
         pb::RoundRecord { results, outputs, next_timeout: self.next_timeout, status }.encode_to_vec()
     }
 
-    pub fn decode(bytes: &[u8]) -> Result<Round, TraceError> {
-        let r = pb::RoundRecord::decode(bytes).map_err(|e| malformed("round", e))?;
+    /// Decodes a `RoundRecord`, taking its buffer, as [`decode_inputs`] does.
+    pub fn decode(bytes: Vec<u8>) -> Result<Round, TraceError> {
+        let r = pb::RoundRecord::decode(Bytes::from(bytes)).map_err(|e| malformed("round", e))?;
         let results: Result<Vec<Result<(), HandleError>>, TraceError> =
             r.results.into_iter().map(|r| r.error.map_or(Ok(Ok(())), |e| handle_error_from_pb(e).map(Err))).collect();
         let outputs: Result<Vec<Output>, TraceError> = r.outputs.into_iter().map(output_from_pb).collect();
@@ -222,12 +226,12 @@ mod tests {
             (6, Input::Request(Request::Publish { topic: 0, payload: vec![], algorithm: crate::Algorithm::Ab })),
             (7, Input::Message { from: 0, bytes: vec![1, 2, 3] }),
         ];
-        let decoded = decode_inputs(&encode_inputs(inputs.clone())).unwrap();
+        let decoded = decode_inputs(encode_inputs(inputs.clone())).unwrap();
         assert_eq!(decoded, inputs);
         let round = Round::run_node(&mut client, decoded);
         assert_eq!(round.results[1], Err(HandleError::WrongRole { role: Role::Client, request: "publish" }));
         assert!(!round.outputs.is_empty());
-        assert_eq!(Round::decode(&round.clone().encode()).unwrap(), round);
+        assert_eq!(Round::decode(round.clone().encode()).unwrap(), round);
 
         let (status, stats) = (client.status(), client.stats().clone());
         assert_eq!(round.status, Some((status, stats.clone())));
@@ -235,6 +239,6 @@ mod tests {
         assert!(stats_fields(&stats).contains(&("stale", stats.stale)));
         assert!(status_fields(&status).contains(&("primary", StatusValue::Flag(false))));
         assert_eq!(Algorithm::ALL.map(|a| Algorithm::from_name(a.name())), Algorithm::ALL.map(Some));
-        assert!(decode_inputs(&[0xff; 5]).is_err() && Round::decode(&[0xff; 5]).is_err());
+        assert!(decode_inputs(vec![0xff; 5]).is_err() && Round::decode(vec![0xff; 5]).is_err());
     }
 }

@@ -12,6 +12,11 @@ use phalanx_core::boundary::{self, Round};
 use phalanx_core::crypto::{BlsBackend, BlsPublicKey, BlsSecretKey, BlsSignature, CryptoMode};
 use phalanx_core::trace::{Trace, replay as replay_trace};
 
+mod alloc;
+
+#[global_allocator]
+static ALLOCATOR: alloc::SizeClasses = alloc::SizeClasses::new();
+
 wit_bindgen::generate!({ path: "../wit", world: "phalanx" });
 
 use exports::phalanx::node::node::{CryptoBackend, Guest, GuestMachine, Machine as MachineHandle};
@@ -74,14 +79,20 @@ impl GuestMachine for NodeMachine {
     }
 
     fn run(&self, inputs: Vec<u8>) -> Result<Vec<u8>, String> {
-        let inputs = boundary::decode_inputs(&inputs).map_err(|e| e.to_string())?;
+        let inputs = boundary::decode_inputs(inputs).map_err(|e| e.to_string())?;
         // Only in the `fault-injection` build, which exists so that the host's fault tests
-        // can make the guest trap on demand.
+        // can make the guest trap, or run forever, on demand.
         #[cfg(feature = "fault-injection")]
-        if inputs.iter().any(|(_, input)| {
-            matches!(input, phalanx_core::Input::Request(phalanx_core::Request::Submit { op }) if op == b"phalanx:trap")
-        }) {
-            panic!("fault injection: a trap on request");
+        for (_, input) in &inputs {
+            if let phalanx_core::Input::Request(phalanx_core::Request::Submit { op }) = input {
+                match &op[..] {
+                    b"phalanx:trap" => panic!("fault injection: a trap on request"),
+                    b"phalanx:spin" => loop {
+                        std::hint::black_box(());
+                    },
+                    _ => {}
+                }
+            }
         }
         Ok(Round::run_node(&mut self.node.borrow_mut(), inputs).encode())
     }

@@ -86,9 +86,9 @@ pub struct Runtime {
     /// Reconnect back-off bounds, milliseconds.
     pub reconnect_min_ms: u64,
     pub reconnect_max_ms: u64,
-    /// `run --engine wasm`: fuel (about one per wasm instruction) one call into the guest
-    /// may burn — a bound on a runaway guest, far above any honest input's cost.
-    pub wasm_fuel_per_call: u64,
+    /// `run --engine wasm`: milliseconds one call into the guest may run — a bound on a
+    /// runaway guest, far above any honest round's cost.
+    pub wasm_ms_per_call: u64,
     /// `run --engine wasm`: the guest's linear memory limit, bytes.
     pub wasm_memory_bytes: usize,
     /// `run --engine wasm`: run BLS natively in the host (the guest's `host-crypto`
@@ -105,7 +105,7 @@ impl Default for Runtime {
             event_queue: 65_536,
             reconnect_min_ms: 50,
             reconnect_max_ms: 2_000,
-            wasm_fuel_per_call: 20_000_000_000,
+            wasm_ms_per_call: 10_000,
             wasm_memory_bytes: 2 << 30,
             wasm_host_crypto: true,
         }

@@ -164,7 +164,7 @@ pub struct Driver {
 #[derive(Debug)]
 pub enum DriverError {
     /// Storage failed, the core refused a record it persisted, the application refused a
-    /// snapshot, or the engine failed (a wasm guest trapped, ran out of fuel or memory).
+    /// snapshot, or the engine failed (a wasm guest trapped, ran out of time or memory).
     Host(HostError),
     Trace(std::io::Error),
 }

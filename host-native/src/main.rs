@@ -109,7 +109,7 @@ struct RunArgs {
     #[arg(long)]
     exit_with_stdin: bool,
     /// Run the core linked in (native) or as a WebAssembly component in wasmtime (wasm;
-    /// fuel, memory and host crypto from the cluster file's [runtime] section).
+    /// time, memory and host crypto from the cluster file's [runtime] section).
     #[arg(long, value_enum, default_value = "native")]
     engine: EngineArg,
     /// The component for `--engine wasm` (built by `scripts/build-wasm`; default: found
@@ -312,7 +312,7 @@ fn run_cmd(a: RunArgs) -> Result<(), Failure> {
             let rt = &cluster.runtime;
             EngineChoice::Wasm(WasmOptions {
                 component,
-                fuel_per_call: rt.wasm_fuel_per_call,
+                ms_per_call: rt.wasm_ms_per_call,
                 memory_bytes: rt.wasm_memory_bytes,
                 host_crypto: rt.wasm_host_crypto,
             })

@@ -1,7 +1,7 @@
 //! The wasm engine: every recorded trace replays through the component exactly as
 //! through the native core, every input, output and refusal crosses the boundary
-//! unchanged, the guest asks for no capability, and a guest that traps, runs out of fuel
-//! or outgrows its memory is a named failure that sticks.
+//! unchanged, the guest asks for no capability, and a guest that traps, runs past its time
+//! bound or outgrows its memory is a named failure that sticks.
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -20,7 +20,7 @@ mod common;
 fn options(component: &Path) -> WasmOptions {
     WasmOptions {
         component: component.to_path_buf(),
-        fuel_per_call: u64::MAX / 4,
+        ms_per_call: u64::MAX / 4,
         memory_bytes: 1 << 30,
         host_crypto: true,
     }
@@ -88,9 +88,9 @@ fn the_guest_imports_nothing_but_host_crypto() {
 fn the_engine_reports_who_runs_bls() {
     let real = cluster(Protocol::Pbft, CryptoMode::Real, Params::default())[0].encode();
     let insecure = cluster(Protocol::Pbft, CryptoMode::InsecureTest, Params::default())[0].encode();
-    // A tiny per-call budget: creating a node (which verifies every proof of possession
+    // No time per call: creating a node (which verifies every proof of possession
     // in the guest's own code) has a budget of its own.
-    let tiny = |host_crypto| WasmOptions { host_crypto, fuel_per_call: 1_000, ..options(common::component()) };
+    let tiny = |host_crypto| WasmOptions { host_crypto, ms_per_call: 0, ..options(common::component()) };
     let (with_host, without_host) = (runtime(tiny(true)), runtime(tiny(false)));
     let info = |rt: &WasmRuntime, config: &[u8]| rt.instantiate(config).unwrap_or_else(|e| panic!("{e}")).info();
     for (rt, config, crypto) in [
@@ -249,12 +249,18 @@ fn a_guest_trap_is_reported_with_its_cause() {
 }
 
 #[test]
-fn a_guest_out_of_fuel_is_reported() {
-    let rt = runtime(WasmOptions { fuel_per_call: 1_000, ..options(common::component()) });
+fn a_guest_that_never_returns_is_stopped_after_its_time() {
+    let rt = runtime(WasmOptions { ms_per_call: 50, ..options(common::fault_injection_component()) });
     let mut node = rt.instantiate(&client_config()).unwrap();
-    let _ = node.handle(0, Input::Request(Request::Submit { op: vec![7; 4096] }));
-    assert_stays_failed(&mut node, &EngineFailure::OutOfFuel { fuel_per_call: 1_000 });
-    assert_eq!(node.failure().unwrap(), "wasm engine: the guest ran out of fuel (1000 per call)");
+    node.handle(0, Input::Request(Request::Submit { op: b"an honest op".to_vec() })).unwrap();
+    assert!(node.poll().is_some(), "the client works until the loop");
+    let started = std::time::Instant::now();
+    let _ = node.handle(1, Input::Request(Request::Submit { op: b"phalanx:spin".to_vec() }));
+    let took = started.elapsed();
+    // 50 ms and at most a tick more, and whatever a loaded machine adds.
+    assert!(took >= std::time::Duration::from_millis(50) && took < std::time::Duration::from_secs(5), "{took:?}");
+    assert_stays_failed(&mut node, &EngineFailure::TimeLimit { ms_per_call: 50 });
+    assert_eq!(node.failure().unwrap(), "wasm engine: the guest ran out of time (50 ms per call)");
 }
 
 #[test]

@@ -10,7 +10,8 @@
 //! `driver.rs` does per round. Before anything is timed, each engine replays the trace
 //! byte for byte, and the wasm engines' outputs are checked against the native core's,
 //! round by round. Timed rounds alternate between engines so that machine noise falls on
-//! all of them alike.
+//! all of them alike; the ratio by CPU time (the median, with the quartiles' spread) is
+//! the one to read on a loaded machine.
 
 use std::time::{Duration, Instant};
 
@@ -36,7 +37,7 @@ pub struct EngineBenchArgs {
     /// Simulated microseconds of the world's inputs gathered into one round.
     #[arg(long, default_value_t = 100)]
     pub round_us: u64,
-    /// Timed rounds per engine (the best is reported).
+    /// Timed rounds per engine (the best time and the median CPU time are reported).
     #[arg(long, default_value_t = 5)]
     pub rounds: u32,
     /// The component (default: found beside phalanxd, as for `run --engine wasm`).
@@ -98,14 +99,15 @@ fn record(args: &EngineBenchArgs) -> Result<(Trace, Workload), String> {
 }
 
 /// Runs `rounds` through `engine` in a host loop, as phalanxd's protocol thread does,
-/// handing each round's outputs to `check`; the time it took.
+/// handing each round's outputs to `check`; the time it took, and the CPU time this
+/// thread spent (which other processes on a loaded machine disturb less).
 fn drive(
     engine: Box<dyn Engine>,
     rounds: Vec<Round>,
     mut check: impl FnMut(usize, Vec<Output>) -> Result<(), String>,
-) -> Result<Duration, String> {
+) -> Result<(Duration, Duration), String> {
     let mut host = HostLoop::new(engine, MemoryStorage::default(), Kv::new());
-    let started = Instant::now();
+    let (started, cpu) = (Instant::now(), thread_cpu());
     for (i, round) in rounds.into_iter().enumerate() {
         let now = round.last().map_or(0, |(now, _)| *now);
         host.handle_many(round);
@@ -114,7 +116,15 @@ fn drive(
         std::hint::black_box(host.machine_mut().status());
         check(i, outputs)?;
     }
-    Ok(started.elapsed())
+    Ok((started.elapsed(), thread_cpu() - cpu))
+}
+
+/// The CPU time the calling thread has used.
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid timespec to write; this clock exists on every Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
 struct Contender {
@@ -123,6 +133,18 @@ struct Contender {
     key: &'static str,
     make: Box<dyn Fn() -> Result<Box<dyn Engine>, String>>,
     best: Duration,
+    /// CPU time of each timed run.
+    cpu: Vec<Duration>,
+}
+
+impl Contender {
+    /// The median CPU time, and the quartiles around it.
+    fn cpu_quartiles(&self) -> [f64; 3] {
+        let mut cpu: Vec<f64> = self.cpu.iter().map(Duration::as_secs_f64).collect();
+        cpu.sort_by(f64::total_cmp);
+        let n = cpu.len();
+        [cpu[n / 4], cpu[n / 2], cpu[(3 * n / 4).min(n - 1)]]
+    }
 }
 
 pub fn run(args: EngineBenchArgs) -> Result<(), String> {
@@ -135,7 +157,7 @@ pub fn run(args: EngineBenchArgs) -> Result<(), String> {
     let (trace, workload) = record(&args)?;
     let wasm = |host_crypto| -> Result<WasmRuntime, String> {
         let opts =
-            WasmOptions { component: component.clone(), fuel_per_call: u64::MAX, memory_bytes: 4 << 30, host_crypto };
+            WasmOptions { component: component.clone(), ms_per_call: u64::MAX, memory_bytes: 4 << 30, host_crypto };
         WasmRuntime::load(&opts).map_err(|e| e.to_string())
     };
     let (with_host, without_host) = (wasm(true)?, wasm(false)?);
@@ -149,18 +171,20 @@ pub fn run(args: EngineBenchArgs) -> Result<(), String> {
         move || Ok(Box::new(rt.instantiate(&config).map_err(|e| e.to_string())?) as Box<dyn Engine>)
     };
     let mut contenders = [
-        Contender { name: "native", key: "native", make: Box::new(native), best: Duration::MAX },
+        Contender { name: "native", key: "native", make: Box::new(native), best: Duration::MAX, cpu: vec![] },
         Contender {
             name: "wasm, host crypto",
             key: "wasm-host",
             make: Box::new(in_wasm(with_host)),
             best: Duration::MAX,
+            cpu: vec![],
         },
         Contender {
             name: "wasm, guest crypto",
             key: "wasm-guest",
             make: Box::new(in_wasm(without_host)),
             best: Duration::MAX,
+            cpu: vec![],
         },
     ];
     if let Some(only) = &args.only
@@ -188,28 +212,46 @@ pub fn run(args: EngineBenchArgs) -> Result<(), String> {
     for round in 1..=args.rounds {
         for c in contenders.iter_mut().filter(|c| args.only.as_ref().is_none_or(|only| c.key == only)) {
             let (engine, rounds) = ((c.make)()?, workload.rounds.clone());
-            let took = drive(engine, rounds, |_, o| Ok(drop(std::hint::black_box(o))))
+            let (took, cpu) = drive(engine, rounds, |_, o| Ok(drop(std::hint::black_box(o))))
                 .map_err(|e| format!("{}: {e}", c.name))?;
             c.best = c.best.min(took);
+            c.cpu.push(cpu);
         }
         eprintln!("round {round}/{} done", args.rounds);
     }
     let (inputs, ops) = (workload.inputs as f64, workload.operations as f64);
     println!(
-        "one backup's inputs from the world: {} in {} rounds of {} µs, {} operations executed; best of {} runs",
+        "one backup's inputs from the world: {} in {} rounds of {} µs, {} operations executed; {} runs each",
         inputs,
         workload.rounds.len(),
         args.round_us,
         ops,
         args.rounds
     );
-    println!("{:<20} {:>12} {:>14} {:>12} {:>10}", "engine", "seconds", "inputs/s", "ops/s", "× native");
+    println!(
+        "{:<20} {:>8} {:>10} {:>9} {:>9} {:>9} {:>19}",
+        "engine", "seconds", "inputs/s", "ops/s", "× native", "CPU s", "× native by CPU"
+    );
     // With --only, native may not have been timed: no ratio then.
-    let native = (contenders[0].best < Duration::MAX).then(|| contenders[0].best.as_secs_f64());
+    let native = (contenders[0].best < Duration::MAX).then(|| (contenders[0].best, contenders[0].cpu_quartiles()));
     for c in contenders.iter().filter(|c| c.best < Duration::MAX) {
-        let s = c.best.as_secs_f64();
-        let ratio = native.map_or("-".into(), |n| format!("{:.2}", n / s));
-        println!("{:<20} {:>12.3} {:>14.0} {:>12.0} {:>10}", c.name, s, inputs / s, ops / s, ratio);
+        let (s, [q1, median, q3]) = (c.best.as_secs_f64(), c.cpu_quartiles());
+        let (ratio, cpu_ratio) = native.map_or(("-".into(), "-".into()), |(n, [n1, nm, n3])| {
+            // The spread: the slow quartile of this engine against the fast one of native,
+            // and the other way round.
+            let spread = format!("{:.2}–{:.2}", n1 / q3, n3 / q1);
+            (format!("{:.2}", n.as_secs_f64() / s), format!("{:.2} ({spread})", nm / median))
+        });
+        println!(
+            "{:<20} {:>8.3} {:>10.0} {:>9.0} {:>9} {:>9.4} {:>19}",
+            c.name,
+            s,
+            inputs / s,
+            ops / s,
+            ratio,
+            median,
+            cpu_ratio
+        );
     }
     Ok(())
 }

@@ -1,6 +1,6 @@
 //! Engines: what runs the core for the protocol thread. The native engine is the core
 //! linked in ([`Node`]); the wasm engine ([`wasm`]) runs the same core compiled to a
-//! WebAssembly component (`wit/phalanx.wit`) inside wasmtime, with fuel and memory
+//! WebAssembly component (`wit/phalanx.wit`) inside wasmtime, with time and memory
 //! limits, so that a runaway guest is a reported error rather than a hung host.
 
 use std::fmt;
@@ -153,8 +153,9 @@ pub const COMPONENT_FILE: &str = "phalanx_wasm.wasm";
 pub struct WasmOptions {
     /// The component (`scripts/build-wasm` builds it).
     pub component: PathBuf,
-    /// Fuel (roughly, wasm instructions) one call into the guest may use.
-    pub fuel_per_call: u64,
+    /// Milliseconds one call into the guest may run (give or take the wasm engine's
+    /// epoch tick, 5 ms).
+    pub ms_per_call: u64,
     /// Linear memory the guest may grow to, bytes.
     pub memory_bytes: usize,
     /// Offer the guest the `host-crypto` import (BLS run natively by the host).
@@ -171,8 +172,8 @@ pub enum EngineFailure {
     Config(String),
     /// The guest trapped: a panic in the core, or any other wasm trap.
     Trap(String),
-    /// One call used more than its fuel.
-    OutOfFuel { fuel_per_call: u64 },
+    /// One call ran longer than its bound.
+    TimeLimit { ms_per_call: u64 },
     /// The guest tried to grow its linear memory past the limit.
     MemoryLimit { limit: usize, requested: usize },
 }
@@ -183,8 +184,8 @@ impl fmt::Display for EngineFailure {
             EngineFailure::Load(why) => write!(f, "wasm engine: cannot load the component: {why}"),
             EngineFailure::Config(why) => write!(f, "wasm engine: the guest refused the configuration: {why}"),
             EngineFailure::Trap(why) => write!(f, "wasm engine: the guest trapped: {why}"),
-            EngineFailure::OutOfFuel { fuel_per_call } => {
-                write!(f, "wasm engine: the guest ran out of fuel ({fuel_per_call} per call)")
+            EngineFailure::TimeLimit { ms_per_call } => {
+                write!(f, "wasm engine: the guest ran out of time ({ms_per_call} ms per call)")
             }
             EngineFailure::MemoryLimit { limit, requested } => write!(
                 f,

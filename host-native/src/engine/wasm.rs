@@ -1,13 +1,20 @@
 //! The wasm engine: the core compiled to a WebAssembly component (`guest-wasm/`,
 //! exporting `wit/phalanx.wit`), run by wasmtime.
 //!
-//! Each call into the guest gets `fuel_per_call` fuel (creating a machine gets more: see
-//! [`WasmRuntime::instantiate`]), and a store limiter refuses to grow linear memory past
-//! `memory_bytes`; a trap, exhausted fuel or refused growth is an [`EngineFailure`] that
-//! sticks: the machine takes no more input and yields nothing.
+//! Each call into the guest may run for `ms_per_call` milliseconds (creating a machine
+//! gets longer: see [`WasmRuntime::instantiate`]), and a store limiter refuses to grow
+//! linear memory past `memory_bytes`; a trap, an overrun or refused growth is an
+//! [`EngineFailure`] that sticks: the machine takes no more input and yields nothing.
+//!
+//! The time bound is wasmtime's epoch interruption: a thread per runtime advances the
+//! engine's epoch every [`EPOCH_TICK`], and a call's deadline is a number of ticks, so a
+//! guest that never returns stops between `ms_per_call` and one tick later (checked at
+//! every function entry and loop back-edge). Fuel, which bounds instructions instead,
+//! counts in every basic block and made the guest markedly slower.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::Duration;
 
 use phalanx_core::boundary::{self, Round};
 use phalanx_core::crypto::{BlsPublicKey, BlsSecretKey, BlsSignature, CryptoMode, aggregate, fast_aggregate_verify};
@@ -21,17 +28,29 @@ wasmtime::component::bindgen!({ path: "../wit", world: "phalanx" });
 
 use exports::phalanx::node::node::CryptoBackend as GuestCrypto;
 
-/// Fuel for creating a machine, per byte of the encoded configuration (at least
-/// `fuel_per_call`). Validating a configuration verifies every node's BLS proof of
-/// possession in the guest's own code (the host's BLS is not plugged in until the node
-/// exists), far more than any one input costs: about 4.3 million fuel per configuration
-/// byte (6·10⁹ for a 7-node cluster, 1.4 KB, ~0.3 s). This allows twenty times that, so a
-/// guest that never returns from `create` still stops, within seconds.
-const CREATE_FUEL_PER_CONFIG_BYTE: u64 = 100_000_000;
+/// How often the epoch advances: the granularity of the time bound on a call.
+pub const EPOCH_TICK: Duration = Duration::from_millis(5);
 
-/// Fuel for the world's `replay`, which runs a whole trace in one call: an offline
+/// Time for creating a machine, per byte of the encoded configuration (at least
+/// `ms_per_call`), in microseconds. Validating a configuration verifies every node's BLS
+/// proof of possession in the guest's own code (the host's BLS is not plugged in until
+/// the node exists), far more than any one input costs: ~0.3 s for a 7-node cluster
+/// (1.4 KB), about 0.2 ms per byte. This allows twenty times that, so a guest that never
+/// returns from `create` still stops, within seconds.
+const CREATE_MICROS_PER_CONFIG_BYTE: u64 = 4_000;
+
+/// Ticks for the world's `replay`, which runs a whole trace in one call: an offline
 /// check, bounded by the trace it is given rather than per call.
-const REPLAY_FUEL: u64 = u64::MAX;
+const REPLAY_TICKS: u64 = NO_DEADLINE;
+
+/// Ticks no run reaches (wasmtime adds a deadline to the current epoch).
+const NO_DEADLINE: u64 = u64::MAX / 2;
+
+/// The epoch deadline of a call that may run for `micros`: one tick more than its
+/// whole ticks, since the epoch may advance right after the deadline is set.
+fn ticks(micros: u64) -> u64 {
+    (micros / EPOCH_TICK.as_micros() as u64).saturating_add(1).min(NO_DEADLINE)
+}
 
 /// What a store holds: the host-crypto switch and the memory limiter's state.
 struct HostState {
@@ -113,7 +132,7 @@ impl WasmRuntime {
         let path = options.component.display();
         let load = |what: &str, e: wasmtime::Error| EngineFailure::Load(format!("{path}: {what}: {e:#}"));
         let mut config = Config::new();
-        config.consume_fuel(true);
+        config.epoch_interruption(true);
         // For profiling the guest: `perf` then names its functions.
         if std::env::var_os("PHALANX_WASM_PERFMAP").is_some() {
             config.profiler(wasmtime::ProfilingStrategy::PerfMap);
@@ -126,6 +145,18 @@ impl WasmRuntime {
             .map_err(|e| load("linking host-crypto", e))?;
         let pre = linker.instantiate_pre(&component).map_err(|e| load("linking", e))?;
         let pre = PhalanxPre::new(pre).map_err(|e| load("finding the exports", e))?;
+        let weak = engine.weak();
+        std::thread::Builder::new()
+            .name("wasm-epoch".into())
+            .spawn(move || {
+                // Ends with the last clone of the engine.
+                while let Some(engine) = weak.upgrade() {
+                    engine.increment_epoch();
+                    drop(engine);
+                    std::thread::sleep(EPOCH_TICK);
+                }
+            })
+            .map_err(|e| EngineFailure::Load(format!("starting the epoch thread: {e}")))?;
         Ok(WasmRuntime { pre: Arc::new(pre), engine, options: options.clone() })
     }
 
@@ -135,8 +166,8 @@ impl WasmRuntime {
         ty.imports(&self.engine).map(|(name, _)| name.to_string()).collect()
     }
 
-    /// A store with the limiter on and `fuel` for instantiation and the first call.
-    fn store(&self, fuel: u64) -> Result<Store<HostState>, EngineFailure> {
+    /// A store with the limiter on and `ticks` for instantiation and the first call.
+    fn store(&self, ticks: u64) -> Store<HostState> {
         let state = HostState {
             host_crypto: self.options.host_crypto,
             memory_limit: self.options.memory_bytes,
@@ -145,26 +176,28 @@ impl WasmRuntime {
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| s);
-        store.set_fuel(fuel).map_err(|e| EngineFailure::Load(format!("{e:#}")))?;
-        Ok(store)
+        store.set_epoch_deadline(ticks);
+        store
     }
 
     /// A machine running the node of `node_config` (an encoded `NodeConfig`).
-    /// Instantiation, `create` and asking who runs BLS share one budget, larger than
-    /// `fuel_per_call` (see [`CREATE_FUEL_PER_CONFIG_BYTE`]); every later call gets
-    /// `fuel_per_call`.
+    /// Instantiation, `create` and asking who runs BLS share one bound, longer than
+    /// `ms_per_call` (see [`CREATE_MICROS_PER_CONFIG_BYTE`]); every later call gets
+    /// `ms_per_call`.
     pub fn instantiate(&self, node_config: &[u8]) -> Result<WasmNode, EngineFailure> {
-        let fuel = self.options.fuel_per_call;
-        let create_fuel = fuel.max(CREATE_FUEL_PER_CONFIG_BYTE.saturating_mul(node_config.len() as u64));
-        let mut store = self.store(create_fuel)?;
-        let instance = self.pre.instantiate(&mut store).map_err(|e| classify(&mut store, create_fuel, e))?;
+        let ms = self.options.ms_per_call;
+        let create_micros =
+            ms.saturating_mul(1_000).max(CREATE_MICROS_PER_CONFIG_BYTE.saturating_mul(node_config.len() as u64));
+        let mut store = self.store(ticks(create_micros));
+        let failed = |store: &mut Store<HostState>, e| classify(store, create_micros / 1_000, e);
+        let instance = self.pre.instantiate(&mut store).map_err(|e| failed(&mut store, e))?;
         let created = instance.phalanx_node_node().machine().call_create(&mut store, node_config);
-        let machine = created.map_err(|e| classify(&mut store, create_fuel, e))?.map_err(EngineFailure::Config)?;
+        let machine = created.map_err(|e| failed(&mut store, e))?.map_err(EngineFailure::Config)?;
         let crypto = instance
             .phalanx_node_node()
             .machine()
             .call_crypto_backend(&mut store, machine)
-            .map_err(|e| classify(&mut store, create_fuel, e))?;
+            .map_err(|e| failed(&mut store, e))?;
         let crypto = match crypto {
             GuestCrypto::Host => CryptoBackend::Host,
             GuestCrypto::Guest => CryptoBackend::Guest,
@@ -175,7 +208,7 @@ impl WasmRuntime {
             instance,
             machine,
             crypto,
-            fuel,
+            ms_per_call: ms,
             outputs: VecDeque::new(),
             next_timeout: None,
             status: None,
@@ -186,20 +219,19 @@ impl WasmRuntime {
     /// Replays a trace file inside the guest (the world's `replay`): its summary as
     /// `phalanxd trace replay` prints it, or the guest's error text.
     pub fn replay(&self, trace: &[u8]) -> Result<Result<String, String>, EngineFailure> {
-        let mut store = self.store(REPLAY_FUEL)?;
-        let fuel = REPLAY_FUEL;
-        let instance = self.pre.instantiate(&mut store).map_err(|e| classify(&mut store, fuel, e))?;
-        instance.phalanx_node_node().call_replay(&mut store, trace).map_err(|e| classify(&mut store, fuel, e))
+        let mut store = self.store(REPLAY_TICKS);
+        let instance = self.pre.instantiate(&mut store).map_err(|e| classify(&mut store, u64::MAX, e))?;
+        instance.phalanx_node_node().call_replay(&mut store, trace).map_err(|e| classify(&mut store, u64::MAX, e))
     }
 }
 
 /// Names why a call into the guest failed.
-fn classify(store: &mut Store<HostState>, fuel_per_call: u64, e: wasmtime::Error) -> EngineFailure {
+fn classify(store: &mut Store<HostState>, ms_per_call: u64, e: wasmtime::Error) -> EngineFailure {
     if let Some(requested) = store.data_mut().refused_growth.take() {
         return EngineFailure::MemoryLimit { limit: store.data().memory_limit, requested };
     }
     match e.downcast_ref::<Trap>() {
-        Some(Trap::OutOfFuel) => EngineFailure::OutOfFuel { fuel_per_call },
+        Some(Trap::Interrupt) => EngineFailure::TimeLimit { ms_per_call },
         _ => EngineFailure::Trap(format!("{e:#}")),
     }
 }
@@ -210,7 +242,7 @@ pub struct WasmNode {
     instance: Phalanx,
     machine: ResourceAny,
     crypto: CryptoBackend,
-    fuel: u64,
+    ms_per_call: u64,
     /// Outputs of the last round, served one by one by `poll`.
     outputs: VecDeque<Output>,
     /// The deadline after the last round; `None` before the first.
@@ -226,7 +258,7 @@ impl WasmNode {
         self.failed.as_ref()
     }
 
-    /// One call into the guest with a fresh fuel budget; `None` once failed.
+    /// One call into the guest with a fresh time bound; `None` once failed.
     fn call<R>(
         &mut self,
         f: impl FnOnce(
@@ -238,14 +270,11 @@ impl WasmNode {
         if self.failed.is_some() {
             return None;
         }
-        let result = match self.store.set_fuel(self.fuel) {
-            Ok(()) => f(self.instance.phalanx_node_node().machine(), &mut self.store, self.machine),
-            Err(e) => Err(e),
-        };
-        match result {
+        self.store.set_epoch_deadline(ticks(self.ms_per_call.saturating_mul(1_000)));
+        match f(self.instance.phalanx_node_node().machine(), &mut self.store, self.machine) {
             Ok(r) => Some(r),
             Err(e) => {
-                self.failed = Some(classify(&mut self.store, self.fuel, e));
+                self.failed = Some(classify(&mut self.store, self.ms_per_call, e));
                 self.outputs.clear();
                 None
             }
@@ -259,7 +288,7 @@ impl WasmNode {
         let encoded = boundary::encode_inputs(inputs);
         let answer = self.call(|m, s, r| m.call_run(s, r, &encoded));
         let round = match answer {
-            Some(Ok(bytes)) => Round::decode(&bytes).map_err(|e| e.to_string()),
+            Some(Ok(bytes)) => Round::decode(bytes).map_err(|e| e.to_string()),
             Some(Err(why)) => Err(why),
             None => return vec![Ok(()); count],
         };
