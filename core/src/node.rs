@@ -574,7 +574,7 @@ pub struct Status {
 
 /// The sans-IO shape, for code that drives a node whatever runs it: the [`Node`] itself,
 /// or a host's sandbox around one (the wasm engine). A sandbox can fail on its own (a
-/// trap, exhausted fuel); from then on it takes no input and yields no output, and
+/// trap, its time bound exceeded); from then on it takes no input and yields no output, and
 /// [`Machine::failure`] says why.
 pub trait Machine {
     fn handle(&mut self, now: Nanos, input: Input) -> Result<(), HandleError>;

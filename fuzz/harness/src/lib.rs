@@ -133,9 +133,10 @@ fn answer(node: &mut Node, app: &mut Kv, now: Nanos) {
                     Input::Executed { seq, results, snapshot: snapshot.then(|| Application::snapshot(app)) },
                 )
             }
-            Output::Query { client, request, op } => {
-                node.handle(now, Input::Answered { client, request, result: Application::query(app, &op) })
-            }
+            Output::Query { client, request, op } => match Application::query(app, &op) {
+                Some(result) => node.handle(now, Input::Answered { client, request, result }),
+                None => Ok(()),
+            },
             Output::Restore { seq, snapshot } => Application::restore(app, seq, &snapshot)
                 .map_err(|_| phalanx_core::HandleError::Invalid("the host could not restore the snapshot".into())),
             _ => Ok(()),
@@ -153,8 +154,8 @@ pub fn decode(input: &[u8]) {
         2 => drop(phalanx_core::kv::Reply::decode(bytes)),
         3 => drop(Kv::restore(bytes)),
         4 => drop(NodeConfig::decode(bytes)),
-        5 => drop(phalanx_core::boundary::decode_inputs(bytes)),
-        6 => drop(phalanx_core::boundary::Round::decode(bytes)),
+        5 => drop(phalanx_core::boundary::decode_inputs(bytes.to_vec())),
+        6 => drop(phalanx_core::boundary::Round::decode(bytes.to_vec())),
         7 => drop(phalanx_core::boundary::decode_status(bytes)),
         _ => {
             if let Ok(record) = pb::OutputRecord::decode(bytes) {
