@@ -218,6 +218,13 @@ enum Event {
         nodes: Vec<NodeId>,
     },
     Heal,
+    /// Links, one way (sender, receiver), that start or stop holding what is sent on them.
+    CutLinks {
+        links: Vec<(NodeId, NodeId)>,
+    },
+    RestoreLinks {
+        links: Vec<(NodeId, NodeId)>,
+    },
     /// A keyed adversary sends an invented body; `left` more follow.
     Inject {
         host: usize,
@@ -310,6 +317,10 @@ pub struct Sim {
     /// Nodes cut off from the rest; messages across the cut wait for the heal.
     isolated: Vec<NodeId>,
     held: Vec<(usize, NodeId, Vec<u8>)>,
+    /// Links down one way (sender, receiver); what is sent on them waits until they are
+    /// back, with its real sender.
+    cut_links: BTreeSet<(NodeId, NodeId)>,
+    held_on_links: Vec<(usize, NodeId, NodeId, Vec<u8>)>,
     /// The faulty nodes, colluding, and what they have seen.
     faulty: BTreeSet<NodeId>,
     coalition: Coalition,
@@ -336,6 +347,8 @@ impl Sim {
             next_event: 0,
             isolated: Vec::new(),
             held: Vec::new(),
+            cut_links: BTreeSet::new(),
+            held_on_links: Vec::new(),
             faulty: BTreeSet::new(),
             coalition: Coalition::new([], vec![]),
             pool: Pool::default(),
@@ -480,6 +493,14 @@ impl Sim {
         self.schedule(until, Event::Heal);
     }
 
+    /// Takes the links `links` (sender, receiver) down, one way, from `from` until `until`:
+    /// what is sent on them arrives after `until`, as a host's queue sends it once its
+    /// connection is back.
+    pub fn cut_links(&mut self, from: Nanos, until: Nanos, links: Vec<(NodeId, NodeId)>) {
+        self.schedule(from, Event::CutLinks { links: links.clone() });
+        self.schedule(until, Event::RestoreLinks { links });
+    }
+
     /// Runs until no event is left or the clock passes `horizon`.
     pub fn run(&mut self, horizon: Nanos) {
         while let Some(entry) = self.events.first_entry() {
@@ -561,6 +582,19 @@ impl Sim {
             }
             Event::Isolate { nodes } => self.isolated = nodes,
             Event::Inject { host, left } => self.inject(host, left),
+            Event::CutLinks { links } => self.cut_links.extend(links),
+            Event::RestoreLinks { links } => {
+                for link in &links {
+                    self.cut_links.remove(link);
+                }
+                let (back, held) = std::mem::take(&mut self.held_on_links)
+                    .into_iter()
+                    .partition(|(to, _, real_from, _)| links.contains(&(*real_from, self.hosts[*to].id)));
+                self.held_on_links = held;
+                for (to, claimed_from, _, bytes) in back {
+                    self.transmit(to, claimed_from, bytes);
+                }
+            }
             Event::Heal => {
                 self.isolated.clear();
                 for (to, from, bytes) in std::mem::take(&mut self.held) {
@@ -817,6 +851,10 @@ impl Sim {
 
     fn transmit_from(&mut self, to: usize, claimed_from: NodeId, real_from: NodeId, bytes: Vec<u8>) {
         if self.now < self.net.lossy_until && self.rng.chance(self.net.drop_ppm) {
+            return;
+        }
+        if self.cut_links.contains(&(real_from, self.hosts[to].id)) {
+            self.held_on_links.push((to, claimed_from, real_from, bytes));
             return;
         }
         let cut = |id| self.isolated.contains(&id);
