@@ -710,6 +710,7 @@ impl Replica {
         if add_vote(votes(slot), from, d).is_err() {
             return ctx.fault(from, FaultKind::Equivocation);
         }
+        self.note_vote_ahead(ctx, v.seq);
         self.progress(ctx, now, v.seq);
     }
 

@@ -173,6 +173,24 @@ impl Replica {
         }
     }
 
+    /// A vote for slot `seq` of this view: if it is more than twice the pipeline beyond
+    /// what this replica handed to its host, its peers executed past that (a correct
+    /// primary proposes at most `pipeline` batches beyond what it executed), so this
+    /// replica asks for what it misses rather than wait for slots whose messages it never
+    /// got (say they were sent while it was down). Nothing it is told is taken on one
+    /// peer's word: asking is all a faulty voter can cause, at most every
+    /// `request_timeout_ns / 4`.
+    pub(super) fn note_vote_ahead(&mut self, ctx: &mut Ctx, seq: u64) {
+        let pipeline = ctx.cfg.cluster.params.pipeline as u64;
+        if seq <= self.delivered + 2 * pipeline {
+            return;
+        }
+        self.behind = self.behind.max(seq - pipeline);
+        if self.fetch_at.is_none() {
+            self.fetch_state(ctx);
+        }
+    }
+
     pub(super) fn catch_up_request(&mut self, ctx: &mut Ctx) {
         let seq = self.executed + 1;
         ctx.send_to_replicas(pb::body::Kind::FetchState(pb::FetchState { seq }), &[]);
@@ -281,6 +299,10 @@ impl Replica {
         };
         let newer = certified.filter(|c| c.seq > self.low);
         self.install_state(ctx, s.seq, state);
+        // Execution moved on (the requests the state holds are done): progress for the
+        // request timer, or a replica that can catch up only by state transfer (it hears
+        // too few peers for f+1 matching batches) suspects a working primary.
+        self.progress_at = now;
         match newer {
             Some(cert) => self.adopt_stable(ctx, cert, Some(s.state)),
             // The state of the checkpoint this replica saw become stable without it.
