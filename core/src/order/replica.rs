@@ -117,9 +117,10 @@ pub(crate) struct Replica {
     /// executed before a restart: it asks its peers what committed until it has executed
     /// that far.
     behind: u64,
-    /// Catch-up requests still owed after the start whether or not this replica knows it
-    /// is behind: the others may have ordered more while it was down.
-    start_asks: u32,
+    /// Catch-up requests still owed whether or not this replica knows it is behind: after
+    /// the start (the others may have ordered more while it was down), or after a vote far
+    /// ahead of what it executed.
+    asks_owed: u32,
     /// Requests (client, first, count) of each delivered batch awaiting their results.
     executing: BTreeMap<u64, Vec<(NodeId, u64, u64)>>,
     /// Snapshots this replica took at checkpoints not yet stable.
@@ -209,7 +210,7 @@ impl Replica {
             answer_from: 0,
             resumed: false,
             behind: 0,
-            start_asks: 0,
+            asks_owed: 0,
             executing: BTreeMap::new(),
             snapshots: BTreeMap::new(),
             checkpoint_votes: BTreeMap::new(),
@@ -842,7 +843,7 @@ impl Replica {
             return;
         }
         self.behind = self.behind.max(self.answer_from);
-        self.start_asks = START_ASKS;
+        self.asks_owed = START_ASKS;
         self.fetch_state(ctx);
         for body in self.own_votes(ctx, 0) {
             ctx.send_to_replicas(body, &[]);
