@@ -178,6 +178,8 @@ struct Host {
     /// synced; a restart runs a fresh node and application on it.
     run: SimHost,
     crashed: bool,
+    /// Stopped (SIGSTOP): what is for it waits, in order, until it runs again.
+    paused: Option<Vec<Event>>,
     /// Bumped on crash and on every reschedule, so stale timer events are ignored.
     timer_generation: u64,
     timer_at: Option<Nanos>,
@@ -218,6 +220,13 @@ enum Event {
         nodes: Vec<NodeId>,
     },
     Heal,
+    /// A host stops taking input (SIGSTOP), and runs again (SIGCONT).
+    Pause {
+        host: usize,
+    },
+    Continue {
+        host: usize,
+    },
     /// Links, one way (sender, receiver), that start or stop holding what is sent on them.
     CutLinks {
         links: Vec<(NodeId, NodeId)>,
@@ -407,6 +416,7 @@ impl Sim {
             serves,
             run: HostLoop::new(machine, MemoryStorage::default(), SimApp::default()),
             crashed: false,
+            paused: None,
             timer_generation: 0,
             timer_at: None,
             seen: Vec::new(),
@@ -493,6 +503,15 @@ impl Sim {
         self.schedule(until, Event::Heal);
     }
 
+    /// Stops `host` from `from` until `until`: its timers and whatever reaches it wait.
+    /// When it runs again its overdue timer fires first, as a process that was stopped
+    /// may find it due before it reads what queued on its sockets; then what waited
+    /// arrives, in order.
+    pub fn pause(&mut self, from: Nanos, until: Nanos, host: usize) {
+        self.schedule(from, Event::Pause { host });
+        self.schedule(until, Event::Continue { host });
+    }
+
     /// Takes the links `links` (sender, receiver) down, one way, from `from` until `until`:
     /// what is sent on them arrives after `until`, as a host's queue sends it once its
     /// connection is back.
@@ -514,6 +533,16 @@ impl Sim {
     }
 
     fn step(&mut self, event: Event) {
+        let target = match &event {
+            Event::Message { to, .. } => Some(*to),
+            Event::Timer { host, .. } | Event::Requests { host, .. } | Event::Sync { host, .. } => Some(*host),
+            Event::Inject { host, .. } => Some(*host),
+            _ => None,
+        };
+        if let Some(waiting) = target.and_then(|h| self.hosts[h].paused.as_mut()) {
+            waiting.push(event);
+            return;
+        }
         match event {
             Event::Message { to, from, bytes } => {
                 if self.faulty.contains(&self.hosts[to].id) {
@@ -582,6 +611,14 @@ impl Sim {
             }
             Event::Isolate { nodes } => self.isolated = nodes,
             Event::Inject { host, left } => self.inject(host, left),
+            Event::Pause { host } => self.hosts[host].paused = Some(Vec::new()),
+            Event::Continue { host } => {
+                let mut waiting = self.hosts[host].paused.take().unwrap_or_default();
+                waiting.sort_by_key(|e| !matches!(e, Event::Timer { .. }));
+                for event in waiting {
+                    self.step(event);
+                }
+            }
             Event::CutLinks { links } => self.cut_links.extend(links),
             Event::RestoreLinks { links } => {
                 for link in &links {

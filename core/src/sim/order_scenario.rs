@@ -66,6 +66,9 @@ pub struct Scenario {
     /// it (their connections to it still down after it restarted, until their reconnect
     /// back-off runs out); what they sent arrives then.
     pub deaf: Option<(Nanos, Nanos, NodeId, Vec<NodeId>)>,
+    /// A replica stopped (SIGSTOP) between two times: it takes no input meanwhile, and
+    /// its overdue timer fires before what queued for it arrives.
+    pub pause: Option<(NodeId, Nanos, Nanos)>,
     /// Nodes whose traces are recorded.
     pub record: Vec<NodeId>,
     /// Simulated time after which the run stops, finished or not.
@@ -130,6 +133,7 @@ impl Scenario {
             restarts: vec![],
             partition: None,
             deaf: None,
+            pause: None,
             record: vec![],
             horizon: 60_000 * MS,
         }
@@ -274,7 +278,7 @@ impl Scenario {
     pub fn stable_at(&self) -> Nanos {
         let workload = self.ops as Nanos * self.interval + self.clients as Nanos * 100_000 + 30 * MS;
         let partition = self.partition.as_ref().map_or(0, |p| p.1).max(self.deaf.as_ref().map_or(0, |d| d.1));
-        let crash = self.crash.iter().chain(&self.restarts).map(|c| c.2).max().unwrap_or(0);
+        let crash = self.crash.iter().chain(&self.restarts).chain(&self.pause).map(|c| c.2).max().unwrap_or(0);
         let lossy = if self.net.drop_ppm > 0 { self.net.lossy_until } else { 0 };
         workload.max(partition).max(crash).max(lossy)
     }
@@ -349,6 +353,9 @@ impl Scenario {
         }
         if let Some((from, until, nodes)) = &self.partition {
             sim.partition(*from, *until, nodes.clone());
+        }
+        if let Some((r, from, until)) = self.pause {
+            sim.pause(from, until, r as usize);
         }
         if let Some((from, until, r, senders)) = &self.deaf {
             sim.cut_links(*from, *until, senders.iter().map(|&s| (s, *r)).collect());
@@ -444,6 +451,9 @@ impl fmt::Display for Scenario {
         }
         if let Some((from, until, r, senders)) = &self.deaf {
             write!(f, " deaf=replica{r}/{senders:?}@{}ms..{}ms", from / MS, until / MS)?;
+        }
+        if let Some((r, from, until)) = self.pause {
+            write!(f, " pause=replica{r}@{}ms..{}ms", from / MS, until / MS)?;
         }
         Ok(())
     }
