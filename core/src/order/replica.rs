@@ -140,9 +140,10 @@ pub(crate) struct Replica {
     unproposed_requests: usize,
     unproposed_bytes: usize,
     /// When this replica next forwards the requests waiting for a batch to the primary
-    /// (the request timer's first stage), and the `progress_at` it last did so for.
+    /// (the request timer's first stage), and the `progress_at` it last did so for, and
+    /// when it did.
     forward_at: Option<Nanos>,
-    forwarded_for: Option<Nanos>,
+    forwarded: Option<(Nanos, Nanos)>,
     /// When this replica next suspects the primary (the second stage).
     suspect: Option<Nanos>,
     /// When to ask again for the state of a stable checkpoint not executed here.
@@ -221,7 +222,7 @@ impl Replica {
             unproposed_requests: 0,
             unproposed_bytes: 0,
             forward_at: None,
-            forwarded_for: None,
+            forwarded: None,
             suspect: None,
             // At once: `resume` asks the others what they committed, without waiting for
             // an input (an idle cluster sends none).
@@ -987,7 +988,8 @@ impl RoleMachine for Replica {
             self.fetch_state(ctx);
         }
         if self.forward_at.is_some_and(|d| d <= now) {
-            self.forward_waiting(ctx);
+            self.forward_waiting(ctx, now);
+            self.rearm(ctx);
         }
         if self.batch_deadline.is_some_and(|d| d <= now) {
             self.propose(ctx, now);
