@@ -507,6 +507,13 @@ impl<D: FnMut(Received) -> bool> Network<D> {
                 }
                 c.peer = Some(id);
                 c.rstart += 8;
+                // A replica that dials us is up: dial it back now, not when our back-off
+                // runs out (up to `reconnect_max`), or after a restart it hears nothing
+                // from us meanwhile while we hear it. Once per hello, so a peer claiming
+                // the id can cause no more dials than it makes connections.
+                if let Some(d) = self.dialers.get_mut(&id).filter(|d| d.conn.is_none()) {
+                    d.next_attempt = Instant::now();
+                }
                 let ids = self.by_id.entry(id).or_default();
                 ids.push(t);
                 // The newest connections claiming an id win; the oldest beyond the cap go.
@@ -580,6 +587,60 @@ impl<D: FnMut(Received) -> bool> Network<D> {
             if c.connected {
                 tracing::info!("connection to replica {id} lost");
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+    use std::thread;
+
+    use super::*;
+    use crate::local_cluster::free_ports;
+
+    /// A node on `port` that dials `peer` on `peer_port`, retrying at most once an hour.
+    fn node(
+        me: NodeId,
+        port: u16,
+        peer: NodeId,
+        peer_port: u16,
+    ) -> (Arc<Outbox>, mpsc::Receiver<Received>, thread::JoinHandle<io::Result<()>>) {
+        let loopback = |p: u16| SocketAddr::from(([127, 0, 0, 1], p));
+        let hour = Duration::from_secs(3600);
+        let cfg = NetConfig {
+            me,
+            listen: Some(loopback(port)),
+            dial: vec![(peer, loopback(peer_port))],
+            known: [me, peer].into(),
+            max_frame: 1024,
+            send_queue_bytes: 1 << 20,
+            reconnect_min: hour,
+            reconnect_max: hour,
+        };
+        let (tx, rx) = mpsc::channel();
+        let metrics = Arc::new(Metrics::new(me, &[me, peer]));
+        let (net, outbox) = Network::new(cfg, metrics, move |frames| tx.send(frames).is_ok()).expect("binds");
+        (outbox, rx, thread::spawn(move || net.run()))
+    }
+
+    /// A replica that restarts dials its peers at once; a peer whose own dial to it failed
+    /// while it was down dials back as soon as it hears it, not when its back-off runs
+    /// out (an hour here), so the restarted replica hears it too.
+    #[test]
+    fn a_peer_that_dials_in_is_dialled_back_at_once() {
+        let (base, held) = free_ports(2).expect("free loopback ports");
+        drop(held);
+        let (a_out, _a_in, a) = node(0, base, 1, base + 1);
+        a_out.send(&mut vec![(1, b"from a".to_vec())]);
+        // Node 1 is not up yet: node 0's first dial fails, the next is an hour away.
+        thread::sleep(Duration::from_millis(300));
+        let (b_out, b_in, b) = node(1, base + 1, 0, base);
+        let frames = b_in.recv_timeout(Duration::from_secs(20)).expect("node 0 dialled node 1 back");
+        assert_eq!(frames, vec![(0, b"from a".to_vec())]);
+        for (out, run) in [(a_out, a), (b_out, b)] {
+            out.shutdown();
+            run.join().expect("network thread").expect("network ran");
         }
     }
 }

@@ -113,12 +113,57 @@ fn a_restarting_backup_deposes_no_working_primary() {
         let mut s = Scenario { ops: 40, ..Scenario::new(f, 8) };
         s.params.request_timeout_ns = 50 * MS;
         s.crash = Some((s.n() - 1, 5 * MS, 12 * MS));
-        let outcome = assert_clean(&s);
-        assert_all_completed(&s, &outcome);
-        for r in 0..s.n() as usize {
-            let st = outcome.status[&r];
-            assert_eq!((st.view, st.view_changes), (0, 0), "{s}: replica {r}: {st:?}");
-        }
+        assert_no_view_change(&s);
+    }
+}
+
+/// Runs `s`: clean, every request completed, and every replica still in view 0.
+fn assert_no_view_change(s: &Scenario) {
+    let outcome = assert_clean(s);
+    assert_all_completed(s, &outcome);
+    for r in 0..s.n() as usize {
+        let st = outcome.status[&r];
+        assert_eq!((st.view, st.view_changes), (0, 0), "{s}: replica {r}: {st:?}");
+    }
+}
+
+/// The real-process form of the second half of finding 3: a backup restarts while the
+/// cluster keeps ordering, and for a while hears only one peer (the primary and another
+/// backup redial it only when their reconnect back-off runs out), so it can catch up by
+/// certified checkpoint states alone. It used to be sent bare newer states it could not
+/// check instead, wait for live slots it could not reach, suspect the working primary
+/// alone and stay out of the view: when another backup failed next, the primary had lost
+/// its quorum and the view changed (in every one of these seeds).
+#[test]
+fn a_restarted_backup_that_hears_one_peer_catches_up_without_suspecting_the_primary() {
+    for seed in 1..=10 {
+        backup_1_out_of_touch_then_backup_2_fails(seed, |s| {
+            s.crash = Some((1, 20 * MS, 40 * MS));
+            s.deaf = Some((40 * MS, 240 * MS, 1, vec![0, 3]));
+        });
+    }
+}
+
+/// Replica 1, a backup, out of touch for a while (as `setup` makes it) while the cluster
+/// keeps ordering, then replica 2 down for good: if replica 1 is back in view 0, the
+/// primary keeps its quorum and no view changes.
+fn backup_1_out_of_touch_then_backup_2_fails(seed: u64, setup: impl Fn(&mut Scenario)) {
+    let mut s = Scenario { ops: 400, ..Scenario::new(1, seed) };
+    s.params.request_timeout_ns = 50 * MS;
+    s.restarts = vec![(2, 300 * MS, 2_000 * MS)];
+    setup(&mut s);
+    assert_no_view_change(&s);
+}
+
+/// Finding 3 on real processes, once more: a backup stopped (SIGSTOP) for several request
+/// timeouts while the cluster keeps ordering runs again with its request timer long
+/// overdue. It used to suspect the working primary at once, before it read what queued
+/// meanwhile (which would have caught it up), and stay out of the view: when another
+/// backup failed next, the view changed.
+#[test]
+fn a_paused_backup_catches_up_before_it_suspects_the_primary() {
+    for seed in 1..=10 {
+        backup_1_out_of_touch_then_backup_2_fails(seed, |s| s.pause = Some((1, 40 * MS, 240 * MS)));
     }
 }
 

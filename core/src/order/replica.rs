@@ -117,9 +117,10 @@ pub(crate) struct Replica {
     /// executed before a restart: it asks its peers what committed until it has executed
     /// that far.
     behind: u64,
-    /// Catch-up requests still owed after the start whether or not this replica knows it
-    /// is behind: the others may have ordered more while it was down.
-    start_asks: u32,
+    /// Catch-up requests still owed whether or not this replica knows it is behind: after
+    /// the start (the others may have ordered more while it was down), or after a vote far
+    /// ahead of what it executed.
+    asks_owed: u32,
     /// Requests (client, first, count) of each delivered batch awaiting their results.
     executing: BTreeMap<u64, Vec<(NodeId, u64, u64)>>,
     /// Snapshots this replica took at checkpoints not yet stable.
@@ -139,9 +140,10 @@ pub(crate) struct Replica {
     unproposed_requests: usize,
     unproposed_bytes: usize,
     /// When this replica next forwards the requests waiting for a batch to the primary
-    /// (the request timer's first stage), and the `progress_at` it last did so for.
+    /// (the request timer's first stage), and the `progress_at` it last did so for, and
+    /// when it did.
     forward_at: Option<Nanos>,
-    forwarded_for: Option<Nanos>,
+    forwarded: Option<(Nanos, Nanos)>,
     /// When this replica next suspects the primary (the second stage).
     suspect: Option<Nanos>,
     /// When to ask again for the state of a stable checkpoint not executed here.
@@ -213,7 +215,7 @@ impl Replica {
             answer_from: 0,
             resumed: false,
             behind: 0,
-            start_asks: 0,
+            asks_owed: 0,
             executing: BTreeMap::new(),
             snapshots: BTreeMap::new(),
             checkpoint_votes: BTreeMap::new(),
@@ -224,7 +226,7 @@ impl Replica {
             unproposed_requests: 0,
             unproposed_bytes: 0,
             forward_at: None,
-            forwarded_for: None,
+            forwarded: None,
             suspect: None,
             // At once: `resume` asks the others what they committed, without waiting for
             // an input (an idle cluster sends none).
@@ -754,6 +756,7 @@ impl Replica {
         if add_vote(votes(slot), from, d).is_err() {
             return ctx.fault(from, FaultKind::Equivocation);
         }
+        self.note_vote_ahead(ctx, v.seq);
         self.progress(ctx, now, v.seq);
     }
 
@@ -888,7 +891,7 @@ impl Replica {
             return;
         }
         self.behind = self.behind.max(self.answer_from);
-        self.start_asks = START_ASKS;
+        self.asks_owed = START_ASKS;
         self.fetch_state(ctx);
         for body in self.own_votes(ctx, 0) {
             ctx.send_to_replicas(body, &[]);
@@ -1032,7 +1035,8 @@ impl RoleMachine for Replica {
             self.fetch_state(ctx);
         }
         if self.forward_at.is_some_and(|d| d <= now) {
-            self.forward_waiting(ctx);
+            self.forward_waiting(ctx, now);
+            self.rearm(ctx);
         }
         if self.batch_deadline.is_some_and(|d| d <= now) {
             self.propose(ctx, now);

@@ -181,6 +181,8 @@ struct Host {
     /// synced; a restart runs a fresh node and application on it.
     run: SimHost,
     crashed: bool,
+    /// Stopped (SIGSTOP): what is for it waits, in order, until it runs again.
+    paused: Option<Vec<Event>>,
     /// Bumped on crash and on every reschedule, so stale timer events are ignored.
     timer_generation: u64,
     timer_at: Option<Nanos>,
@@ -221,6 +223,20 @@ enum Event {
         nodes: Vec<NodeId>,
     },
     Heal,
+    /// A host stops taking input (SIGSTOP), and runs again (SIGCONT).
+    Pause {
+        host: usize,
+    },
+    Continue {
+        host: usize,
+    },
+    /// Links, one way (sender, receiver), that start or stop holding what is sent on them.
+    CutLinks {
+        links: Vec<(NodeId, NodeId)>,
+    },
+    RestoreLinks {
+        links: Vec<(NodeId, NodeId)>,
+    },
     /// A keyed adversary sends an invented body; `left` more follow.
     Inject {
         host: usize,
@@ -325,6 +341,10 @@ pub struct Sim {
     /// Nodes cut off from the rest; messages across the cut wait for the heal.
     isolated: Vec<NodeId>,
     held: Vec<(usize, NodeId, Vec<u8>)>,
+    /// Links down one way (sender, receiver); what is sent on them waits until they are
+    /// back, with its real sender.
+    cut_links: BTreeSet<(NodeId, NodeId)>,
+    held_on_links: Vec<(usize, NodeId, NodeId, Vec<u8>)>,
     /// The faulty nodes, colluding, and what they have seen.
     faulty: BTreeSet<NodeId>,
     coalition: Coalition,
@@ -353,6 +373,8 @@ impl Sim {
             next_event: 0,
             isolated: Vec::new(),
             held: Vec::new(),
+            cut_links: BTreeSet::new(),
+            held_on_links: Vec::new(),
             faulty: BTreeSet::new(),
             coalition: Coalition::new([], vec![]),
             pool: Pool::default(),
@@ -412,6 +434,7 @@ impl Sim {
             serves,
             run: HostLoop::new(machine, MemoryStorage::default(), SimApp::default()),
             crashed: false,
+            paused: None,
             timer_generation: 0,
             timer_at: None,
             seen: Vec::new(),
@@ -498,6 +521,23 @@ impl Sim {
         self.schedule(until, Event::Heal);
     }
 
+    /// Stops `host` from `from` until `until`: its timers and whatever reaches it wait.
+    /// When it runs again its overdue timer fires first, as a process that was stopped
+    /// may find it due before it reads what queued on its sockets; then what waited
+    /// arrives, in order.
+    pub fn pause(&mut self, from: Nanos, until: Nanos, host: usize) {
+        self.schedule(from, Event::Pause { host });
+        self.schedule(until, Event::Continue { host });
+    }
+
+    /// Takes the links `links` (sender, receiver) down, one way, from `from` until `until`:
+    /// what is sent on them arrives after `until`, as a host's queue sends it once its
+    /// connection is back.
+    pub fn cut_links(&mut self, from: Nanos, until: Nanos, links: Vec<(NodeId, NodeId)>) {
+        self.schedule(from, Event::CutLinks { links: links.clone() });
+        self.schedule(until, Event::RestoreLinks { links });
+    }
+
     /// Runs until no event is left or the clock passes `horizon`.
     pub fn run(&mut self, horizon: Nanos) {
         while let Some(entry) = self.events.first_entry() {
@@ -511,6 +551,16 @@ impl Sim {
     }
 
     fn step(&mut self, event: Event) {
+        let target = match &event {
+            Event::Message { to, .. } => Some(*to),
+            Event::Timer { host, .. } | Event::Requests { host, .. } | Event::Sync { host, .. } => Some(*host),
+            Event::Inject { host, .. } => Some(*host),
+            _ => None,
+        };
+        if let Some(waiting) = target.and_then(|h| self.hosts[h].paused.as_mut()) {
+            waiting.push(event);
+            return;
+        }
         match event {
             Event::Message { to, from, bytes } => {
                 if self.faulty.contains(&self.hosts[to].id) {
@@ -579,6 +629,27 @@ impl Sim {
             }
             Event::Isolate { nodes } => self.isolated = nodes,
             Event::Inject { host, left } => self.inject(host, left),
+            Event::Pause { host } => self.hosts[host].paused = Some(Vec::new()),
+            Event::Continue { host } => {
+                let mut waiting = self.hosts[host].paused.take().unwrap_or_default();
+                waiting.sort_by_key(|e| !matches!(e, Event::Timer { .. }));
+                for event in waiting {
+                    self.step(event);
+                }
+            }
+            Event::CutLinks { links } => self.cut_links.extend(links),
+            Event::RestoreLinks { links } => {
+                for link in &links {
+                    self.cut_links.remove(link);
+                }
+                let (back, held) = std::mem::take(&mut self.held_on_links)
+                    .into_iter()
+                    .partition(|(to, _, real_from, _)| links.contains(&(*real_from, self.hosts[*to].id)));
+                self.held_on_links = held;
+                for (to, claimed_from, _, bytes) in back {
+                    self.transmit(to, claimed_from, bytes);
+                }
+            }
             Event::Heal => {
                 self.isolated.clear();
                 for (to, from, bytes) in std::mem::take(&mut self.held) {
@@ -857,6 +928,10 @@ impl Sim {
 
     fn transmit_from(&mut self, to: usize, claimed_from: NodeId, real_from: NodeId, bytes: Vec<u8>) {
         if self.now < self.net.lossy_until && self.rng.chance(self.net.drop_ppm) {
+            return;
+        }
+        if self.cut_links.contains(&(real_from, self.hosts[to].id)) {
+            self.held_on_links.push((to, claimed_from, real_from, bytes));
             return;
         }
         let cut = |id| self.isolated.contains(&id);

@@ -62,6 +62,13 @@ pub struct Scenario {
     pub restarts: Vec<(NodeId, Nanos, Nanos)>,
     /// Nodes cut off from the rest between two times; held messages arrive at the heal.
     pub partition: Option<(Nanos, Nanos, Vec<NodeId>)>,
+    /// A replica that hears nothing from these nodes between two times, though they hear
+    /// it (their connections to it still down after it restarted, until their reconnect
+    /// back-off runs out); what they sent arrives then.
+    pub deaf: Option<(Nanos, Nanos, NodeId, Vec<NodeId>)>,
+    /// A replica stopped (SIGSTOP) between two times: it takes no input meanwhile, and
+    /// its overdue timer fires before what queued for it arrives.
+    pub pause: Option<(NodeId, Nanos, Nanos)>,
     /// Nodes whose traces are recorded.
     pub record: Vec<NodeId>,
     /// Simulated time after which the run stops, finished or not.
@@ -125,6 +132,8 @@ impl Scenario {
             crash: None,
             restarts: vec![],
             partition: None,
+            deaf: None,
+            pause: None,
             record: vec![],
             horizon: 60_000 * MS,
         }
@@ -268,8 +277,8 @@ impl Scenario {
     /// little after the workload's last submission). Faulty replicas go on lying.
     pub fn stable_at(&self) -> Nanos {
         let workload = self.ops as Nanos * self.interval + self.clients as Nanos * 100_000 + 30 * MS;
-        let partition = self.partition.as_ref().map_or(0, |p| p.1);
-        let crash = self.crash.iter().chain(&self.restarts).map(|c| c.2).max().unwrap_or(0);
+        let partition = self.partition.as_ref().map_or(0, |p| p.1).max(self.deaf.as_ref().map_or(0, |d| d.1));
+        let crash = self.crash.iter().chain(&self.restarts).chain(&self.pause).map(|c| c.2).max().unwrap_or(0);
         let lossy = if self.net.drop_ppm > 0 { self.net.lossy_until } else { 0 };
         workload.max(partition).max(crash).max(lossy)
     }
@@ -344,6 +353,12 @@ impl Scenario {
         }
         if let Some((from, until, nodes)) = &self.partition {
             sim.partition(*from, *until, nodes.clone());
+        }
+        if let Some((r, from, until)) = self.pause {
+            sim.pause(from, until, r as usize);
+        }
+        if let Some((from, until, r, senders)) = &self.deaf {
+            sim.cut_links(*from, *until, senders.iter().map(|&s| (s, *r)).collect());
         }
         // Lying clients fall silent when the network stabilises.
         let n_all = self.n() + self.clients + self.colluders;
@@ -433,6 +448,12 @@ impl fmt::Display for Scenario {
         }
         if let Some((from, until, nodes)) = &self.partition {
             write!(f, " partition={nodes:?}@{}ms..{}ms", from / MS, until / MS)?;
+        }
+        if let Some((from, until, r, senders)) = &self.deaf {
+            write!(f, " deaf=replica{r}/{senders:?}@{}ms..{}ms", from / MS, until / MS)?;
+        }
+        if let Some((r, from, until)) = self.pause {
+            write!(f, " pause=replica{r}@{}ms..{}ms", from / MS, until / MS)?;
         }
         Ok(())
     }

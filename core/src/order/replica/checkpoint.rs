@@ -162,14 +162,31 @@ impl Replica {
     /// Asks the other replicas for what this replica has not executed: the state of the
     /// stable checkpoint if it is behind it, or batches it knows committed elsewhere
     /// (`behind`, which after a restart covers what it may have executed before); asked
-    /// again every `request_timeout_ns / 4` until done. After it starts it also asks a few
-    /// times regardless (`start_asks`).
+    /// again every `request_timeout_ns / 4` until done. It also asks as often as it owes
+    /// (`asks_owed`), regardless.
     pub(super) fn fetch_state(&mut self, ctx: &mut Ctx) {
         self.fetch_at = None;
-        if self.executed < self.low.max(self.behind) || self.start_asks > 0 {
-            self.start_asks = self.start_asks.saturating_sub(1);
+        if self.executed < self.low.max(self.behind) || self.asks_owed > 0 {
+            self.asks_owed = self.asks_owed.saturating_sub(1);
             self.catch_up_request(ctx);
             self.fetch_at = Some(self.last_now.saturating_add(ctx.cfg.cluster.params.request_timeout_ns / 4));
+        }
+    }
+
+    /// A vote for slot `seq` of this view: if it is more than twice the pipeline beyond
+    /// what this replica handed to its host, its peers executed past that (a correct
+    /// primary proposes at most `pipeline` batches beyond what it executed), so this
+    /// replica asks for what it misses rather than wait for slots whose messages it never
+    /// got (say they were sent while it was down). One ask more is owed per such vote, at
+    /// most one every `request_timeout_ns / 4`: a faulty voter gets no more asks than it
+    /// sends votes, and nothing it says is adopted on its word.
+    pub(super) fn note_vote_ahead(&mut self, ctx: &mut Ctx, seq: u64) {
+        if seq <= self.delivered + 2 * ctx.cfg.cluster.params.pipeline as u64 {
+            return;
+        }
+        self.asks_owed = self.asks_owed.max(1);
+        if self.fetch_at.is_none() {
+            self.fetch_state(ctx);
         }
     }
 
@@ -178,17 +195,20 @@ impl Replica {
         ctx.send_to_replicas(pb::body::Kind::FetchState(pb::FetchState { seq }), &[]);
     }
 
-    /// Answers a replica that lacks `f.seq` onwards: the state at the newest checkpoint
-    /// at or after it (certified if stable here, else bare: the fetcher checks it against
-    /// its own certificate or f+1 matching offers), then the committed batches after, then
-    /// its votes for the slots after those.
+    /// Answers a replica that lacks `f.seq` onwards: the state of the stable checkpoint if
+    /// it is at or after `f.seq`, with its certificate, else the state at the newest
+    /// checkpoint at or after it this replica took, bare (the fetcher checks it against its
+    /// own certificate or f+1 matching offers); then the committed batches after, then its
+    /// votes for the slots after those. The certified state is sent rather than a newer
+    /// bare one: it needs nobody else's word, and a fetcher that hears fewer than
+    /// f+1 peers (say their connections to it are not back yet) gets no other.
     pub(super) fn on_fetch_state(&mut self, ctx: &mut Ctx, from: NodeId, f: pb::FetchState) {
         let stable = match (&self.stable, &self.stable_snapshot) {
             (Some(cert), Some(state)) if cert.seq >= f.seq => Some((cert.seq, Some(cert.clone()), state.clone())),
             _ => None,
         };
-        let own = self.snapshots.range(f.seq..).next_back().map(|(&seq, (_, state))| (seq, None, state.clone()));
-        let state = stable.into_iter().chain(own).max_by_key(|(seq, _, _)| *seq);
+        let state = stable
+            .or_else(|| self.snapshots.range(f.seq..).next_back().map(|(&seq, (_, state))| (seq, None, state.clone())));
         let after = state.as_ref().map_or(f.seq, |(seq, _, _)| seq + 1);
         if let Some((seq, checkpoint, state)) = state {
             ctx.send(pb::body::Kind::State(Box::new(pb::State { seq, checkpoint, state })), [from]);
@@ -281,6 +301,10 @@ impl Replica {
         };
         let newer = certified.filter(|c| c.seq > self.low);
         self.install_state(ctx, s.seq, state);
+        // Execution moved on (the requests the state holds are done): progress for the
+        // request timer, or a replica that can catch up only by state transfer (it hears
+        // too few peers for f+1 matching batches) suspects a working primary.
+        self.progress_at = now;
         match newer {
             Some(cert) => self.adopt_stable(ctx, cert, Some(s.state)),
             // The state of the checkpoint this replica saw become stable without it.

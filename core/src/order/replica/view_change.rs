@@ -153,13 +153,18 @@ impl Replica {
     pub(super) fn rearm(&mut self, ctx: &Ctx) {
         let timeout = self.backed_off(ctx);
         let waiting = self.changing.is_none() && self.waiting > 0;
-        let forwarded = self.forwarded_for == Some(self.progress_at);
-        self.forward_at =
-            (waiting && !forwarded && !self.is_primary(ctx)).then(|| self.progress_at.saturating_add(timeout / 2));
+        let forwarded = self.forwarded.filter(|(progress_at, _)| *progress_at == self.progress_at).map(|(_, at)| at);
+        self.forward_at = (waiting && forwarded.is_none() && !self.is_primary(ctx))
+            .then(|| self.progress_at.saturating_add(timeout / 2));
         self.suspect = match &self.changing {
             Some(c) => Some(c.deadline.map_or(c.retry_at, |d| d.min(c.retry_at))),
             None if self.waiting == 0 => None,
-            None => Some(self.progress_at.saturating_add(timeout)),
+            // Half the timeout after the first stage at the soonest: a backup whose first
+            // stage ran late (it was paused, say) gets what queued meanwhile in first, or it
+            // would suspect a working primary the moment it runs again.
+            None => {
+                Some(self.progress_at.saturating_add(timeout)).max(forwarded.map(|at| at.saturating_add(timeout / 2)))
+            }
         };
     }
 
@@ -204,8 +209,8 @@ impl Replica {
 
     /// The request timer's first stage: every request this replica holds that no batch
     /// of its log carries goes to the primary, once per stretch without progress.
-    pub(super) fn forward_waiting(&mut self, ctx: &mut Ctx) {
-        self.forwarded_for = Some(self.progress_at);
+    pub(super) fn forward_waiting(&mut self, ctx: &mut Ctx, now: Nanos) {
+        self.forwarded = Some((self.progress_at, now));
         let primary = primary(&self.replicas, self.view);
         let waiting: Vec<pb::Requests> = self
             .queues
