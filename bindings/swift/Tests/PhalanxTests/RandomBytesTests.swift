@@ -57,6 +57,8 @@ final class RandomBytesTests: XCTestCase {
                 }
                 try replica.handle(now: 0, input: .message(from: 4, bytes: bytes))
                 for output in replica.drain() {
+                    // A replica's first input also sends its catch-up asks to the other replicas.
+                    if case .send(let to, _) = output, to != 4 { continue }
                     guard case .fault(let node, _) = output else { return XCTFail("\(output)") }
                     XCTAssertEqual(node, 4)
                 }
