@@ -340,11 +340,12 @@ pub struct Sim {
     next_event: u64,
     /// Nodes cut off from the rest; messages across the cut wait for the heal.
     isolated: Vec<NodeId>,
-    held: Vec<(usize, NodeId, Vec<u8>)>,
     /// Links down one way (sender, receiver); what is sent on them waits until they are
-    /// back, with its real sender.
+    /// back.
     cut_links: BTreeSet<(NodeId, NodeId)>,
-    held_on_links: Vec<(usize, NodeId, NodeId, Vec<u8>)>,
+    /// What the cut or the links hold, in the order sent: (to, claimed sender, real
+    /// sender, bytes).
+    held: Vec<(usize, NodeId, NodeId, Vec<u8>)>,
     /// The faulty nodes, colluding, and what they have seen.
     faulty: BTreeSet<NodeId>,
     coalition: Coalition,
@@ -372,9 +373,8 @@ impl Sim {
             events: BTreeMap::new(),
             next_event: 0,
             isolated: Vec::new(),
-            held: Vec::new(),
             cut_links: BTreeSet::new(),
-            held_on_links: Vec::new(),
+            held: Vec::new(),
             faulty: BTreeSet::new(),
             coalition: Coalition::new([], vec![]),
             pool: Pool::default(),
@@ -642,20 +642,29 @@ impl Sim {
                 for link in &links {
                     self.cut_links.remove(link);
                 }
-                let (back, held) = std::mem::take(&mut self.held_on_links)
-                    .into_iter()
-                    .partition(|(to, _, real_from, _)| links.contains(&(*real_from, self.hosts[*to].id)));
-                self.held_on_links = held;
-                for (to, claimed_from, _, bytes) in back {
-                    self.transmit(to, claimed_from, bytes);
-                }
+                self.release_held();
             }
             Event::Heal => {
                 self.isolated.clear();
-                for (to, from, bytes) in std::mem::take(&mut self.held) {
-                    self.transmit(to, from, bytes);
-                }
+                self.release_held();
             }
+        }
+    }
+
+    /// Whether the partition or a cut link holds what `real_from` sends to `to`.
+    fn blocked(&self, real_from: NodeId, to: NodeId) -> bool {
+        let cut = |id| self.isolated.contains(&id);
+        self.cut_links.contains(&(real_from, to)) || cut(real_from) != cut(to)
+    }
+
+    /// Sends on, in order, what was held and may pass now.
+    fn release_held(&mut self) {
+        let (pass, held): (Vec<_>, Vec<_>) = std::mem::take(&mut self.held)
+            .into_iter()
+            .partition(|(to, _, real_from, _)| !self.blocked(*real_from, self.hosts[*to].id));
+        self.held = held;
+        for (to, claimed_from, _, bytes) in pass {
+            self.transmit(to, claimed_from, bytes);
         }
     }
 
@@ -930,13 +939,8 @@ impl Sim {
         if self.now < self.net.lossy_until && self.rng.chance(self.net.drop_ppm) {
             return;
         }
-        if self.cut_links.contains(&(real_from, self.hosts[to].id)) {
-            self.held_on_links.push((to, claimed_from, real_from, bytes));
-            return;
-        }
-        let cut = |id| self.isolated.contains(&id);
-        if cut(real_from) != cut(self.hosts[to].id) {
-            self.held.push((to, claimed_from, bytes));
+        if self.blocked(real_from, self.hosts[to].id) {
+            self.held.push((to, claimed_from, real_from, bytes));
             return;
         }
         if self.rng.chance(self.net.duplicate_ppm) {
