@@ -142,11 +142,8 @@ pub fn run(a: DemoArgs) -> Result<(), String> {
         let _ = client.stop();
         result
     })();
-    drop(cluster);
-    if a.keep || result.is_err() {
-        println!("kept {}", dir.display());
-    } else {
-        let _ = std::fs::remove_dir_all(&dir);
+    if let Some(kept) = cluster.close(a.keep || result.is_err()) {
+        println!("kept {}", kept.display());
     }
     result
 }

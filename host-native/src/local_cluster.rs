@@ -379,6 +379,17 @@ impl LocalCluster {
     pub fn replicas(&self) -> usize {
         self.procs.len()
     }
+
+    /// Stops the replicas, then removes the cluster's directory unless `keep`: returns the
+    /// directory if it is kept.
+    pub fn close(self, keep: bool) -> Option<PathBuf> {
+        let dir = self.dir.clone();
+        drop(self);
+        if !keep {
+            let _ = fs::remove_dir_all(&dir);
+        }
+        keep.then_some(dir)
+    }
 }
 
 impl Drop for LocalCluster {

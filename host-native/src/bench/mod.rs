@@ -153,15 +153,8 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
         }
         bench(&a, &cluster, &command, &stamp)
     })();
-    if let Some(local) = local {
-        let dir = local.dir.clone();
-        // Kills the replica processes.
-        drop(local);
-        if a.keep || result.is_err() {
-            eprintln!("kept {}", dir.display());
-        } else {
-            let _ = std::fs::remove_dir_all(&dir);
-        }
+    if let Some(kept) = local.and_then(|local| local.close(a.keep || result.is_err())) {
+        eprintln!("kept {}", kept.display());
     }
     result
 }

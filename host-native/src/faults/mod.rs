@@ -221,11 +221,8 @@ fn run_seed(a: &FaultsArgs, seed: u64) -> Result<Report, String> {
     let spec = LocalSpec { clients: a.clients + 1, crypto, params: Params::default(), ..LocalSpec::default() };
     let mut cluster = LocalCluster::create(&dir, &spec, &binary)?;
     let result = run_cluster(a, seed, &mut cluster);
-    drop(cluster);
-    if a.keep || !result.as_ref().is_ok_and(Report::passed) {
-        println!("kept {}", dir.display());
-    } else {
-        let _ = std::fs::remove_dir_all(&dir);
+    if let Some(kept) = cluster.close(a.keep || !result.as_ref().is_ok_and(Report::passed)) {
+        println!("kept {}", kept.display());
     }
     result
 }
