@@ -120,15 +120,15 @@ impl Client<'_> {
         Ok(Some(request))
     }
 
-    /// Waits up to `timeout` for the next answer and records it; `Ok(None)` on timeout.
-    fn absorb(&mut self, timeout: Duration) -> Result<Option<u64>, String> {
+    /// Waits up to `timeout` for the next answer and records it; whether one came.
+    fn absorb(&mut self, timeout: Duration) -> Result<bool, String> {
         let (request, result) = match self.client.next_completion(timeout) {
             Ok(done) => done,
-            Err(ClientError::Timeout { .. }) => return Ok(None),
+            Err(ClientError::Timeout { .. }) => return Ok(false),
             Err(e) => return Err(format!("client {}: {e}", self.id)),
         };
         let at = self.setup.now();
-        let Some(i) = self.pending.remove(&request) else { return Ok(Some(request)) };
+        let Some(i) = self.pending.remove(&request) else { return Ok(true) };
         let record = &mut self.records[i];
         let ret = match (Reply::decode(&result), &record.op.call) {
             (Ok(Reply::Value(v)), Call::Put(_) | Call::Get | Call::Delete) => Return::Value(v),
@@ -138,32 +138,34 @@ impl Client<'_> {
             }
         };
         record.op.completed = Some((at, ret));
-        Ok(Some(request))
+        Ok(true)
+    }
+
+    /// Records answers while `waiting` holds of the pending operations, at most `patience`.
+    fn absorb_while(
+        &mut self,
+        patience: Duration,
+        waiting: impl Fn(&BTreeMap<u64, usize>) -> bool,
+    ) -> Result<(), String> {
+        let deadline = Instant::now() + patience;
+        while waiting(&self.pending) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || !self.absorb(left)? {
+                break;
+            }
+        }
+        Ok(())
     }
 
     /// Waits for `request`'s answer (recording any other that comes first), at most the
     /// operation timeout.
     fn wait_for(&mut self, request: u64) -> Result<(), String> {
-        let deadline = Instant::now() + self.setup.op_timeout;
-        while self.pending.contains_key(&request) {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() || self.absorb(left)?.is_none() {
-                return Ok(());
-            }
-        }
-        Ok(())
+        self.absorb_while(self.setup.op_timeout, |pending| pending.contains_key(&request))
     }
 
     /// Waits up to `patience` for every pending operation's answer.
     fn drain(&mut self, patience: Duration) -> Result<(), String> {
-        let deadline = Instant::now() + patience;
-        while !self.pending.is_empty() {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() || self.absorb(left)?.is_none() {
-                break;
-            }
-        }
-        Ok(())
+        self.absorb_while(patience, |pending| !pending.is_empty())
     }
 
     fn stop(self) -> Vec<Record> {
