@@ -140,28 +140,9 @@ impl Wal {
             file.sync_data().map_err(io_err(&path, "sync"))?;
             return Ok((Wal::with_file(dir, file, MAGIC.len() as u64, Vec::new()), Vec::new()));
         }
-        if data.len() < MAGIC.len() || data[..MAGIC.len()] != MAGIC {
-            let reason = "missing PHXWAL01 header (not a Phalanx log?)".to_string();
-            return Err(StorageError::Corrupt { path, offset: 0, reason });
-        }
-
-        let mut records = Vec::new();
-        let mut starts = Vec::new();
-        let mut off = MAGIC.len();
-        let mut damage = None;
-        while off < data.len() {
-            match parse(&data, off) {
-                Ok(rec) => {
-                    records.push(rec.to_vec());
-                    starts.push(off as u64);
-                    off += HEADER + rec.len();
-                }
-                Err(reason) => {
-                    damage = Some(reason);
-                    break;
-                }
-            }
-        }
+        let (intact, off, damage) = intact_records(&path, &data)?;
+        let starts = intact.iter().map(|&(start, _)| start as u64).collect();
+        let records = intact.into_iter().map(|(_, rec)| rec.to_vec()).collect();
         if let Some(reason) = damage {
             let discarded = data.len() - off;
             match intact_after(&data, off) {
@@ -364,17 +345,10 @@ fn too_long(len: usize) -> io::Error {
 /// (`None` if it holds none): for tools that damage a log on purpose, as the
 /// fault-injection suite does.
 pub fn last_record(dir: &Path) -> Result<Option<std::ops::Range<u64>>, StorageError> {
-    let path = dir.join(LOG_NAME);
+    let path = log_path(dir);
     let data = fs::read(&path).map_err(io_err(&path, "read"))?;
-    if data.len() < MAGIC.len() || data[..MAGIC.len()] != MAGIC {
-        return Err(StorageError::Corrupt { path, offset: 0, reason: "missing PHXWAL01 header".into() });
-    }
-    let (mut off, mut last) = (MAGIC.len(), None);
-    while let Ok(record) = parse(&data, off) {
-        last = Some(off as u64..(off + HEADER + record.len()) as u64);
-        off += HEADER + record.len();
-    }
-    Ok(last)
+    let (intact, end, _) = intact_records(&path, &data)?;
+    Ok(intact.last().map(|&(start, _)| start as u64..end as u64))
 }
 
 /// The path of the log in `dir`.
@@ -441,6 +415,30 @@ fn checksum(len: [u8; 4], record: &[u8]) -> [u8; 8] {
     let mut sum = [0; 8];
     sum.copy_from_slice(&h.finalize().as_bytes()[..8]);
     sum
+}
+
+/// The intact records of `data`, the bytes of the log at `path`, each with its offset,
+/// from the header to the end or the first damage: where they end, and why if before the
+/// end.
+fn intact_records<'a>(
+    path: &Path,
+    data: &'a [u8],
+) -> Result<(Vec<(usize, &'a [u8])>, usize, Option<String>), StorageError> {
+    if data.len() < MAGIC.len() || data[..MAGIC.len()] != MAGIC {
+        let reason = "missing PHXWAL01 header (not a Phalanx log?)".to_string();
+        return Err(StorageError::Corrupt { path: path.to_path_buf(), offset: 0, reason });
+    }
+    let (mut intact, mut off) = (Vec::new(), MAGIC.len());
+    while off < data.len() {
+        match parse(data, off) {
+            Ok(rec) => {
+                intact.push((off, rec));
+                off += HEADER + rec.len();
+            }
+            Err(reason) => return Ok((intact, off, Some(reason))),
+        }
+    }
+    Ok((intact, off, None))
 }
 
 /// The record at `off`, or why there is no intact record there.
@@ -553,6 +551,19 @@ mod tests {
         let (wal, got) = Wal::open(&d.0, Recovery::Strict).unwrap();
         assert_eq!(got, want);
         assert_eq!((wal.records(), wal.len_bytes()), (21, len));
+    }
+
+    #[test]
+    fn last_record_is_the_last_intact_one() {
+        let d = TempDir::new("last");
+        let records = recs(3);
+        drop(write(&d.0, &records));
+        let last = offset_of(&records, 2)..offset_of(&records, 3);
+        assert_eq!(last_record(&d.0).unwrap(), Some(last.clone()));
+        // A torn copy of it after it is no record.
+        let mut f = File::options().append(true).open(d.log()).unwrap();
+        f.write_all(&fs::read(d.log()).unwrap()[last.start as usize..last.end as usize - 1]).unwrap();
+        assert_eq!(last_record(&d.0).unwrap(), Some(last));
     }
 
     #[test]
