@@ -403,12 +403,10 @@ impl From<core::Output> for Output {
             O::Query { client, request, op } => Output::Query { client, request: U64(request), op: Bytes(op) },
             O::Restore { seq, snapshot } => Output::Restore { seq: U64(seq), snapshot: Bytes(snapshot) },
             O::Compact { token } => Output::Compact { token: U64(token) },
-            O::Delivered(batch) => Output::Delivered {
-                height: U64(batch.height),
-                ids: batch.entries().map(|(id, _, _)| U64(id)).collect(),
-                seqs: batch.seqs.iter().copied().map(U64).collect(),
-                msgs: batch.entries().map(|(_, _, msg)| Bytes(msg.to_vec())).collect(),
-            },
+            O::Delivered(batch) => {
+                let (ids, msgs) = batch.entries().map(|(id, _, msg)| (U64(id), Bytes(msg.to_vec()))).unzip();
+                Output::Delivered { height: U64(batch.height), ids, seqs: batch.seqs.into_iter().map(U64).collect(), msgs }
+            }
         }
     }
 }

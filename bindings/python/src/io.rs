@@ -241,12 +241,10 @@ impl Output {
             CoreOutput::Query { client, request, op } => Output::Query { client, request, op: Buf(op) },
             CoreOutput::Restore { seq, snapshot } => Output::Restore { seq, snapshot: Buf(snapshot) },
             CoreOutput::Compact { token } => Output::Compact { token },
-            CoreOutput::Delivered(batch) => Output::Delivered {
-                height: batch.height,
-                ids: batch.entries().map(|(id, _, _)| id).collect(),
-                seqs: batch.seqs.clone(),
-                msgs: batch.entries().map(|(_, _, msg)| Buf(msg.to_vec())).collect(),
-            },
+            CoreOutput::Delivered(batch) => {
+                let (ids, msgs) = batch.entries().map(|(id, _, msg)| (id, Buf(msg.to_vec()))).unzip();
+                Output::Delivered { height: batch.height, ids, seqs: batch.seqs, msgs }
+            }
         }
     }
 }
