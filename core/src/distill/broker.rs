@@ -143,7 +143,7 @@ impl Broker {
                     self.take_reductions(ctx, now);
                 }
             }
-            (Frame::Lanes(l), Some(_)) => self.on_lanes(ctx, from, l),
+            (Frame::Lanes(l), Some(_)) => self.on_lanes(from, l),
             (Frame::WitnessShard(w), Some(i)) => self.on_witness_shard(ctx, now, i, w),
             (Frame::DeliveryShard(d), Some(i)) => self.on_delivery_shard(ctx, i, d),
             (_, _) => ctx.fault(from, FaultKind::Unexpected),
@@ -152,7 +152,7 @@ impl Broker {
 
     /// Lanes start where f+1 of a quorum of servers say they are (at least one correct
     /// server is that far, and no correct server is further than the TOB).
-    fn on_lanes(&mut self, ctx: &mut Ctx, from: NodeId, l: pb::LaneStatus) {
+    fn on_lanes(&mut self, from: NodeId, l: pb::LaneStatus) {
         if self.ready || l.next.len() != self.lanes.len() {
             return;
         }
@@ -167,7 +167,6 @@ impl Broker {
         }
         self.ready = true;
         self.hello_at = None;
-        let _ = ctx;
     }
 
     /// Step 2: the filter, over a burst of submissions verified together.

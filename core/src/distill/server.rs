@@ -187,8 +187,7 @@ impl Server {
         let key = (broker, o.lane);
         let ns = self.next_seq(&key);
         if o.lane_seq.saturating_add(1) == ns {
-            if let Some((seq, shard)) = self.last_shards.get(&key).filter(|(s, _)| *s == o.lane_seq) {
-                let _ = seq;
+            if let Some((_, shard)) = self.last_shards.get(&key).filter(|(s, _)| *s == o.lane_seq) {
                 send_frame(ctx, from, Frame::WitnessShard(shard.clone()));
             }
             return;
