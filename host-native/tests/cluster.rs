@@ -117,9 +117,12 @@ fn reads_are_answered_without_ordering() {
             other => panic!("read {key}: {other:?}"),
         }
     };
-    // Every replica executed the writes, so all four answer alike.
+    // Every replica executed the writes, so all four answer alike; and the primary's
+    // count of ordered requests has caught up with the last write (the client returns on
+    // f+1 replies, which need not include the primary's).
     eventually("every replica executes the writes", || {
-        (1..4).all(|r| metric(&c, r, "phalanx_executed_seq") >= metric(&c, 0, "phalanx_executed_seq"))
+        metric(&c, 0, "phalanx_batched_requests_total") >= 80.0
+            && (1..4).all(|r| metric(&c, r, "phalanx_executed_seq") >= metric(&c, 0, "phalanx_executed_seq"))
     });
     let ordered = metric(&c, 0, "phalanx_batched_requests_total");
     for k in 0..40 {
