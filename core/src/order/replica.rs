@@ -540,6 +540,11 @@ impl Replica {
             }
             return;
         }
+        // A slot this replica executed (state transfer may have freed it) takes no new
+        // proposal: it may have voted there already.
+        if pp.seq <= self.delivered {
+            return ctx.stats.stale += 1;
+        }
         let Ok(batch) = pb::Batch::decode(pp.batch.clone()) else {
             return ctx.fault(from, FaultKind::Malformed);
         };
@@ -614,8 +619,12 @@ impl Replica {
     }
 
     /// Records an accepted proposal (already voted for and persisted) first seen at
-    /// `seen_at`, and marks its requests as in the log.
+    /// `seen_at`, and marks its requests as in the log. A PRE-PREPARE still parked for
+    /// the slot (a fetched batch overtook it) goes: this replica votes once per slot.
     fn accept(&mut self, ctx: &mut Ctx, now: Nanos, seen_at: Nanos, seq: u64, batch: Arc<EncodedBatch>) {
+        if self.parked.remove(&seq).is_some_and(|p| p.digest != batch.digest) {
+            ctx.fault(primary(&self.replicas, self.view), FaultKind::Equivocation);
+        }
         for b in &batch.bundles {
             if let Some(arrived) = self.mark_in_log(b.client, b.first) {
                 ctx.counters.queue_wait_ns_total += now.saturating_sub(arrived);
@@ -712,7 +721,7 @@ impl Replica {
     /// slot, from f+1 replicas offering the batch they committed. Otherwise it would wait
     /// for the next view change or checkpoint, which an idle cluster never brings.
     fn fetch_committed(&mut self, ctx: &mut Ctx, seq: u64) {
-        if self.changing.is_some() {
+        if self.changing.is_some() || seq <= self.delivered {
             return;
         }
         let Some(slot) = self.log.get_mut(&seq).filter(|s| s.wanted.is_none()) else { return };

@@ -341,8 +341,9 @@ impl Replica {
         self.executed = seq;
         self.delivered = seq;
         // The window stays at the certified checkpoint: what this replica voted for above
-        // it still goes into its VIEW-CHANGEs.
+        // it still goes into its VIEW-CHANGEs. Nothing at or below `seq` is voted for again.
         self.log = self.log.split_off(&(seq + 1));
+        self.parked = self.parked.split_off(&(seq + 1));
     }
 }
 
