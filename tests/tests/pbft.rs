@@ -295,15 +295,15 @@ fn pbft_survives_adversarial_seeds() {
     }
 }
 
-/// Seeds the 10,000-seed offline sweep found failing (n=5, f=1, a primary lying to some
+/// Seeds the 10,000-seed offline sweep found failing (n=5 and 7–9, a primary lying to some
 /// replicas): a replica that had voted for a slot, then installed a state past it from
 /// f+1 replicas (which frees the slot but not the window), took the primary's late
 /// conflicting PRE-PREPARE for that slot as new and voted again: equivocation by a
 /// correct replica.
 #[test]
 fn pbft_seeds_the_offline_sweep_found() {
-    for seed in [7239, 8588] {
-        let result = sweep(1, seed..seed + 1, 25);
+    for (f, seed) in [(1, 7239), (1, 8588), (2, 4578), (2, 9064)] {
+        let result = sweep(f, seed..seed + 1, 25);
         assert!(result.failures.is_empty(), "{}", result.failures.join("\n"));
     }
 }
