@@ -22,7 +22,10 @@ use phalanx_core::host::Application;
 use phalanx_core::kv::Kv;
 use phalanx_core::sim::keyed::Coalition;
 use phalanx_core::wire::pb;
-use phalanx_core::{ClusterSpec, Input, Nanos, Node, NodeConfig, NodeId, Output, Params, generate_cluster, trace};
+use phalanx_core::{
+    ClusterSpec, DistillSpec, Input, Nanos, Node, NodeConfig, NodeId, Output, Params, generate_cluster,
+    generate_distill, trace,
+};
 use prost::Message;
 
 /// A cluster whose every node's secrets the harness holds.
@@ -33,7 +36,10 @@ pub struct Cluster {
 
 impl Cluster {
     fn new(spec: ClusterSpec) -> Self {
-        let configs = generate_cluster(&spec, [42; 32]).expect("a valid fuzzing cluster");
+        Cluster::with(generate_cluster(&spec, [42; 32]).expect("a valid fuzzing cluster"))
+    }
+
+    fn with(configs: Vec<NodeConfig>) -> Self {
         let everyone = configs.iter().map(|c| c.id).collect();
         let coalition = Coalition::new(&configs, everyone);
         Cluster { configs, coalition }
@@ -65,6 +71,20 @@ pub fn pbft() -> &'static Cluster {
         let params =
             Params { batch_max_count: 2, checkpoint_interval: 2, pipeline: 2, client_queue: 4, ..Params::default() };
         Cluster::new(ClusterSpec { params, crypto: CryptoMode::InsecureTest, ..ClusterSpec::pbft(1, 2) })
+    })
+}
+
+/// Distillation, f = 1: servers 0..4, two brokers and four generated clients, as the
+/// reference traces have them (their inputs seed the corpus); checkpoints every 2
+/// batches.
+pub fn distill() -> &'static Cluster {
+    static CLUSTER: OnceLock<Cluster> = OnceLock::new();
+    CLUSTER.get_or_init(|| {
+        let mut spec = DistillSpec::new(1, 2, 4);
+        spec.params.checkpoint_interval = 2;
+        spec.params.pipeline = 2;
+        let configs = generate_distill(&spec, [42; 32]).expect("a valid fuzzing deployment");
+        Cluster::with(configs)
     })
 }
 

@@ -3,8 +3,8 @@
 //! - `trace`: each trace file as it is;
 //! - `decode`: a trace's node config, inputs, outputs and frames, behind their selectors;
 //! - `open`: the frames a traced node received, behind their sender;
-//! - `pubsub_node` and `pbft_node`: each n = 4 trace as events for the same node of the
-//!   harness's cluster (same ids): its bodies as sealed bodies from their senders, its
+//! - `pubsub_node`, `pbft_node` and `distill_node`: each trace whose cluster has as many
+//!   nodes as the harness's as events for the same node of it (same ids): its bodies as sealed bodies from their senders, its
 //!   other inputs as API inputs.
 
 use std::path::Path;
@@ -12,7 +12,7 @@ use std::path::Path;
 use phalanx_core::trace::Trace;
 use phalanx_core::wire::{self, pb};
 use phalanx_core::{NodeConfig, Protocol};
-use phalanx_fuzz_harness::{Cluster, event, pbft, pubsub};
+use phalanx_fuzz_harness::{Cluster, distill, event, pbft, pubsub};
 use prost::Message;
 
 fn main() {
@@ -47,13 +47,12 @@ fn main() {
             }
         }
         let cfg = NodeConfig::decode(&trace.header.node_config).expect("the trace's own config");
-        let cluster = match cfg.cluster.protocol {
-            Protocol::PubSub => pubsub(),
-            Protocol::Pbft => pbft(),
+        let (cluster, target) = match cfg.cluster.protocol {
+            Protocol::PubSub => (pubsub(), "pubsub_node"),
+            Protocol::Pbft => (pbft(), "pbft_node"),
+            Protocol::Distill => (distill(), "distill_node"),
         };
         if cfg.cluster.nodes.len() == cluster.configs.len() {
-            let target =
-                if cluster.configs[0].cluster.protocol == Protocol::PubSub { "pubsub_node" } else { "pbft_node" };
             write(corpus, target, &name, &events(cluster, cfg.id, &trace));
         }
     }
@@ -69,8 +68,10 @@ fn events(cluster: &Cluster, me: u32, trace: &Trace) -> Vec<u8> {
         last = r.now;
         match &input.kind {
             Some(pb::input_record::Kind::Message(m)) => {
-                // The sender's index among the node's peers (every other id, ascending).
-                let sender = if m.from < me { m.from } else { m.from - 1 } as u8;
+                // The sender's index among the node's peers (every other id, in order).
+                let peers = cluster.configs.iter().map(|c| c.id).filter(|&id| id != me);
+                let Some(sender) = peers.clone().position(|id| id == m.from) else { continue };
+                let sender = sender as u8;
                 for (k, body) in wire::bodies_of(&m.bytes).unwrap_or_default().into_iter().enumerate() {
                     let body = pb::Body { kind: Some(body) }.encode_to_vec();
                     out.extend(event(0, sender, if k == 0 { advance } else { 0 }, &body));
