@@ -183,7 +183,7 @@ pub fn start(cluster: &ClusterFile, id: NodeId, opts: &StartOptions) -> Result<R
         (Some(dir), Protocol::Pbft) => {
             let recovery = if opts.repair { Recovery::Repair } else { Recovery::Strict };
             let (wal, records) = Wal::open(dir, recovery).map_err(StartError::Storage)?;
-            Box::new(WalStorage::new(wal, records))
+            Box::new(WalStorage::new(wal, records, cluster.runtime.durability))
         }
         _ => Box::new(MemoryStorage::default()),
     };

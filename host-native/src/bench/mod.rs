@@ -30,7 +30,7 @@ use phalanx_core::kv;
 use phalanx_core::{Params, Protocol};
 
 use crate::client::ClusterClient;
-use crate::config::ClusterFile;
+use crate::config::{ClusterFile, Durability};
 use crate::local_cluster::{LocalCluster, LocalSpec};
 use load::{Plan, measure};
 use series::{csv, ms};
@@ -79,6 +79,9 @@ pub struct BenchArgs {
     /// Directory for `bench-<op size>B-<UTC time>.csv` and `.svg`.
     #[arg(long, default_value = "bench-results")]
     out: PathBuf,
+    /// Fresh cluster: the replicas' `[runtime] durability`.
+    #[arg(long, value_enum, default_value = "sync", conflicts_with = "config")]
+    durability: Durability,
     /// Fresh cluster: keep its directory (configuration, logs, storage) afterwards.
     #[arg(long, conflicts_with = "config")]
     keep: bool,
@@ -140,7 +143,14 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
                 ..d
             };
             let crypto = if a.insecure_test_crypto { CryptoMode::InsecureTest } else { CryptoMode::Real };
-            let spec = LocalSpec { f: a.f, clients: a.clients, crypto, params, ..LocalSpec::default() };
+            let spec = LocalSpec {
+                f: a.f,
+                clients: a.clients,
+                crypto,
+                params,
+                durability: a.durability,
+                ..LocalSpec::default()
+            };
             let local = LocalCluster::create(&dir, &spec, &binary)?;
             let cluster = local.cluster.clone();
             (Some(local), cluster)
@@ -210,8 +220,16 @@ fn bench(a: &BenchArgs, cluster: &ClusterFile, command: &str, stamp: &str) -> Re
         None => format!("closed loop, {outstanding} in flight per client"),
     };
     let title = format!("phalanxd bench: {}-byte puts, {} replicas", a.op_size, cluster.replicas.len());
-    let setup =
-        format!("{} replicas (f = {}, {crypto}), {} clients, {load}", cluster.replicas.len(), cluster.f, ids.len());
+    let durability = match cluster.runtime.durability {
+        Durability::Sync => "fdatasync per round",
+        Durability::Replicated => "durability replicated, no fdatasync",
+    };
+    let setup = format!(
+        "{} replicas (f = {}, {crypto}, {durability}), {} clients, {load}",
+        cluster.replicas.len(),
+        cluster.f,
+        ids.len()
+    );
     let batching = format!(
         "batches of at most {} requests or {} bytes, {} µs batch timeout, pipeline {}",
         p.batch_max_count,
