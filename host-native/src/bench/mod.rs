@@ -16,6 +16,7 @@
 //! Its parts: the latency [`histogram`], the client threads' [`load`], the per-second
 //! [`series`] with its CSV, and the [`svg`] charts.
 
+mod cpu;
 mod histogram;
 mod load;
 mod series;
@@ -82,6 +83,10 @@ pub struct BenchArgs {
     /// Fresh cluster: the replicas' `[runtime] durability`.
     #[arg(long, value_enum, default_value = "sync", conflicts_with = "config")]
     durability: Durability,
+    /// Print the CPU time (user, system) of the load generator and, for a fresh cluster,
+    /// of each replica process over the measured window.
+    #[arg(long)]
+    profile: bool,
     /// Fresh cluster: keep its directory (configuration, logs, storage) afterwards.
     #[arg(long, conflicts_with = "config")]
     keep: bool,
@@ -161,7 +166,16 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
             eprintln!("starting {} replicas in {}", local.replicas(), local.dir.display());
             local.start_all()?;
         }
-        bench(&a, &cluster, &command, &stamp)
+        let mut profiled = Vec::new();
+        if a.profile {
+            profiled.push(("load generator".to_string(), std::process::id()));
+            if let Some(local) = &local {
+                let replicas =
+                    cluster.replicas.iter().filter_map(|r| Some((format!("replica {}", r.id), local.pid(r.id)?)));
+                profiled.extend(replicas);
+            }
+        }
+        bench(&a, &cluster, &command, &stamp, &profiled)
     })();
     if let Some(local) = local {
         let dir = local.dir.clone();
@@ -177,7 +191,13 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
 }
 
 /// Connects the clients, runs the load, prints the report and writes the files.
-fn bench(a: &BenchArgs, cluster: &ClusterFile, command: &str, stamp: &str) -> Result<(), String> {
+fn bench(
+    a: &BenchArgs,
+    cluster: &ClusterFile,
+    command: &str,
+    stamp: &str,
+    profiled: &[(String, u32)],
+) -> Result<(), String> {
     if cluster.protocol != Protocol::Pbft {
         return Err(format!("{}: bench needs a pbft cluster", cluster.path.display()));
     }
@@ -208,7 +228,7 @@ fn bench(a: &BenchArgs, cluster: &ClusterFile, command: &str, stamp: &str) -> Re
         interval: a.rate.map(|r| Duration::from_secs_f64(ids.len() as f64 / r)),
         value,
     };
-    let out = measure(a, cluster, clients, plan)?;
+    let out = measure(a, cluster, clients, plan, profiled)?;
 
     let p = &cluster.params;
     let crypto = match cluster.crypto {
@@ -277,6 +297,11 @@ fn bench(a: &BenchArgs, cluster: &ClusterFile, command: &str, stamp: &str) -> Re
             );
         }
         None => println!("replicas    no metrics endpoint answered"),
+    }
+    if let Some((start, end)) = &out.cpu {
+        for line in start.split(end) {
+            println!("{line}");
+        }
     }
 
     std::fs::create_dir_all(&a.out).map_err(|e| format!("creating {}: {e}", a.out.display()))?;
