@@ -259,6 +259,12 @@ impl ClusterConfig {
     /// Checks n ≥ 3f+1, unique ids, known roles, valid parameters and every node's BLS
     /// key with its proof of possession.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_layout()?;
+        self.verify_keys(&self.nodes)
+    }
+
+    /// What [`ClusterConfig::validate`] checks except the BLS keys.
+    pub fn validate_layout(&self) -> Result<(), ConfigError> {
         let mut seen = BTreeMap::new();
         for node in &self.nodes {
             if seen.insert(node.id, ()).is_some() {
@@ -278,8 +284,12 @@ impl ClusterConfig {
                 known.join(", ")
             ));
         }
-        self.validate_params()?;
-        for node in &self.nodes {
+        self.validate_params()
+    }
+
+    /// Each of `nodes`' BLS key with its proof of possession (a pairing check each).
+    pub fn verify_keys<'a>(&self, nodes: impl IntoIterator<Item = &'a NodeInfo>) -> Result<(), ConfigError> {
+        for node in nodes {
             if !node.bls_public_key.validate_with_pop(self.crypto, &node.bls_pop) {
                 return err(format!(
                     "node {}: BLS public key is invalid or its proof of possession does not verify",
@@ -389,10 +399,26 @@ impl Params {
 }
 
 impl NodeConfig {
-    /// Validates the cluster, the node's place in it and that it holds a MAC key for every
-    /// peer it talks to and the BLS secret matching its public key.
+    /// Validates the cluster, the node's place in it, that it holds a MAC key for every
+    /// peer it talks to and the BLS secret matching its public key, and the BLS keys it
+    /// relies on ([`NodeConfig::keys_relied_on`]).
     pub fn validate(&self) -> Result<(), ConfigError> {
-        self.cluster.validate()?;
+        self.validate_trusting_keys()?;
+        self.cluster.verify_keys(self.keys_relied_on())
+    }
+
+    /// The nodes whose BLS keys this node checks signatures with: the replicas', the only
+    /// signers of statements (checkpoints, view changes, distillation's server
+    /// statements). Other nodes' keys are never used, so their proofs of possession are
+    /// not worth a pairing each at every start.
+    pub fn keys_relied_on(&self) -> impl Iterator<Item = &NodeInfo> {
+        self.cluster.replicas()
+    }
+
+    /// [`NodeConfig::validate`] without the BLS keys: for a host that verified
+    /// [`NodeConfig::keys_relied_on`] before (and remembers it).
+    pub fn validate_trusting_keys(&self) -> Result<(), ConfigError> {
+        self.cluster.validate_layout()?;
         let Some(me) = self.cluster.node(self.id) else {
             return err(format!("node id {} is not in the cluster", self.id));
         };
@@ -769,6 +795,21 @@ mod tests {
         let mut cfg = generate_cluster(&ClusterSpec::new(1), [3; 32]).unwrap()[0].clone();
         cfg.cluster.nodes[2].bls_pop = cfg.cluster.nodes[1].bls_pop;
         assert!(cfg.validate().unwrap_err().0.contains("node 2: BLS public key"));
+        assert!(cfg.validate_trusting_keys().is_ok());
+    }
+
+    #[test]
+    fn a_node_verifies_the_replicas_keys_only() {
+        let mut cfgs = generate_cluster(&ClusterSpec::pbft(1, 2), [3; 32]).unwrap();
+        // Node 5, a client, with node 4's proof: no node uses a client's BLS key.
+        for cfg in &mut cfgs {
+            cfg.cluster.nodes[5].bls_pop = cfg.cluster.nodes[4].bls_pop;
+        }
+        assert_eq!(cfgs[0].keys_relied_on().map(|n| n.id).collect::<Vec<_>>(), [0, 1, 2, 3]);
+        for cfg in &cfgs {
+            cfg.validate().unwrap();
+        }
+        assert!(cfgs[0].cluster.validate().unwrap_err().0.contains("node 5: BLS public key"));
     }
 
     #[test]

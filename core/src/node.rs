@@ -687,6 +687,17 @@ pub struct Node {
 impl Node {
     pub fn new(cfg: NodeConfig) -> Result<Node, ConfigError> {
         cfg.validate()?;
+        Node::build(cfg)
+    }
+
+    /// [`Node::new`] for a host that verified `cfg.keys_relied_on()` before (a cache of
+    /// an earlier verification of the same keys): everything else is still checked.
+    pub fn with_verified_keys(cfg: NodeConfig) -> Result<Node, ConfigError> {
+        cfg.validate_trusting_keys()?;
+        Node::build(cfg)
+    }
+
+    fn build(cfg: NodeConfig) -> Result<Node, ConfigError> {
         let replicas: Vec<NodeId> = cfg.cluster.replicas().map(|r| r.id).collect();
         let keys = Keyring::new(cfg.cluster.crypto, cfg.id, cfg.mac_keys.clone());
         let other_replicas = replicas.iter().copied().filter(|&r| r != cfg.id).collect();

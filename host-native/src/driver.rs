@@ -9,8 +9,9 @@
 //! the timeout to the core in one call before polling it (so what the round's inputs send
 //! to one peer leaves as one frame, and a sandboxed core is crossed once), and then
 //! settles: frames go to the network thread in one batch, records the core asked to
-//! persist are synced with one `fdatasync` (group commit), and only then acknowledged —
-//! which is what releases the votes that depended on them.
+//! persist are synced with one `fdatasync` (group commit; written without the sync under
+//! `[runtime] durability = "replicated"`), and only then acknowledged — which is what
+//! releases the votes that depended on them.
 
 use std::fs::File;
 use std::io::Write;

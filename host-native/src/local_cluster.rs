@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use phalanx_core::crypto::CryptoMode;
 use phalanx_core::{NodeId, Params, Protocol};
 
-use crate::config::{ClusterFile, KeygenOptions, Runtime, keygen};
+use crate::config::{ClusterFile, Durability, KeygenOptions, Runtime, keygen};
 use crate::metrics::{scrape, value};
 
 /// `phalanxd run`'s exit status when its listen or metrics address is taken.
@@ -65,6 +65,8 @@ pub struct LocalSpec {
     /// Fixed ports instead of picked ones: replica i listens on `base_port + i` and
     /// serves metrics on `base_port + n + i`.
     pub base_port: Option<u16>,
+    /// `[runtime] durability` of the cluster file.
+    pub durability: Durability,
 }
 
 impl Default for LocalSpec {
@@ -78,6 +80,7 @@ impl Default for LocalSpec {
             params: Params::default(),
             metrics: true,
             base_port: None,
+            durability: Durability::Sync,
         }
     }
 }
@@ -151,7 +154,7 @@ impl LocalCluster {
             metrics_base_port: spec.metrics.then_some(base + replicas as u16),
             params: spec.params.clone(),
             // All replicas share this machine: pinning each to "its" cores would stack them.
-            runtime: Runtime { pin_threads: false, ..Runtime::default() },
+            runtime: Runtime { pin_threads: false, durability: spec.durability, ..Runtime::default() },
             force: true,
         };
         let ports = if held.is_empty() { vec![] } else { (base..base + count).collect() };

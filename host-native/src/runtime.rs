@@ -10,6 +10,8 @@ use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
+use phalanx_core::config::NodeConfig;
+use phalanx_core::crypto::CryptoMode;
 use phalanx_core::host::{MemoryStorage, Storage};
 use phalanx_core::trace::Recorder;
 use phalanx_core::{NodeId, Protocol};
@@ -96,6 +98,54 @@ impl Running {
     }
 }
 
+/// The BLS key sets (with their proofs of possession) that nodes of a cluster verified
+/// before, remembered in `<cluster file>.verified-keys` beside it, one digest a line, so
+/// that starting a node again — every `phalanxd client` run, a restarted replica —
+/// skips a pairing per key. Keyed by the digest of exactly what was verified, so changed
+/// keys are verified afresh. Best effort: an unreadable or unwritable file only means
+/// verifying again. Whoever can write it could make nodes skip the check, as whoever can
+/// write the cluster file beside it could give them other keys.
+struct VerifiedKeys {
+    path: PathBuf,
+    digest: String,
+}
+
+/// Key sets remembered at most: a few clusters' worth of key rotations.
+const VERIFIED_KEPT: usize = 16;
+
+impl VerifiedKeys {
+    fn of(cluster: &ClusterFile, cfg: &NodeConfig) -> Self {
+        let mut h = blake3::Hasher::new_derive_key("phalanx v1 verified bls keys");
+        h.update(&[u8::from(cfg.cluster.crypto == CryptoMode::Real)]);
+        for node in cfg.keys_relied_on() {
+            h.update(&node.id.to_le_bytes());
+            h.update(&node.bls_public_key.0);
+            h.update(&node.bls_pop.0);
+        }
+        let mut name = cluster.path.file_name().unwrap_or_default().to_os_string();
+        name.push(".verified-keys");
+        VerifiedKeys { path: cluster.path.with_file_name(name), digest: h.finalize().to_hex().to_string() }
+    }
+
+    fn known(&self) -> bool {
+        fs::read_to_string(&self.path).is_ok_and(|text| text.lines().any(|l| l == self.digest))
+    }
+
+    /// Adds this key set (replacing the file, so concurrent starts never see half of it).
+    fn remember(&self) {
+        let text = fs::read_to_string(&self.path).unwrap_or_default();
+        let mut lines: Vec<&str> = text.lines().filter(|l| *l != self.digest).collect();
+        lines.drain(..lines.len().saturating_sub(VERIFIED_KEPT - 1));
+        lines.push(&self.digest);
+        let temp = self.path.with_extension(format!("verified-keys.{}", std::process::id()));
+        let written = fs::write(&temp, lines.join("\n") + "\n").and_then(|()| fs::rename(&temp, &self.path));
+        if let Err(e) = written {
+            let _ = fs::remove_file(&temp);
+            tracing::debug!("not remembering the verified keys in {}: {e}", self.path.display());
+        }
+    }
+}
+
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> StartError {
     let what = what.into();
     move |source| StartError::Io { what, source }
@@ -114,12 +164,17 @@ fn cores(cluster: &ClusterFile) -> Option<(core_affinity::CoreId, core_affinity:
 pub fn start(cluster: &ClusterFile, id: NodeId, opts: &StartOptions) -> Result<Running, StartError> {
     let cfg = cluster.node_config(id).map_err(StartError::Config)?;
     let encoded = cfg.encode();
-    let mut node = opts.engine.create(cfg).map_err(|e| match e {
+    let verified = VerifiedKeys::of(cluster, &cfg);
+    let known = verified.known();
+    let mut node = opts.engine.create(cfg, known).map_err(|e| match e {
         EngineFailure::Config(problem) => {
             StartError::Config(ConfigError { file: cluster.path.clone(), field: None, problem })
         }
         other => StartError::Engine(other),
     })?;
+    if !known {
+        verified.remember();
+    }
     tracing::info!("node {id}: {}", node.info());
     let replica = cluster.replica(id);
     let data_dir = replica.map(|r| r.data_dir.clone()).or_else(|| opts.data_dir.clone());
@@ -128,7 +183,7 @@ pub fn start(cluster: &ClusterFile, id: NodeId, opts: &StartOptions) -> Result<R
         (Some(dir), Protocol::Pbft) => {
             let recovery = if opts.repair { Recovery::Repair } else { Recovery::Strict };
             let (wal, records) = Wal::open(dir, recovery).map_err(StartError::Storage)?;
-            Box::new(WalStorage::new(wal, records))
+            Box::new(WalStorage::new(wal, records, cluster.runtime.durability))
         }
         _ => Box::new(MemoryStorage::default()),
     };
@@ -198,4 +253,45 @@ pub fn start(cluster: &ClusterFile, id: NodeId, opts: &StartOptions) -> Result<R
         })
         .map_err(io("spawning the protocol thread"))?;
     Ok(Running { id, events: events_tx, app_events: app_rx, listen, metrics, metrics_addr, outbox, net, driver })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{KeygenOptions, keygen};
+    use phalanx_core::Params;
+
+    #[test]
+    fn verified_keys_are_remembered_until_they_change() {
+        let dir = std::env::temp_dir().join(format!("phalanx-verified-keys-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let opts = KeygenOptions {
+            dir: dir.clone(),
+            protocol: Protocol::Pbft,
+            f: 1,
+            replicas: None,
+            clients: 2,
+            subscribers: 0,
+            crypto: CryptoMode::Real,
+            host: "127.0.0.1".into(),
+            base_port: 7100,
+            metrics_base_port: None,
+            params: Params::default(),
+            runtime: Default::default(),
+            force: false,
+        };
+        let cluster = ClusterFile::load(&keygen(&opts).unwrap()).unwrap();
+        let client = cluster.node_config(4).unwrap();
+        let verified = VerifiedKeys::of(&cluster, &client);
+        assert!(!verified.known());
+        verified.remember();
+        assert!(verified.known());
+        // Every node relies on the same keys (the replicas'), so one verification serves all.
+        assert!(VerifiedKeys::of(&cluster, &cluster.node_config(0).unwrap()).known());
+        // New keys (a fresh keygen over the same file) are verified afresh.
+        keygen(&KeygenOptions { force: true, ..opts }).unwrap();
+        let rotated = ClusterFile::load(&cluster.path).unwrap();
+        assert!(!VerifiedKeys::of(&rotated, &rotated.node_config(4).unwrap()).known());
+        fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -40,6 +40,8 @@ use std::path::{Path, PathBuf};
 
 use phalanx_core::host::Storage;
 
+use crate::config::Durability;
+
 /// The file header: format name and version.
 pub const MAGIC: [u8; 8] = *b"PHXWAL01";
 /// The largest record the log accepts; a longer length field is corruption.
@@ -202,13 +204,22 @@ impl Wal {
     /// appended record survives a crash. One sync per call (group commit); a call with
     /// nothing buffered does nothing.
     pub fn sync(&mut self) -> Result<(), StorageError> {
+        self.write(Durability::Sync)
+    }
+
+    /// Writes buffered records to the operating system, and syncs them under
+    /// [`Durability::Sync`]; without the sync they survive this process crashing, not
+    /// the machine losing power.
+    pub fn write(&mut self, durability: Durability) -> Result<(), StorageError> {
         self.check("sync")?;
         if self.pending.is_empty() {
             return Ok(());
         }
         self.poisoned = true;
         self.file.write_all(&self.pending).map_err(io_err(&self.path, "write"))?;
-        self.file.sync_data().map_err(io_err(&self.path, "sync"))?;
+        if durability == Durability::Sync {
+            self.file.sync_data().map_err(io_err(&self.path, "sync"))?;
+        }
         self.poisoned = false;
         self.written += self.pending.len() as u64;
         self.pending.clear();
@@ -365,12 +376,14 @@ pub struct WalStorage {
     recovered: Vec<Vec<u8>>,
     /// Records compacted away: the position of the log's first record.
     dropped: u64,
+    /// Whether a round's records are synced before they are acknowledged.
+    durability: Durability,
 }
 
 impl WalStorage {
     /// The log `Wal::open` opened, with the records it found there.
-    pub fn new(wal: Wal, recovered: Vec<Vec<u8>>) -> Self {
-        WalStorage { wal, recovered, dropped: 0 }
+    pub fn new(wal: Wal, recovered: Vec<Vec<u8>>, durability: Durability) -> Self {
+        WalStorage { wal, recovered, dropped: 0, durability }
     }
 }
 
@@ -381,7 +394,7 @@ impl Storage for WalStorage {
     }
 
     fn sync(&mut self) -> Result<(), String> {
-        self.wal.sync().map_err(|e| e.to_string())
+        self.wal.write(self.durability).map_err(|e| e.to_string())
     }
 
     fn compact(&mut self, position: u64) -> Result<(), String> {
@@ -574,6 +587,18 @@ mod tests {
         drop(wal);
         let (_, got) = Wal::open(&d.0, Recovery::Strict).unwrap();
         assert_eq!(got, recs(2));
+    }
+
+    #[test]
+    fn replicated_writes_reach_the_file_unsynced() {
+        let d = TempDir::new("replicated");
+        let (mut wal, _) = Wal::open(&d.0, Recovery::Strict).unwrap();
+        wal.append(b"one").unwrap();
+        wal.write(Durability::Replicated).unwrap();
+        // Written to the operating system: a process crash after this loses nothing.
+        assert_eq!(fs::metadata(d.log()).unwrap().len(), wal.len_bytes());
+        drop(wal);
+        assert_eq!(Wal::open(&d.0, Recovery::Strict).unwrap().1, vec![b"one".to_vec()]);
     }
 
     #[test]

@@ -13,6 +13,7 @@ use phalanx_core::kv::{self, Reply};
 use phalanx_core::{HandleError, NodeId};
 
 use super::BenchArgs;
+use super::cpu::CpuSample;
 use super::histogram::Histogram;
 use super::series::Second;
 use crate::client::{ClientError, ClusterClient};
@@ -209,6 +210,8 @@ pub(super) struct Outcome {
     pub(super) bad: u64,
     /// Replica counters at the start and end of the measured window.
     pub(super) replica: Option<(NodeId, ReplicaCounters, ReplicaCounters)>,
+    /// `--profile`: the watched processes' CPU times at the start and end of the window.
+    pub(super) cpu: Option<(CpuSample, CpuSample)>,
 }
 
 /// The progress line: a bar, the phase, and the last second's figures.
@@ -233,6 +236,7 @@ pub(super) fn measure(
     cluster: &ClusterFile,
     clients: Vec<ClusterClient>,
     plan: Plan,
+    profiled: &[(String, u32)],
 ) -> Result<Outcome, String> {
     let (tx, rx) = mpsc::channel::<Tick>();
     let threads = clients.len();
@@ -251,12 +255,14 @@ pub(super) fn measure(
 
     let terminal = std::io::stderr().is_terminal();
     let mut open: BTreeMap<u64, Gathering> = BTreeMap::new();
-    let mut out = Outcome { series: Vec::new(), total: Histogram::new(), due: 0, dropped: 0, bad: 0, replica: None };
-    let mut before = if a.warmup == 0 { replica_counters(cluster, None) } else { None };
-    let finish = |tick: Tick, out: &mut Outcome, before: &mut Option<(NodeId, ReplicaCounters)>| {
+    let mut out =
+        Outcome { series: Vec::new(), total: Histogram::new(), due: 0, dropped: 0, bad: 0, replica: None, cpu: None };
+    let window_start = || (replica_counters(cluster, None), CpuSample::take(profiled));
+    let mut before = if a.warmup == 0 { Some(window_start()) } else { None };
+    let finish = |tick: Tick, out: &mut Outcome, before: &mut Option<_>| {
         let stats = Second::from_histogram(tick.second + 1 - a.warmup.min(tick.second + 1), &tick.latencies);
         if tick.second + 1 == a.warmup {
-            *before = replica_counters(cluster, None);
+            *before = Some(window_start());
         }
         if tick.second >= a.warmup {
             out.total.merge(&tick.latencies);
@@ -293,8 +299,11 @@ pub(super) fn measure(
     if terminal {
         eprintln!();
     }
-    let after = before.and_then(|(id, _)| replica_counters(cluster, Some(id)));
-    out.replica = before.zip(after).map(|((id, b), (_, a))| (id, b, a));
+    if let Some((counters, cpu)) = before {
+        out.cpu = Some((cpu, CpuSample::take(profiled))).filter(|_| !profiled.is_empty());
+        let after = counters.and_then(|(id, _)| replica_counters(cluster, Some(id)));
+        out.replica = counters.zip(after).map(|((id, b), (_, a))| (id, b, a));
+    }
     let mut failures = Vec::new();
     for h in handles {
         match h.join() {

@@ -16,6 +16,7 @@
 //! Its parts: the latency [`histogram`], the client threads' [`load`], the per-second
 //! [`series`] with its CSV, and the [`svg`] charts.
 
+mod cpu;
 mod histogram;
 mod load;
 mod series;
@@ -30,7 +31,7 @@ use phalanx_core::kv;
 use phalanx_core::{Params, Protocol};
 
 use crate::client::ClusterClient;
-use crate::config::ClusterFile;
+use crate::config::{ClusterFile, Durability};
 use crate::local_cluster::{LocalCluster, LocalSpec};
 use load::{Plan, measure};
 use series::{csv, ms};
@@ -79,6 +80,13 @@ pub struct BenchArgs {
     /// Directory for `bench-<op size>B-<UTC time>.csv` and `.svg`.
     #[arg(long, default_value = "bench-results")]
     out: PathBuf,
+    /// Fresh cluster: the replicas' `[runtime] durability`.
+    #[arg(long, value_enum, default_value = "sync", conflicts_with = "config")]
+    durability: Durability,
+    /// Print the CPU time (user, system) of the load generator and, for a fresh cluster,
+    /// of each replica process over the measured window.
+    #[arg(long)]
+    profile: bool,
     /// Fresh cluster: keep its directory (configuration, logs, storage) afterwards.
     #[arg(long, conflicts_with = "config")]
     keep: bool,
@@ -140,7 +148,14 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
                 ..d
             };
             let crypto = if a.insecure_test_crypto { CryptoMode::InsecureTest } else { CryptoMode::Real };
-            let spec = LocalSpec { f: a.f, clients: a.clients, crypto, params, ..LocalSpec::default() };
+            let spec = LocalSpec {
+                f: a.f,
+                clients: a.clients,
+                crypto,
+                params,
+                durability: a.durability,
+                ..LocalSpec::default()
+            };
             let local = LocalCluster::create(&dir, &spec, &binary)?;
             let cluster = local.cluster.clone();
             (Some(local), cluster)
@@ -151,7 +166,16 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
             eprintln!("starting {} replicas in {}", local.replicas(), local.dir.display());
             local.start_all()?;
         }
-        bench(&a, &cluster, &command, &stamp)
+        let mut profiled = Vec::new();
+        if a.profile {
+            profiled.push(("load generator".to_string(), std::process::id()));
+            if let Some(local) = &local {
+                let replicas =
+                    cluster.replicas.iter().filter_map(|r| Some((format!("replica {}", r.id), local.pid(r.id)?)));
+                profiled.extend(replicas);
+            }
+        }
+        bench(&a, &cluster, &command, &stamp, &profiled)
     })();
     if let Some(kept) = local.and_then(|local| local.close(a.keep || result.is_err())) {
         eprintln!("kept {}", kept.display());
@@ -160,7 +184,13 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
 }
 
 /// Connects the clients, runs the load, prints the report and writes the files.
-fn bench(a: &BenchArgs, cluster: &ClusterFile, command: &str, stamp: &str) -> Result<(), String> {
+fn bench(
+    a: &BenchArgs,
+    cluster: &ClusterFile,
+    command: &str,
+    stamp: &str,
+    profiled: &[(String, u32)],
+) -> Result<(), String> {
     if cluster.protocol != Protocol::Pbft {
         return Err(format!("{}: bench needs a pbft cluster", cluster.path.display()));
     }
@@ -191,7 +221,7 @@ fn bench(a: &BenchArgs, cluster: &ClusterFile, command: &str, stamp: &str) -> Re
         interval: a.rate.map(|r| Duration::from_secs_f64(ids.len() as f64 / r)),
         value,
     };
-    let out = measure(a, cluster, clients, plan)?;
+    let out = measure(a, cluster, clients, plan, profiled)?;
 
     let p = &cluster.params;
     let crypto = match cluster.crypto {
@@ -203,8 +233,16 @@ fn bench(a: &BenchArgs, cluster: &ClusterFile, command: &str, stamp: &str) -> Re
         None => format!("closed loop, {outstanding} in flight per client"),
     };
     let title = format!("phalanxd bench: {}-byte puts, {} replicas", a.op_size, cluster.replicas.len());
-    let setup =
-        format!("{} replicas (f = {}, {crypto}), {} clients, {load}", cluster.replicas.len(), cluster.f, ids.len());
+    let durability = match cluster.runtime.durability {
+        Durability::Sync => "fdatasync per round",
+        Durability::Replicated => "durability replicated, no fdatasync",
+    };
+    let setup = format!(
+        "{} replicas (f = {}, {crypto}, {durability}), {} clients, {load}",
+        cluster.replicas.len(),
+        cluster.f,
+        ids.len()
+    );
     let batching = format!(
         "batches of at most {} requests or {} bytes, {} µs batch timeout, pipeline {}",
         p.batch_max_count,
@@ -252,6 +290,11 @@ fn bench(a: &BenchArgs, cluster: &ClusterFile, command: &str, stamp: &str) -> Re
             );
         }
         None => println!("replicas    no metrics endpoint answered"),
+    }
+    if let Some((start, end)) = &out.cpu {
+        for line in start.split(end) {
+            println!("{line}");
+        }
     }
 
     std::fs::create_dir_all(&a.out).map_err(|e| format!("creating {}: {e}", a.out.display()))?;

@@ -122,10 +122,13 @@ pub enum EngineChoice {
 }
 
 impl EngineChoice {
-    /// A node of `cfg`, in this engine.
-    pub fn create(&self, cfg: NodeConfig) -> Result<Box<dyn Engine>, EngineFailure> {
+    /// A node of `cfg`, in this engine. `keys_verified`: the host verified the BLS keys the
+    /// node relies on before, so the native engine skips their pairings (the wasm guest
+    /// verifies everything it decodes).
+    pub fn create(&self, cfg: NodeConfig, keys_verified: bool) -> Result<Box<dyn Engine>, EngineFailure> {
+        let native = if keys_verified { Node::with_verified_keys } else { Node::new };
         match self {
-            EngineChoice::Native => Ok(Box::new(Node::new(cfg).map_err(|e| EngineFailure::Config(e.0))?)),
+            EngineChoice::Native => Ok(Box::new(native(cfg).map_err(|e| EngineFailure::Config(e.0))?)),
             #[cfg(feature = "wasm")]
             EngineChoice::Wasm(opts) => Ok(Box::new(wasm::WasmRuntime::load(opts)?.instantiate(&cfg.encode())?)),
             #[cfg(not(feature = "wasm"))]

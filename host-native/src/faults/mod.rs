@@ -35,6 +35,7 @@ use phalanx_core::{NodeId, Params};
 use self::linearizable::{Call, Return};
 use self::nemesis::{Event, Fault, Nemesis};
 use self::workload::{Kind, Record, Setup};
+use crate::config::Durability;
 use crate::local_cluster::{LocalCluster, LocalSpec};
 use crate::metrics::{scrape, state_digest, value};
 
@@ -62,6 +63,9 @@ pub struct FaultsArgs {
     /// Insecure test cryptography (fast; no real signatures).
     #[arg(long)]
     insecure_test_crypto: bool,
+    /// The replicas' `[runtime] durability`.
+    #[arg(long, value_enum, default_value = "sync")]
+    durability: Durability,
     /// Where to put each run's cluster (default: a fresh directory under the system temp dir).
     #[arg(long)]
     dir: Option<PathBuf>,
@@ -218,7 +222,13 @@ fn run_seed(a: &FaultsArgs, seed: u64) -> Result<Report, String> {
     let binary = std::env::current_exe().map_err(|e| format!("finding phalanxd itself: {e}"))?;
     let crypto = if a.insecure_test_crypto { CryptoMode::InsecureTest } else { CryptoMode::Real };
     // One client more than the workload's, for reading every key back at the end.
-    let spec = LocalSpec { clients: a.clients + 1, crypto, params: Params::default(), ..LocalSpec::default() };
+    let spec = LocalSpec {
+        clients: a.clients + 1,
+        crypto,
+        params: Params::default(),
+        durability: a.durability,
+        ..LocalSpec::default()
+    };
     let mut cluster = LocalCluster::create(&dir, &spec, &binary)?;
     let result = run_cluster(a, seed, &mut cluster);
     if let Some(kept) = cluster.close(a.keep || !result.as_ref().is_ok_and(Report::passed)) {
