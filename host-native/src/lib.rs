@@ -12,6 +12,7 @@ pub mod bench;
 pub mod client;
 pub mod config;
 pub mod demo;
+pub mod distill;
 pub mod driver;
 pub mod engine;
 pub mod faults;
