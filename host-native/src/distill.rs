@@ -178,7 +178,7 @@ impl Follower {
     }
 
     /// What the server delivered since the last call, at least one batch or gap (waits).
-    pub fn next(&mut self) -> Result<Feed, String> {
+    pub fn wait(&mut self) -> Result<Feed, String> {
         loop {
             let feed = self.poll()?;
             if !feed.batches.is_empty() || !feed.gaps.is_empty() {

@@ -434,7 +434,7 @@ fn distill_client_cmd(a: ClientArgs, cluster: ClusterFile) -> Result<(), Failure
             let mut follower = distill::Follower::new(addr, after);
             let mut seen = 0;
             while count.is_none_or(|c| seen < c) {
-                let feed = follower.next().map_err(|e| format!("server {server} at {addr}: {e}"))?;
+                let feed = follower.wait().map_err(|e| format!("server {server} at {addr}: {e}"))?;
                 for (from, to) in feed.gaps {
                     println!("gap: heights {from}..={to} not delivered here (or no longer kept)");
                 }
