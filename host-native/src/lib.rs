@@ -13,6 +13,7 @@ pub mod client;
 pub mod config;
 pub mod demo;
 pub mod distill;
+pub mod distill_bench;
 pub mod driver;
 pub mod engine;
 pub mod faults;

@@ -13,7 +13,7 @@ use phalanx_host::client::{ClientError, ClusterClient};
 use phalanx_host::config::{ClusterFile, KeygenOptions, Runtime, keygen};
 use phalanx_host::engine::{self, EngineChoice, WasmOptions};
 use phalanx_host::runtime::{self, StartOptions};
-use phalanx_host::{bench, demo, distill, faults, local_cluster};
+use phalanx_host::{bench, demo, distill, distill_bench, faults, local_cluster};
 
 #[derive(Parser)]
 #[command(name = "phalanxd", version, about = "Phalanx replica daemon: PBFT key-value store or BFT publish/subscribe")]
@@ -35,6 +35,9 @@ enum Command {
     Client(ClientArgs),
     /// Start a local cluster of real processes and measure throughput and latency.
     Bench(bench::BenchArgs),
+    /// Distillation: 4 local server processes fed fully distilled batches by a load
+    /// broker; delivered messages/s, latency, verifications and bytes per message.
+    DistillBench(distill_bench::DistillBenchArgs),
     /// The main job: a local 4-replica cluster, a key-value workload, a replica killed
     /// and restarted in the middle.
     Demo(demo::DemoArgs),
@@ -252,6 +255,7 @@ fn main() -> ExitCode {
         Command::Client(a) => client_cmd(a),
         Command::Bench(a) => bench::run(a).map_err(Failure::from),
         Command::Demo(a) => demo::run(a).map_err(Failure::from),
+        Command::DistillBench(a) => distill_bench::run(a).map_err(Failure::from),
         Command::Faults(a) => faults::run(a).map_err(Failure::from),
         #[cfg(feature = "wasm")]
         Command::EngineBench(a) => engine::bench::run(a).map_err(Failure::from),
