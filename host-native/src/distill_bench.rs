@@ -52,7 +52,7 @@ pub struct DistillBenchArgs {
     #[arg(long, default_value_t = 16)]
     batches: u32,
     /// Lanes: batches in flight at once.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 4)]
     lanes: u32,
     /// Straggler percentages to run, one fresh cluster each.
     #[arg(long, value_delimiter = ',', default_value = "0,1,10")]
@@ -91,13 +91,15 @@ pub fn run(a: DistillBenchArgs) -> Result<(), String> {
             lat.sort_unstable();
             let at = |q: f64| lat.get(((lat.len() as f64 * q) as usize).min(lat.len().saturating_sub(1)));
             let mean = lat.iter().sum::<Duration>().checked_div(lat.len() as u32).unwrap_or_default();
+            let ms = |d: Duration| d.as_secs_f64() * 1e3;
             println!(
-                "  server {i} ({}): {:>10.0} messages/s delivered; offer->delivery mean {mean:.0?}, p50 {:.0?}, max {:.0?}; \
-                 {:.7} verifications and {:.2} bytes received per delivered message",
+                "  server {i} ({}): {:>10.0} messages/s delivered; offer->delivery mean {:.0} ms, p50 {:.0} ms, \
+                 max {:.0} ms; {:.7} verifications and {:.2} bytes received per delivered message",
                 if i < VERIFIERS { "verifies" } else { "roots only" },
                 f.messages_per_s,
-                at(0.5).copied().unwrap_or_default(),
-                lat.last().copied().unwrap_or_default(),
+                ms(mean),
+                ms(at(0.5).copied().unwrap_or_default()),
+                ms(lat.last().copied().unwrap_or_default()),
                 f.verifications,
                 f.bytes,
             );
