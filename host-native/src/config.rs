@@ -43,7 +43,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use phalanx_core::config::NodeInfo;
+use phalanx_core::config::{DistillSpec, FIRST_BROKER, generate_distill};
 use phalanx_core::crypto::{BlsPublicKey, BlsSecretKey, BlsSignature, CryptoMode, MacKey};
+use phalanx_core::distill::CLIENT_ADDRESS_BASE;
 use phalanx_core::{ClusterConfig, ClusterSpec, NodeConfig, NodeId, Params, Protocol, Role, generate_cluster};
 use serde::{Deserialize, Serialize};
 
@@ -188,13 +190,21 @@ impl ClusterToml {
     /// table of another protocol's roles.
     fn members(&self, protocol: Protocol) -> Result<(&[ReplicaToml], &[ClientToml]), (String, String)> {
         let (replicas, clients, foreign) = match protocol {
-            // Distillation's servers are PBFT replicas (its brokers and clients: issue 20).
-            Protocol::Pbft | Protocol::Distill => {
-                (&self.replica, &self.client, [("broker", self.broker.len()), ("publisher", self.publisher.len())])
+            Protocol::Pbft => (
+                &self.replica[..],
+                &self.client[..],
+                [("broker", self.broker.len()), ("publisher", self.publisher.len())],
+            ),
+            // Distillation's servers are PBFT replicas; its brokers are read by
+            // `distill_brokers`, its clients come from the generated directory.
+            Protocol::Distill => {
+                (&self.replica[..], &[][..], [("client", self.client.len()), ("publisher", self.publisher.len())])
             }
-            Protocol::PubSub => {
-                (&self.broker, &self.publisher, [("replica", self.replica.len()), ("client", self.client.len())])
-            }
+            Protocol::PubSub => (
+                &self.broker[..],
+                &self.publisher[..],
+                [("replica", self.replica.len()), ("client", self.client.len())],
+            ),
         };
         if let Some((table, _)) = foreign.iter().find(|(_, count)| *count > 0) {
             let names: Vec<&str> = protocol.roles().map(Role::name).collect();
@@ -204,6 +214,12 @@ impl ClusterToml {
             ));
         }
         Ok((replicas, clients))
+    }
+
+    /// A distillation cluster's brokers (none in other protocols: there `broker` is the
+    /// pub/sub replica table).
+    fn distill_brokers(&self, protocol: Protocol) -> &[ReplicaToml] {
+        if protocol == Protocol::Distill { &self.broker } else { &[] }
     }
 }
 
@@ -237,6 +253,8 @@ pub struct ClusterFile {
     pub replicas: Vec<ReplicaEntry>,
     pub clients: Vec<NodeId>,
     pub subscribers: Vec<(NodeId, Vec<u64>)>,
+    /// Distillation: the brokers (`address`: where they listen for clients).
+    pub brokers: Vec<ReplicaEntry>,
 }
 
 fn read(path: &Path) -> Result<String, ConfigError> {
@@ -264,9 +282,8 @@ impl ClusterFile {
         let (replica_tables, client_tables) = raw.members(protocol).map_err(|(field, problem)| bad(&field, problem))?;
         let (replica_role, client_role) = (protocol.replica_role().name(), protocol.client_role().name());
         let mut seen = BTreeMap::new();
-        let mut replicas = Vec::new();
-        for (i, r) in replica_tables.iter().enumerate() {
-            let field = |name: &str| format!("{replica_role}[{i}].{name}");
+        let mut member = |table: &str, dir: &str, i: usize, r: &ReplicaToml| -> Result<ReplicaEntry, ConfigError> {
+            let field = |name: &str| format!("{table}[{i}].{name}");
             if let Some(other) = seen.insert(r.id, field("id")) {
                 return Err(bad(&field("id"), format!("id {} is also used by {other}", r.id)));
             }
@@ -279,9 +296,20 @@ impl ClusterFile {
                 .as_ref()
                 .map(|m| m.parse().map_err(|_| bad(&field("metrics"), format!("{m:?} is not a socket address"))))
                 .transpose()?;
-            let data_dir = base.join(r.data_dir.clone().unwrap_or_else(|| format!("data/replica-{}", r.id)));
-            replicas.push(ReplicaEntry { id: r.id, address, metrics, data_dir });
-        }
+            let data_dir = base.join(r.data_dir.clone().unwrap_or_else(|| format!("data/{dir}-{}", r.id)));
+            Ok(ReplicaEntry { id: r.id, address, metrics, data_dir })
+        };
+        let replicas: Vec<ReplicaEntry> = replica_tables
+            .iter()
+            .enumerate()
+            .map(|(i, r)| member(replica_role, "replica", i, r))
+            .collect::<Result<_, _>>()?;
+        let brokers: Vec<ReplicaEntry> = raw
+            .distill_brokers(protocol)
+            .iter()
+            .enumerate()
+            .map(|(i, r)| member("broker", "broker", i, r))
+            .collect::<Result<_, _>>()?;
         let n = replicas.len() as u32;
         if n < 3 * raw.f + 1 {
             return Err(bad(
@@ -315,6 +343,7 @@ impl ClusterFile {
             replicas,
             clients: client_tables.iter().map(|c| c.id).collect(),
             subscribers: raw.subscriber.iter().map(|s| (s.id, s.topics.clone())).collect(),
+            brokers,
         };
         // The core's own rules (parameter ranges and the like), reported against this file.
         let cluster = file.public_cluster(|_| (BlsPublicKey([0; 48]), BlsSignature([0; 96])));
@@ -333,9 +362,23 @@ impl ClusterFile {
             Some(self.protocol.client_role())
         } else if self.subscribers.iter().any(|(s, _)| *s == id) {
             Some(Role::Subscriber)
+        } else if self.brokers.iter().any(|b| b.id == id) {
+            Some(Role::DistillBroker)
         } else {
-            None
+            self.generated_client(id).map(|_| Role::DistillClient)
         }
+    }
+
+    /// Distillation: a broker of this cluster.
+    pub fn broker(&self, id: NodeId) -> Option<&ReplicaEntry> {
+        self.brokers.iter().find(|b| b.id == id)
+    }
+
+    /// Distillation: the directory index of the generated client at node id `id`
+    /// ([`CLIENT_ADDRESS_BASE`] + index), if it is one.
+    pub fn generated_client(&self, id: NodeId) -> Option<u64> {
+        let index = id.checked_sub(CLIENT_ADDRESS_BASE)? as u64;
+        (self.protocol == Protocol::Distill && index < self.params.directory_size).then_some(index)
     }
 
     /// Every node id, ascending.
@@ -346,6 +389,7 @@ impl ClusterFile {
             .map(|r| r.id)
             .chain(self.clients.iter().copied())
             .chain(self.subscribers.iter().map(|s| s.0))
+            .chain(self.brokers.iter().map(|b| b.id))
             .collect();
         ids.sort_unstable();
         ids
@@ -368,19 +412,21 @@ impl ClusterFile {
         self.keys_dir.join(format!("node-{id}.toml"))
     }
 
-    /// The full configuration of node `id`: this file plus its key file.
-    pub fn node_config(&self, id: NodeId) -> Result<NodeConfig, ConfigError> {
-        if self.role_of(id).is_none() {
-            return Err(ConfigError::new(&self.path, None, format!("node {id} is not in this cluster")));
-        }
-        let path = self.key_file(id);
-        let keys = KeyFile::load(&path)?;
-        let bad = |field: &str, problem: String| ConfigError::new(&path, Some(field), problem);
-        if keys.id != id {
-            return Err(bad("id", format!("this is node {}'s key file, not node {id}'s", keys.id)));
-        }
+    /// Distillation: where everyone's public keys are, for generated clients (whose
+    /// secrets come from the directory seed, so they have no key file).
+    pub fn public_keys_file(&self) -> PathBuf {
+        self.keys_dir.join("public.toml")
+    }
+
+    /// The public keys a key file lists, checked to cover every node of this file.
+    fn public_keys(
+        &self,
+        path: &Path,
+        nodes: &[PublicKeyToml],
+    ) -> Result<BTreeMap<NodeId, (BlsPublicKey, BlsSignature)>, ConfigError> {
+        let bad = |field: &str, problem: String| ConfigError::new(path, Some(field), problem);
         let mut public = BTreeMap::new();
-        for (i, node) in keys.node.iter().enumerate() {
+        for (i, node) in nodes.iter().enumerate() {
             let pk = hex_array(&node.bls_public_key).map_err(|e| bad(&format!("node[{i}].bls_public_key"), e))?;
             let pop = hex_array(&node.bls_pop).map_err(|e| bad(&format!("node[{i}].bls_pop"), e))?;
             public.insert(node.id, (BlsPublicKey(pk), BlsSignature(pop)));
@@ -390,6 +436,48 @@ impl ClusterFile {
                 return Err(bad("node", format!("no public key for node {want}, which the cluster file lists")));
             }
         }
+        Ok(public)
+    }
+
+    /// A generated client's configuration: the cluster's public keys, itself, and its
+    /// secret from the directory seed.
+    fn generated_client_config(&self, id: NodeId, index: u64) -> Result<NodeConfig, ConfigError> {
+        let path = self.public_keys_file();
+        let keys: PublicKeysFile = parse_toml(&path, &read(&path)?)?;
+        let public = self.public_keys(&path, &keys.node)?;
+        let secret = BlsSecretKey::from_key_material(
+            self.crypto,
+            &phalanx_core::distill::generated_material(self.params.directory_seed, index),
+        );
+        let mut cluster = self.public_cluster(|id| public[&id]);
+        // Client ids are above every listed node's, so the nodes stay in order.
+        cluster.nodes.push(NodeInfo {
+            id,
+            role: Role::DistillClient,
+            bls_public_key: secret.public_key(),
+            bls_pop: secret.prove_possession(),
+            topics: vec![],
+        });
+        let cfg = NodeConfig { cluster, id, mac_keys: BTreeMap::new(), bls_secret: secret };
+        cfg.validate().map_err(|e| ConfigError::new(&self.path, None, e.0))?;
+        Ok(cfg)
+    }
+
+    /// The full configuration of node `id`: this file plus its key file.
+    pub fn node_config(&self, id: NodeId) -> Result<NodeConfig, ConfigError> {
+        if self.role_of(id).is_none() {
+            return Err(ConfigError::new(&self.path, None, format!("node {id} is not in this cluster")));
+        }
+        if let Some(index) = self.generated_client(id) {
+            return self.generated_client_config(id, index);
+        }
+        let path = self.key_file(id);
+        let keys = KeyFile::load(&path)?;
+        let bad = |field: &str, problem: String| ConfigError::new(&path, Some(field), problem);
+        if keys.id != id {
+            return Err(bad("id", format!("this is node {}'s key file, not node {id}'s", keys.id)));
+        }
+        let public = self.public_keys(&path, &keys.node)?;
         let mut mac_keys = BTreeMap::new();
         for (peer, key) in &keys.mac_keys {
             let field = format!("mac_keys.{peer}");
@@ -416,6 +504,13 @@ struct PublicKeyToml {
     id: NodeId,
     bls_public_key: String,
     bls_pop: String,
+}
+
+/// Everyone's public keys (distillation: what generated clients read).
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+struct PublicKeysFile {
+    node: Vec<PublicKeyToml>,
 }
 
 /// A node's secrets and everyone's public keys.
@@ -458,8 +553,12 @@ pub struct KeygenOptions {
     pub f: u32,
     /// Replicas; 3f+1 when `None`.
     pub replicas: Option<u32>,
+    /// Clients: PBFT clients, pub/sub publishers, or distillation's generated directory.
     pub clients: u32,
     pub subscribers: u32,
+    /// Distillation: brokers (ids from [`FIRST_BROKER`]); broker i listens for clients
+    /// on `host:base_port + replicas + i`.
+    pub brokers: u32,
     pub crypto: CryptoMode,
     pub host: String,
     pub base_port: u16,
@@ -479,19 +578,12 @@ pub fn keygen(opts: &KeygenOptions) -> Result<PathBuf, ConfigError> {
         return Err(ConfigError::new(&cluster_path, None, "already exists (pass --force to overwrite)"));
     }
     let replicas = opts.replicas.unwrap_or(3 * opts.f + 1);
-    let spec = ClusterSpec {
-        f: opts.f,
-        replicas,
-        clients: opts.clients,
-        subscribers: opts.subscribers,
-        topics: vec![0],
-        params: opts.params.clone(),
-        crypto: opts.crypto,
-        protocol: opts.protocol,
-    };
     let mut seed = [0u8; 32];
     getrandom::fill(&mut seed).map_err(|e| ConfigError::new(&cluster_path, None, format!("no randomness: {e}")))?;
-    let configs = generate_cluster(&spec, seed).map_err(|e| ConfigError::new(&cluster_path, None, e.0))?;
+    let configs = match opts.protocol {
+        Protocol::Distill => generate_distill_keys(opts, replicas, seed)?,
+        _ => generate_cluster_keys(opts, replicas, seed)?,
+    };
     let keys_dir = opts.dir.join("keys");
     fs::create_dir_all(&keys_dir).map_err(|e| io(&keys_dir, e))?;
     let public: Vec<PublicKeyToml> = configs[0]
@@ -520,7 +612,7 @@ pub fn keygen(opts: &KeygenOptions) -> Result<PathBuf, ConfigError> {
     let params = Params::NAMES
         .iter()
         .filter_map(|&name| {
-            let value = opts.params.get(name)?;
+            let value = configs[0].cluster.params.get(name)?;
             (Some(value) != defaults.get(name)).then(|| (name.to_string(), value))
         })
         .collect();
@@ -539,6 +631,22 @@ pub fn keygen(opts: &KeygenOptions) -> Result<PathBuf, ConfigError> {
             .map(|id| SubscriberToml { id, topics: vec![0] })
             .collect(),
     };
+    if opts.protocol == Protocol::Distill {
+        let path = keys_dir.join("public.toml");
+        let text = format!(
+            "# Phalanx distillation cluster: every node's public keys (generated clients read them).\n{}",
+            toml::to_string(&PublicKeysFile { node: public.clone() }).expect("serialisable")
+        );
+        fs::write(&path, text).map_err(|e| io(&path, e))?;
+        toml.broker = (0..opts.brokers)
+            .map(|i| ReplicaToml {
+                id: FIRST_BROKER + i,
+                address: format!("{}:{}", opts.host, opts.base_port as u32 + replicas + i),
+                metrics: opts.metrics_base_port.map(|p| format!("{}:{}", opts.host, p as u32 + replicas + i)),
+                data_dir: None,
+            })
+            .collect();
+    }
     let members = (0..replicas).map(|i| ReplicaToml {
         id: i,
         address: format!("{}:{}", opts.host, opts.base_port as u32 + i),
@@ -547,7 +655,8 @@ pub fn keygen(opts: &KeygenOptions) -> Result<PathBuf, ConfigError> {
     });
     let clients = (replicas..replicas + opts.clients).map(|id| ClientToml { id });
     match opts.protocol {
-        Protocol::Pbft | Protocol::Distill => (toml.replica, toml.client) = (members.collect(), clients.collect()),
+        Protocol::Pbft => (toml.replica, toml.client) = (members.collect(), clients.collect()),
+        Protocol::Distill => toml.replica = members.collect(),
         Protocol::PubSub => (toml.broker, toml.publisher) = (members.collect(), clients.collect()),
     }
     let text = format!(
@@ -556,6 +665,42 @@ pub fn keygen(opts: &KeygenOptions) -> Result<PathBuf, ConfigError> {
     );
     fs::write(&cluster_path, text).map_err(|e| io(&cluster_path, e))?;
     Ok(cluster_path)
+}
+
+fn generate_cluster_keys(opts: &KeygenOptions, replicas: u32, seed: [u8; 32]) -> Result<Vec<NodeConfig>, ConfigError> {
+    let spec = ClusterSpec {
+        f: opts.f,
+        replicas,
+        clients: opts.clients,
+        subscribers: opts.subscribers,
+        topics: vec![0],
+        params: opts.params.clone(),
+        crypto: opts.crypto,
+        protocol: opts.protocol,
+    };
+    generate_cluster(&spec, seed).map_err(|e| ConfigError::new(&opts.dir.join("cluster.toml"), None, e.0))
+}
+
+/// Servers and brokers get keys; the clients are a generated directory of
+/// `opts.clients` (its seed drawn here unless the parameters fix one).
+fn generate_distill_keys(opts: &KeygenOptions, replicas: u32, seed: [u8; 32]) -> Result<Vec<NodeConfig>, ConfigError> {
+    let path = opts.dir.join("cluster.toml");
+    if replicas != 3 * opts.f + 1 {
+        return Err(ConfigError::new(
+            &path,
+            None,
+            format!("a distillation cluster has 3f+1 = {} servers", 3 * opts.f + 1),
+        ));
+    }
+    let mut params = opts.params.clone();
+    params.directory_size = opts.clients as u64;
+    if params.directory_seed == 0 {
+        // Below 2^63: TOML integers are signed.
+        params.directory_seed = (u64::from_le_bytes(seed[..8].try_into().expect("8 bytes")) >> 1) | 1;
+    }
+    let spec =
+        DistillSpec { f: opts.f, brokers: opts.brokers, clients: 0, unregistered: 0, params, crypto: opts.crypto };
+    generate_distill(&spec, seed).map_err(|e| ConfigError::new(&path, None, e.0))
 }
 
 fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
@@ -587,6 +732,7 @@ mod tests {
             replicas: None,
             clients: 2,
             subscribers: 0,
+            brokers: 0,
             crypto: CryptoMode::InsecureTest,
             host: "127.0.0.1".into(),
             base_port: 7100,
@@ -613,6 +759,30 @@ mod tests {
         let again = keygen(&options(&dir)).unwrap_err();
         assert!(again.to_string().contains("--force"), "{again}");
         keygen(&KeygenOptions { force: true, ..options(&dir) }).unwrap();
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_distill_cluster_has_servers_brokers_and_a_generated_directory() {
+        let dir = temp_dir("distill");
+        let opts = KeygenOptions { protocol: Protocol::Distill, clients: 50, brokers: 2, ..options(&dir) };
+        let path = keygen(&opts).unwrap();
+        let file = ClusterFile::load(&path).unwrap();
+        assert_eq!(file.brokers.iter().map(|b| b.id).collect::<Vec<_>>(), vec![FIRST_BROKER, FIRST_BROKER + 1]);
+        assert_eq!(file.brokers[1].address, "127.0.0.1:7105".parse().unwrap());
+        assert_eq!(file.params.directory_size, 50);
+        assert_ne!(file.params.directory_seed, 0);
+        assert_eq!(file.role_of(2), Some(Role::Server));
+        assert_eq!(file.role_of(FIRST_BROKER), Some(Role::DistillBroker));
+        assert_eq!(file.role_of(CLIENT_ADDRESS_BASE + 49), Some(Role::DistillClient));
+        assert_eq!(file.role_of(CLIENT_ADDRESS_BASE + 50), None);
+        for id in file.node_ids().into_iter().chain([CLIENT_ADDRESS_BASE + 7]) {
+            assert_eq!(file.node_config(id).unwrap().id, id);
+        }
+        let text = fs::read_to_string(&path).unwrap();
+        fs::write(&path, format!("{text}\n[[client]]\nid = 9\n")).unwrap();
+        let e = ClusterFile::load(&path).unwrap_err().to_string();
+        assert!(e.contains("`client`") && e.contains("distill"), "{e}");
         fs::remove_dir_all(&dir).unwrap();
     }
 

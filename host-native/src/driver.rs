@@ -325,8 +325,8 @@ impl Driver {
                 self.metrics.completed(1);
                 self.tell_app(AppEvent::Delivered(d));
             }
-            // A distillation server's batch (its subscribers: issue 20).
-            Output::Delivered(batch) => self.metrics.completed(batch.len() as u64),
+            // A distillation server's batch: counted, and kept for followers.
+            Output::Delivered(batch) => self.metrics.deliveries.delivered(batch),
             // The host loop does these itself.
             Output::Persist { .. }
             | Output::Compact { .. }

@@ -12,6 +12,8 @@ pub mod bench;
 pub mod client;
 pub mod config;
 pub mod demo;
+pub mod distill;
+pub mod distill_bench;
 pub mod driver;
 pub mod engine;
 pub mod faults;

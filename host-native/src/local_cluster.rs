@@ -41,7 +41,8 @@ pub struct LocalCluster {
     pub dir: PathBuf,
     pub cluster: ClusterFile,
     binary: PathBuf,
-    procs: Vec<Option<Child>>,
+    /// The processes running, by node id (replicas, and distillation's brokers).
+    procs: BTreeMap<NodeId, Child>,
     extra_args: Vec<String>,
     /// Arguments for one replica only (e.g. `--engine wasm`), after `extra_args`.
     node_args: BTreeMap<NodeId, Vec<String>>,
@@ -58,6 +59,8 @@ pub struct LocalSpec {
     pub f: u32,
     pub clients: u32,
     pub subscribers: u32,
+    /// Distillation: broker processes (`phalanxd broker`), started with the replicas.
+    pub brokers: u32,
     pub crypto: CryptoMode,
     pub params: Params,
     /// Metrics endpoints (on ports picked with the replicas').
@@ -76,6 +79,7 @@ impl Default for LocalSpec {
             f: 1,
             clients: 4,
             subscribers: 0,
+            brokers: 0,
             crypto: CryptoMode::Real,
             params: Params::default(),
             metrics: true,
@@ -136,7 +140,9 @@ impl LocalCluster {
     pub fn create(dir: &Path, spec: &LocalSpec, binary: &Path) -> Result<Self, String> {
         let _ = fs::remove_dir_all(dir);
         let replicas = 3 * spec.f + 1;
-        let count = if spec.metrics { 2 * replicas } else { replicas } as u16;
+        // Replicas' ports, then brokers', then (if asked) their metrics in the same order.
+        let members = replicas + spec.brokers;
+        let count = if spec.metrics { 2 * members } else { members } as u16;
         let (base, held) = match spec.base_port {
             Some(base) => (base, vec![]),
             None => free_ports(count)?,
@@ -148,10 +154,11 @@ impl LocalCluster {
             replicas: None,
             clients: spec.clients,
             subscribers: spec.subscribers,
+            brokers: spec.brokers,
             crypto: spec.crypto,
             host: "127.0.0.1".into(),
             base_port: base,
-            metrics_base_port: spec.metrics.then_some(base + replicas as u16),
+            metrics_base_port: spec.metrics.then_some(base + members as u16),
             params: spec.params.clone(),
             // All replicas share this machine: pinning each to "its" cores would stack them.
             runtime: Runtime { pin_threads: false, durability: spec.durability, ..Runtime::default() },
@@ -161,16 +168,17 @@ impl LocalCluster {
         let release = |ports: &[u16]| IN_USE.lock().expect("port registry lock").retain(|p| !ports.contains(p));
         let path = keygen(&opts).map_err(|e| e.to_string()).inspect_err(|_| release(&ports))?;
         let cluster = ClusterFile::load(&path).map_err(|e| e.to_string()).inspect_err(|_| release(&ports))?;
-        // Replica i's ports are the i-th of each group.
+        // Member i's ports are the i-th of each group.
+        let ids: Vec<NodeId> = cluster.replicas.iter().chain(&cluster.brokers).map(|m| m.id).collect();
         let mut reserved: BTreeMap<NodeId, Vec<TcpListener>> = BTreeMap::new();
         for (i, listener) in held.into_iter().enumerate() {
-            reserved.entry((i % replicas as usize) as NodeId).or_default().push(listener);
+            reserved.entry(ids[i % ids.len()]).or_default().push(listener);
         }
         Ok(LocalCluster {
             dir: dir.to_path_buf(),
             cluster,
             binary: binary.to_path_buf(),
-            procs: (0..replicas).map(|_| None).collect(),
+            procs: BTreeMap::new(),
             extra_args: vec![],
             node_args: BTreeMap::new(),
             reserved,
@@ -210,10 +218,15 @@ impl LocalCluster {
         self.start_each(&[id])
     }
 
-    /// Starts every replica at once and waits until each serves.
+    /// Starts every replica (and broker) at once and waits until each serves.
     pub fn start_all(&mut self) -> Result<(), String> {
-        let all: Vec<NodeId> = (0..self.procs.len() as NodeId).collect();
+        let all: Vec<NodeId> = self.members().map(|m| m.id).collect();
         self.start_each(&all)
+    }
+
+    /// The replicas, then distillation's brokers.
+    fn members(&self) -> impl Iterator<Item = &crate::config::ReplicaEntry> {
+        self.cluster.replicas.iter().chain(&self.cluster.brokers)
     }
 
     /// Starts `ids` together, then starts again, a few times, those that found their
@@ -254,8 +267,9 @@ impl LocalCluster {
             .append(true)
             .open(self.log_path(id))
             .map_err(|e| format!("opening the log of replica {id}: {e}"))?;
+        let command = if self.cluster.broker(id).is_some() { "broker" } else { "run" };
         let child = Command::new(&self.binary)
-            .arg("run")
+            .arg(command)
             .arg("--config")
             .arg(&self.cluster.path)
             .arg("--id")
@@ -270,14 +284,14 @@ impl LocalCluster {
             .stderr(log)
             .spawn()
             .map_err(|e| format!("starting {}: {e}", self.binary.display()))?;
-        self.procs[id as usize] = Some(child);
+        self.procs.insert(id, child);
         Ok(())
     }
 
     /// Waits until replica `id` serves: its metrics endpoint answers with its node id
     /// (without metrics: its address accepts a connection), or it exits.
     fn wait_serving(&mut self, id: NodeId, deadline: Instant) -> Result<(), NotServing> {
-        let replica = self.cluster.replica(id).expect("a replica of the cluster").clone();
+        let replica = self.members().find(|m| m.id == id).expect("a member of the cluster").clone();
         loop {
             if let Some(status) = self.exited(id) {
                 return Err(NotServing::Exited { status, error: self.last_words(id) });
@@ -301,10 +315,8 @@ impl LocalCluster {
     /// or fails with the error of one that exited.
     pub fn wait_serving_all(&mut self, timeout: Duration) -> Result<(), String> {
         let deadline = Instant::now() + timeout;
-        for id in 0..self.procs.len() as NodeId {
-            if self.procs[id as usize].is_some() {
-                self.wait_serving(id, deadline).map_err(|e| self.describe(id, e))?;
-            }
+        for id in self.procs.keys().copied().collect::<Vec<_>>() {
+            self.wait_serving(id, deadline).map_err(|e| self.describe(id, e))?;
         }
         Ok(())
     }
@@ -312,7 +324,7 @@ impl LocalCluster {
     /// Fails with the replica's own error if a replica this cluster started (and did not
     /// kill) has exited.
     pub fn check_running(&mut self) -> Result<(), String> {
-        for id in 0..self.procs.len() as NodeId {
+        for id in self.procs.keys().copied().collect::<Vec<_>>() {
             if let Some(status) = self.exited(id) {
                 return Err(self.describe(id, NotServing::Exited { status, error: self.last_words(id) }));
             }
@@ -339,12 +351,12 @@ impl LocalCluster {
 
     /// The exit status of replica `id` if it has exited.
     pub fn exited(&mut self, id: NodeId) -> Option<ExitStatus> {
-        self.procs[id as usize].as_mut().and_then(|c| c.try_wait().ok().flatten())
+        self.procs.get_mut(&id).and_then(|c| c.try_wait().ok().flatten())
     }
 
     /// SIGKILL: no chance to flush or say goodbye.
     pub fn kill(&mut self, id: NodeId) {
-        if let Some(mut c) = self.procs[id as usize].take() {
+        if let Some(mut c) = self.procs.remove(&id) {
             let _ = c.kill();
             let _ = c.wait();
         }
@@ -352,7 +364,7 @@ impl LocalCluster {
 
     /// The process id of replica `id`, while it runs.
     pub fn pid(&self, id: NodeId) -> Option<u32> {
-        self.procs[id as usize].as_ref().map(Child::id)
+        self.procs.get(&id).map(Child::id)
     }
 
     /// SIGSTOP: the replica stops where it is, its connections open, until [`Self::resume`].
@@ -380,7 +392,7 @@ impl LocalCluster {
     }
 
     pub fn replicas(&self) -> usize {
-        self.procs.len()
+        self.cluster.replicas.len()
     }
 
     /// Stops the replicas, then removes the cluster's directory unless `keep`: returns the
@@ -397,7 +409,7 @@ impl LocalCluster {
 
 impl Drop for LocalCluster {
     fn drop(&mut self) {
-        for id in 0..self.procs.len() as NodeId {
+        for id in self.procs.keys().copied().collect::<Vec<_>>() {
             self.kill(id);
         }
         IN_USE.lock().expect("port registry lock").retain(|p| !self.ports.contains(p));

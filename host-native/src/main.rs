@@ -13,7 +13,7 @@ use phalanx_host::client::{ClientError, ClusterClient};
 use phalanx_host::config::{ClusterFile, KeygenOptions, Runtime, keygen};
 use phalanx_host::engine::{self, EngineChoice, WasmOptions};
 use phalanx_host::runtime::{self, StartOptions};
-use phalanx_host::{bench, demo, faults, local_cluster};
+use phalanx_host::{bench, demo, distill, distill_bench, faults, local_cluster};
 
 #[derive(Parser)]
 #[command(name = "phalanxd", version, about = "Phalanx replica daemon: PBFT key-value store or BFT publish/subscribe")]
@@ -26,12 +26,18 @@ struct Cli {
 enum Command {
     /// Write a cluster configuration and one key file per node.
     Keygen(KeygenArgs),
-    /// Run one replica.
+    /// Run one replica (a distillation cluster's: one server).
     Run(RunArgs),
+    /// Run one distillation broker: clients connect to it, it distills their messages
+    /// into batches and offers them to the servers.
+    Broker(BrokerArgs),
     /// Talk to a running cluster: key-value operations (pbft) or publish/subscribe.
     Client(ClientArgs),
     /// Start a local cluster of real processes and measure throughput and latency.
     Bench(bench::BenchArgs),
+    /// Distillation: 4 local server processes fed fully distilled batches by a load
+    /// broker; delivered messages/s, latency, verifications and bytes per message.
+    DistillBench(distill_bench::DistillBenchArgs),
     /// The main job: a local 4-replica cluster, a key-value workload, a replica killed
     /// and restarted in the middle.
     Demo(demo::DemoArgs),
@@ -54,6 +60,7 @@ enum Command {
 enum ProtocolArg {
     Pbft,
     Pubsub,
+    Distill,
 }
 
 #[derive(Args)]
@@ -69,9 +76,13 @@ struct KeygenArgs {
     /// Replicas (default 3f+1).
     #[arg(long)]
     replicas: Option<u32>,
-    /// Client identities (pbft clients or pub/sub publishers).
+    /// Client identities (pbft clients or pub/sub publishers; distill: the generated
+    /// directory's size).
     #[arg(long, default_value_t = 4)]
     clients: u32,
+    /// Distillation brokers; broker i listens for clients on base-port + replicas + i.
+    #[arg(long, default_value_t = 2)]
+    brokers: u32,
     /// Subscriber identities (pubsub only).
     #[arg(long, default_value_t = 0)]
     subscribers: u32,
@@ -118,6 +129,21 @@ struct RunArgs {
     component: Option<PathBuf>,
 }
 
+#[derive(Args)]
+struct BrokerArgs {
+    #[arg(long)]
+    config: PathBuf,
+    /// Broker id (default: the first broker of the cluster file).
+    #[arg(long)]
+    id: Option<NodeId>,
+    /// Listen for clients here instead of the address the cluster file gives.
+    #[arg(long)]
+    listen: Option<std::net::SocketAddr>,
+    /// Exit when standard input closes (see `run`).
+    #[arg(long)]
+    exit_with_stdin: bool,
+}
+
 #[derive(Clone, Copy, ValueEnum)]
 enum EngineArg {
     Native,
@@ -128,7 +154,8 @@ enum EngineArg {
 struct ClientArgs {
     #[arg(long)]
     config: PathBuf,
-    /// Client id (default: the first client of the cluster file).
+    /// Client id (default: the first client of the cluster file; distill: the index in
+    /// the generated directory, default 0).
     #[arg(long)]
     id: Option<NodeId>,
     /// Seconds to wait for f+1 matching replies.
@@ -171,6 +198,23 @@ enum ClientOp {
         algorithm: AlgorithmArg,
         message: String,
     },
+    /// Broadcast messages through a broker (distill), one after the other; prints each
+    /// one's delivery height.
+    Submit {
+        messages: Vec<String>,
+    },
+    /// Follow the batches a server delivers (distill): one line per message.
+    Deliveries {
+        /// The server to follow.
+        #[arg(long, default_value_t = 0)]
+        server: NodeId,
+        /// Start after this height (0: from the oldest batch the server keeps).
+        #[arg(long, default_value_t = 0)]
+        after: u64,
+        /// Stop after this many batches.
+        #[arg(long)]
+        count: Option<u64>,
+    },
     /// Print deliveries (pubsub subscribers).
     Subscribe {
         /// Stop after this many deliveries.
@@ -197,7 +241,7 @@ enum TraceCommand {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // A replica logs what it does; the tools keep their output to the point.
-    let default_filter = if matches!(cli.command, Command::Run(_)) { "info" } else { "warn" };
+    let default_filter = if matches!(cli.command, Command::Run(_) | Command::Broker(_)) { "info" } else { "warn" };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("PHALANX_LOG").unwrap_or_else(|_| default_filter.into()),
@@ -207,9 +251,11 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Keygen(a) => keygen_cmd(a).map_err(Failure::from),
         Command::Run(a) => run_cmd(a),
+        Command::Broker(a) => broker_cmd(a),
         Command::Client(a) => client_cmd(a),
         Command::Bench(a) => bench::run(a).map_err(Failure::from),
         Command::Demo(a) => demo::run(a).map_err(Failure::from),
+        Command::DistillBench(a) => distill_bench::run(a).map_err(Failure::from),
         Command::Faults(a) => faults::run(a).map_err(Failure::from),
         #[cfg(feature = "wasm")]
         Command::EngineBench(a) => engine::bench::run(a).map_err(Failure::from),
@@ -264,6 +310,7 @@ fn keygen_cmd(a: KeygenArgs) -> Result<(), String> {
     let protocol = match a.protocol {
         ProtocolArg::Pbft => Protocol::Pbft,
         ProtocolArg::Pubsub => Protocol::PubSub,
+        ProtocolArg::Distill => Protocol::Distill,
     };
     let loopback = a.host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback()) || a.host == "localhost";
     let opts = KeygenOptions {
@@ -273,6 +320,7 @@ fn keygen_cmd(a: KeygenArgs) -> Result<(), String> {
         replicas: a.replicas,
         clients: a.clients,
         subscribers: a.subscribers,
+        brokers: if protocol == Protocol::Distill { a.brokers } else { 0 },
         crypto: if a.insecure_test_crypto { CryptoMode::InsecureTest } else { CryptoMode::Real },
         host: a.host,
         base_port: a.base_port,
@@ -297,11 +345,7 @@ fn run_cmd(a: RunArgs) -> Result<(), Failure> {
         return Err(format!("{}: node {} is not a replica of this cluster", a.config.display(), a.id).into());
     }
     if a.exit_with_stdin {
-        std::thread::spawn(|| {
-            let _ = std::io::copy(&mut std::io::stdin(), &mut std::io::sink());
-            tracing::info!("standard input closed: exiting");
-            std::process::exit(0);
-        });
+        exit_with_stdin();
     }
     let engine = match a.engine {
         EngineArg::Native => EngineChoice::Native,
@@ -318,7 +362,7 @@ fn run_cmd(a: RunArgs) -> Result<(), Failure> {
             })
         }
     };
-    let opts = StartOptions { record_trace: a.record_trace, repair: a.repair, data_dir: None, engine };
+    let opts = StartOptions { record_trace: a.record_trace, repair: a.repair, data_dir: None, engine, listen: None };
     let node = runtime::start(&cluster, a.id, &opts).map_err(|e| match e.address_in_use() {
         true => Failure::AddressInUse(e.to_string()),
         false => Failure::Failed(e.to_string()),
@@ -326,11 +370,91 @@ fn run_cmd(a: RunArgs) -> Result<(), Failure> {
     tracing::info!(
         "replica {} serving {} on {:?}, metrics on {:?}",
         a.id,
-        if cluster.protocol == Protocol::Pbft { "pbft (key-value store)" } else { "pubsub" },
+        match cluster.protocol {
+            Protocol::Pbft => "pbft (key-value store)",
+            Protocol::PubSub => "pubsub",
+            Protocol::Distill => "distill (server)",
+        },
         node.listen,
         node.metrics_addr
     );
     Ok(node.wait()?)
+}
+
+fn exit_with_stdin() {
+    std::thread::spawn(|| {
+        let _ = std::io::copy(&mut std::io::stdin(), &mut std::io::sink());
+        tracing::info!("standard input closed: exiting");
+        std::process::exit(0);
+    });
+}
+
+fn broker_cmd(a: BrokerArgs) -> Result<(), Failure> {
+    let cluster = load(&a.config)?;
+    let id = match a.id {
+        Some(id) => id,
+        None => cluster.brokers.first().map(|b| b.id).ok_or("the cluster file lists no broker")?,
+    };
+    if cluster.broker(id).is_none() {
+        return Err(format!("{}: node {id} is not a broker of this cluster", a.config.display()).into());
+    }
+    if a.exit_with_stdin {
+        exit_with_stdin();
+    }
+    let opts = StartOptions { listen: a.listen, ..StartOptions::default() };
+    let node = runtime::start(&cluster, id, &opts).map_err(|e| match e.address_in_use() {
+        true => Failure::AddressInUse(e.to_string()),
+        false => Failure::Failed(e.to_string()),
+    })?;
+    tracing::info!("broker {id} listening for clients on {:?}, metrics on {:?}", node.listen, node.metrics_addr);
+    Ok(node.wait()?)
+}
+
+/// `client submit` and `client deliveries` (distill).
+fn distill_client_cmd(a: ClientArgs, cluster: ClusterFile) -> Result<(), Failure> {
+    let timeout = Duration::from_secs_f64(a.timeout);
+    match a.op {
+        ClientOp::Submit { messages } => {
+            let index = a.id.unwrap_or(0);
+            let id = phalanx_core::distill::CLIENT_ADDRESS_BASE
+                .checked_add(index)
+                .filter(|&id| cluster.generated_client(id).is_some())
+                .ok_or_else(|| format!("--id {index}: the directory has {} clients", cluster.params.directory_size))?;
+            let mut client = ClusterClient::start(&cluster, id, None).map_err(|e| e.to_string())?;
+            for message in messages {
+                let result = client
+                    .execute(message.clone().into_bytes(), timeout)
+                    .map_err(|e| Failure::OutcomeUnknown(format!("{message:?}: {e}; it may still be delivered")))?;
+                let (height, seq) = distill::delivery_of(&result).ok_or("a malformed completion")?;
+                println!("{message:?}: delivered at height {height} (seq {seq})");
+            }
+            Ok(client.stop()?)
+        }
+        ClientOp::Deliveries { server, after, count } => {
+            let addr = cluster
+                .replica(server)
+                .and_then(|r| r.metrics)
+                .ok_or_else(|| format!("server {server} has no metrics endpoint in the cluster file"))?;
+            let mut follower = distill::Follower::new(addr, after);
+            let mut seen = 0;
+            while count.is_none_or(|c| seen < c) {
+                let feed = follower.wait().map_err(|e| format!("server {server} at {addr}: {e}"))?;
+                for (from, to) in feed.gaps {
+                    println!("gap: heights {from}..={to} not delivered here (or no longer kept)");
+                }
+                for b in feed.batches {
+                    for (id, seq, msg) in &b.entries {
+                        println!("height {} client {id} seq {seq}: {:?}", b.height, String::from_utf8_lossy(msg));
+                    }
+                    seen += 1;
+                }
+            }
+            Ok(())
+        }
+        _ => {
+            Err("a distill cluster's clients submit and follow deliveries: `client submit`, `client deliveries`".into())
+        }
+    }
 }
 
 fn show_reply(result: &[u8]) -> String {
@@ -349,6 +473,9 @@ fn show_reply(result: &[u8]) -> String {
 
 fn client_cmd(a: ClientArgs) -> Result<(), Failure> {
     let cluster = load(&a.config)?;
+    if cluster.protocol == Protocol::Distill {
+        return distill_client_cmd(a, cluster);
+    }
     let subscribing = matches!(a.op, ClientOp::Subscribe { .. });
     let id = match a.id {
         Some(id) => id,
@@ -377,6 +504,13 @@ fn client_cmd(a: ClientArgs) -> Result<(), Failure> {
             // Give the broadcast time to leave before the process exits.
             std::thread::sleep(Duration::from_millis(500));
             return Ok(client.stop()?);
+        }
+        ClientOp::Submit { .. } | ClientOp::Deliveries { .. } => {
+            return Err(format!(
+                "`client submit` and `client deliveries` need a distill cluster, not {}",
+                cluster.protocol.name()
+            )
+            .into());
         }
         ClientOp::Subscribe { count } => {
             let mut seen = 0;

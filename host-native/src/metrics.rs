@@ -19,6 +19,8 @@ use std::time::{Duration, Instant};
 use phalanx_core::crypto::Digest;
 use phalanx_core::{FaultKind, NodeId, Stats, Status};
 
+use crate::distill::Deliveries;
+
 /// Latency bucket bounds, in nanoseconds (50 µs to 5 s).
 const LATENCY_NS: [u64; 16] = [
     50_000,
@@ -146,6 +148,8 @@ pub struct Metrics {
     core: Mutex<(Status, Stats)>,
     /// The application state's digest after the batch of this seq (PBFT replicas).
     state: Mutex<Option<(u64, Digest)>>,
+    /// Distillation servers: the batches delivered.
+    pub deliveries: Deliveries,
 }
 
 impl Metrics {
@@ -169,6 +173,7 @@ impl Metrics {
             completed: AtomicU64::new(0),
             core: Mutex::default(),
             state: Mutex::default(),
+            deliveries: Deliveries::default(),
         }
     }
 
@@ -352,6 +357,12 @@ impl Metrics {
             self.operations_executed.load(Relaxed),
         );
         counter(o, "phalanx_requests_completed_total", "Client requests answered.", self.completed.load(Relaxed));
+        let (batches, messages, height) = self.deliveries.totals();
+        if height > 0 {
+            counter(o, "phalanx_distill_batches_delivered_total", "Distilled batches delivered.", batches);
+            counter(o, "phalanx_distill_messages_delivered_total", "Messages in delivered batches.", messages);
+            gauge(o, "phalanx_distill_height", "Height of the last batch delivered.", height);
+        }
         self.execution_time.render(o, "phalanx_execution_time_seconds", "Time to execute one batch.");
         self.batch_size.render(o, "phalanx_batch_size", "Operations per executed batch.");
         self.persist_latency.render(o, "phalanx_persist_latency_seconds", "Time to make a round's records durable.");
@@ -516,6 +527,13 @@ fn route(head: &[u8], metrics: &Metrics) -> (&'static str, String) {
     }
     match target.split('?').next() {
         Some("/metrics") => ("200 OK", metrics.render()),
+        Some("/deliveries") => {
+            let after = target.split_once("?after=").map_or(Some(0), |(_, h)| h.parse().ok());
+            match after {
+                Some(after) => ("200 OK", metrics.deliveries.render_after(after)),
+                None => ("400 Bad Request", "deliveries: ?after=HEIGHT (a number)\n".into()),
+            }
+        }
         _ => ("404 Not Found", "not found; metrics are at /metrics\n".into()),
     }
 }
@@ -523,11 +541,16 @@ fn route(head: &[u8], metrics: &Metrics) -> (&'static str, String) {
 /// Fetches `http://addr/metrics` and returns the body: a plain HTTP/1.1 GET, for tests
 /// and the CLI. A status other than 200 is an error.
 pub fn scrape(addr: SocketAddr) -> io::Result<String> {
+    get(addr, "/metrics")
+}
+
+/// Fetches `http://addr{path}` and returns the body (for `scrape` and the deliveries feed).
+pub fn get(addr: SocketAddr, path: &str) -> io::Result<String> {
     let timeout = Duration::from_secs(5);
     let mut s = TcpStream::connect_timeout(&addr, timeout)?;
     s.set_read_timeout(Some(timeout))?;
     s.set_write_timeout(Some(timeout))?;
-    s.write_all(format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes())?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes())?;
     let mut resp = Vec::new();
     // Bounded so a wrong address cannot make the caller buffer without limit.
     s.take(64 << 20).read_to_end(&mut resp)?;

@@ -63,6 +63,8 @@ pub struct StartOptions {
     pub data_dir: Option<PathBuf>,
     /// The core linked in, or in a wasm sandbox.
     pub engine: EngineChoice,
+    /// Distillation brokers: listen for clients here instead of the configured address.
+    pub listen: Option<SocketAddr>,
 }
 
 /// A running node: its threads and the handles to talk to it.
@@ -178,9 +180,10 @@ pub fn start(cluster: &ClusterFile, id: NodeId, opts: &StartOptions) -> Result<R
     tracing::info!("node {id}: {}", node.info());
     let replica = cluster.replica(id);
     let data_dir = replica.map(|r| r.data_dir.clone()).or_else(|| opts.data_dir.clone());
-    // Only PBFT persists; the broadcast family keeps nothing across restarts.
+    // Only PBFT (and distillation's servers and clients) persists; the broadcast family
+    // and distillation's brokers keep nothing across restarts.
     let storage: Box<dyn Storage + Send> = match (&data_dir, cluster.protocol) {
-        (Some(dir), Protocol::Pbft) => {
+        (Some(dir), Protocol::Pbft | Protocol::Distill) => {
             let recovery = if opts.repair { Recovery::Repair } else { Recovery::Strict };
             let (wal, records) = Wal::open(dir, recovery).map_err(StartError::Storage)?;
             Box::new(WalStorage::new(wal, records, cluster.runtime.durability))
@@ -202,11 +205,13 @@ pub fn start(cluster: &ClusterFile, id: NodeId, opts: &StartOptions) -> Result<R
     let peers = cluster.node_ids();
     let metrics = Arc::new(Metrics::new(id, &peers));
     let (events_tx, events_rx) = mpsc::sync_channel::<Event>(cluster.runtime.event_queue);
+    let broker = cluster.broker(id);
+    let member = replica.or(broker);
     let net_cfg = NetConfig {
         me: id,
-        listen: replica.map(|r| r.address),
-        dial: cluster.replicas.iter().filter(|r| r.id != id).map(|r| (r.id, r.address)).collect(),
-        known: peers.iter().copied().collect(),
+        listen: opts.listen.or(member.map(|m| m.address)),
+        dial: crate::distill::dials(cluster, id),
+        known: crate::distill::known(cluster, id, &peers),
         // Room for the length prefix's worth of slack: the core reports larger frames.
         max_frame: cluster.params.max_message_bytes as usize + 1024,
         send_queue_bytes: cluster.runtime.send_queue_bytes,
@@ -219,7 +224,7 @@ pub fn start(cluster: &ClusterFile, id: NodeId, opts: &StartOptions) -> Result<R
     let (network, outbox) =
         Network::new(net_cfg, metrics.clone(), deliver).map_err(io(format!("node {id}: {listening}")))?;
     let listen = network.local_addr();
-    let metrics_addr = match replica.and_then(|r| r.metrics) {
+    let metrics_addr = match member.and_then(|r| r.metrics) {
         Some(addr) => Some(metrics::serve(addr, metrics.clone()).map_err(io(format!("metrics on {addr}")))?.0),
         None => None,
     };
@@ -272,6 +277,7 @@ mod tests {
             replicas: None,
             clients: 2,
             subscribers: 0,
+            brokers: 0,
             crypto: CryptoMode::Real,
             host: "127.0.0.1".into(),
             base_port: 7100,

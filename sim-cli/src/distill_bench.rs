@@ -10,10 +10,11 @@ use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 use phalanx_core::crypto::ed25519::{EdItem, verify_batch};
-use phalanx_core::crypto::{BlsSecretKey, CryptoMode, EdSignature, sum_secret_keys};
+use phalanx_core::crypto::{BlsSecretKey, CryptoMode, EdSignature};
+use phalanx_core::distill::load::{self, LoadClients};
 use phalanx_core::distill::{
-    Batch, CLIENT_ADDRESS_BASE, Messages, Straggler, broadcast_statement, ed_key, generated_secrets, hello_statement,
-    reduction_auth_statement, reduction_statement, system_id,
+    CLIENT_ADDRESS_BASE, broadcast_statement, ed_key, generated_secrets, hello_statement, reduction_auth_statement,
+    reduction_statement, system_id,
 };
 use phalanx_core::wire::pb;
 use phalanx_core::wire::pb::distill_frame::Kind as Frame;
@@ -158,19 +159,16 @@ impl Servers {
             got.push((server, w.signature));
             if got.len() == 2 {
                 // f+1 shards: the witness certificate (aggregated as a broker would).
-                let sigs: Vec<_> =
-                    got.iter().map(|(_, s)| phalanx_core::crypto::BlsSignature(s[..].try_into().unwrap())).collect();
-                let agg = phalanx_core::crypto::aggregate(CryptoMode::Real, &sigs).unwrap();
-                let mut signers = vec![0u8; 1];
-                for (i, _) in got.iter() {
-                    signers[0] |= 1 << i;
-                }
+                let shards: Vec<_> = got
+                    .iter()
+                    .map(|(i, s)| (*i, phalanx_core::crypto::BlsSignature(s[..].try_into().unwrap())))
+                    .collect();
                 let r = pb::Reference {
                     broker: vec![],
                     lane: w.lane,
                     lane_seq: w.lane_seq,
                     root: w.root,
-                    witness: Some(pb::DistillCertificate { signers, signature: agg.0.to_vec() }),
+                    witness: load::certificate(CryptoMode::Real, 4, &shards),
                 };
                 self.shards.insert((w.lane, w.lane_seq), vec![(9, r.encode_to_vec())]);
             }
@@ -213,36 +211,17 @@ fn servers(batches: u32, entries: u32, directory_bits: u32, straggler_pct: u64) 
     let stride = (1u64 << directory_bits) / entries as u64;
     let ids: Vec<u64> = (0..entries as u64).map(|i| i * stride + (i * 7) % stride.max(1)).collect();
     let t = Instant::now();
-    let secrets: Vec<_> = ids.iter().map(|&id| generated_secrets(CryptoMode::Real, 3, id)).collect();
-    let straggles = |i: usize| (i as u64 * 2_654_435_761) % 100 < straggler_pct;
-    let signers: Vec<BlsSecretKey> =
-        secrets.iter().enumerate().filter(|(i, _)| !straggles(*i)).map(|(_, (_, b))| b.clone()).collect();
-    let sum = sum_secret_keys(&signers).expect("real keys");
+    let clients =
+        LoadClients::new(CryptoMode::Real, sys, params.leaf_entries, 3, ids, straggler_pct).expect("real keys");
     eprintln!("  ({} client keys made in {:.1?})", entries, t.elapsed());
-    let per_leaf = params.leaf_entries as usize;
     let mut warm = None;
     for b in 0..=batches as u64 {
         if b == 1 {
             // The first batch warms the servers' directory caches: not measured.
             warm = Some((s.cpu.clone(), s.ingress.clone(), s.delivered.clone(), status(&s)));
         }
-        let raise = b;
-        let msgs: Vec<[u8; 8]> = (0..entries as u64).map(|i| (b << 32 | i).to_le_bytes()).collect();
-        let stragglers: Vec<Straggler> = (0..ids.len())
-            .filter(|&i| straggles(i))
-            .map(|i| Straggler {
-                id: ids[i],
-                seq: raise,
-                signature: secrets[i].0.sign(&broadcast_statement(&sys, ids[i], raise, &msgs[i])),
-            })
-            .collect();
-        let m = Messages::collect(msgs.iter().map(|m| &m[..]));
-        let all_straggle = stragglers.len() == ids.len();
-        let unsigned = Batch::new(ids.clone(), m.clone(), raise, None, vec![]).expect("batch");
-        let r1 = unsigned.root_t1(per_leaf);
-        let aggregate = (!all_straggle).then(|| sum.sign(&reduction_statement(&sys, &r1)));
-        let batch = Batch::new(ids.clone(), m, raise, aggregate, stragglers).expect("batch");
-        let r2 = batch.root_t2(per_leaf);
+        let msgs = load::messages(b, entries as usize);
+        let (batch, r2) = clients.batch(b, msgs).expect("batch");
         let (lane, lane_seq) = ((b % 4) as u32, b / 4);
         let encoded = batch.to_pb();
         for server in 0..4usize {
@@ -354,11 +333,8 @@ fn broker(count: u32, straggler_pct: u64) {
         };
         let id = (*to - CLIENT_ADDRESS_BASE) as usize;
         let (ed, bls) = &keys[id];
-        let statement = if (id as u64 * 2_654_435_761) % 100 < straggler_pct {
-            b"bad".to_vec()
-        } else {
-            reduction_statement(&sys, &inc.root)
-        };
+        let statement =
+            if load::straggles(id, straggler_pct) { b"bad".to_vec() } else { reduction_statement(&sys, &inc.root) };
         let share = bls.sign(&statement).0.to_vec();
         let auth = ed.sign(&reduction_auth_statement(&sys, id as u64, &inc.root, &share)).0.to_vec();
         reductions.push((*to, frame(Frame::Reduction(pb::Reduction { id: id as u64, root: inc.root, share, auth }))));

@@ -38,6 +38,7 @@ mod batch;
 mod broker;
 mod client;
 mod directory;
+pub mod load;
 pub mod merkle;
 mod server;
 
@@ -142,12 +143,8 @@ impl Servers {
 
     /// The certificate of the servers at `signers` (indices) on one statement.
     pub fn certificate(&self, signers: &[usize], sigs: &[BlsSignature]) -> Option<pb::DistillCertificate> {
-        let agg = crate::crypto::aggregate(self.mode, sigs)?;
-        let mut bitmap = vec![0u8; self.ids.len().div_ceil(8)];
-        for &i in signers {
-            bitmap[i / 8] |= 1 << (i % 8);
-        }
-        Some(pb::DistillCertificate { signers: bitmap, signature: agg.0.to_vec() })
+        let shards: Vec<(usize, BlsSignature)> = signers.iter().copied().zip(sigs.iter().copied()).collect();
+        load::certificate(self.mode, self.ids.len(), &shards)
     }
 
     /// The servers a bitmap names; `None` if it names none that exist or is too long.

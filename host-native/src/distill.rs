@@ -1,0 +1,232 @@
+//! Distillation on real processes, the server side: what a server delivered, counted for
+//! the metrics and kept (bounded) for followers, who read it over the metrics endpoint
+//! (`GET /deliveries?after=HEIGHT`, what `phalanxd client deliveries` polls).
+//!
+//! The feed is text, one batch a block: `batch HEIGHT COUNT`, then COUNT lines
+//! `ID SEQ HEX-MESSAGE` in id order. When batches a follower asked for are no longer
+//! kept, a line `gap FROM TO` says which heights it missed (a restarted server that
+//! caught up by state transfer also has gaps: it never delivered those batches itself).
+
+use std::collections::{BTreeSet, VecDeque};
+use std::fmt::Write;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+use phalanx_core::NodeId;
+use phalanx_core::distill::{CLIENT_ADDRESS_BASE, DeliveredBatch};
+
+use crate::config::ClusterFile;
+use crate::metrics::get;
+
+/// Whom node `id` dials: every replica but itself, or, for a distillation client, the
+/// brokers (servers and brokers dial the servers).
+pub fn dials(cluster: &ClusterFile, id: NodeId) -> Vec<(NodeId, SocketAddr)> {
+    let targets = if cluster.generated_client(id).is_some() { &cluster.brokers } else { &cluster.replicas };
+    targets.iter().filter(|r| r.id != id).map(|r| (r.id, r.address)).collect()
+}
+
+/// The node ids whose hellos node `id` accepts: the cluster's, and at a broker the
+/// generated clients'.
+pub fn known(cluster: &ClusterFile, id: NodeId, peers: &[NodeId]) -> BTreeSet<NodeId> {
+    let mut known: BTreeSet<NodeId> = peers.iter().copied().collect();
+    if cluster.broker(id).is_some() {
+        let clients = cluster.params.directory_size.min(u64::from(u32::MAX - CLIENT_ADDRESS_BASE)) as u32;
+        known.extend(CLIENT_ADDRESS_BASE..CLIENT_ADDRESS_BASE + clients);
+    }
+    known
+}
+
+/// Entries kept for followers at most (the last batch is always kept).
+pub const KEPT_ENTRIES: usize = 1 << 20;
+/// Most entries one answer carries; a follower asks again for the rest.
+const ANSWER_ENTRIES: usize = 1 << 16;
+
+/// A server's delivered batches: counters and the recent batches.
+#[derive(Default)]
+pub struct Deliveries {
+    batches: AtomicU64,
+    messages: AtomicU64,
+    height: AtomicU64,
+    kept: Mutex<Kept>,
+}
+
+#[derive(Default)]
+struct Kept {
+    batches: VecDeque<Arc<DeliveredBatch>>,
+    entries: usize,
+}
+
+impl Deliveries {
+    /// Counts and keeps a delivered batch (the protocol thread, once per batch).
+    pub fn delivered(&self, batch: DeliveredBatch) {
+        self.batches.fetch_add(1, Relaxed);
+        self.messages.fetch_add(batch.len() as u64, Relaxed);
+        self.height.store(batch.height, Relaxed);
+        let mut kept = self.kept.lock().expect("deliveries lock");
+        kept.entries += batch.len();
+        kept.batches.push_back(Arc::new(batch));
+        while kept.entries > KEPT_ENTRIES && kept.batches.len() > 1 {
+            let old = kept.batches.pop_front().expect("more than one");
+            kept.entries -= old.len();
+        }
+    }
+
+    /// (batches delivered, messages delivered, height of the last).
+    pub fn totals(&self) -> (u64, u64, u64) {
+        (self.batches.load(Relaxed), self.messages.load(Relaxed), self.height.load(Relaxed))
+    }
+
+    /// The kept batches above height `after`, as the feed's text (bounded; a follower
+    /// asks again after the last height it got).
+    pub fn render_after(&self, after: u64) -> String {
+        let batches: Vec<Arc<DeliveredBatch>> = {
+            let kept = self.kept.lock().expect("deliveries lock");
+            kept.batches.iter().filter(|b| b.height > after).cloned().collect()
+        };
+        let mut out = String::new();
+        let mut expected = after + 1;
+        let mut entries = 0;
+        for b in batches {
+            if entries > 0 && entries + b.len() > ANSWER_ENTRIES {
+                break;
+            }
+            if b.height > expected {
+                let _ = writeln!(out, "gap {expected} {}", b.height - 1);
+            }
+            let _ = writeln!(out, "batch {} {}", b.height, b.len());
+            for (id, seq, msg) in b.entries() {
+                let hex: String = msg.iter().map(|x| format!("{x:02x}")).collect();
+                let _ = writeln!(out, "{id} {seq} {hex}");
+            }
+            entries += b.len();
+            expected = b.height + 1;
+        }
+        out
+    }
+}
+
+/// One batch of the feed, parsed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FedBatch {
+    pub height: u64,
+    /// (id, seq, message) in id order.
+    pub entries: Vec<(u64, u64, Vec<u8>)>,
+}
+
+/// What a feed answer said: batches, and the heights missed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Feed {
+    pub batches: Vec<FedBatch>,
+    pub gaps: Vec<(u64, u64)>,
+}
+
+/// Parses a feed answer; an error names the line.
+pub fn parse_feed(text: &str) -> Result<Feed, String> {
+    let mut feed = Feed::default();
+    let mut left = 0usize;
+    for (n, line) in text.lines().enumerate() {
+        let bad = || format!("deliveries line {}: {line:?}", n + 1);
+        let words: Vec<&str> = line.split(' ').collect();
+        let num = |w: &str| w.parse::<u64>().map_err(|_| bad());
+        if left > 0 {
+            let [id, seq, hex] = words[..] else { return Err(bad()) };
+            let msg = (0..hex.len() / 2)
+                .map(|i| u8::from_str_radix(hex.get(2 * i..2 * i + 2).unwrap_or("zz"), 16).map_err(|_| bad()))
+                .collect::<Result<Vec<u8>, String>>()?;
+            feed.batches.last_mut().ok_or_else(bad)?.entries.push((num(id)?, num(seq)?, msg));
+            left -= 1;
+            continue;
+        }
+        match words[..] {
+            ["batch", h, count] => {
+                feed.batches.push(FedBatch { height: num(h)?, entries: vec![] });
+                left = num(count)? as usize;
+            }
+            ["gap", from, to] => feed.gaps.push((num(from)?, num(to)?)),
+            _ => return Err(bad()),
+        }
+    }
+    if left > 0 {
+        return Err("deliveries: the last batch is cut short".into());
+    }
+    Ok(feed)
+}
+
+/// A distillation client's completion: the height its message was delivered at, and
+/// the seq it was delivered with.
+pub fn delivery_of(result: &[u8]) -> Option<(u64, u64)> {
+    let height = u64::from_le_bytes(result.get(..8)?.try_into().ok()?);
+    let seq = u64::from_le_bytes(result.get(8..16)?.try_into().ok()?);
+    Some((height, seq))
+}
+
+/// Follows a server's deliveries feed from a height on.
+pub struct Follower {
+    addr: SocketAddr,
+    after: u64,
+}
+
+/// How often a follower asks for new batches when there were none.
+const FOLLOW_POLL: Duration = Duration::from_millis(100);
+
+impl Follower {
+    pub fn new(addr: SocketAddr, after: u64) -> Self {
+        Follower { addr, after }
+    }
+
+    /// What the server delivered since the last call, at least one batch or gap (waits).
+    pub fn wait(&mut self) -> Result<Feed, String> {
+        loop {
+            let feed = self.poll()?;
+            if !feed.batches.is_empty() || !feed.gaps.is_empty() {
+                return Ok(feed);
+            }
+            std::thread::sleep(FOLLOW_POLL);
+        }
+    }
+
+    /// What the server delivered since the last call, perhaps nothing.
+    pub fn poll(&mut self) -> Result<Feed, String> {
+        let text = get(self.addr, &format!("/deliveries?after={}", self.after)).map_err(|e| e.to_string())?;
+        let feed = parse_feed(&text)?;
+        let last = feed.batches.iter().map(|b| b.height).chain(feed.gaps.iter().map(|g| g.1)).max();
+        self.after = self.after.max(last.unwrap_or(0));
+        Ok(feed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use phalanx_core::distill::{Messages, PackedIds};
+
+    fn batch(height: u64, ids: &[u64]) -> DeliveredBatch {
+        DeliveredBatch {
+            height,
+            ids: PackedIds::pack(ids),
+            seqs: ids.iter().map(|&i| i * 10).collect(),
+            msgs: Messages::collect(ids.iter().map(|_| &b"ab\x00"[..])),
+        }
+    }
+
+    #[test]
+    fn the_feed_says_what_was_delivered_and_what_was_missed() {
+        let d = Deliveries::default();
+        d.delivered(batch(1, &[3, 7]));
+        d.delivered(batch(2, &[]));
+        d.delivered(batch(4, &[1]));
+        assert_eq!(d.totals(), (3, 3, 4));
+        let feed = parse_feed(&d.render_after(1)).unwrap();
+        assert_eq!(feed.gaps, vec![(3, 3)]);
+        let heights: Vec<u64> = feed.batches.iter().map(|b| b.height).collect();
+        assert_eq!(heights, vec![2, 4]);
+        assert_eq!(feed.batches[1].entries, vec![(1, 10, b"ab\x00".to_vec())]);
+        let all = parse_feed(&d.render_after(0)).unwrap();
+        assert_eq!(all.batches[0].entries, vec![(3, 30, b"ab\x00".to_vec()), (7, 70, b"ab\x00".to_vec())]);
+        assert!(parse_feed("batch 1 2\n3 30 6162\n").is_err());
+        assert!(parse_feed("batch 1 1\n3 30 zz\n").is_err());
+    }
+}

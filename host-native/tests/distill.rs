@@ -1,0 +1,183 @@
+//! Distillation end to end: 4 `phalanxd run` servers and 2 `phalanxd broker` processes on
+//! loopback, generated clients (in this process, each its own core node and network
+//! thread) submitting through the brokers; a broker killed mid-run, a server killed and
+//! restarted. What every server delivered is read from its deliveries feed.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use phalanx_core::crypto::CryptoMode;
+use phalanx_core::distill::CLIENT_ADDRESS_BASE;
+use phalanx_core::{NodeId, Params, Protocol};
+use phalanx_host::client::ClusterClient;
+use phalanx_host::config::ClusterFile;
+use phalanx_host::distill::{FedBatch, Follower, delivery_of};
+use phalanx_host::local_cluster::{LocalCluster, LocalSpec};
+use phalanx_host::metrics::{scrape, value};
+
+const BINARY: &str = env!("CARGO_BIN_EXE_phalanxd");
+const TIMEOUT: Duration = Duration::from_secs(30);
+const SERVERS: NodeId = 4;
+const FIRST_BROKER: NodeId = 1000;
+
+fn test_dir(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("phalanx-e2e-distill-{name}-{}", std::process::id()))
+}
+
+/// 4 servers, 2 brokers, a directory of `clients`, quick timeouts and small batches.
+fn cluster(name: &str, clients: u32) -> LocalCluster {
+    let params = Params {
+        distill_batch_size: 64,
+        pool_timeout_ns: 50_000_000,
+        reduction_timeout_ns: 300_000_000,
+        witness_timeout_ns: 300_000_000,
+        resubmit_timeout_ns: 1_500_000_000,
+        request_timeout_ns: 500_000_000,
+        checkpoint_interval: 8,
+        lanes: 4,
+        leaf_entries: 4,
+        max_payload: 64,
+        ..Params::default()
+    };
+    let spec = LocalSpec {
+        protocol: Protocol::Distill,
+        clients,
+        brokers: 2,
+        crypto: CryptoMode::InsecureTest,
+        params,
+        ..LocalSpec::default()
+    };
+    let mut c = LocalCluster::create(&test_dir(name), &spec, Path::new(BINARY)).unwrap();
+    c.start_all().unwrap();
+    c
+}
+
+fn message(client: u64, n: u32) -> Vec<u8> {
+    format!("c{client}-m{n}").into_bytes()
+}
+
+/// Generated clients `0..clients`, each submitting `messages` one after the other
+/// (starting at message `from`); every message must be delivered. Clients start on the
+/// brokers in turn (by their address).
+fn submit_all(cluster: &ClusterFile, dir: &Path, clients: u64, from: u32, messages: u32) {
+    let handles: Vec<_> = (0..clients)
+        .map(|d| {
+            let id = CLIENT_ADDRESS_BASE + d as NodeId;
+            let mut client = ClusterClient::start(cluster, id, Some(dir.join(format!("client-{d}")))).unwrap();
+            thread::spawn(move || {
+                for n in from..from + messages {
+                    let result = client.execute(message(d, n), TIMEOUT).unwrap_or_else(|e| panic!("client {d}: {e}"));
+                    let (height, _) = delivery_of(&result).unwrap();
+                    assert!(height > 0);
+                }
+                client.stop().unwrap();
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+}
+
+/// Every batch server `id` delivered and still keeps, by height (gaps: heights it did
+/// not deliver itself).
+fn delivered(c: &LocalCluster, id: NodeId) -> BTreeMap<u64, FedBatch> {
+    let mut follower = Follower::new(c.metrics_addr(id).unwrap(), 0);
+    let mut batches = BTreeMap::new();
+    loop {
+        let feed = follower.poll().unwrap();
+        if feed.batches.is_empty() && feed.gaps.is_empty() {
+            return batches;
+        }
+        batches.extend(feed.batches.into_iter().map(|b| (b.height, b)));
+    }
+}
+
+fn height(c: &LocalCluster, id: NodeId) -> u64 {
+    scrape(c.metrics_addr(id).unwrap()).ok().and_then(|t| value(&t, "phalanx_distill_height")).unwrap_or(0.0) as u64
+}
+
+/// Waits until every server in `ids` delivered up to the highest height any reached.
+fn wait_equal_heights(c: &LocalCluster, ids: &[NodeId]) -> u64 {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let heights: Vec<u64> = ids.iter().map(|&id| height(c, id)).collect();
+        let top = *heights.iter().max().unwrap();
+        if heights.iter().all(|&h| h == top) {
+            return top;
+        }
+        assert!(Instant::now() < deadline, "servers stuck at heights {heights:?}");
+        thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// At every server: the same batch at every height it delivered, and the messages of
+/// `clients` x `0..messages` each delivered exactly once (over the heights all of them
+/// delivered from `full`, the servers that delivered every batch).
+fn check_exactly_once(c: &LocalCluster, full: &[NodeId], clients: u64, messages: u32) {
+    let views: Vec<(NodeId, BTreeMap<u64, FedBatch>)> = (0..SERVERS).map(|id| (id, delivered(c, id))).collect();
+    let reference = &views.iter().find(|(id, _)| *id == full[0]).unwrap().1;
+    for (id, view) in &views {
+        for (h, b) in view {
+            assert_eq!(Some(b), reference.get(h), "server {id} delivered another batch at height {h}");
+        }
+        if full.contains(id) {
+            assert_eq!(view.len(), reference.len(), "server {id} delivered fewer batches");
+        }
+    }
+    let mut count: BTreeMap<(u64, Vec<u8>), usize> = BTreeMap::new();
+    for b in reference.values() {
+        for (id, _, msg) in &b.entries {
+            *count.entry((*id, msg.clone())).or_default() += 1;
+        }
+    }
+    for d in 0..clients {
+        for n in 0..messages {
+            let times = count.remove(&(d, message(d, n))).unwrap_or(0);
+            assert_eq!(times, 1, "client {d}'s message {n} delivered {times} times");
+        }
+    }
+    assert!(count.is_empty(), "delivered what no client submitted: {count:?}");
+}
+
+#[test]
+fn clients_through_two_brokers_are_delivered_exactly_once_at_every_server() {
+    let c = cluster("two-brokers", 8);
+    submit_all(&c.cluster, &c.dir, 8, 0, 5);
+    wait_equal_heights(&c, &[0, 1, 2, 3]);
+    check_exactly_once(&c, &[0, 1, 2, 3], 8, 5);
+}
+
+#[test]
+fn a_broker_killed_mid_run_loses_nothing_and_delivers_nothing_twice() {
+    let mut c = cluster("broker-killed", 8);
+    let (cluster, dir) = (c.cluster.clone(), c.dir.clone());
+    let run = thread::spawn(move || submit_all(&cluster, &dir, 8, 0, 12));
+    // Mid-run: some batches delivered, clients of both brokers still submitting.
+    let deadline = Instant::now() + TIMEOUT;
+    while height(&c, 0) < 4 {
+        assert!(Instant::now() < deadline, "nothing delivered");
+        thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!run.is_finished(), "the clients finished before the broker was killed");
+    c.kill(FIRST_BROKER);
+    run.join().unwrap();
+    wait_equal_heights(&c, &[0, 1, 2, 3]);
+    check_exactly_once(&c, &[0, 1, 2, 3], 8, 12);
+}
+
+#[test]
+fn a_server_killed_and_restarted_catches_up() {
+    let mut c = cluster("server-restarted", 6);
+    submit_all(&c.cluster, &c.dir, 6, 0, 3);
+    c.kill(3);
+    // Enough batches for checkpoints to move past what server 3 has.
+    submit_all(&c.cluster, &c.dir, 6, 3, 6);
+    c.start(3).unwrap();
+    submit_all(&c.cluster, &c.dir, 6, 9, 3);
+    let top = wait_equal_heights(&c, &[0, 1, 2, 3]);
+    assert!(top >= 12, "{top}");
+    check_exactly_once(&c, &[0, 1, 2], 6, 12);
+}
