@@ -142,12 +142,34 @@ fn check_exactly_once(c: &LocalCluster, full: &[NodeId], clients: u64, messages:
     assert!(count.is_empty(), "delivered what no client submitted: {count:?}");
 }
 
+/// Server `id`'s distillation metrics, as its `/metrics` exports them.
+fn distill_metric(c: &LocalCluster, id: NodeId, name: &str) -> f64 {
+    let text = scrape(c.metrics_addr(id).unwrap()).unwrap();
+    value(&text, &format!("phalanx_distill_{name}")).unwrap_or_else(|| panic!("server {id} exports no {name}"))
+}
+
 #[test]
 fn clients_through_two_brokers_are_delivered_exactly_once_at_every_server() {
     let c = cluster("two-brokers", 8);
     submit_all(&c.cluster, &c.dir, 8, 0, 5);
-    wait_equal_heights(&c, &[0, 1, 2, 3]);
+    let top = wait_equal_heights(&c, &[0, 1, 2, 3]);
     check_exactly_once(&c, &[0, 1, 2, 3], 8, 5);
+    for id in 0..SERVERS {
+        let m = |name| distill_metric(&c, id, name);
+        // Every reference ordered was delivered, one height each, and 40 messages in all.
+        assert_eq!(m("batches_ordered_total"), top as f64, "server {id}");
+        assert_eq!(m("batches_delivered_total"), top as f64, "server {id}");
+        assert_eq!(m("messages_delivered_total"), 40.0, "server {id}");
+        // Correct clients never send a seq below their last: nothing to drop.
+        assert_eq!(m("dedup_dropped_total"), 0.0, "server {id}");
+        let (offered, witnessed) = (m("batches_offered_total"), m("batches_witnessed_total"));
+        assert!(witnessed <= offered, "server {id}: witnessed {witnessed} of {offered} offered");
+        assert!(m("verifications_per_message") > 0.0, "server {id}");
+        assert!(m("bytes_received_per_message") > 0.0, "server {id}");
+    }
+    // A batch is witnessed by at least f+1 = 2 servers before it is ordered.
+    let witnessed: f64 = (0..SERVERS).map(|id| distill_metric(&c, id, "batches_witnessed_total")).sum();
+    assert!(witnessed >= 2.0 * top as f64, "{witnessed} witness shards for {top} batches");
 }
 
 #[test]
