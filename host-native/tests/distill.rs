@@ -26,8 +26,9 @@ fn test_dir(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("phalanx-e2e-distill-{name}-{}", std::process::id()))
 }
 
-/// 4 servers, 2 brokers, a directory of `clients`, quick timeouts and small batches.
-fn cluster(name: &str, clients: u32) -> LocalCluster {
+/// 4 servers, 2 brokers, a directory of `clients`, quick timeouts and small batches;
+/// `broker_args` for the first broker.
+fn cluster(name: &str, clients: u32, broker_args: &[&str]) -> LocalCluster {
     let params = Params {
         distill_batch_size: 64,
         pool_timeout_ns: 50_000_000,
@@ -49,7 +50,9 @@ fn cluster(name: &str, clients: u32) -> LocalCluster {
         params,
         ..LocalSpec::default()
     };
-    let mut c = LocalCluster::create(&test_dir(name), &spec, Path::new(BINARY)).unwrap();
+    let mut c = LocalCluster::create(&test_dir(name), &spec, Path::new(BINARY))
+        .unwrap()
+        .with_node_args(FIRST_BROKER, broker_args);
     c.start_all().unwrap();
     c
 }
@@ -150,7 +153,7 @@ fn distill_metric(c: &LocalCluster, id: NodeId, name: &str) -> f64 {
 
 #[test]
 fn clients_through_two_brokers_are_delivered_exactly_once_at_every_server() {
-    let c = cluster("two-brokers", 8);
+    let c = cluster("two-brokers", 8, &[]);
     submit_all(&c.cluster, &c.dir, 8, 0, 5);
     let top = wait_equal_heights(&c, &[0, 1, 2, 3]);
     check_exactly_once(&c, &[0, 1, 2, 3], 8, 5);
@@ -174,7 +177,7 @@ fn clients_through_two_brokers_are_delivered_exactly_once_at_every_server() {
 
 #[test]
 fn a_broker_killed_mid_run_loses_nothing_and_delivers_nothing_twice() {
-    let mut c = cluster("broker-killed", 8);
+    let mut c = cluster("broker-killed", 8, &[]);
     let (cluster, dir) = (c.cluster.clone(), c.dir.clone());
     let run = thread::spawn(move || submit_all(&cluster, &dir, 8, 0, 12));
     // Mid-run: some batches delivered, clients of both brokers still submitting.
@@ -192,7 +195,7 @@ fn a_broker_killed_mid_run_loses_nothing_and_delivers_nothing_twice() {
 
 #[test]
 fn a_server_killed_and_restarted_catches_up() {
-    let mut c = cluster("server-restarted", 6);
+    let mut c = cluster("server-restarted", 6, &[]);
     submit_all(&c.cluster, &c.dir, 6, 0, 3);
     c.kill(3);
     // Enough batches for checkpoints to move past what server 3 has.
@@ -202,4 +205,23 @@ fn a_server_killed_and_restarted_catches_up() {
     let top = wait_equal_heights(&c, &[0, 1, 2, 3]);
     assert!(top >= 12, "{top}");
     check_exactly_once(&c, &[0, 1, 2], 6, 12);
+}
+
+#[test]
+fn a_byzantine_broker_equivocating_and_forging_offers_gets_nothing_unsigned_delivered() {
+    // Broker 1000 offers odd servers other batches than even ones for the same lane seq:
+    // its stragglers only, and with a message no client signed.
+    let c = cluster("byzantine-broker", 8, &["--lie", "split-offers", "--lie", "forge-offers"]);
+    submit_all(&c.cluster, &c.dir, 8, 0, 4);
+    wait_equal_heights(&c, &[0, 1, 2, 3]);
+    // The same batch at every height everywhere, every client message once, nothing else.
+    check_exactly_once(&c, &[0, 1, 2, 3], 8, 4);
+    // The lies reached the odd servers: they refused forged offers, or fetched what was
+    // ordered instead of what they were offered.
+    for id in [1, 3] {
+        let text = scrape(c.metrics_addr(id).unwrap()).unwrap();
+        let refused = value(&text, "phalanx_faults_total{kind=\"bad_signature\"}").unwrap();
+        let fetches = value(&text, "phalanx_distill_fetches_total").unwrap();
+        assert!(refused + fetches > 0.0, "server {id} saw no lie: {refused} refused, {fetches} fetches");
+    }
 }
