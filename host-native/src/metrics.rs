@@ -680,6 +680,27 @@ mod tests {
     }
 
     #[test]
+    fn a_distill_server_exports_its_counters_and_costs_per_message() {
+        use phalanx_core::distill::{DeliveredBatch, Messages, PackedIds};
+        let m = Metrics::new(0, &[0, 1]);
+        assert!(!m.render().contains("phalanx_distill_fetches_total"), "only distillation servers export them");
+        m.bytes_in(Some(1), 1_000);
+        m.set_core(&Status { signatures_verified: 5, ..Default::default() }, &Stats::default());
+        m.set_distill(DistillCounters { batches_ordered: 1, dedup_nudged: 2, fetches: 3, ..Default::default() });
+        let ids: Vec<u64> = (0..10).collect();
+        let msgs = Messages::collect(ids.iter().map(|_| &b"m"[..]));
+        m.deliveries.delivered(DeliveredBatch { height: 1, ids: PackedIds::pack(&ids), seqs: vec![1; 10], msgs });
+        let t = m.render();
+        assert_eq!(value(&t, "phalanx_distill_batches_ordered_total"), Some(1.0));
+        assert_eq!(value(&t, "phalanx_distill_dedup_nudged_total"), Some(2.0));
+        assert_eq!(value(&t, "phalanx_distill_fetches_total"), Some(3.0));
+        assert_eq!(value(&t, "phalanx_distill_stragglers_total"), Some(0.0));
+        // 5 verifications and 1,000 bytes received for 10 messages delivered.
+        assert_eq!(value(&t, "phalanx_distill_verifications_per_message"), Some(0.5));
+        assert_eq!(value(&t, "phalanx_distill_bytes_received_per_message"), Some(100.0));
+    }
+
+    #[test]
     fn histogram_buckets_are_cumulative() {
         let m = Metrics::new(1, &[]);
         for us in [10, 50, 60, 3_000, 7_000_000] {
