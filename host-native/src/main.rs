@@ -155,6 +155,8 @@ enum LieArg {
     SplitOffers,
     /// Odd servers are offered the batch with a message no client signed.
     ForgeOffers,
+    /// Witness certificates never reach the servers: nothing of this broker is ordered.
+    WithholdWitness,
 }
 
 impl From<LieArg> for Lie {
@@ -162,6 +164,7 @@ impl From<LieArg> for Lie {
         match l {
             LieArg::SplitOffers => Lie::SplitOffers,
             LieArg::ForgeOffers => Lie::ForgeOffers,
+            LieArg::WithholdWitness => Lie::WithholdWitness,
         }
     }
 }

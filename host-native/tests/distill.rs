@@ -225,3 +225,14 @@ fn a_byzantine_broker_equivocating_and_forging_offers_gets_nothing_unsigned_deli
         assert!(refused + fetches > 0.0, "server {id} saw no lie: {refused} refused, {fetches} fetches");
     }
 }
+
+#[test]
+fn a_byzantine_broker_s_clients_get_through_the_correct_broker() {
+    // Broker 1000 forges offers and never lets a witness certificate reach the servers:
+    // nothing it batches is ordered, so its clients' messages are delivered only by
+    // resubmitting through broker 1001.
+    let c = cluster("byzantine-broker-bypassed", 8, &["--lie", "forge-offers", "--lie", "withhold-witness"]);
+    submit_all(&c.cluster, &c.dir, 8, 0, 3);
+    wait_equal_heights(&c, &[0, 1, 2, 3]);
+    check_exactly_once(&c, &[0, 1, 2, 3], 8, 3);
+}
