@@ -1,7 +1,8 @@
 //! Distillation end to end: 4 `phalanxd run` servers and 2 `phalanxd broker` processes on
 //! loopback, generated clients (in this process, each its own core node and network
 //! thread) submitting through the brokers; a broker killed mid-run, a server killed and
-//! restarted. What every server delivered is read from its deliveries feed.
+//! restarted, a Byzantine broker (`broker --lie`). What every server delivered is read
+//! from its deliveries feed, its distillation counters from its metrics.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -207,15 +208,23 @@ fn a_server_killed_and_restarted_catches_up() {
     check_exactly_once(&c, &[0, 1, 2], 6, 12);
 }
 
+/// 8 clients submitting `messages` each, broker 1000 telling `lies`: every server
+/// delivers the same batch at every height, and every client message exactly once and
+/// nothing else (nothing a client did not sign).
+fn with_lying_broker(name: &str, lies: &[&str], messages: u32) -> LocalCluster {
+    let args: Vec<&str> = lies.iter().flat_map(|l| ["--lie", l]).collect();
+    let c = cluster(name, 8, &args);
+    submit_all(&c.cluster, &c.dir, 8, 0, messages);
+    wait_equal_heights(&c, &[0, 1, 2, 3]);
+    check_exactly_once(&c, &[0, 1, 2, 3], 8, messages);
+    c
+}
+
 #[test]
 fn a_byzantine_broker_equivocating_and_forging_offers_gets_nothing_unsigned_delivered() {
     // Broker 1000 offers odd servers other batches than even ones for the same lane seq:
     // its stragglers only, and with a message no client signed.
-    let c = cluster("byzantine-broker", 8, &["--lie", "split-offers", "--lie", "forge-offers"]);
-    submit_all(&c.cluster, &c.dir, 8, 0, 4);
-    wait_equal_heights(&c, &[0, 1, 2, 3]);
-    // The same batch at every height everywhere, every client message once, nothing else.
-    check_exactly_once(&c, &[0, 1, 2, 3], 8, 4);
+    let c = with_lying_broker("byzantine-broker", &["split-offers", "forge-offers"], 4);
     // The lies reached the odd servers: they refused forged offers, or fetched what was
     // ordered instead of what they were offered.
     for id in [1, 3] {
@@ -231,8 +240,5 @@ fn a_byzantine_broker_s_clients_get_through_the_correct_broker() {
     // Broker 1000 forges offers and never lets a witness certificate reach the servers:
     // nothing it batches is ordered, so its clients' messages are delivered only by
     // resubmitting through broker 1001.
-    let c = cluster("byzantine-broker-bypassed", 8, &["--lie", "forge-offers", "--lie", "withhold-witness"]);
-    submit_all(&c.cluster, &c.dir, 8, 0, 3);
-    wait_equal_heights(&c, &[0, 1, 2, 3]);
-    check_exactly_once(&c, &[0, 1, 2, 3], 8, 3);
+    with_lying_broker("byzantine-broker-bypassed", &["forge-offers", "withhold-witness"], 3);
 }
