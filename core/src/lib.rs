@@ -37,6 +37,6 @@ pub use config::{
     generate_distill,
 };
 pub use node::{
-    Algorithm, Delivery, FaultKind, HandleError, Input, Machine, Nanos, Node, NodeId, Operation, Output, Request,
-    Stats, Status,
+    Algorithm, Delivery, DistillCounters, FaultKind, HandleError, Input, Machine, Nanos, Node, NodeId, Operation,
+    Output, Request, Stats, Status,
 };

@@ -321,6 +321,8 @@ pub(crate) struct Ctx {
     pub stats: Stats,
     /// The counters of [`Status`], bumped where they happen; `Node::status` adds the gauges.
     pub counters: Status,
+    /// A distillation server's own counters, bumped where they happen.
+    pub distill: DistillCounters,
     out: VecDeque<Queued>,
     /// Sends in `out` per receiver, so sealing stops looking once it has them all.
     sends_out: BTreeMap<NodeId, usize>,
@@ -572,6 +574,31 @@ pub struct Status {
     pub signatures_verified: u64,
 }
 
+/// A distillation server's counters for metrics (issue 20), beside [`Status`]: kept
+/// apart so that other roles, the bindings and the status record do not carry them.
+/// Counters start at 0 with each run of a node; they stay 0 for other roles.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DistillCounters {
+    /// Batches a broker offered that this server kept (checked by their root or fully).
+    pub batches_offered: u64,
+    /// Batches this server verified and signed a witness shard for (once per lane seq).
+    pub batches_witnessed: u64,
+    /// Batch references PBFT ordered that moved their lane on.
+    pub batches_ordered: u64,
+    /// Batches delivered (one height each) and the messages they delivered.
+    pub batches_delivered: u64,
+    pub messages_delivered: u64,
+    /// Entries of delivered batches signed on their own rather than by the aggregate.
+    pub stragglers: u64,
+    /// Deduplication outcomes: the same message and seq again (kept, not delivered),
+    /// the same message at another seq (nudged to the logged seq), an older seq (dropped).
+    pub dedup_ignored: u64,
+    pub dedup_nudged: u64,
+    pub dedup_dropped: u64,
+    /// Requests to the other servers for an ordered batch this server lacked.
+    pub fetches: u64,
+}
+
 /// The sans-IO shape, for code that drives a node whatever runs it: the [`Node`] itself,
 /// or a host's sandbox around one (the wasm engine). A sandbox can fail on its own (a
 /// trap, its time bound exceeded); from then on it takes no input and yields no output, and
@@ -709,6 +736,7 @@ impl Node {
             cfg,
             stats: Stats::default(),
             counters: Status::default(),
+            distill: DistillCounters::default(),
             out: VecDeque::new(),
             sends_out: BTreeMap::new(),
             held: VecDeque::new(),
@@ -747,6 +775,11 @@ impl Node {
     /// Gauges and counters for metrics; cheap enough to call at every scrape.
     pub fn status(&self) -> Status {
         self.role.status(&self.ctx)
+    }
+
+    /// A distillation server's counters (zero for other roles).
+    pub fn distill_counters(&self) -> DistillCounters {
+        self.ctx.distill
     }
 
     /// Protocol instances and pending items held in memory (broadcast instances and

@@ -15,10 +15,12 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
-use phalanx_core::NodeId;
 use phalanx_core::distill::{CLIENT_ADDRESS_BASE, DeliveredBatch};
+use phalanx_core::sim::distill_adversary::{Liar, Lie};
+use phalanx_core::{HandleError, Input, Machine, Nanos, NodeConfig, NodeId, Output, Stats, Status};
 
 use crate::config::ClusterFile;
+use crate::engine::{Engine, EngineInfo};
 use crate::metrics::get;
 
 /// Whom node `id` dials: every replica but itself, or, for a distillation client, the
@@ -195,6 +197,72 @@ impl Follower {
         let last = feed.batches.iter().map(|b| b.height).chain(feed.gaps.iter().map(|g| g.1)).max();
         self.after = self.after.max(last.unwrap_or(0));
         Ok(feed)
+    }
+}
+
+/// A Byzantine broker, for tests only (`phalanxd broker --lie`): the real broker runs,
+/// and each frame it sends is rewritten by the simulator's adversary with the broker's own
+/// keys (equivocated or forged offers), so its lies are well-formed and signed.
+pub struct Lying {
+    inner: Box<dyn Engine>,
+    lies: Vec<Lie>,
+    cfg: NodeConfig,
+    liar: Liar,
+    out: VecDeque<Output>,
+}
+
+impl Lying {
+    pub fn new(inner: Box<dyn Engine>, lies: Vec<Lie>, cfg: NodeConfig) -> Self {
+        Lying { inner, lies, cfg, liar: Liar::default(), out: VecDeque::new() }
+    }
+}
+
+impl Machine for Lying {
+    fn handle(&mut self, now: Nanos, input: Input) -> Result<(), HandleError> {
+        self.inner.handle(now, input)
+    }
+
+    fn handle_many(&mut self, inputs: Vec<(Nanos, Input)>) -> Vec<Result<(), HandleError>> {
+        self.inner.handle_many(inputs)
+    }
+
+    fn poll(&mut self) -> Option<Output> {
+        while self.out.is_empty() {
+            match self.inner.poll()? {
+                Output::Send { to, bytes } => {
+                    let mut sends = vec![(to, bytes)];
+                    for lie in &self.lies {
+                        sends =
+                            sends.into_iter().flat_map(|(to, b)| self.liar.rewrite(lie, &self.cfg, to, b)).collect();
+                    }
+                    self.out.extend(sends.into_iter().map(|(to, bytes)| Output::Send { to, bytes }));
+                }
+                other => return Some(other),
+            }
+        }
+        self.out.pop_front()
+    }
+
+    fn poll_timeout(&mut self) -> Option<Nanos> {
+        self.inner.poll_timeout()
+    }
+
+    fn failure(&self) -> Option<String> {
+        self.inner.failure()
+    }
+}
+
+impl Engine for Lying {
+    fn next_request(&mut self) -> Option<u64> {
+        self.inner.next_request()
+    }
+
+    fn status(&mut self) -> (Status, Stats) {
+        self.inner.status()
+    }
+
+    fn info(&self) -> EngineInfo {
+        self.inner.info()
     }
 }
 

@@ -362,6 +362,9 @@ impl Driver {
     fn export_gauges(&mut self) {
         let (status, stats) = self.host.machine_mut().status();
         self.metrics.set_core(&status, &stats);
+        if let Some(counters) = self.host.machine_mut().distill_counters() {
+            self.metrics.set_distill(counters);
+        }
         // View changes are rare and what an operator (and the fault-injection suite's
         // reader) looks for first.
         let view = (status.view, status.changing_view);

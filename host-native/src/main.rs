@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use phalanx_core::crypto::CryptoMode;
 use phalanx_core::kv::{self, Reply};
+use phalanx_core::sim::distill_adversary::Lie;
 use phalanx_core::trace::{Trace, dump, replay};
 use phalanx_core::{Algorithm, NodeId, Params, Protocol};
 use phalanx_host::client::{ClientError, ClusterClient};
@@ -142,6 +143,30 @@ struct BrokerArgs {
     /// Exit when standard input closes (see `run`).
     #[arg(long)]
     exit_with_stdin: bool,
+    /// Tests only, hidden: a Byzantine broker telling the servers this lie (repeatable).
+    #[arg(long, value_enum, hide = true)]
+    lie: Vec<LieArg>,
+}
+
+/// The lies `broker --lie` tells servers (the simulator's, on real processes).
+#[derive(Clone, Copy, ValueEnum)]
+enum LieArg {
+    /// Odd servers are offered another valid batch (the stragglers only) for a lane seq.
+    SplitOffers,
+    /// Odd servers are offered the batch with a message no client signed.
+    ForgeOffers,
+    /// Witness certificates never reach the servers: nothing of this broker is ordered.
+    WithholdWitness,
+}
+
+impl From<LieArg> for Lie {
+    fn from(l: LieArg) -> Lie {
+        match l {
+            LieArg::SplitOffers => Lie::SplitOffers,
+            LieArg::ForgeOffers => Lie::ForgeOffers,
+            LieArg::WithholdWitness => Lie::WithholdWitness,
+        }
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -362,7 +387,14 @@ fn run_cmd(a: RunArgs) -> Result<(), Failure> {
             })
         }
     };
-    let opts = StartOptions { record_trace: a.record_trace, repair: a.repair, data_dir: None, engine, listen: None };
+    let opts = StartOptions {
+        record_trace: a.record_trace,
+        repair: a.repair,
+        data_dir: None,
+        engine,
+        listen: None,
+        lies: vec![],
+    };
     let node = runtime::start(&cluster, a.id, &opts).map_err(|e| match e.address_in_use() {
         true => Failure::AddressInUse(e.to_string()),
         false => Failure::Failed(e.to_string()),
@@ -401,7 +433,11 @@ fn broker_cmd(a: BrokerArgs) -> Result<(), Failure> {
     if a.exit_with_stdin {
         exit_with_stdin();
     }
-    let opts = StartOptions { listen: a.listen, ..StartOptions::default() };
+    if !a.lie.is_empty() {
+        tracing::warn!("broker {id} lies to the servers (a test mode)");
+    }
+    let lies = a.lie.into_iter().map(Lie::from).collect();
+    let opts = StartOptions { listen: a.listen, lies, ..StartOptions::default() };
     let node = runtime::start(&cluster, id, &opts).map_err(|e| match e.address_in_use() {
         true => Failure::AddressInUse(e.to_string()),
         false => Failure::Failed(e.to_string()),

@@ -17,7 +17,7 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use phalanx_core::crypto::Digest;
-use phalanx_core::{FaultKind, NodeId, Stats, Status};
+use phalanx_core::{DistillCounters, FaultKind, NodeId, Stats, Status};
 
 use crate::distill::Deliveries;
 
@@ -148,8 +148,9 @@ pub struct Metrics {
     core: Mutex<(Status, Stats)>,
     /// The application state's digest after the batch of this seq (PBFT replicas).
     state: Mutex<Option<(u64, Digest)>>,
-    /// Distillation servers: the batches delivered.
+    /// Distillation servers: the batches delivered, and the core's counters.
     pub deliveries: Deliveries,
+    distill: Mutex<Option<DistillCounters>>,
 }
 
 impl Metrics {
@@ -174,6 +175,7 @@ impl Metrics {
             core: Mutex::default(),
             state: Mutex::default(),
             deliveries: Deliveries::default(),
+            distill: Mutex::default(),
         }
     }
 
@@ -259,6 +261,11 @@ impl Metrics {
     /// Copies the core's latest values (once per round of the protocol thread).
     pub fn set_core(&self, status: &Status, stats: &Stats) {
         *self.core.lock().expect("metrics lock") = (*status, stats.clone());
+    }
+
+    /// Copies a distillation server's counters (once per round of the protocol thread).
+    pub fn set_distill(&self, counters: DistillCounters) {
+        *self.distill.lock().expect("metrics lock") = Some(counters);
     }
 
     /// The metrics in Prometheus text format 0.0.4.
@@ -363,6 +370,9 @@ impl Metrics {
             counter(o, "phalanx_distill_messages_delivered_total", "Messages in delivered batches.", messages);
             gauge(o, "phalanx_distill_height", "Height of the last batch delivered.", height);
         }
+        if let Some(d) = *self.distill.lock().expect("metrics lock") {
+            self.render_distill(o, &d, c.signatures_verified, messages);
+        }
         self.execution_time.render(o, "phalanx_execution_time_seconds", "Time to execute one batch.");
         self.batch_size.render(o, "phalanx_batch_size", "Operations per executed batch.");
         self.persist_latency.render(o, "phalanx_persist_latency_seconds", "Time to make a round's records durable.");
@@ -383,6 +393,37 @@ impl Metrics {
         self.per_peer(o, "phalanx_frames_in_total", "Frames received, by peer.", |c| &c.frames_in);
         self.per_peer(o, "phalanx_frames_out_total", "Frames sent, by peer.", |c| &c.frames_out);
         out
+    }
+
+    /// A distillation server's counters, and its costs per delivered message (spec §8's
+    /// figures: the verifications and bytes received that each message costs a server).
+    fn render_distill(&self, o: &mut String, d: &DistillCounters, verified: u64, messages: u64) {
+        let counters = [
+            ("batches_offered", "Batches brokers offered that this server kept.", d.batches_offered),
+            ("batches_witnessed", "Batches this server verified and witnessed.", d.batches_witnessed),
+            ("batches_ordered", "Batch references ordered that moved their lane on.", d.batches_ordered),
+            ("stragglers", "Entries of delivered batches signed on their own.", d.stragglers),
+            ("dedup_ignored", "Entries delivered before with the same seq, not delivered again.", d.dedup_ignored),
+            ("dedup_nudged", "Entries delivered before at another seq, nudged to it.", d.dedup_nudged),
+            ("dedup_dropped", "Entries below their client's logged seq, dropped.", d.dedup_dropped),
+            ("fetches", "Requests to other servers for an ordered batch this server lacked.", d.fetches),
+        ];
+        for (name, help, v) in counters {
+            let name = format!("phalanx_distill_{name}_total");
+            header(o, &name, "counter", help);
+            sample(o, &name, v);
+        }
+        let bytes_in: u64 = self.traffic.iter().map(|c| c.bytes_in.load(Relaxed)).sum();
+        let per_message = |v: u64| if messages == 0 { 0.0 } else { v as f64 / messages as f64 };
+        let ratios = [
+            ("verifications", "Signature verifications per delivered message.", per_message(verified)),
+            ("bytes_received", "Bytes received from every peer per delivered message.", per_message(bytes_in)),
+        ];
+        for (name, help, v) in ratios {
+            let name = format!("phalanx_distill_{name}_per_message");
+            header(o, &name, "gauge", help);
+            sample(o, &name, v);
+        }
     }
 }
 
@@ -636,6 +677,27 @@ mod tests {
                 assert!(typed.iter().any(|t| t == name || t == base), "{name} has no TYPE");
             }
         }
+    }
+
+    #[test]
+    fn a_distill_server_exports_its_counters_and_costs_per_message() {
+        use phalanx_core::distill::{DeliveredBatch, Messages, PackedIds};
+        let m = Metrics::new(0, &[0, 1]);
+        assert!(!m.render().contains("phalanx_distill_fetches_total"), "only distillation servers export them");
+        m.bytes_in(Some(1), 1_000);
+        m.set_core(&Status { signatures_verified: 5, ..Default::default() }, &Stats::default());
+        m.set_distill(DistillCounters { batches_ordered: 1, dedup_nudged: 2, fetches: 3, ..Default::default() });
+        let ids: Vec<u64> = (0..10).collect();
+        let msgs = Messages::collect(ids.iter().map(|_| &b"m"[..]));
+        m.deliveries.delivered(DeliveredBatch { height: 1, ids: PackedIds::pack(&ids), seqs: vec![1; 10], msgs });
+        let t = m.render();
+        assert_eq!(value(&t, "phalanx_distill_batches_ordered_total"), Some(1.0));
+        assert_eq!(value(&t, "phalanx_distill_dedup_nudged_total"), Some(2.0));
+        assert_eq!(value(&t, "phalanx_distill_fetches_total"), Some(3.0));
+        assert_eq!(value(&t, "phalanx_distill_stragglers_total"), Some(0.0));
+        // 5 verifications and 1,000 bytes received for 10 messages delivered.
+        assert_eq!(value(&t, "phalanx_distill_verifications_per_message"), Some(0.5));
+        assert_eq!(value(&t, "phalanx_distill_bytes_received_per_message"), Some(100.0));
     }
 
     #[test]

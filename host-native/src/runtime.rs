@@ -13,6 +13,7 @@ use std::time::Duration;
 use phalanx_core::config::NodeConfig;
 use phalanx_core::crypto::CryptoMode;
 use phalanx_core::host::{MemoryStorage, Storage};
+use phalanx_core::sim::distill_adversary::Lie;
 use phalanx_core::trace::Recorder;
 use phalanx_core::{NodeId, Protocol};
 
@@ -65,6 +66,8 @@ pub struct StartOptions {
     pub engine: EngineChoice,
     /// Distillation brokers: listen for clients here instead of the configured address.
     pub listen: Option<SocketAddr>,
+    /// Tests only: lies a distillation broker tells ([`crate::distill::Lying`]).
+    pub lies: Vec<Lie>,
 }
 
 /// A running node: its threads and the handles to talk to it.
@@ -168,6 +171,7 @@ pub fn start(cluster: &ClusterFile, id: NodeId, opts: &StartOptions) -> Result<R
     let encoded = cfg.encode();
     let verified = VerifiedKeys::of(cluster, &cfg);
     let known = verified.known();
+    let lying = (!opts.lies.is_empty()).then(|| cfg.clone());
     let mut node = opts.engine.create(cfg, known).map_err(|e| match e {
         EngineFailure::Config(problem) => {
             StartError::Config(ConfigError { file: cluster.path.clone(), field: None, problem })
@@ -176,6 +180,9 @@ pub fn start(cluster: &ClusterFile, id: NodeId, opts: &StartOptions) -> Result<R
     })?;
     if !known {
         verified.remember();
+    }
+    if let Some(cfg) = lying {
+        node = Box::new(crate::distill::Lying::new(node, opts.lies.clone(), cfg));
     }
     tracing::info!("node {id}: {}", node.info());
     let replica = cluster.replica(id);

@@ -1,7 +1,8 @@
 //! Distillation end to end: 4 `phalanxd run` servers and 2 `phalanxd broker` processes on
 //! loopback, generated clients (in this process, each its own core node and network
 //! thread) submitting through the brokers; a broker killed mid-run, a server killed and
-//! restarted. What every server delivered is read from its deliveries feed.
+//! restarted, a Byzantine broker (`broker --lie`). What every server delivered is read
+//! from its deliveries feed, its distillation counters from its metrics.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -26,8 +27,9 @@ fn test_dir(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("phalanx-e2e-distill-{name}-{}", std::process::id()))
 }
 
-/// 4 servers, 2 brokers, a directory of `clients`, quick timeouts and small batches.
-fn cluster(name: &str, clients: u32) -> LocalCluster {
+/// 4 servers, 2 brokers, a directory of `clients`, quick timeouts and small batches;
+/// `broker_args` for the first broker.
+fn cluster(name: &str, clients: u32, broker_args: &[&str]) -> LocalCluster {
     let params = Params {
         distill_batch_size: 64,
         pool_timeout_ns: 50_000_000,
@@ -49,7 +51,9 @@ fn cluster(name: &str, clients: u32) -> LocalCluster {
         params,
         ..LocalSpec::default()
     };
-    let mut c = LocalCluster::create(&test_dir(name), &spec, Path::new(BINARY)).unwrap();
+    let mut c = LocalCluster::create(&test_dir(name), &spec, Path::new(BINARY))
+        .unwrap()
+        .with_node_args(FIRST_BROKER, broker_args);
     c.start_all().unwrap();
     c
 }
@@ -142,17 +146,39 @@ fn check_exactly_once(c: &LocalCluster, full: &[NodeId], clients: u64, messages:
     assert!(count.is_empty(), "delivered what no client submitted: {count:?}");
 }
 
+/// Server `id`'s distillation metrics, as its `/metrics` exports them.
+fn distill_metric(c: &LocalCluster, id: NodeId, name: &str) -> f64 {
+    let text = scrape(c.metrics_addr(id).unwrap()).unwrap();
+    value(&text, &format!("phalanx_distill_{name}")).unwrap_or_else(|| panic!("server {id} exports no {name}"))
+}
+
 #[test]
 fn clients_through_two_brokers_are_delivered_exactly_once_at_every_server() {
-    let c = cluster("two-brokers", 8);
+    let c = cluster("two-brokers", 8, &[]);
     submit_all(&c.cluster, &c.dir, 8, 0, 5);
-    wait_equal_heights(&c, &[0, 1, 2, 3]);
+    let top = wait_equal_heights(&c, &[0, 1, 2, 3]);
     check_exactly_once(&c, &[0, 1, 2, 3], 8, 5);
+    for id in 0..SERVERS {
+        let m = |name| distill_metric(&c, id, name);
+        // Every reference ordered was delivered, one height each, and 40 messages in all.
+        assert_eq!(m("batches_ordered_total"), top as f64, "server {id}");
+        assert_eq!(m("batches_delivered_total"), top as f64, "server {id}");
+        assert_eq!(m("messages_delivered_total"), 40.0, "server {id}");
+        // Correct clients never send a seq below their last: nothing to drop.
+        assert_eq!(m("dedup_dropped_total"), 0.0, "server {id}");
+        let (offered, witnessed) = (m("batches_offered_total"), m("batches_witnessed_total"));
+        assert!(witnessed <= offered, "server {id}: witnessed {witnessed} of {offered} offered");
+        assert!(m("verifications_per_message") > 0.0, "server {id}");
+        assert!(m("bytes_received_per_message") > 0.0, "server {id}");
+    }
+    // A batch is witnessed by at least f+1 = 2 servers before it is ordered.
+    let witnessed: f64 = (0..SERVERS).map(|id| distill_metric(&c, id, "batches_witnessed_total")).sum();
+    assert!(witnessed >= 2.0 * top as f64, "{witnessed} witness shards for {top} batches");
 }
 
 #[test]
 fn a_broker_killed_mid_run_loses_nothing_and_delivers_nothing_twice() {
-    let mut c = cluster("broker-killed", 8);
+    let mut c = cluster("broker-killed", 8, &[]);
     let (cluster, dir) = (c.cluster.clone(), c.dir.clone());
     let run = thread::spawn(move || submit_all(&cluster, &dir, 8, 0, 12));
     // Mid-run: some batches delivered, clients of both brokers still submitting.
@@ -170,7 +196,7 @@ fn a_broker_killed_mid_run_loses_nothing_and_delivers_nothing_twice() {
 
 #[test]
 fn a_server_killed_and_restarted_catches_up() {
-    let mut c = cluster("server-restarted", 6);
+    let mut c = cluster("server-restarted", 6, &[]);
     submit_all(&c.cluster, &c.dir, 6, 0, 3);
     c.kill(3);
     // Enough batches for checkpoints to move past what server 3 has.
@@ -180,4 +206,39 @@ fn a_server_killed_and_restarted_catches_up() {
     let top = wait_equal_heights(&c, &[0, 1, 2, 3]);
     assert!(top >= 12, "{top}");
     check_exactly_once(&c, &[0, 1, 2], 6, 12);
+}
+
+/// 8 clients submitting `messages` each, broker 1000 telling `lies`: every server
+/// delivers the same batch at every height, and every client message exactly once and
+/// nothing else (nothing a client did not sign).
+fn with_lying_broker(name: &str, lies: &[&str], messages: u32) -> LocalCluster {
+    let args: Vec<&str> = lies.iter().flat_map(|l| ["--lie", l]).collect();
+    let c = cluster(name, 8, &args);
+    submit_all(&c.cluster, &c.dir, 8, 0, messages);
+    wait_equal_heights(&c, &[0, 1, 2, 3]);
+    check_exactly_once(&c, &[0, 1, 2, 3], 8, messages);
+    c
+}
+
+#[test]
+fn a_byzantine_broker_equivocating_and_forging_offers_gets_nothing_unsigned_delivered() {
+    // Broker 1000 offers odd servers other batches than even ones for the same lane seq:
+    // its stragglers only, and with a message no client signed.
+    let c = with_lying_broker("byzantine-broker", &["split-offers", "forge-offers"], 4);
+    // The lies reached the odd servers: they refused forged offers, or fetched what was
+    // ordered instead of what they were offered.
+    for id in [1, 3] {
+        let text = scrape(c.metrics_addr(id).unwrap()).unwrap();
+        let refused = value(&text, "phalanx_faults_total{kind=\"bad_signature\"}").unwrap();
+        let fetches = value(&text, "phalanx_distill_fetches_total").unwrap();
+        assert!(refused + fetches > 0.0, "server {id} saw no lie: {refused} refused, {fetches} fetches");
+    }
+}
+
+#[test]
+fn a_byzantine_broker_s_clients_get_through_the_correct_broker() {
+    // Broker 1000 forges offers and never lets a witness certificate reach the servers:
+    // nothing it batches is ordered, so its clients' messages are delivered only by
+    // resubmitting through broker 1001.
+    with_lying_broker("byzantine-broker-bypassed", &["forge-offers", "withhold-witness"], 3);
 }

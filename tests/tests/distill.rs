@@ -99,6 +99,13 @@ fn a_broker_offering_different_batches_per_lane_seq_gets_one_ordered() {
 }
 
 #[test]
+fn a_broker_offering_forged_batches_gets_nothing_unsigned_delivered() {
+    // Odd servers are offered a message no client signed; the checker's authenticity
+    // invariant fails the run if it is ever delivered.
+    assert_eq!(with(17, 1, vec![Fault::Broker(0, Lie::ForgeOffers)]).messages, ALL);
+}
+
+#[test]
 fn a_slow_or_crashed_server_is_replaced_by_pending_verifiers() {
     for f in [1, 2] {
         assert_eq!(with(11, f, vec![Fault::ServerCrash(0, 0, 20_000 * MS)]).messages, ALL);

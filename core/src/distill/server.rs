@@ -212,6 +212,7 @@ impl Server {
             Some(held) if held.lane_seq == o.lane_seq && held.root != root => return,
             Some(held) if held.lane_seq == o.lane_seq => held.verified |= verified,
             _ => {
+                ctx.distill.batches_offered += 1;
                 self.offers.insert(key, Offered { lane_seq: o.lane_seq, root, batch: Arc::new(batch), verified });
             }
         }
@@ -242,7 +243,9 @@ impl Server {
         let msg = witness_statement(&self.servers.system_id, &key.0.0, key.1, lane_seq, &root);
         let signature = ctx.sign(&msg).0.to_vec();
         let shard = pb::WitnessShard { lane: key.1, lane_seq, root: root.to_vec(), signature };
-        self.last_shards.insert(key, (lane_seq, shard.clone()));
+        if self.last_shards.insert(key, (lane_seq, shard.clone())).is_none_or(|(s, _)| s != lane_seq) {
+            ctx.distill.batches_witnessed += 1;
+        }
         send_frame(ctx, to, Frame::WitnessShard(shard));
     }
 
@@ -449,6 +452,7 @@ impl Server {
                     return None;
                 }
                 self.lanes.insert(key, r.lane_seq + 1);
+                ctx.distill.batches_ordered += 1;
                 Some(Awaited { key, lane_seq: r.lane_seq, root })
             }
             Op::SignUp(s) => {
@@ -480,6 +484,7 @@ impl Server {
         let f =
             pb::DistillFetch { broker: a.key.0.0.to_vec(), lane: a.key.1, lane_seq: a.lane_seq, root: a.root.to_vec() };
         ctx.send_to_replicas(pb::body::Kind::DistillFetch(f), &[]);
+        ctx.distill.fetches += 1;
         self.fetch_at = Some(now + ctx.cfg.cluster.params.request_timeout_ns / 4);
     }
 
@@ -502,6 +507,7 @@ impl Server {
             let amendment = match &self.dedup[slot] {
                 None => None,
                 Some(log) if log.digest == d && log.seq == seq => {
+                    ctx.distill.dedup_ignored += 1;
                     continue; // the same again: kept in the tree, re-certified
                 }
                 Some(log) if log.digest == d => Some((pb::Amendment { id, nudge: Some(log.seq) }, Fate::Seq(log.seq))),
@@ -514,6 +520,10 @@ impl Server {
                     delivered.push(i);
                 }
                 Some((a, fate)) => {
+                    match fate {
+                        Fate::Seq(_) => ctx.distill.dedup_nudged += 1,
+                        Fate::Dropped => ctx.distill.dedup_dropped += 1,
+                    }
                     amendments.push(a);
                     amended.get_or_insert_with(|| seqs.iter().map(|&s| Fate::Seq(s)).collect())[i] = fate;
                 }
@@ -526,6 +536,9 @@ impl Server {
         };
         let height = self.next_height;
         self.next_height += 1;
+        ctx.distill.batches_delivered += 1;
+        ctx.distill.messages_delivered += delivered.len() as u64;
+        ctx.distill.stragglers += batch.stragglers.len() as u64;
         let ids: Vec<u64> = delivered.iter().map(|&i| batch.ids[i]).collect();
         let out = DeliveredBatch {
             height,
@@ -681,5 +694,52 @@ impl RoleMachine for Server {
 
     fn live_instances(&self) -> usize {
         self.replica.live_instances() + self.offers.len() + self.store.len() + self.queue.len() + self.sign_ups.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{DistillSpec, generate_distill};
+    use crate::distill::Straggler;
+    use crate::node::{DistillCounters, Node};
+
+    /// A batch of `ids` at seq `raise` holding `msgs`; `stragglers` as (id, own seq).
+    fn batch(ids: &[u64], raise: u64, msgs: &[&str], stragglers: &[(u64, u64)]) -> Arc<Batch> {
+        let stragglers =
+            stragglers.iter().map(|&(id, seq)| Straggler { id, seq, signature: EdSignature([0; 64]) }).collect();
+        let msgs = Messages::collect(msgs.iter().map(|m| m.as_bytes()));
+        Arc::new(Batch::new(ids.to_vec(), msgs, raise, None, stragglers).expect("a well-formed batch"))
+    }
+
+    #[test]
+    fn deliveries_count_batches_stragglers_and_dedup_outcomes() {
+        let cfg = generate_distill(&DistillSpec::new(1, 1, 4), [0; 32]).expect("configs").remove(0);
+        let mut node = Node::new(cfg).expect("a server");
+        let ctx = node.ctx_mut();
+        let mut server = Server::new(ctx);
+        let per_leaf = Server::per_leaf(ctx);
+        let key = (EdPublicKey([1; 32]), 0);
+        let mut deliver = |ctx: &mut Ctx, lane_seq, b: Arc<Batch>| {
+            server.deliver(ctx, &Awaited { key, lane_seq, root: b.root_t2(per_leaf) }, &b);
+        };
+        // Clients 0, 1, 2 at seq 1; client 2 straggles.
+        let first = batch(&[0, 1, 2], 1, &["a", "b", "c"], &[(2, 1)]);
+        deliver(ctx, 0, first.clone());
+        // The same batch again: every entry ignored, nothing delivered.
+        deliver(ctx, 1, first);
+        // Client 0's "a" again at seq 2 is nudged to 1; client 1 straggles with a new
+        // message at seq 0, below its logged 1, and is dropped; client 3 is new.
+        deliver(ctx, 2, batch(&[0, 1, 3], 2, &["a", "y", "d"], &[(1, 0)]));
+        let expected = DistillCounters {
+            batches_delivered: 3,
+            messages_delivered: 3 + 1,
+            stragglers: 3,
+            dedup_ignored: 3,
+            dedup_nudged: 1,
+            dedup_dropped: 1,
+            ..DistillCounters::default()
+        };
+        assert_eq!(node.distill_counters(), expected);
     }
 }

@@ -27,6 +27,10 @@ pub enum Lie {
     /// Broker: offers odd servers another valid batch for the same lane seq (its
     /// stragglers only); at most one is ordered, the others fetch it.
     SplitOffers,
+    /// Broker: offers odd servers the batch with its first message replaced by one no
+    /// client signed, under the root of what it now holds: another root for the same
+    /// lane seq, which no full verification accepts.
+    ForgeOffers,
     /// Broker: sends every offer and witness again with the next one (replayed batches).
     Replay,
     /// Client: a share that is not a signature of the root, with a valid auth.
@@ -67,6 +71,9 @@ pub struct Liar {
 
 const REPLAY_KEPT: usize = 32;
 
+/// The message [`Lie::ForgeOffers`] puts in a batch: no client ever signs it.
+pub const FORGED: &[u8] = b"forged by the broker";
+
 impl Liar {
     /// What node `cfg` sends to `to` instead of `bytes`.
     pub fn rewrite(&mut self, lie: &Lie, cfg: &NodeConfig, to: NodeId, bytes: Vec<u8>) -> Vec<(NodeId, Vec<u8>)> {
@@ -102,6 +109,18 @@ impl Liar {
                 if let Some(split) = split {
                     o.root = split.root_t2(p.leaf_entries as usize).to_vec();
                     o.batch = Some(split.to_pb());
+                }
+                out.push((to, frame(Frame::Offer(o))));
+            }
+            (Lie::ForgeOffers, Frame::Offer(mut o)) if to % 2 == 1 => {
+                let p = &cfg.cluster.params;
+                let batch = o.batch.clone().and_then(|b| Batch::from_pb(b, p.distill_batch_size, p.max_payload));
+                if let Some(mut forged) = batch {
+                    let msgs: Vec<&[u8]> =
+                        (0..forged.len()).map(|i| if i == 0 { FORGED } else { forged.msgs.get(i) }).collect();
+                    forged.msgs = distill::Messages::collect(msgs.into_iter());
+                    o.root = forged.root_t2(p.leaf_entries as usize).to_vec();
+                    o.batch = Some(forged.to_pb());
                 }
                 out.push((to, frame(Frame::Offer(o))));
             }

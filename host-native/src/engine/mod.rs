@@ -7,7 +7,7 @@ use std::fmt;
 use std::path::PathBuf;
 
 use phalanx_core::trace::Recorder;
-use phalanx_core::{Machine, Node, NodeConfig, Stats, Status};
+use phalanx_core::{DistillCounters, Machine, Node, NodeConfig, Protocol, Role, Stats, Status};
 
 #[cfg(feature = "wasm")]
 pub mod bench;
@@ -20,6 +20,11 @@ pub trait Engine: Machine + Send {
     fn next_request(&mut self) -> Option<u64>;
     /// The core's gauges and counters, for metrics.
     fn status(&mut self) -> (Status, Stats);
+    /// A distillation server's counters, for metrics; `None` for other nodes (and the
+    /// wasm engine, whose interface does not carry them).
+    fn distill_counters(&mut self) -> Option<DistillCounters> {
+        None
+    }
     /// Which engine and which BLS implementation run the node.
     fn info(&self) -> EngineInfo;
     /// The trace recorded since the last call, for an engine wrapped in a [`Recorder`].
@@ -35,6 +40,10 @@ impl<E: Engine + ?Sized> Engine for Recorder<Box<E>> {
 
     fn status(&mut self) -> (Status, Stats) {
         self.machine_mut().status()
+    }
+
+    fn distill_counters(&mut self) -> Option<DistillCounters> {
+        self.machine_mut().distill_counters()
     }
 
     fn info(&self) -> EngineInfo {
@@ -53,6 +62,11 @@ impl Engine for Node {
 
     fn status(&mut self) -> (Status, Stats) {
         (Node::status(self), self.stats().clone())
+    }
+
+    fn distill_counters(&mut self) -> Option<DistillCounters> {
+        let server = self.config().cluster.protocol == Protocol::Distill && self.role() == Role::Server;
+        server.then(|| Node::distill_counters(self))
     }
 
     fn info(&self) -> EngineInfo {
