@@ -405,7 +405,12 @@ impl From<core::Output> for Output {
             O::Compact { token } => Output::Compact { token: U64(token) },
             O::Delivered(batch) => {
                 let (ids, msgs) = batch.entries().map(|(id, _, msg)| (U64(id), Bytes(msg.to_vec()))).unzip();
-                Output::Delivered { height: U64(batch.height), ids, seqs: batch.seqs.into_iter().map(U64).collect(), msgs }
+                Output::Delivered {
+                    height: U64(batch.height),
+                    ids,
+                    seqs: batch.seqs.into_iter().map(U64).collect(),
+                    msgs,
+                }
             }
         }
     }

@@ -18,9 +18,8 @@ use napi::bindgen_prelude::*;
 use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
 use napi_derive::napi;
 use phalanx_core::host::{Application, HostError, HostLoop, MemoryStorage, NoApplication, Storage, drain};
-use phalanx_core::{
-    Input as CoreInput, Nanos, Node as CoreNode, Operation as CoreOperation, Stats, Status,
-};
+use phalanx_core::{Input as CoreInput, Nanos, Node as CoreNode, Operation as CoreOperation, Stats, Status};
+use phalanx_host::config::Durability;
 use phalanx_host::storage::{Recovery, Wal, WalStorage};
 
 use crate::convert::{Bytes, Input, Operation, Output, U64};
@@ -299,7 +298,7 @@ impl Host {
                 let recovery = if options.repair.unwrap_or(false) { Recovery::Repair } else { Recovery::Strict };
                 let (wal, recovered) =
                     Wal::open(std::path::Path::new(dir), recovery).map_err(|e| fail(Code::Storage, e))?;
-                Box::new(WalStorage::new(wal, recovered))
+                Box::new(WalStorage::new(wal, recovered, Durability::Sync))
             }
             None => Box::new(MemoryStorage::default()),
         };

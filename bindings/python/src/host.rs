@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use phalanx_core::host::{self, Application, HostError, MemoryStorage, Storage};
 use phalanx_core::{HandleError as CoreHandleError, Input, Machine, Nanos, Operation, Output as CoreOutput};
+use phalanx_host::config::Durability;
 use phalanx_host::storage::{Recovery, Wal, WalStorage};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
@@ -223,7 +224,7 @@ impl HostLoop {
             Some(dir) => {
                 let recovery = if repair { Recovery::Repair } else { Recovery::Strict };
                 let (wal, recovered) = Wal::open(&dir, recovery).map_err(|e| StorageError::new_err(e.to_string()))?;
-                Box::new(WalStorage::new(wal, recovered))
+                Box::new(WalStorage::new(wal, recovered, Durability::Sync))
             }
             None => Box::new(MemoryStorage::default()),
         };
