@@ -715,7 +715,7 @@ fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn temp_dir(name: &str) -> PathBuf {
@@ -724,7 +724,7 @@ mod tests {
         dir
     }
 
-    fn options(dir: &Path) -> KeygenOptions {
+    pub(crate) fn options(dir: &Path) -> KeygenOptions {
         KeygenOptions {
             dir: dir.to_path_buf(),
             protocol: Protocol::Pbft,

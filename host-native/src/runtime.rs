@@ -278,20 +278,10 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("phalanx-verified-keys-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         let opts = KeygenOptions {
-            dir: dir.clone(),
-            protocol: Protocol::Pbft,
-            f: 1,
-            replicas: None,
-            clients: 2,
-            subscribers: 0,
-            brokers: 0,
             crypto: CryptoMode::Real,
-            host: "127.0.0.1".into(),
-            base_port: 7100,
             metrics_base_port: None,
             params: Params::default(),
-            runtime: Default::default(),
-            force: false,
+            ..crate::config::tests::options(&dir)
         };
         let cluster = ClusterFile::load(&keygen(&opts).unwrap()).unwrap();
         let client = cluster.node_config(4).unwrap();
