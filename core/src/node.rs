@@ -585,9 +585,6 @@ pub struct DistillCounters {
     pub batches_witnessed: u64,
     /// Batch references PBFT ordered that moved their lane on.
     pub batches_ordered: u64,
-    /// Batches delivered (one height each) and the messages they delivered.
-    pub batches_delivered: u64,
-    pub messages_delivered: u64,
     /// Entries of delivered batches signed on their own rather than by the aggregate.
     pub stragglers: u64,
     /// Deduplication outcomes: the same message and seq again (kept, not delivered),
