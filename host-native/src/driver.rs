@@ -63,6 +63,16 @@ pub enum AppEvent {
     Delivered(Delivery),
 }
 
+/// Hands a round's news to the application, in one message; forgets it once it left.
+fn tell(app_events: &mut Option<Sender<Vec<AppEvent>>>, told: Vec<AppEvent>) {
+    if !told.is_empty()
+        && let Some(tx) = app_events
+        && tx.send(told).is_err()
+    {
+        *app_events = None;
+    }
+}
+
 /// Appends the node's trace to a file, round by round (the engine records it:
 /// [`Engine::recorded`]).
 pub struct TraceSink {
@@ -150,9 +160,9 @@ pub struct Driver {
     host: Host,
     start: Instant,
     trace: Option<TraceSink>,
-    outbox: Arc<Outbox>,
     metrics: Arc<Metrics>,
-    app_events: Option<Sender<Vec<AppEvent>>>,
+    /// The round's frames (and timeout) gathered so far, fed to the core together.
+    round: Vec<(Nanos, Input)>,
     /// What to tell the application at the end of the round.
     told: Vec<AppEvent>,
     sends: Vec<(NodeId, Vec<u8>)>,
@@ -192,10 +202,13 @@ pub struct DriverParts {
     pub storage: Box<dyn Storage + Send>,
     pub app: MeteredKv,
     pub trace: Option<TraceSink>,
-    pub outbox: Arc<Outbox>,
     pub metrics: Arc<Metrics>,
-    pub app_events: Option<Sender<Vec<AppEvent>>>,
 }
+
+/// Where a round's frames go: the network thread's [`Outbox`], or the links of a node
+/// in the same event loop. Called between syncs, so that what a sync released leaves
+/// before the next one.
+pub type SendFrames<'a> = &'a mut dyn FnMut(&mut Vec<(NodeId, Vec<u8>)>);
 
 impl Driver {
     pub fn new(parts: DriverParts) -> Self {
@@ -203,9 +216,8 @@ impl Driver {
             host: HostLoop::new(parts.node, parts.storage, parts.app),
             start: Instant::now(),
             trace: parts.trace,
-            outbox: parts.outbox,
             metrics: parts.metrics,
-            app_events: parts.app_events,
+            round: Vec::new(),
             told: Vec::new(),
             sends: Vec::new(),
             faults: FaultLog::default(),
@@ -213,65 +225,102 @@ impl Driver {
         }
     }
 
-    fn now(&self) -> Nanos {
+    pub fn now(&self) -> Nanos {
         self.start.elapsed().as_nanos() as Nanos
     }
 
-    /// Feeds back what storage kept, then serves events until `Stop` or every sender is gone.
-    pub fn run(mut self, inbox: Receiver<Event>) -> Result<(), DriverError> {
+    /// Feeds back what storage kept and settles it; what to tell the application.
+    pub fn recover(&mut self, send: SendFrames) -> Result<Vec<AppEvent>, DriverError> {
         let recovered = self.host.recover(self.now())?;
         if recovered > 0 {
             tracing::info!("recovered {recovered} records from storage");
         }
-        self.settle()?;
+        self.settle(send)?;
+        Ok(std::mem::take(&mut self.told))
+    }
+
+    /// The core's next timeout, if it has one.
+    pub fn deadline(&mut self) -> Option<Nanos> {
+        self.host.poll_timeout()
+    }
+
+    /// How long to wait for events before the core's next timeout (a second if none).
+    fn wait(&mut self) -> Duration {
+        match self.deadline() {
+            Some(at) => Duration::from_nanos(at.saturating_sub(self.now())),
+            None => Duration::from_secs(1),
+        }
+    }
+
+    /// Feeds back what storage kept, then serves events until `Stop` or every sender is
+    /// gone, sending through `outbox` and telling `app_events` each round's news.
+    pub fn run(
+        mut self,
+        inbox: Receiver<Event>,
+        outbox: &Outbox,
+        mut app_events: Option<Sender<Vec<AppEvent>>>,
+    ) -> Result<(), DriverError> {
+        let mut send = |frames: &mut Vec<(NodeId, Vec<u8>)>| outbox.send(frames);
+        let told = self.recover(&mut send)?;
+        tell(&mut app_events, told);
         loop {
-            let wait = match self.host.poll_timeout() {
-                Some(at) => Duration::from_nanos(at.saturating_sub(self.now())),
-                None => Duration::from_secs(1),
-            };
-            let first = match inbox.recv_timeout(wait) {
+            let first = match inbox.recv_timeout(self.wait()) {
                 Ok(ev) => Some(ev),
                 Err(RecvTimeoutError::Timeout) => None,
                 Err(RecvTimeoutError::Disconnected) => return Ok(()),
             };
             let mut stop = false;
-            let mut round = Vec::new();
             let now = self.now();
             for ev in first.into_iter().chain(std::iter::from_fn(|| inbox.try_recv().ok()).take(ROUND_EVENTS)) {
-                match ev {
-                    Event::Messages(frames) => {
-                        round.extend(frames.into_iter().map(|(from, bytes)| (now, Input::Message { from, bytes })))
-                    }
-                    Event::Request(request) => {
-                        self.feed_round(&mut round);
-                        if let Err(e) = self.host.handle(now, Input::Request(request)) {
-                            self.tell_app(AppEvent::Refused(e));
-                        }
-                    }
-                    Event::Submit(requests) => {
-                        self.feed_round(&mut round);
-                        self.submit(now, requests);
-                    }
-                    Event::Stop => stop = true,
-                }
+                stop |= !self.take(now, ev);
             }
-            if self.host.poll_timeout().is_some_and(|at| at <= now) {
-                round.push((now, Input::Timeout));
-            }
-            self.feed_round(&mut round);
-            self.settle()?;
-            self.export_gauges();
+            let told = self.end_round(now, &mut send)?;
+            tell(&mut app_events, told);
             if stop {
                 return Ok(());
             }
         }
     }
 
+    /// Takes one event into the round: frames gather to be fed together, requests are
+    /// handed to the core at once (after the frames before them). False on `Stop`.
+    pub fn take(&mut self, now: Nanos, event: Event) -> bool {
+        match event {
+            Event::Messages(frames) => {
+                self.round.extend(frames.into_iter().map(|(from, bytes)| (now, Input::Message { from, bytes })))
+            }
+            Event::Request(request) => {
+                self.feed_round();
+                if let Err(e) = self.host.handle(now, Input::Request(request)) {
+                    self.told.push(AppEvent::Refused(e));
+                }
+            }
+            Event::Submit(requests) => {
+                self.feed_round();
+                self.submit(now, requests);
+            }
+            Event::Stop => return false,
+        }
+        true
+    }
+
+    /// Ends the round begun at `now`: feeds what it gathered (and the timeout, if due),
+    /// settles, and returns what to tell the application.
+    pub fn end_round(&mut self, now: Nanos, send: SendFrames) -> Result<Vec<AppEvent>, DriverError> {
+        if self.host.poll_timeout().is_some_and(|at| at <= now) {
+            self.round.push((now, Input::Timeout));
+        }
+        self.feed_round();
+        self.settle(send)?;
+        self.export_gauges();
+        Ok(std::mem::take(&mut self.told))
+    }
+
     /// Feeds the round's frames (and timeout) gathered so far, in one call. Bytes from
     /// the network never produce an error.
-    fn feed_round(&mut self, round: &mut Vec<(Nanos, Input)>) {
-        if !round.is_empty() {
-            self.host.handle_many(std::mem::take(round));
+    fn feed_round(&mut self) {
+        if !self.round.is_empty() {
+            self.host.handle_many(std::mem::take(&mut self.round));
         }
     }
 
@@ -287,27 +336,7 @@ impl Driver {
             }
         }
         let end = self.host.machine_mut().next_request().unwrap_or(0);
-        self.tell_app(AppEvent::Submitted { requests: first..end, refused });
-    }
-
-    fn tell_app(&mut self, event: AppEvent) {
-        if self.app_events.is_some() {
-            self.told.push(event);
-        }
-    }
-
-    /// Hands the application what the round produced, in one message.
-    fn tell_round(&mut self) {
-        if self.told.is_empty() {
-            return;
-        }
-        if let Some(tx) = &self.app_events
-            && tx.send(std::mem::take(&mut self.told)).is_err()
-        {
-            // The application went away; nobody is listening any more.
-            self.app_events = None;
-            self.told.clear();
-        }
+        self.told.push(AppEvent::Submitted { requests: first..end, refused });
     }
 
     fn output(&mut self, out: Output) {
@@ -319,11 +348,11 @@ impl Driver {
             }
             Output::Completed { request, result } => {
                 self.metrics.completed(1);
-                self.tell_app(AppEvent::Completed { request, result });
+                self.told.push(AppEvent::Completed { request, result });
             }
             Output::Deliver(d) => {
                 self.metrics.completed(1);
-                self.tell_app(AppEvent::Delivered(d));
+                self.told.push(AppEvent::Delivered(d));
             }
             // A distillation server's batch: counted, and kept for followers.
             Output::Delivered(batch) => self.metrics.deliveries.delivered(batch),
@@ -338,20 +367,19 @@ impl Driver {
 
     /// Drains the core, sends what may go, syncs storage and acknowledges it, until
     /// nothing is left.
-    fn settle(&mut self) -> Result<(), DriverError> {
+    fn settle(&mut self, send: SendFrames) -> Result<(), DriverError> {
         loop {
             let now = self.now();
             while let Some(out) = self.host.poll(now)? {
                 self.output(out);
             }
-            self.outbox.send(&mut self.sends);
+            send(&mut self.sends);
             let started = Instant::now();
             if self.host.sync(now)? == 0 {
                 break;
             }
             self.metrics.persist_latency(started.elapsed());
         }
-        self.tell_round();
         if let Some(sink) = self.trace.as_mut() {
             let recorded = self.host.machine_mut().recorded();
             sink.file.write_all(&recorded).map_err(DriverError::Trace)?;

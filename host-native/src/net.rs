@@ -23,8 +23,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use mio::event::Event;
 use mio::net::{TcpListener, TcpStream};
-use mio::{Events, Interest, Poll, Token, Waker};
+use mio::{Events, Interest, Poll, Registry, Token, Waker};
 use phalanx_core::NodeId;
 
 use crate::metrics::{DropReason, Metrics};
@@ -210,39 +211,28 @@ struct Dialer {
 /// Frames received, each with the peer it came from.
 pub type Received = Vec<(NodeId, Vec<u8>)>;
 
-/// The event loop. `deliver(frames)` hands the frames read in one turn of the loop to the
-/// protocol thread at once, waking it once rather than per frame (blocking when it is
-/// behind, which pushes back on the senders through TCP); it returns false when the
-/// protocol thread is gone.
-pub struct Network<D: FnMut(Received) -> bool> {
+/// One node's links to its peers: the connections it dialed and accepted, the replicas it
+/// dials with their back-off, and the frames read but not yet handed on. It owns no
+/// poll: whoever runs the event loop passes its registry, so one loop can serve many
+/// nodes' links ([`crate::client::event_loop`]) as well as one ([`Network`]). Its
+/// connections' tokens are `first_token + k * token_step`.
+pub struct Links {
     cfg: NetConfig,
-    poll: Poll,
-    outbox: Arc<Outbox>,
-    listener: Option<TcpListener>,
     conns: BTreeMap<usize, Conn>,
     next_token: usize,
+    token_step: usize,
     dialers: BTreeMap<NodeId, Dialer>,
     /// Connections that said hello with an id, oldest first (clients reached this way).
     by_id: BTreeMap<NodeId, Vec<usize>>,
     metrics: Arc<Metrics>,
-    deliver: D,
     /// Frames read in this turn of the loop, not yet delivered.
     received: Received,
+    /// Set once `deliver` refused frames: whoever consumes them is gone.
+    receiver_gone: bool,
 }
 
-impl<D: FnMut(Received) -> bool> Network<D> {
-    /// Binds the listener (so a bad address fails here, in the caller's thread).
-    pub fn new(cfg: NetConfig, metrics: Arc<Metrics>, deliver: D) -> io::Result<(Self, Arc<Outbox>)> {
-        let poll = Poll::new()?;
-        let waker = Waker::new(poll.registry(), WAKER)?;
-        let outbox = Arc::new(Outbox { frames: Mutex::new(Vec::new()), waker, stop: AtomicBool::new(false) });
-        let mut listener = match cfg.listen {
-            Some(addr) => Some(TcpListener::bind(addr)?),
-            None => None,
-        };
-        if let Some(l) = listener.as_mut() {
-            poll.registry().register(l, LISTENER, Interest::READABLE)?;
-        }
+impl Links {
+    pub fn new(cfg: NetConfig, metrics: Arc<Metrics>, first_token: usize, token_step: usize) -> Self {
         let now = Instant::now();
         let dialers = cfg
             .dial
@@ -258,84 +248,52 @@ impl<D: FnMut(Received) -> bool> Network<D> {
                 (id, d)
             })
             .collect();
-        let net = Network {
+        Links {
             cfg,
-            poll,
-            outbox: outbox.clone(),
-            listener,
             conns: BTreeMap::new(),
-            next_token: FIRST_CONN,
+            next_token: first_token,
+            token_step,
             dialers,
             by_id: BTreeMap::new(),
             metrics,
-            deliver,
             received: Vec::new(),
-        };
-        Ok((net, outbox))
-    }
-
-    pub fn local_addr(&self) -> Option<SocketAddr> {
-        self.listener.as_ref().and_then(|l| l.local_addr().ok())
-    }
-
-    /// Runs until [`Outbox::shutdown`] or the protocol thread goes away.
-    pub fn run(mut self) -> io::Result<()> {
-        let mut events = Events::with_capacity(1024);
-        loop {
-            let now = Instant::now();
-            self.dial_due(now);
-            let timeout = self
-                .dialers
-                .values()
-                .filter(|d| d.conn.is_none())
-                .map(|d| d.next_attempt.saturating_duration_since(now))
-                .min();
-            if let Err(e) = self.poll.poll(&mut events, timeout) {
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(e);
-            }
-            for event in events.iter() {
-                match event.token() {
-                    LISTENER => self.accept()?,
-                    WAKER => {
-                        if self.outbox.stop.load(Ordering::SeqCst) {
-                            return Ok(());
-                        }
-                        self.route_outbox();
-                    }
-                    Token(t) => {
-                        let mut alive = true;
-                        if event.is_writable() || event.is_error() {
-                            alive = self.on_writable(t);
-                        }
-                        if alive && (event.is_readable() || event.is_read_closed()) {
-                            alive = self.on_readable(t);
-                        }
-                        if !alive {
-                            self.close(t);
-                        }
-                    }
-                }
-            }
-            if !self.deliver_received() {
-                return Ok(());
-            }
-            if self.stopped() {
-                return Ok(());
-            }
+            receiver_gone: false,
         }
     }
 
-    fn stopped(&self) -> bool {
-        self.outbox.stop.load(Ordering::SeqCst)
+    pub fn me(&self) -> NodeId {
+        self.cfg.me
     }
 
-    fn register(&mut self, mut stream: TcpStream, dialed: Option<NodeId>) -> io::Result<usize> {
+    /// Whether `deliver` refused frames (its consumer went away).
+    pub fn receiver_gone(&self) -> bool {
+        self.receiver_gone
+    }
+
+    /// How long until the next dial is due, if a dialed replica is not connected.
+    pub fn next_dial(&self, now: Instant) -> Option<Duration> {
+        self.dialers.values().filter(|d| d.conn.is_none()).map(|d| d.next_attempt.saturating_duration_since(now)).min()
+    }
+
+    /// Handles a readiness event of one of this node's connections.
+    pub fn ready(&mut self, registry: &Registry, event: &Event, deliver: &mut dyn FnMut(Received) -> bool) {
+        let t = event.token().0;
+        let mut alive = true;
+        if event.is_writable() || event.is_error() {
+            alive = self.on_writable(t);
+        }
+        if alive && (event.is_readable() || event.is_read_closed()) {
+            alive = self.on_readable(registry, t, deliver);
+        }
+        if !alive {
+            self.close(registry, t);
+        }
+    }
+
+    fn register(&mut self, registry: &Registry, mut stream: TcpStream, dialed: Option<NodeId>) -> io::Result<usize> {
         let token = self.next_token;
-        self.next_token += 1;
-        self.poll.registry().register(&mut stream, Token(token), Interest::READABLE | Interest::WRITABLE)?;
+        self.next_token += self.token_step;
+        registry.register(&mut stream, Token(token), Interest::READABLE | Interest::WRITABLE)?;
         let _ = stream.set_nodelay(true);
         let conn = Conn {
             stream,
@@ -352,30 +310,17 @@ impl<D: FnMut(Received) -> bool> Network<D> {
         Ok(token)
     }
 
-    fn accept(&mut self) -> io::Result<()> {
-        loop {
-            let Some(listener) = self.listener.as_ref() else { return Ok(()) };
-            match listener.accept() {
-                Ok((stream, _)) => {
-                    if self.conns.len() >= MAX_CONNECTIONS {
-                        self.metrics.dropped(DropReason::BadHandshake);
-                        continue;
-                    }
-                    self.register(stream, None)?;
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                // A connection that failed before we took it (reset, out of descriptors):
-                // nothing to do but go on serving.
-                Err(e) => {
-                    tracing::warn!("accept failed: {e}");
-                    return Ok(());
-                }
-            }
+    /// Takes a connection a listener accepted, unless [`MAX_CONNECTIONS`] are open.
+    pub fn accepted(&mut self, registry: &Registry, stream: TcpStream) -> io::Result<()> {
+        if self.conns.len() >= MAX_CONNECTIONS {
+            self.metrics.dropped(DropReason::BadHandshake);
+            return Ok(());
         }
+        self.register(registry, stream, None).map(drop)
     }
 
-    fn dial_due(&mut self, now: Instant) {
+    /// Dials every replica whose back-off ran out.
+    pub fn dial_due(&mut self, registry: &Registry, now: Instant) {
         let due: Vec<NodeId> =
             self.dialers.iter().filter(|(_, d)| d.conn.is_none() && d.next_attempt <= now).map(|(&id, _)| id).collect();
         for id in due {
@@ -383,7 +328,7 @@ impl<D: FnMut(Received) -> bool> Network<D> {
             d.next_attempt = now + d.backoff;
             d.backoff = (d.backoff * 2).min(self.cfg.reconnect_max);
             let addr = d.addr;
-            match TcpStream::connect(addr).and_then(|s| self.register(s, Some(id))) {
+            match TcpStream::connect(addr).and_then(|s| self.register(registry, s, Some(id))) {
                 Ok(token) => {
                     let d = self.dialers.get_mut(&id).expect("listed");
                     d.conn = Some(token);
@@ -396,8 +341,8 @@ impl<D: FnMut(Received) -> bool> Network<D> {
         }
     }
 
-    fn route_outbox(&mut self) {
-        let frames = std::mem::take(&mut *self.outbox.frames.lock().expect("outbox lock"));
+    /// Queues frames to their peers and writes what the sockets take now.
+    pub fn route(&mut self, registry: &Registry, frames: impl IntoIterator<Item = (NodeId, Vec<u8>)>) {
         let mut touched = BTreeSet::new();
         for (to, bytes) in frames {
             if bytes.len() > self.cfg.max_frame {
@@ -427,7 +372,7 @@ impl<D: FnMut(Received) -> bool> Network<D> {
         }
         for t in touched {
             if !self.on_writable(t) {
-                self.close(t);
+                self.close(registry, t);
             }
         }
     }
@@ -452,13 +397,13 @@ impl<D: FnMut(Received) -> bool> Network<D> {
             let pending = d.pending.take();
             c.queue.bytes += pending.bytes;
             c.queue.frames.extend(pending.frames);
-            tracing::info!("connected to replica {id}");
+            tracing::info!("node {}: connected to replica {id}", self.cfg.me);
         }
         c.queue.flush(&mut c.stream, c.peer, &self.metrics).is_ok()
     }
 
     /// Reads what arrived and delivers whole frames; false if the connection is done.
-    fn on_readable(&mut self, t: usize) -> bool {
+    fn on_readable(&mut self, registry: &Registry, t: usize, deliver: &mut dyn FnMut(Received) -> bool) -> bool {
         loop {
             let Some(c) = self.conns.get_mut(&t) else { return false };
             // Room for a chunk: the unparsed bytes move to the front, or the buffer grows
@@ -477,7 +422,7 @@ impl<D: FnMut(Received) -> bool> Network<D> {
                 // Deliver as we go, so one busy peer cannot grow the buffer unbounded.
                 Ok(n) => {
                     c.rend += n;
-                    if !self.parse(t) {
+                    if !self.parse(registry, t, deliver) {
                         return false;
                     }
                 }
@@ -489,7 +434,7 @@ impl<D: FnMut(Received) -> bool> Network<D> {
     }
 
     /// Takes the hello and whole frames off the read buffer; false closes the connection.
-    fn parse(&mut self, t: usize) -> bool {
+    fn parse(&mut self, registry: &Registry, t: usize, deliver: &mut dyn FnMut(Received) -> bool) -> bool {
         let max = self.cfg.max_frame;
         loop {
             let c = self.conns.get_mut(&t).expect("parsing a live connection");
@@ -519,7 +464,7 @@ impl<D: FnMut(Received) -> bool> Network<D> {
                 // The newest connections claiming an id win; the oldest beyond the cap go.
                 if ids.len() > MAX_PER_ID {
                     let oldest = ids.remove(0);
-                    self.close(oldest);
+                    self.close(registry, oldest);
                 }
                 continue;
             }
@@ -541,8 +486,7 @@ impl<D: FnMut(Received) -> bool> Network<D> {
             self.received.push((from, bytes));
             // A peer that keeps the socket full is delivered in parts, as the channel
             // takes them.
-            if self.received.len() >= DELIVER_FRAMES && !self.deliver_received() {
-                self.outbox.stop.store(true, Ordering::SeqCst);
+            if self.received.len() >= DELIVER_FRAMES && !self.deliver_received(deliver) {
                 return false;
             }
         }
@@ -553,14 +497,26 @@ impl<D: FnMut(Received) -> bool> Network<D> {
         true
     }
 
-    /// Hands what was read to the protocol thread; false if it is gone.
-    fn deliver_received(&mut self) -> bool {
-        self.received.is_empty() || (self.deliver)(std::mem::take(&mut self.received))
+    /// Hands what was read on; false (and [`Links::receiver_gone`] from now on) if its
+    /// consumer is gone.
+    pub fn deliver_received(&mut self, deliver: &mut dyn FnMut(Received) -> bool) -> bool {
+        if !self.received.is_empty() && !deliver(std::mem::take(&mut self.received)) {
+            self.receiver_gone = true;
+        }
+        !self.receiver_gone
     }
 
-    fn close(&mut self, t: usize) {
+    /// Closes every connection (the node leaves the loop).
+    pub fn close_all(&mut self, registry: &Registry) {
+        let tokens: Vec<usize> = self.conns.keys().copied().collect();
+        for t in tokens {
+            self.close(registry, t);
+        }
+    }
+
+    fn close(&mut self, registry: &Registry, t: usize) {
         let Some(mut c) = self.conns.remove(&t) else { return };
-        let _ = self.poll.registry().deregister(&mut c.stream);
+        let _ = registry.deregister(&mut c.stream);
         self.metrics.connections(-1);
         if let Some(id) = c.peer
             && let Some(ids) = self.by_id.get_mut(&id)
@@ -585,7 +541,94 @@ impl<D: FnMut(Received) -> bool> Network<D> {
             left.bytes += d.pending.bytes;
             d.pending = left;
             if c.connected {
-                tracing::info!("connection to replica {id} lost");
+                tracing::info!("node {}: connection to replica {id} lost", self.cfg.me);
+            }
+        }
+    }
+}
+
+/// The network thread of one node: its [`Links`] in a mio loop of their own, with the
+/// listener (replicas) and the [`Outbox`] waker. `deliver(frames)` hands the frames read
+/// in one turn of the loop to the protocol thread at once, waking it once rather than
+/// per frame (blocking when it is behind, which pushes back on the senders through
+/// TCP); it returns false when the protocol thread is gone.
+pub struct Network<D: FnMut(Received) -> bool> {
+    poll: Poll,
+    outbox: Arc<Outbox>,
+    listener: Option<TcpListener>,
+    links: Links,
+    deliver: D,
+}
+
+impl<D: FnMut(Received) -> bool> Network<D> {
+    /// Binds the listener (so a bad address fails here, in the caller's thread).
+    pub fn new(cfg: NetConfig, metrics: Arc<Metrics>, deliver: D) -> io::Result<(Self, Arc<Outbox>)> {
+        let poll = Poll::new()?;
+        let waker = Waker::new(poll.registry(), WAKER)?;
+        let outbox = Arc::new(Outbox { frames: Mutex::new(Vec::new()), waker, stop: AtomicBool::new(false) });
+        let mut listener = match cfg.listen {
+            Some(addr) => Some(TcpListener::bind(addr)?),
+            None => None,
+        };
+        if let Some(l) = listener.as_mut() {
+            poll.registry().register(l, LISTENER, Interest::READABLE)?;
+        }
+        let links = Links::new(cfg, metrics, FIRST_CONN, 1);
+        Ok((Network { poll, outbox: outbox.clone(), listener, links, deliver }, outbox))
+    }
+
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.listener.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
+    /// Runs until [`Outbox::shutdown`] or the protocol thread goes away.
+    pub fn run(mut self) -> io::Result<()> {
+        let mut events = Events::with_capacity(1024);
+        loop {
+            let now = Instant::now();
+            self.links.dial_due(self.poll.registry(), now);
+            if let Err(e) = self.poll.poll(&mut events, self.links.next_dial(now)) {
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            for event in events.iter() {
+                match event.token() {
+                    LISTENER => self.accept()?,
+                    WAKER => {
+                        if self.stopped() {
+                            return Ok(());
+                        }
+                        let frames = std::mem::take(&mut *self.outbox.frames.lock().expect("outbox lock"));
+                        self.links.route(self.poll.registry(), frames);
+                    }
+                    _ => self.links.ready(self.poll.registry(), event, &mut self.deliver),
+                }
+            }
+            if !self.links.deliver_received(&mut self.deliver) || self.stopped() {
+                return Ok(());
+            }
+        }
+    }
+
+    fn stopped(&self) -> bool {
+        self.outbox.stop.load(Ordering::SeqCst) || self.links.receiver_gone()
+    }
+
+    fn accept(&mut self) -> io::Result<()> {
+        loop {
+            let Some(listener) = self.listener.as_ref() else { return Ok(()) };
+            match listener.accept() {
+                Ok((stream, _)) => self.links.accepted(self.poll.registry(), stream)?,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                // A connection that failed before we took it (reset, out of descriptors):
+                // nothing to do but go on serving.
+                Err(e) => {
+                    tracing::warn!("accept failed: {e}");
+                    return Ok(());
+                }
             }
         }
     }

@@ -166,7 +166,18 @@ fn cores(cluster: &ClusterFile) -> Option<(core_affinity::CoreId, core_affinity:
     (ids.len() >= first + 2).then(|| (ids[first], ids[first + 1]))
 }
 
-pub fn start(cluster: &ClusterFile, id: NodeId, opts: &StartOptions) -> Result<Running, StartError> {
+/// A node ready to run, in whatever loop hosts it: its protocol driver (core, storage,
+/// trace), its network configuration, and its metrics.
+pub struct Prepared {
+    pub id: NodeId,
+    pub driver: Driver,
+    pub net: NetConfig,
+    pub metrics: Arc<Metrics>,
+}
+
+/// Creates node `id`'s core (verifying the keys it relies on unless verified before) and
+/// opens its storage.
+pub fn prepare(cluster: &ClusterFile, id: NodeId, opts: &StartOptions) -> Result<Prepared, StartError> {
     let cfg = cluster.node_config(id).map_err(StartError::Config)?;
     let encoded = cfg.encode();
     let verified = VerifiedKeys::of(cluster, &cfg);
@@ -211,10 +222,8 @@ pub fn start(cluster: &ClusterFile, id: NodeId, opts: &StartOptions) -> Result<R
     };
     let peers = cluster.node_ids();
     let metrics = Arc::new(Metrics::new(id, &peers));
-    let (events_tx, events_rx) = mpsc::sync_channel::<Event>(cluster.runtime.event_queue);
-    let broker = cluster.broker(id);
-    let member = replica.or(broker);
-    let net_cfg = NetConfig {
+    let member = replica.or(cluster.broker(id));
+    let net = NetConfig {
         me: id,
         listen: opts.listen.or(member.map(|m| m.address)),
         dial: crate::distill::dials(cluster, id),
@@ -225,12 +234,21 @@ pub fn start(cluster: &ClusterFile, id: NodeId, opts: &StartOptions) -> Result<R
         reconnect_min: Duration::from_millis(cluster.runtime.reconnect_min_ms),
         reconnect_max: Duration::from_millis(cluster.runtime.reconnect_max_ms),
     };
+    let parts = DriverParts { node, storage, app: MeteredKv::new(metrics.clone()), trace, metrics: metrics.clone() };
+    Ok(Prepared { id, driver: Driver::new(parts), net, metrics })
+}
+
+/// Starts node `id` on a network thread and a protocol thread of its own.
+pub fn start(cluster: &ClusterFile, id: NodeId, opts: &StartOptions) -> Result<Running, StartError> {
+    let Prepared { id, driver, net: net_cfg, metrics } = prepare(cluster, id, opts)?;
+    let (events_tx, events_rx) = mpsc::sync_channel::<Event>(cluster.runtime.event_queue);
     let to_driver = events_tx.clone();
     let deliver = move |frames| to_driver.send(Event::Messages(frames)).is_ok();
     let listening = net_cfg.listen.map_or_else(|| "connecting".to_string(), |a| format!("listening on {a}"));
     let (network, outbox) =
         Network::new(net_cfg, metrics.clone(), deliver).map_err(io(format!("node {id}: {listening}")))?;
     let listen = network.local_addr();
+    let member = cluster.replica(id).or(cluster.broker(id));
     let metrics_addr = match member.and_then(|r| r.metrics) {
         Some(addr) => Some(metrics::serve(addr, metrics.clone()).map_err(io(format!("metrics on {addr}")))?.0),
         None => None,
@@ -246,22 +264,14 @@ pub fn start(cluster: &ClusterFile, id: NodeId, opts: &StartOptions) -> Result<R
             network.run()
         })
         .map_err(io("spawning the network thread"))?;
-    let parts = DriverParts {
-        node,
-        storage,
-        app: MeteredKv::new(metrics.clone()),
-        trace,
-        outbox: outbox.clone(),
-        metrics: metrics.clone(),
-        app_events: Some(app_tx),
-    };
+    let to_net = outbox.clone();
     let driver = thread::Builder::new()
         .name(format!("protocol-{id}"))
         .spawn(move || {
             if let Some((_, core)) = pins {
                 core_affinity::set_for_current(core);
             }
-            Driver::new(parts).run(events_rx)
+            driver.run(events_rx, &to_net, Some(app_tx))
         })
         .map_err(io("spawning the protocol thread"))?;
     Ok(Running { id, events: events_tx, app_events: app_rx, listen, metrics, metrics_addr, outbox, net, driver })
