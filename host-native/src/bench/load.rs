@@ -1,34 +1,36 @@
-//! The load of `phalanxd bench`: one thread per client keeps requests in flight (closed
-//! loop) or issues them when due (open loop), records each completion's latency per
-//! second, and hands each second to the main thread, which merges them and reads the
-//! replicas' counters around the measured window.
+//! The load of `phalanxd bench`: each load thread hosts its share of the client
+//! identities in one client event loop ([`ClientLoop`]), keeps requests in flight for
+//! each of them (closed loop) or issues them when due (open loop), records each
+//! completion's latency per second, and hands each second to the main thread, which
+//! merges them and reads the replicas' counters around the measured window.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io::{IsTerminal, Write as _};
-use std::sync::mpsc::{self, Sender};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use phalanx_core::kv::{self, Reply};
-use phalanx_core::{HandleError, NodeId};
+use phalanx_core::{HandleError, NodeId, Request};
 
 use super::BenchArgs;
 use super::cpu::CpuSample;
 use super::histogram::Histogram;
 use super::series::Second;
-use crate::client::{ClientError, ClusterClient};
+use crate::client::{self, ClientLoop, Hosted, News};
 use crate::config::ClusterFile;
+use crate::driver::{AppEvent, Event};
 use crate::metrics::{scrape, value};
 
 /// Keys written, shared by all clients: bounded so the replicas' state, which each
 /// checkpoint snapshots whole, stays small.
 const KEYS: u64 = 1024;
-/// Longest a client thread blocks, so it notices second boundaries and the end on time.
+/// Longest a load thread blocks, so it notices second boundaries and the end on time.
 const POLL: Duration = Duration::from_millis(20);
-/// Open loop: most due requests issued before completions are taken again.
+/// Open loop: most due requests of one client issued before news is taken again.
 const BURST: usize = 64;
 
-/// One client's figures for one second of the run (seconds count from the load's start).
+/// One load thread's figures for one second of the run (seconds count from the load's start).
 struct Tick {
     second: u64,
     latencies: Histogram,
@@ -40,7 +42,7 @@ struct Tick {
     bad: u64,
 }
 
-/// What a client thread needs to know about the run.
+/// What a load thread needs to know about the run.
 #[derive(Clone)]
 pub(super) struct Plan {
     pub(super) start: Instant,
@@ -52,7 +54,7 @@ pub(super) struct Plan {
     pub(super) value: Vec<u8>,
 }
 
-/// A client thread's current second, handed to the main thread as each one ends.
+/// A load thread's current second, handed to the main thread as each one ends.
 struct Recorder {
     start: Instant,
     seconds: u64,
@@ -77,92 +79,204 @@ impl Recorder {
     }
 }
 
-/// Drives one client until the run ends, then stops it; the ticks carry the figures.
-fn drive(mut client: ClusterClient, index: u64, plan: Plan, ticks: Sender<Tick>) -> Result<(), String> {
-    let mut rec = Recorder { start: plan.start, seconds: plan.seconds, tick: Recorder::empty(0), ticks };
-    let id = client.id();
-    let result = load(&mut client, index, &plan, &mut rec).map_err(|e| format!("client {id}: {e}"));
-    if result.is_ok() {
-        rec.advance(plan.start + Duration::from_secs(plan.seconds));
-    }
-    let stopped = client.stop().map_err(|e| format!("stopping client {id}: {e}"));
-    result.and(stopped)
+/// One load thread's clients: their nodes, hosted in one event loop, and their news.
+pub(super) struct Share {
+    clients: Vec<Hosted>,
+    news: Receiver<News>,
 }
 
-/// The load loop of one client: keeps requests in flight (closed loop) or issues them
-/// when due (open loop), and records each completion's latency.
-fn load(client: &mut ClusterClient, index: u64, plan: &Plan, rec: &mut Recorder) -> Result<(), ClientError> {
-    let end = plan.start + Duration::from_secs(plan.seconds);
-    // Request number → when its latency started.
-    let mut in_flight: HashMap<u64, Instant> = HashMap::with_capacity(plan.outstanding);
-    // Clients start their key sequences apart so they rarely write the same key at once.
-    let mut next_key = index * KEYS / 4;
-    let mut op = || {
-        next_key += 1;
-        kv::put(&(next_key % KEYS).to_be_bytes(), &plan.value)
-    };
-    let mut issued: u32 = 0;
-    loop {
-        if !rec.advance(Instant::now()) {
-            return Ok(());
+/// Hosts the clients `ids` in `threads` event loops (client `i` in loop `i % threads`),
+/// and has each order one put, so its connections are up and the replicas know it.
+pub(super) fn connect(cluster: &ClusterFile, ids: &[NodeId], threads: usize) -> Result<Vec<Share>, String> {
+    let mut shares = Vec::new();
+    for t in 0..threads.clamp(1, ids.len()) {
+        let event_loop =
+            ClientLoop::start(&format!("bench-loop-{t}")).map_err(|e| format!("a client event loop: {e}"))?;
+        let (tx, news) = mpsc::channel();
+        let mut clients = Vec::new();
+        for &id in ids.iter().skip(t).step_by(threads) {
+            let node = client::prepare(cluster, id, None).map_err(|e| format!("client {id}: {e}"))?;
+            clients.push(event_loop.add(node, tx.clone())?);
         }
-        // Every op the client may send now goes in one burst, so they leave together.
-        let wait = match plan.interval {
-            None => {
-                let room = plan.outstanding.saturating_sub(in_flight.len());
-                if room > 0 {
-                    let now = Instant::now();
-                    match client.submit_burst((0..room).map(|_| op()).collect()) {
-                        Ok(requests) => in_flight.extend(requests.map(|r| (r, now))),
-                        // Replicas still hold results we have not seen: wait for one.
-                        Err(ClientError::Refused(HandleError::Backpressure)) => {}
-                        Err(e) => return Err(e),
+        shares.push(Share { clients, news });
+    }
+    for share in &shares {
+        for c in &share.clients {
+            c.send(Event::Submit(vec![Request::Submit { op: kv::put(b"bench", b"ready") }]))?;
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for share in &shares {
+        let mut ready = 0;
+        while ready < share.clients.len() {
+            let wait = deadline.saturating_duration_since(Instant::now());
+            let news = share.news.recv_timeout(wait).map_err(|_| "the clients' first puts did not complete in 30 s")?;
+            for e in news.events.map_err(|e| format!("client {}: {e}", news.id))? {
+                match e {
+                    AppEvent::Completed { .. } => ready += 1,
+                    AppEvent::Submitted { requests, refused: Some(e) } if requests.is_empty() => {
+                        return Err(format!("client {}: the first put was refused: {e}", news.id));
                     }
+                    _ => {}
                 }
-                POLL
+            }
+        }
+    }
+    Ok(shares)
+}
+
+/// One client's load: what it has in flight and what it does next.
+struct Client {
+    node: Hosted,
+    next_key: u64,
+    /// Bursts handed over whose request numbers have not come back: each op's start.
+    unnumbered: VecDeque<Vec<Instant>>,
+    /// Request number → when its latency started.
+    in_flight: HashMap<u64, Instant>,
+    /// Closed loop: the core refused for backpressure; wait for a completion.
+    held: bool,
+    /// Open loop: requests issued (or dropped) so far.
+    issued: u32,
+}
+
+impl Client {
+    fn op(&mut self, plan: &Plan) -> Request {
+        self.next_key += 1;
+        Request::Submit { op: kv::put(&(self.next_key % KEYS).to_be_bytes(), &plan.value) }
+    }
+
+    fn pending(&self) -> usize {
+        self.in_flight.len() + self.unnumbered.iter().map(Vec::len).sum::<usize>()
+    }
+
+    /// Hands over every op the client may send now, in one burst so they leave together;
+    /// how long until it may send again, as far as it knows.
+    fn offer(&mut self, plan: &Plan, rec: &mut Recorder) -> Result<Duration, String> {
+        let now = Instant::now();
+        let (burst, wait) = match plan.interval {
+            None => {
+                // Numbers of the last burst first: they tell whether the core took it.
+                let room = plan.outstanding.saturating_sub(self.pending());
+                let ready = self.unnumbered.is_empty() && !self.held;
+                (if ready { vec![now; room] } else { Vec::new() }, POLL)
             }
             Some(interval) => {
-                let mut due = plan.start + interval * issued;
+                let end = plan.start + plan.seconds as u32 * Duration::from_secs(1);
+                let mut due = plan.start + interval * self.issued;
                 let mut burst = Vec::new();
-                while burst.len() < BURST && due <= Instant::now() && due < end {
+                while burst.len() < BURST && due <= now && due < end {
                     rec.tick.due += 1;
-                    if in_flight.len() + burst.len() >= plan.outstanding {
+                    if self.pending() + burst.len() >= plan.outstanding {
                         rec.tick.dropped += 1;
                     } else {
                         burst.push(due);
                     }
-                    issued += 1;
-                    due = plan.start + interval * issued;
+                    self.issued += 1;
+                    due = plan.start + interval * self.issued;
                 }
-                if !burst.is_empty() {
-                    let requests = match client.submit_burst(burst.iter().map(|_| op()).collect()) {
-                        Ok(requests) => requests,
-                        Err(ClientError::Refused(HandleError::Backpressure)) => 0..0,
-                        Err(e) => return Err(e),
-                    };
-                    rec.tick.dropped += (burst.len() - requests.clone().count()) as u64;
-                    in_flight.extend(requests.zip(burst));
-                }
-                due.saturating_duration_since(Instant::now()).min(POLL)
+                (burst, due.saturating_duration_since(now).min(POLL))
             }
         };
-        // Everything completed so far, so the next burst refills all the room it freed.
-        match client.completions(wait) {
-            Ok(done) => {
-                let now = Instant::now();
-                if !rec.advance(now) {
-                    return Ok(());
+        if !burst.is_empty() {
+            let ops = burst.iter().map(|_| self.op(plan)).collect();
+            self.node.send(Event::Submit(ops))?;
+            self.unnumbered.push_back(burst);
+        }
+        Ok(wait)
+    }
+
+    /// Takes what the client's node said at `now`.
+    fn hear(&mut self, events: Vec<AppEvent>, now: Instant, plan: &Plan, rec: &mut Recorder) -> Result<(), String> {
+        for e in events {
+            match e {
+                AppEvent::Submitted { requests, refused } => {
+                    let burst = self.unnumbered.pop_front().unwrap_or_default();
+                    let taken = requests.clone().count();
+                    if plan.interval.is_some() {
+                        rec.tick.dropped += (burst.len() - taken.min(burst.len())) as u64;
+                    }
+                    match refused {
+                        Some(HandleError::Backpressure) => self.held = plan.interval.is_none(),
+                        Some(e) if taken == 0 => return Err(format!("client {}: refused: {e}", self.node.id())),
+                        _ => {}
+                    }
+                    self.in_flight.extend(requests.zip(burst));
                 }
-                for (request, result) in done {
-                    let Some(started) = in_flight.remove(&request) else { continue };
+                AppEvent::Completed { request, result } => {
+                    self.held = false;
+                    let Some(started) = self.in_flight.remove(&request) else { continue };
                     rec.tick.latencies.record(u64::try_from((now - started).as_nanos()).unwrap_or(u64::MAX));
                     if !matches!(Reply::decode(&result), Ok(Reply::Value(_))) {
                         rec.tick.bad += 1;
                     }
                 }
+                AppEvent::Delivered(_) | AppEvent::Refused(_) => {}
             }
-            Err(ClientError::Timeout { .. }) => {}
-            Err(e) => return Err(e),
+        }
+        Ok(())
+    }
+}
+
+/// Drives one share of the clients until the run ends, then takes them out of their
+/// loop; the ticks carry the figures.
+fn drive(share: Share, first_index: u64, threads: u64, plan: Plan, ticks: Sender<Tick>) -> Result<(), String> {
+    let mut rec = Recorder { start: plan.start, seconds: plan.seconds, tick: Recorder::empty(0), ticks };
+    let mut clients: Vec<Client> = share
+        .clients
+        .into_iter()
+        .enumerate()
+        .map(|(i, node)| Client {
+            node,
+            // Clients start their key sequences apart so they rarely write the same key at once.
+            next_key: (first_index + i as u64 * threads) * KEYS / 4,
+            unnumbered: VecDeque::new(),
+            in_flight: HashMap::new(),
+            held: false,
+            issued: 0,
+        })
+        .collect();
+    let by_id: HashMap<NodeId, usize> = clients.iter().enumerate().map(|(i, c)| (c.node.id(), i)).collect();
+    let result = load(&mut clients, &by_id, &share.news, &plan, &mut rec);
+    if result.is_ok() {
+        rec.advance(plan.start + Duration::from_secs(plan.seconds));
+    }
+    let mut stopped = Ok(());
+    for c in clients {
+        let id = c.node.id();
+        stopped = stopped.and(c.node.remove().map_err(|e| format!("stopping client {id}: {e}")));
+    }
+    result.and(stopped)
+}
+
+/// The load loop of one share: offers every client's next ops, then takes the news.
+fn load(
+    clients: &mut [Client],
+    by_id: &HashMap<NodeId, usize>,
+    news: &Receiver<News>,
+    plan: &Plan,
+    rec: &mut Recorder,
+) -> Result<(), String> {
+    loop {
+        if !rec.advance(Instant::now()) {
+            return Ok(());
+        }
+        let mut wait = POLL;
+        for c in clients.iter_mut() {
+            wait = wait.min(c.offer(plan, rec)?);
+        }
+        let first = match news.recv_timeout(wait) {
+            Ok(n) => n,
+            Err(RecvTimeoutError::Timeout) => continue,
+            Err(RecvTimeoutError::Disconnected) => return Err("the client event loop stopped".into()),
+        };
+        let now = Instant::now();
+        if !rec.advance(now) {
+            return Ok(());
+        }
+        for n in std::iter::once(first).chain(std::iter::from_fn(|| news.try_recv().ok())) {
+            let Some(&i) = by_id.get(&n.id) else { continue };
+            let events = n.events.map_err(|e| format!("client {}: {e}", n.id))?;
+            clients[i].hear(events, now, plan, rec)?;
         }
     }
 }
@@ -195,7 +309,7 @@ fn replica_counters(cluster: &ClusterFile, only: Option<NodeId>) -> Option<(Node
     })
 }
 
-/// Per-client figures of one second, gathered until every client has reported.
+/// Per-thread figures of one second, gathered until every load thread has reported.
 struct Gathering {
     reports: usize,
     tick: Tick,
@@ -229,26 +343,26 @@ fn progress(second: u64, plan_seconds: u64, warmup: u64, stats: &Second) -> Stri
     )
 }
 
-/// Starts the client threads, gathers their seconds, and reads the replicas' counters
+/// Starts the load threads, gathers their seconds, and reads the replicas' counters
 /// around the measured window.
 pub(super) fn measure(
     a: &BenchArgs,
     cluster: &ClusterFile,
-    clients: Vec<ClusterClient>,
+    shares: Vec<Share>,
     plan: Plan,
     profiled: &[(String, u32)],
 ) -> Result<Outcome, String> {
     let (tx, rx) = mpsc::channel::<Tick>();
-    let threads = clients.len();
-    let handles: Vec<_> = clients
+    let threads = shares.len();
+    let handles: Vec<_> = shares
         .into_iter()
         .enumerate()
-        .map(|(i, client)| {
+        .map(|(i, share)| {
             let (plan, tx) = (plan.clone(), tx.clone());
             thread::Builder::new()
-                .name(format!("bench-client-{i}"))
-                .spawn(move || drive(client, i as u64, plan, tx))
-                .map_err(|e| format!("spawning a client thread: {e}"))
+                .name(format!("bench-load-{i}"))
+                .spawn(move || drive(share, i as u64, threads as u64, plan, tx))
+                .map_err(|e| format!("spawning a load thread: {e}"))
         })
         .collect::<Result<_, _>>()?;
     drop(tx);
@@ -286,13 +400,13 @@ pub(super) fn measure(
         g.tick.due += tick.due;
         g.tick.dropped += tick.dropped;
         g.tick.bad += tick.bad;
-        // Seconds end in order for every client, so a complete one has no open predecessor.
+        // Seconds end in order for every thread, so a complete one has no open predecessor.
         while open.first_key_value().is_some_and(|(_, g)| g.reports == threads) {
             let (_, g) = open.pop_first().expect("checked");
             finish(g.tick, &mut out, &mut before);
         }
     }
-    // Left open only if a client thread failed; its error is reported below.
+    // Left open only if a load thread failed; its error is reported below.
     while let Some((_, g)) = open.pop_first() {
         finish(g.tick, &mut out, &mut before);
     }
@@ -309,7 +423,7 @@ pub(super) fn measure(
         match h.join() {
             Ok(Ok(())) => {}
             Ok(Err(e)) => failures.push(e),
-            Err(_) => failures.push("a client thread panicked".into()),
+            Err(_) => failures.push("a load thread panicked".into()),
         }
     }
     if failures.is_empty() { Ok(out) } else { Err(failures.join("; ")) }

@@ -2,18 +2,18 @@
 //!
 //! Starts a fresh cluster of `phalanxd run` processes on loopback (or attaches to a
 //! running one with `--config`), hosts one PBFT client node per client identity in this
-//! process, each driven by its own thread, and measures end-to-end latency: from the
+//! process, all in one client event loop (or `--client-threads` of them), and measures end-to-end latency: from the
 //! submission (closed loop) or from the time the request was due (open loop, so a slow
 //! cluster cannot hide behind requests that were never sent: no coordinated omission)
 //! until f+1 replicas agreed on its result. Every operation is a put; `--op-size` is the
 //! size of its value.
 //!
-//! Latencies go into one bounded log-linear histogram per client per second; the main
+//! Latencies go into one bounded log-linear histogram per load thread per second; the main
 //! thread merges them into the per-second series shown on the progress line and written
 //! as CSV and SVG, and into the totals of the measured window (warm-up excluded).
 
 //!
-//! Its parts: the latency [`histogram`], the client threads' [`load`], the per-second
+//! Its parts: the latency [`histogram`], the load threads' [`load`], the per-second
 //! [`series`] with its CSV, and the [`svg`] charts.
 
 mod cpu;
@@ -30,10 +30,9 @@ use phalanx_core::crypto::CryptoMode;
 use phalanx_core::kv;
 use phalanx_core::{Params, Protocol};
 
-use crate::client::ClusterClient;
 use crate::config::{ClusterFile, Durability};
 use crate::local_cluster::{LocalCluster, LocalSpec};
-use load::{Plan, measure};
+use load::{Plan, connect, measure};
 use series::{csv, ms};
 use svg::svg;
 
@@ -58,9 +57,13 @@ pub struct BenchArgs {
     /// Seconds of load before measuring, excluded from every figure.
     #[arg(long, default_value_t = 2)]
     warmup: u64,
-    /// Client identities, each with its own node and thread (at most the cluster's clients).
+    /// Client identities, each with its own node (at most the cluster's clients).
     #[arg(long, default_value_t = 4)]
     clients: u32,
+    /// Threads the client identities share, each running one client event loop and the
+    /// load of its identities.
+    #[arg(long, default_value_t = 1)]
+    client_threads: u32,
     /// Requests in flight per client (at most the cluster's `client_queue`).
     #[arg(long, default_value_t = 128)]
     outstanding: u32,
@@ -207,13 +210,7 @@ fn bench(
     }
     let value = vec![b'v'; a.op_size];
     let op_bytes = kv::put(&0u64.to_be_bytes(), &value).len();
-    let mut clients = Vec::with_capacity(ids.len());
-    for &id in &ids {
-        let mut c = ClusterClient::start(cluster, id, None).map_err(|e| format!("client {id}: {e}"))?;
-        // One ordered put first: connections are up and the replicas know the client.
-        c.execute(kv::put(b"bench", b"ready"), Duration::from_secs(30)).map_err(|e| format!("client {id}: {e}"))?;
-        clients.push(c);
-    }
+    let shares = connect(cluster, &ids, a.client_threads.max(1) as usize)?;
     let plan = Plan {
         start: Instant::now(),
         seconds: a.warmup + a.duration,
@@ -221,7 +218,7 @@ fn bench(
         interval: a.rate.map(|r| Duration::from_secs_f64(ids.len() as f64 / r)),
         value,
     };
-    let out = measure(a, cluster, clients, plan, profiled)?;
+    let out = measure(a, cluster, shares, plan, profiled)?;
 
     let p = &cluster.params;
     let crypto = match cluster.crypto {

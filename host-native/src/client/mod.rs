@@ -1,18 +1,25 @@
 //! A client of a running cluster: a core PBFT client (or pub/sub publisher or
 //! subscriber) node hosted in this process, connected to every replica. A result is
 //! returned once a quorum of replicas (2f+1 at n = 3f+1) agree on it — the core decides that, not this code.
+//!
+//! The node runs in a [`ClientLoop`] ([`event_loop`]): one of its own, or one shared
+//! with any number of other clients' nodes ([`ClusterClient::start_on`]).
+
+pub mod event_loop;
 
 use std::collections::VecDeque;
 use std::ops::Range;
 use std::path::PathBuf;
-use std::sync::mpsc::RecvTimeoutError;
+use std::sync::Arc;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use phalanx_core::{Algorithm, Delivery, HandleError, NodeId, Request};
 
 use crate::config::ClusterFile;
 use crate::driver::{AppEvent, Event};
-use crate::runtime::{self, Running, StartError, StartOptions};
+use crate::runtime::{self, StartError, StartOptions};
+pub use event_loop::{ClientLoop, Hosted, News};
 
 #[derive(Debug)]
 pub enum ClientError {
@@ -20,7 +27,7 @@ pub enum ClientError {
     Timeout { request: Option<u64>, waited: Duration },
     /// The core refused the request (too large, wrong role, …).
     Refused(HandleError),
-    /// The client's protocol thread stopped.
+    /// The client's node stopped (its storage failed, or its event loop went away).
     Stopped(String),
 }
 
@@ -43,8 +50,11 @@ impl std::fmt::Display for ClientError {
 impl std::error::Error for ClientError {}
 
 pub struct ClusterClient {
-    node: Running,
-    /// What the protocol thread said and nobody has taken yet, by kind.
+    node: Hosted,
+    news: Receiver<News>,
+    /// Why the node stopped, once it did.
+    failed: Option<String>,
+    /// What the node's rounds said and nobody has taken yet, by kind.
     submitted: VecDeque<(Range<u64>, Option<HandleError>)>,
     completions: VecDeque<(u64, Vec<u8>)>,
     deliveries: VecDeque<Delivery>,
@@ -52,16 +62,27 @@ pub struct ClusterClient {
 }
 
 impl ClusterClient {
-    /// Starts client `id` of the cluster; its storage (the request numbers it used, so a
-    /// restarted client never reuses one) lives in `data_dir`, by default
-    /// `data/client-<id>` beside the cluster file.
+    /// Starts client `id` of the cluster in an event loop of its own; see [`prepare`] for
+    /// its storage.
     pub fn start(cluster: &ClusterFile, id: NodeId, data_dir: Option<PathBuf>) -> Result<Self, StartError> {
-        let data_dir = data_dir.unwrap_or_else(|| {
-            cluster.path.parent().unwrap_or(std::path::Path::new(".")).join(format!("data/client-{id}"))
-        });
-        let opts = StartOptions { data_dir: Some(data_dir), ..StartOptions::default() };
+        let event_loop = ClientLoop::start(&format!("client-{id}"))
+            .map_err(|source| StartError::Io { what: "starting the client event loop".into(), source })?;
+        Self::start_on(&event_loop, cluster, id, data_dir)
+    }
+
+    /// Starts client `id` in `event_loop`, beside the clients it hosts already.
+    pub fn start_on(
+        event_loop: &Arc<ClientLoop>,
+        cluster: &ClusterFile,
+        id: NodeId,
+        data_dir: Option<PathBuf>,
+    ) -> Result<Self, StartError> {
+        let (tx, news) = mpsc::channel();
+        let node = event_loop.add(prepare(cluster, id, data_dir)?, tx).map_err(stopped)?;
         Ok(ClusterClient {
-            node: runtime::start(cluster, id, &opts)?,
+            node,
+            news,
+            failed: None,
             submitted: VecDeque::new(),
             completions: VecDeque::new(),
             deliveries: VecDeque::new(),
@@ -70,7 +91,7 @@ impl ClusterClient {
     }
 
     pub fn id(&self) -> NodeId {
-        self.node.id
+        self.node.id()
     }
 
     fn request(&self, request: Request) -> Result<(), ClientError> {
@@ -78,17 +99,29 @@ impl ClusterClient {
     }
 
     fn send(&self, event: Event) -> Result<(), ClientError> {
-        self.node.events.send(event).map_err(|_| ClientError::Stopped("protocol thread gone".into()))
+        if let Some(why) = &self.failed {
+            return Err(ClientError::Stopped(why.clone()));
+        }
+        self.node.send(event).map_err(ClientError::Stopped)
     }
 
-    /// Waits until the protocol thread says something (at most until `deadline`) and
-    /// sorts what it said.
+    /// Waits until the node says something (at most until `deadline`) and sorts what it
+    /// said.
     fn receive(&mut self, deadline: Instant) -> Result<(), ClientError> {
+        if let Some(why) = &self.failed {
+            return Err(ClientError::Stopped(why.clone()));
+        }
         let wait = deadline.saturating_duration_since(Instant::now());
-        let events = match self.node.app_events.recv_timeout(wait) {
-            Ok(events) => events,
+        let events = match self.news.recv_timeout(wait).map(|news| news.events) {
+            Ok(Ok(events)) => events,
+            Ok(Err(why)) => {
+                self.failed = Some(why.clone());
+                return Err(ClientError::Stopped(why));
+            }
             Err(RecvTimeoutError::Timeout) => return Err(ClientError::Timeout { request: None, waited: wait }),
-            Err(RecvTimeoutError::Disconnected) => return Err(ClientError::Stopped("protocol thread gone".into())),
+            Err(RecvTimeoutError::Disconnected) => {
+                return Err(ClientError::Stopped("the client event loop stopped".into()));
+            }
         };
         for e in events {
             match e {
@@ -117,7 +150,7 @@ impl ClusterClient {
     /// Frames this client has written to replicas' connections so far: unchanged since a
     /// request was taken means nothing of it left this process.
     pub fn frames_sent(&self) -> u64 {
-        self.node.metrics.frames_out_total()
+        self.node.metrics().frames_out_total()
     }
 
     /// Submits `ops` together, without waiting for their results: they leave as one
@@ -221,7 +254,30 @@ impl ClusterClient {
         }
     }
 
-    pub fn stop(self) -> Result<(), String> {
-        self.node.stop()
+    /// Takes the node out of its loop; why it failed, if it did.
+    pub fn stop(mut self) -> Result<(), String> {
+        self.node.remove()?;
+        // Everything the node said came before its removal was acknowledged.
+        while let Ok(news) = self.news.try_recv() {
+            if let Err(why) = news.events {
+                self.failed = Some(why);
+            }
+        }
+        self.failed.map_or(Ok(()), Err)
     }
+}
+
+fn stopped(why: String) -> StartError {
+    StartError::Io { what: why, source: std::io::Error::other("the client event loop stopped") }
+}
+
+/// Client `id`'s node, ready for a loop; its storage (the request numbers it used, so a
+/// restarted client never reuses one) lives in `data_dir`, by default
+/// `data/client-<id>` beside the cluster file.
+pub fn prepare(cluster: &ClusterFile, id: NodeId, data_dir: Option<PathBuf>) -> Result<runtime::Prepared, StartError> {
+    let data_dir = data_dir.unwrap_or_else(|| {
+        cluster.path.parent().unwrap_or(std::path::Path::new(".")).join(format!("data/client-{id}"))
+    });
+    let opts = StartOptions { data_dir: Some(data_dir), ..StartOptions::default() };
+    runtime::prepare(cluster, id, &opts)
 }
