@@ -421,3 +421,91 @@ fn pubsub_brokers_deliver_publications_to_a_subscriber() {
     publisher.stop().unwrap();
     subscriber.stop().unwrap();
 }
+
+/// Twenty client identities in one event loop, each with its own keys, storage and
+/// connections, submitting in bursts without waiting: every request completes exactly
+/// once, with its own identity's result, and a `ClusterClient` on the same loop reads
+/// what they wrote.
+#[test]
+fn many_clients_in_one_event_loop_each_complete_every_request_exactly_once() {
+    use std::collections::BTreeMap;
+    use std::sync::mpsc;
+
+    use phalanx_host::client::{self, ClientLoop, News};
+    use phalanx_host::driver::{AppEvent, Event};
+
+    const CLIENTS: u32 = 20;
+    const PUTS: usize = 8;
+    let params = Params { client_retry_ns: 100_000_000, ..Params::default() };
+    let spec = LocalSpec { crypto: CryptoMode::InsecureTest, clients: CLIENTS + 1, params, ..LocalSpec::default() };
+    let mut c = LocalCluster::create(&test_dir("one-loop"), &spec, Path::new(BINARY)).unwrap();
+    c.start_all().unwrap();
+    let event_loop = ClientLoop::start("test-loop").unwrap();
+    let (tx, news) = mpsc::channel::<News>();
+    let ids = &c.cluster.clients[..CLIENTS as usize];
+    let nodes: Vec<_> = ids
+        .iter()
+        .map(|&id| {
+            let node = client::prepare(&c.cluster, id, Some(c.dir.join(format!("client-{id}")))).unwrap();
+            event_loop.add(node, tx.clone()).unwrap()
+        })
+        .collect();
+    let key = |id: NodeId, j: usize| format!("c{id}-k{j}").into_bytes();
+    // Two rounds of the same keys: the second round's puts return the first round's values.
+    for round in 0..2 {
+        let value = |j: usize| format!("r{round}-v{j}").into_bytes();
+        for node in &nodes {
+            // Two bursts per identity, handed over back to back.
+            for half in [0..PUTS / 2, PUTS / 2..PUTS] {
+                let ops = half.map(|j| Request::Submit { op: kv::put(&key(node.id(), j), &value(j)) }).collect();
+                node.send(Event::Submit(ops)).unwrap();
+            }
+        }
+        // Per identity: the numbers given to its puts in order, and the results by number.
+        let mut numbers: BTreeMap<NodeId, Vec<u64>> = BTreeMap::new();
+        let mut results: BTreeMap<NodeId, BTreeMap<u64, Vec<u8>>> = BTreeMap::new();
+        let deadline = Instant::now() + TIMEOUT;
+        while results.values().map(BTreeMap::len).sum::<usize>() < CLIENTS as usize * PUTS {
+            let n = news.recv_timeout(deadline.saturating_duration_since(Instant::now())).expect("every put completes");
+            for e in n.events.unwrap() {
+                match e {
+                    AppEvent::Submitted { requests, refused } => {
+                        assert_eq!((requests.clone().count(), refused), (PUTS / 2, None), "client {}", n.id);
+                        numbers.entry(n.id).or_default().extend(requests);
+                    }
+                    AppEvent::Completed { request, result } => {
+                        let earlier = results.entry(n.id).or_default().insert(request, result);
+                        assert!(earlier.is_none(), "client {} request {request} completed twice", n.id);
+                    }
+                    other => panic!("client {}: {other:?}", n.id),
+                }
+            }
+        }
+        // Nothing completes twice later either.
+        while let Ok(n) = news.recv_timeout(Duration::from_millis(300)) {
+            panic!("news after every put completed: {n:?}");
+        }
+        for &id in ids {
+            let numbers = &numbers[&id];
+            assert_eq!(numbers.len(), PUTS);
+            for (j, number) in numbers.iter().enumerate() {
+                let before = match round {
+                    0 => None,
+                    _ => Some(format!("r0-v{j}").into_bytes()),
+                };
+                assert_eq!(Reply::decode(&results[&id][number]).unwrap(), Reply::Value(before), "client {id} put {j}");
+            }
+        }
+    }
+    let reader = c.cluster.clients[CLIENTS as usize];
+    let mut reader = ClusterClient::start_on(&event_loop, &c.cluster, reader, Some(c.dir.join("reader"))).unwrap();
+    for &id in ids {
+        let got = reader.execute(kv::get(&key(id, PUTS - 1)), TIMEOUT).unwrap();
+        assert_eq!(Reply::decode(&got).unwrap(), Reply::Value(Some(format!("r1-v{}", PUTS - 1).into_bytes())));
+    }
+    reader.stop().unwrap();
+    for node in nodes {
+        node.remove().unwrap();
+    }
+    c.close(false);
+}
