@@ -30,7 +30,12 @@ pub enum StartError {
     Config(ConfigError),
     Storage(StorageError),
     Engine(EngineFailure),
-    Io { what: String, source: std::io::Error },
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
+    /// The client event loop meant to host the node has stopped.
+    Loop(String),
 }
 
 impl std::fmt::Display for StartError {
@@ -40,6 +45,7 @@ impl std::fmt::Display for StartError {
             StartError::Storage(e) => write!(f, "{e}"),
             StartError::Engine(e) => write!(f, "{e}"),
             StartError::Io { what, source } => write!(f, "{what}: {source}"),
+            StartError::Loop(why) => write!(f, "{why}"),
         }
     }
 }

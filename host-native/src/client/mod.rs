@@ -78,7 +78,7 @@ impl ClusterClient {
         data_dir: Option<PathBuf>,
     ) -> Result<Self, StartError> {
         let (tx, news) = mpsc::channel();
-        let node = event_loop.add(prepare(cluster, id, data_dir)?, tx).map_err(stopped)?;
+        let node = event_loop.add(prepare(cluster, id, data_dir)?, tx).map_err(StartError::Loop)?;
         Ok(ClusterClient {
             node,
             news,
@@ -265,10 +265,6 @@ impl ClusterClient {
         }
         self.failed.map_or(Ok(()), Err)
     }
-}
-
-fn stopped(why: String) -> StartError {
-    StartError::Io { what: why, source: std::io::Error::other("the client event loop stopped") }
 }
 
 /// Client `id`'s node, ready for a loop; its storage (the request numbers it used, so a
