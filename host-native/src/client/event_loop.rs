@@ -14,9 +14,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
@@ -51,7 +51,7 @@ enum Command {
 /// The caller's side of a running loop. The loop stops when the last handle onto it
 /// (this, or a [`Hosted`] node's) is dropped.
 pub struct ClientLoop {
-    commands: Mutex<Sender<Command>>,
+    commands: Sender<Command>,
     waker: Waker,
     /// Set while a wake-up is pending, so a burst of commands wakes the loop once.
     woken: Arc<AtomicBool>,
@@ -76,7 +76,7 @@ impl ClientLoop {
             }
         })?;
         Ok(Arc::new(ClientLoop {
-            commands: Mutex::new(tx),
+            commands: tx,
             waker,
             woken,
             stop,
@@ -97,7 +97,7 @@ impl ClientLoop {
     }
 
     fn command(&self, command: Command) -> Result<(), String> {
-        self.commands.lock().expect("commands lock").send(command).map_err(|_| "the client event loop stopped")?;
+        self.commands.send(command).map_err(|_| "the client event loop stopped")?;
         // The loop clears `woken` before it takes commands: either it sees this one, or
         // this sees `woken` clear and wakes it.
         if !self.woken.swap(true, Ordering::SeqCst) {
@@ -269,9 +269,7 @@ impl EventLoop {
                     let mut send = |frames: &mut Vec<(NodeId, Vec<u8>)>| links.route(registry, frames.drain(..));
                     let recovered = driver.recover(&mut send).map_err(|e| e.to_string());
                     let failed = recovered.is_err();
-                    if recovered.as_ref().is_ok_and(|events| events.is_empty()) {
-                        // Nothing to tell.
-                    } else {
+                    if !recovered.as_ref().is_ok_and(Vec::is_empty) {
                         let _ = news.send(News { id: links.me(), events: recovered });
                     }
                     if !failed {
