@@ -14,6 +14,7 @@ pub mod config;
 pub mod demo;
 pub mod distill;
 pub mod distill_bench;
+pub mod distill_clients;
 pub mod driver;
 pub mod engine;
 pub mod faults;

@@ -42,6 +42,9 @@ pub const MAX_DATAGRAM: usize = 65_507;
 pub const MAX_FRAME: usize = MAX_DATAGRAM - HEADER;
 /// A receive buffer holds any datagram, so none is ever truncated.
 const BUFFER: usize = 1 << 16;
+/// Socket send and receive buffers asked for, bytes.
+#[cfg(target_os = "linux")]
+const SOCKET_BUFFER: usize = 4 << 20;
 /// Datagrams per `sendmmsg`.
 const SEND_BATCH: usize = 64;
 /// Most frames handed to the protocol thread in one message.
@@ -95,6 +98,8 @@ impl Endpoint {
     /// Binds `addr`; up to `batch` datagrams are read per call.
     pub fn bind(addr: SocketAddr, batch: usize) -> io::Result<Self> {
         let socket = UdpSocket::bind(addr)?;
+        #[cfg(target_os = "linux")]
+        batch::grow_buffers(&socket);
         Ok(Endpoint { socket, bufs: vec![vec![0; BUFFER]; batch.max(1)] })
     }
 
@@ -147,7 +152,7 @@ mod batch {
 
     use mio::net::UdpSocket;
 
-    use super::{HEADER, Outgoing, SEND_BATCH};
+    use super::{HEADER, Outgoing, SEND_BATCH, SOCKET_BUFFER};
 
     fn to_socket_addr(s: &libc::sockaddr_storage) -> Option<SocketAddr> {
         // SAFETY: the kernel wrote a sockaddr of the family it names; both casts stay
@@ -194,6 +199,24 @@ mod batch {
                 }
             };
             (s, len as libc::socklen_t)
+        }
+    }
+
+    /// Socket buffers of [`SOCKET_BUFFER`] (as far as the system allows: best effort),
+    /// so a burst of a thousand clients' datagrams waits rather than being dropped.
+    pub fn grow_buffers(socket: &UdpSocket) {
+        let bytes = SOCKET_BUFFER as libc::c_int;
+        for option in [libc::SO_RCVBUF, libc::SO_SNDBUF] {
+            // SAFETY: the option value is a c_int that outlives the call.
+            unsafe {
+                libc::setsockopt(
+                    socket.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    option,
+                    (&bytes as *const libc::c_int).cast(),
+                    size_of::<libc::c_int>() as libc::socklen_t,
+                );
+            }
         }
     }
 
