@@ -82,8 +82,8 @@ pub fn udp_config(
     Some((cfg, Box::new(move |to| brokers.contains_key(&to))))
 }
 
-/// The node ids whose hellos node `id` accepts: the cluster's, and at a broker the
-/// generated clients'.
+/// The node ids node `id` accepts frames from: the cluster's (TCP hellos), and at a
+/// broker the generated clients' (UDP datagrams).
 pub fn known(cluster: &ClusterFile, id: NodeId, peers: &[NodeId]) -> BTreeSet<NodeId> {
     let mut known: BTreeSet<NodeId> = peers.iter().copied().collect();
     if cluster.broker(id).is_some() {
