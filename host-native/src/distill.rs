@@ -22,7 +22,7 @@ use phalanx_core::{HandleError, Input, Machine, Nanos, NodeConfig, NodeId, Outpu
 use crate::config::ClusterFile;
 use crate::engine::{Engine, EngineInfo};
 use crate::metrics::get;
-use crate::udp::{RateLimit, UdpConfig};
+use crate::udp::{Carries, RateLimit, UdpConfig};
 
 /// Whom node `id` dials over TCP: every replica but itself (servers and brokers dial
 /// the servers); a generated distillation client no one (it reaches brokers over UDP).
@@ -46,7 +46,7 @@ pub fn udp_config(
     id: NodeId,
     listen: Option<SocketAddr>,
     loss: f64,
-) -> Option<(UdpConfig, Box<dyn Fn(NodeId) -> bool + Send + Sync>)> {
+) -> Option<(UdpConfig, Carries)> {
     let brokers: BTreeMap<NodeId, SocketAddr> = cluster.brokers.iter().map(|b| (b.id, b.address)).collect();
     let base = UdpConfig {
         me: id,

@@ -403,10 +403,13 @@ pub struct UdpConfig {
     pub loss: f64,
 }
 
+/// Whether a frame to a peer goes over UDP.
+pub type Carries = Box<dyn Fn(NodeId) -> bool + Send + Sync>;
+
 /// Frames from the protocol thread for peers reached over UDP.
 pub struct UdpOutbox {
     frames: Mutex<Vec<(NodeId, Vec<u8>)>>,
-    carries: Box<dyn Fn(NodeId) -> bool + Send + Sync>,
+    carries: Carries,
     waker: Waker,
     stop: AtomicBool,
 }
@@ -508,7 +511,7 @@ impl<D: FnMut(Received) -> bool> UdpTransport<D> {
     /// frame to `to` goes over UDP.
     pub fn new(
         cfg: UdpConfig,
-        carries: impl Fn(NodeId) -> bool + Send + Sync + 'static,
+        carries: Carries,
         metrics: Arc<Metrics>,
         deliver: D,
     ) -> io::Result<(Self, Arc<UdpOutbox>)> {
@@ -516,12 +519,8 @@ impl<D: FnMut(Received) -> bool> UdpTransport<D> {
         let waker = Waker::new(poll.registry(), WAKER)?;
         let mut endpoint = Endpoint::bind(cfg.bind, cfg.batch)?;
         poll.registry().register(endpoint.socket(), SOCKET, Interest::READABLE | Interest::WRITABLE)?;
-        let outbox = Arc::new(UdpOutbox {
-            frames: Mutex::new(Vec::new()),
-            carries: Box::new(carries),
-            waker,
-            stop: AtomicBool::new(false),
-        });
+        let outbox =
+            Arc::new(UdpOutbox { frames: Mutex::new(Vec::new()), carries, waker, stop: AtomicBool::new(false) });
         let seed = 0x9e37_79b9_7f4a_7c15 ^ u64::from(cfg.me);
         let transport = UdpTransport {
             me: cfg.me,
@@ -657,7 +656,7 @@ impl<D: FnMut(Received) -> bool> UdpTransport<D> {
 /// node sends to peers that `carries` names leave through it. Its local address.
 pub fn spawn(
     cfg: UdpConfig,
-    carries: impl Fn(NodeId) -> bool + Send + Sync + 'static,
+    carries: Carries,
     metrics: Arc<Metrics>,
     deliver: impl FnMut(Received) -> bool + Send + 'static,
     outbox: &Outbox,
