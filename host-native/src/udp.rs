@@ -114,10 +114,12 @@ impl Endpoint {
     /// Reads what is waiting, up to a batch, into `out` as (source, datagram); 0 when
     /// nothing is.
     pub fn recv(&mut self, out: &mut Vec<(SocketAddr, Vec<u8>)>) -> io::Result<usize> {
-        match batch::recv(&self.socket, &mut self.bufs, out) {
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(0),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(0),
-            other => other,
+        loop {
+            match batch::recv(&self.socket, &mut self.bufs, out) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(0),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                other => return other,
+            }
         }
     }
 
@@ -581,8 +583,24 @@ impl<D: FnMut(Received) -> bool> UdpTransport<D> {
     fn read(&mut self) -> io::Result<bool> {
         let mut got = Vec::new();
         loop {
-            if self.endpoint.recv(&mut got)? == 0 {
-                return Ok(true);
+            match self.endpoint.recv(&mut got) {
+                Ok(0) => return Ok(true),
+                Ok(_) => {}
+                // An error queued on the socket (an ICMP report, say) says nothing of the
+                // datagrams behind it: reading goes on.
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::ConnectionRefused
+                            | io::ErrorKind::ConnectionReset
+                            | io::ErrorKind::HostUnreachable
+                            | io::ErrorKind::NetworkUnreachable
+                    ) =>
+                {
+                    tracing::debug!("node {}: reading datagrams: {e}", self.me);
+                    continue;
+                }
+                Err(e) => return Err(e),
             }
             let now = Instant::now();
             for (addr, datagram) in got.drain(..) {
