@@ -99,6 +99,12 @@ pub struct Runtime {
     pub wasm_host_crypto: bool,
     /// What a replica's acknowledgement of a round's records promises.
     pub durability: Durability,
+    /// Distillation brokers: datagrams a second taken from one client address (ip:port)
+    /// past its burst; the rest are dropped and counted (a correct client sends about
+    /// two per message).
+    pub client_datagrams_per_s: u64,
+    /// Distillation brokers: datagrams one client address may send at once.
+    pub client_datagram_burst: u64,
 }
 
 /// `[runtime] durability`: when a node's log records are synced to disk.
@@ -130,6 +136,8 @@ impl Default for Runtime {
             wasm_memory_bytes: 2 << 30,
             wasm_host_crypto: true,
             durability: Durability::Sync,
+            client_datagrams_per_s: 1_000,
+            client_datagram_burst: 2_000,
         }
     }
 }
@@ -330,6 +338,14 @@ impl ClusterFile {
             }
             if let Some(other) = seen.insert(s.id, field.clone()) {
                 return Err(bad(&field, format!("id {} is also used by {other}", s.id)));
+            }
+        }
+        for (field, value) in [
+            ("runtime.client_datagrams_per_s", raw.runtime.client_datagrams_per_s),
+            ("runtime.client_datagram_burst", raw.runtime.client_datagram_burst),
+        ] {
+            if value == 0 {
+                return Err(bad(field, "must be at least 1: a broker would drop every client datagram".into()));
             }
         }
         let file = ClusterFile {
@@ -811,6 +827,10 @@ pub(crate) mod tests {
         check(
             good.replace("durability = \"sync\"", "durability = \"never\""),
             &["durability = \"never\"", "expected `sync` or `replicated`"],
+        );
+        check(
+            good.replace("client_datagram_burst = 2000", "client_datagram_burst = 0"),
+            &["runtime.client_datagram_burst", "at least 1"],
         );
         fs::write(&path, good).unwrap();
 

@@ -7,7 +7,7 @@
 //! kept, a line `gap FROM TO` says which heights it missed (a restarted server that
 //! caught up by state transfer also has gaps: it never delivered those batches itself).
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt::Write;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -22,16 +22,68 @@ use phalanx_core::{HandleError, Input, Machine, Nanos, NodeConfig, NodeId, Outpu
 use crate::config::ClusterFile;
 use crate::engine::{Engine, EngineInfo};
 use crate::metrics::get;
+use crate::udp::{Carries, RateLimit, UdpConfig};
 
-/// Whom node `id` dials: every replica but itself, or, for a distillation client, the
-/// brokers (servers and brokers dial the servers).
+/// Whom node `id` dials over TCP: every replica but itself (servers and brokers dial
+/// the servers); a generated distillation client no one (it reaches brokers over UDP).
 pub fn dials(cluster: &ClusterFile, id: NodeId) -> Vec<(NodeId, SocketAddr)> {
-    let targets = if cluster.generated_client(id).is_some() { &cluster.brokers } else { &cluster.replicas };
-    targets.iter().filter(|r| r.id != id).map(|r| (r.id, r.address)).collect()
+    if cluster.generated_client(id).is_some() {
+        return vec![];
+    }
+    cluster.replicas.iter().filter(|r| r.id != id).map(|r| (r.id, r.address)).collect()
 }
 
-/// The node ids whose hellos node `id` accepts: the cluster's, and at a broker the
-/// generated clients'.
+/// Datagrams a broker reads per system call; a client, fewer (its buffers are per client).
+const BROKER_BATCH: usize = 64;
+const CLIENT_BATCH: usize = 4;
+
+/// The client ↔ broker hop over UDP ([`crate::udp`]) of a broker (on `listen`, or its
+/// address in the cluster file; clients' addresses learned, a rate limit per address) or
+/// of a generated client (on a port of its own, to the brokers' addresses), and which
+/// peers it carries; `None` for other nodes. `loss`: tests only.
+pub fn udp_config(
+    cluster: &ClusterFile,
+    id: NodeId,
+    listen: Option<SocketAddr>,
+    loss: f64,
+) -> Option<(UdpConfig, Carries)> {
+    let brokers: BTreeMap<NodeId, SocketAddr> = cluster.brokers.iter().map(|b| (b.id, b.address)).collect();
+    let base = UdpConfig {
+        me: id,
+        bind: listen.unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0))),
+        fixed: BTreeMap::new(),
+        known: BTreeSet::new(),
+        limit: None,
+        batch: CLIENT_BATCH,
+        send_queue_bytes: cluster.runtime.send_queue_bytes,
+        loss,
+    };
+    if let Some(broker) = cluster.broker(id) {
+        let servers: BTreeSet<NodeId> = cluster.replicas.iter().map(|r| r.id).collect();
+        let limit = RateLimit {
+            per_second: cluster.runtime.client_datagrams_per_s as f64,
+            burst: cluster.runtime.client_datagram_burst as f64,
+        };
+        let cfg = UdpConfig {
+            bind: listen.unwrap_or(broker.address),
+            known: known(cluster, id, &[]),
+            limit: Some(limit),
+            batch: BROKER_BATCH,
+            ..base
+        };
+        return Some((cfg, Box::new(move |to| !servers.contains(&to))));
+    }
+    cluster.generated_client(id)?;
+    let bind = match brokers.values().next() {
+        Some(SocketAddr::V6(_)) => SocketAddr::from(([0u16; 8], 0)),
+        _ => base.bind,
+    };
+    let cfg = UdpConfig { bind, known: brokers.keys().copied().collect(), fixed: brokers.clone(), ..base };
+    Some((cfg, Box::new(move |to| brokers.contains_key(&to))))
+}
+
+/// The node ids node `id` accepts frames from: the cluster's (TCP hellos), and at a
+/// broker the generated clients' (UDP datagrams).
 pub fn known(cluster: &ClusterFile, id: NodeId, peers: &[NodeId]) -> BTreeSet<NodeId> {
     let mut known: BTreeSet<NodeId> = peers.iter().copied().collect();
     if cluster.broker(id).is_some() {

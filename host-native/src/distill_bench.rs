@@ -29,6 +29,7 @@ use phalanx_core::wire::pb::distill_frame::Kind as Frame;
 use phalanx_core::{NodeId, Params, Protocol};
 use prost::Message;
 
+use crate::distill_clients::RealClients;
 use crate::local_cluster::{LocalCluster, LocalSpec};
 use crate::metrics::{Metrics, scrape, value};
 use crate::net::{NetConfig, Network, Received};
@@ -63,6 +64,23 @@ pub struct DistillBenchArgs {
     /// Directory for the clusters (replaced).
     #[arg(long, default_value = "distill-bench-cluster")]
     dir: PathBuf,
+    /// Instead of the load broker: this many real signing clients through real broker
+    /// processes over UDP ([`crate::distill_clients`]).
+    #[arg(long)]
+    real_clients: Option<u32>,
+    /// --real-clients: threads hosting the clients.
+    #[arg(long, default_value_t = 2)]
+    client_threads: usize,
+    /// --real-clients: messages each client submits, one after the other.
+    #[arg(long, default_value_t = 4)]
+    messages: u32,
+    /// --real-clients: broker processes (clients spread over them).
+    #[arg(long, default_value_t = 1)]
+    brokers: u32,
+    /// --real-clients: the brokers' pool timeout, ms (a batch also closes when every
+    /// client's message is in).
+    #[arg(long, default_value_t = 100)]
+    pool_ms: u64,
 }
 
 /// One run's figures for one server.
@@ -75,6 +93,17 @@ struct ServerFigures {
 
 pub fn run(a: DistillBenchArgs) -> Result<(), String> {
     let binary = std::env::current_exe().map_err(|e| format!("finding phalanxd: {e}"))?;
+    if let Some(clients) = a.real_clients {
+        let r = RealClients {
+            clients,
+            threads: a.client_threads.max(1),
+            messages: a.messages,
+            brokers: a.brokers.max(1),
+            pool_ms: a.pool_ms,
+            dir: a.dir,
+        };
+        return crate::distill_clients::run(&r, &binary);
+    }
     println!(
         "distill-bench: 4 server processes on this machine, a load broker in this one; {} entries of 8 bytes per batch, \
          {} lanes, {} measured batches{}",

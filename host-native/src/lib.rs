@@ -5,7 +5,7 @@
 //! length-delimited TCP frames ([`net`]), a protocol thread that owns the core node
 //! ([`driver`]), a checksummed write-ahead log ([`storage`]), Prometheus metrics
 //! ([`metrics`]), node start-up and thread pinning ([`runtime`]), a cluster client
-//! ([`client`]), local clusters of real processes ([`local_cluster`]), the `bench`
+//! ([`client`]), local clusters of real processes ([`local_cluster`]), distillation's client ↔ broker hop over UDP ([`udp`]), the `bench`
 //! and `demo` commands, and fault injection on real processes ([`faults`]).
 
 pub mod bench;
@@ -14,6 +14,7 @@ pub mod config;
 pub mod demo;
 pub mod distill;
 pub mod distill_bench;
+pub mod distill_clients;
 pub mod driver;
 pub mod engine;
 pub mod faults;
@@ -22,3 +23,4 @@ pub mod metrics;
 pub mod net;
 pub mod runtime;
 pub mod storage;
+pub mod udp;

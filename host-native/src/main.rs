@@ -29,7 +29,7 @@ enum Command {
     Keygen(KeygenArgs),
     /// Run one replica (a distillation cluster's: one server).
     Run(RunArgs),
-    /// Run one distillation broker: clients connect to it, it distills their messages
+    /// Run one distillation broker: clients reach it over UDP, it distills their messages
     /// into batches and offers them to the servers.
     Broker(BrokerArgs),
     /// Talk to a running cluster: key-value operations (pbft) or publish/subscribe.
@@ -137,7 +137,7 @@ struct BrokerArgs {
     /// Broker id (default: the first broker of the cluster file).
     #[arg(long)]
     id: Option<NodeId>,
-    /// Listen for clients here instead of the address the cluster file gives.
+    /// Take clients' datagrams (UDP) here instead of on the address the cluster file gives.
     #[arg(long)]
     listen: Option<std::net::SocketAddr>,
     /// Exit when standard input closes (see `run`).
@@ -146,6 +146,9 @@ struct BrokerArgs {
     /// Tests only, hidden: a Byzantine broker telling the servers this lie (repeatable).
     #[arg(long, value_enum, hide = true)]
     lie: Vec<LieArg>,
+    /// Tests only, hidden: lose this fraction of client datagrams, each way.
+    #[arg(long, hide = true, default_value_t = 0.0)]
+    drop_datagrams: f64,
 }
 
 /// The lies `broker --lie` tells servers (the simulator's, on real processes).
@@ -394,6 +397,7 @@ fn run_cmd(a: RunArgs) -> Result<(), Failure> {
         engine,
         listen: None,
         lies: vec![],
+        datagram_loss: 0.0,
     };
     let node = runtime::start(&cluster, a.id, &opts).map_err(|e| match e.address_in_use() {
         true => Failure::AddressInUse(e.to_string()),
@@ -437,12 +441,12 @@ fn broker_cmd(a: BrokerArgs) -> Result<(), Failure> {
         tracing::warn!("broker {id} lies to the servers (a test mode)");
     }
     let lies = a.lie.into_iter().map(Lie::from).collect();
-    let opts = StartOptions { listen: a.listen, lies, ..StartOptions::default() };
+    let opts = StartOptions { listen: a.listen, lies, datagram_loss: a.drop_datagrams, ..StartOptions::default() };
     let node = runtime::start(&cluster, id, &opts).map_err(|e| match e.address_in_use() {
         true => Failure::AddressInUse(e.to_string()),
         false => Failure::Failed(e.to_string()),
     })?;
-    tracing::info!("broker {id} listening for clients on {:?}, metrics on {:?}", node.listen, node.metrics_addr);
+    tracing::info!("broker {id} taking clients over UDP on {:?}, metrics on {:?}", node.listen, node.metrics_addr);
     Ok(node.wait()?)
 }
 

@@ -61,12 +61,22 @@ pub enum DropReason {
     SendQueueFull,
     /// A connection that did not open with a valid hello.
     BadHandshake,
+    /// A datagram without a valid header, or not for this node ([`crate::udp`]).
+    Malformed,
+    /// A datagram from a source address past its token bucket ([`crate::udp`]).
+    RateLimited,
 }
 
 impl DropReason {
     /// Every reason, in the order exported.
-    pub const ALL: [DropReason; 4] =
-        [DropReason::Oversized, DropReason::UnknownPeer, DropReason::SendQueueFull, DropReason::BadHandshake];
+    pub const ALL: [DropReason; 6] = [
+        DropReason::Oversized,
+        DropReason::UnknownPeer,
+        DropReason::SendQueueFull,
+        DropReason::BadHandshake,
+        DropReason::Malformed,
+        DropReason::RateLimited,
+    ];
 
     /// The `reason` label value.
     pub fn name(self) -> &'static str {
@@ -75,6 +85,8 @@ impl DropReason {
             DropReason::UnknownPeer => "unknown_peer",
             DropReason::SendQueueFull => "send_queue_full",
             DropReason::BadHandshake => "bad_handshake",
+            DropReason::Malformed => "malformed",
+            DropReason::RateLimited => "rate_limited",
         }
     }
 }
@@ -381,7 +393,12 @@ impl Metrics {
         for (kind, n) in FaultKind::ALL.iter().zip(&self.faults) {
             sample(o, &format!("phalanx_faults_total{{kind=\"{}\"}}", kind.name()), n.load(Relaxed));
         }
-        header(o, "phalanx_frames_dropped_total", "counter", "Frames or connections the network dropped, by reason.");
+        header(
+            o,
+            "phalanx_frames_dropped_total",
+            "counter",
+            "Frames, datagrams or connections the network dropped, by reason.",
+        );
         for (reason, n) in DropReason::ALL.iter().zip(&self.dropped) {
             sample(o, &format!("phalanx_frames_dropped_total{{reason=\"{}\"}}", reason.name()), n.load(Relaxed));
         }

@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::io::{self, IoSlice, Read, Write};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use mio::event::Event;
@@ -57,16 +57,33 @@ pub struct NetConfig {
     pub reconnect_max: Duration,
 }
 
+/// Another transport that carries frames to some peers (distillation's client ↔ broker
+/// hop, over UDP: [`crate::udp`]).
+pub trait Divert: Send + Sync {
+    /// Takes the frames it carries out of `frames`.
+    fn take(&self, frames: &mut Vec<(NodeId, Vec<u8>)>);
+    fn shutdown(&self);
+}
+
 /// Frames from the protocol thread to the network thread.
 pub struct Outbox {
     frames: Mutex<Vec<(NodeId, Vec<u8>)>>,
     waker: Waker,
     stop: AtomicBool,
+    divert: OnceLock<Arc<dyn Divert>>,
 }
 
 impl Outbox {
+    /// From now on, the frames `divert` carries go to it (set once, before the node runs).
+    pub fn divert(&self, divert: Arc<dyn Divert>) {
+        let _ = self.divert.set(divert);
+    }
+
     /// Queues frames for sending and wakes the network thread.
     pub fn send(&self, frames: &mut Vec<(NodeId, Vec<u8>)>) {
+        if let Some(d) = self.divert.get() {
+            d.take(frames);
+        }
         if frames.is_empty() {
             return;
         }
@@ -77,6 +94,9 @@ impl Outbox {
 
     /// Asks the network thread to close everything and return.
     pub fn shutdown(&self) {
+        if let Some(d) = self.divert.get() {
+            d.shutdown();
+        }
         self.stop.store(true, Ordering::SeqCst);
         let _ = self.waker.wake();
     }
@@ -565,7 +585,12 @@ impl<D: FnMut(Received) -> bool> Network<D> {
     pub fn new(cfg: NetConfig, metrics: Arc<Metrics>, deliver: D) -> io::Result<(Self, Arc<Outbox>)> {
         let poll = Poll::new()?;
         let waker = Waker::new(poll.registry(), WAKER)?;
-        let outbox = Arc::new(Outbox { frames: Mutex::new(Vec::new()), waker, stop: AtomicBool::new(false) });
+        let outbox = Arc::new(Outbox {
+            frames: Mutex::new(Vec::new()),
+            waker,
+            stop: AtomicBool::new(false),
+            divert: OnceLock::new(),
+        });
         let mut listener = match cfg.listen {
             Some(addr) => Some(TcpListener::bind(addr)?),
             None => None,

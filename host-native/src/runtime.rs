@@ -74,6 +74,8 @@ pub struct StartOptions {
     pub listen: Option<SocketAddr>,
     /// Tests only: lies a distillation broker tells ([`crate::distill::Lying`]).
     pub lies: Vec<Lie>,
+    /// Tests only: the fraction of client datagrams a distillation broker loses each way.
+    pub datagram_loss: f64,
 }
 
 /// A running node: its threads and the handles to talk to it.
@@ -228,10 +230,11 @@ pub fn prepare(cluster: &ClusterFile, id: NodeId, opts: &StartOptions) -> Result
     };
     let peers = cluster.node_ids();
     let metrics = Arc::new(Metrics::new(id, &peers));
-    let member = replica.or(cluster.broker(id));
+    // A distillation broker takes clients over UDP ([`start`]): it listens for nothing here.
+    let listen = if cluster.broker(id).is_some() { None } else { opts.listen.or(replica.map(|r| r.address)) };
     let net = NetConfig {
         me: id,
-        listen: opts.listen.or(member.map(|m| m.address)),
+        listen,
         dial: crate::distill::dials(cluster, id),
         known: crate::distill::known(cluster, id, &peers),
         // Room for the length prefix's worth of slack: the core reports larger frames.
@@ -253,14 +256,24 @@ pub fn start(cluster: &ClusterFile, id: NodeId, opts: &StartOptions) -> Result<R
     let listening = net_cfg.listen.map_or_else(|| "connecting".to_string(), |a| format!("listening on {a}"));
     let (network, outbox) =
         Network::new(net_cfg, metrics.clone(), deliver).map_err(io(format!("node {id}: {listening}")))?;
-    let listen = network.local_addr();
+    let pins = cores(cluster);
+    let mut listen = network.local_addr();
+    if let Some((udp, carries)) = crate::distill::udp_config(cluster, id, opts.listen, opts.datagram_loss) {
+        let to_driver = events_tx.clone();
+        let deliver = move |frames| to_driver.send(Event::Messages(frames)).is_ok();
+        let bind = udp.bind;
+        let core = pins.map(|(net, _)| net);
+        let (addr, divert) = crate::udp::spawn(udp, carries, metrics.clone(), deliver, core)
+            .map_err(io(format!("node {id}: UDP on {bind}")))?;
+        outbox.divert(divert);
+        listen = listen.or(Some(addr));
+    }
     let member = cluster.replica(id).or(cluster.broker(id));
     let metrics_addr = match member.and_then(|r| r.metrics) {
         Some(addr) => Some(metrics::serve(addr, metrics.clone()).map_err(io(format!("metrics on {addr}")))?.0),
         None => None,
     };
     let (app_tx, app_rx): (Sender<Vec<AppEvent>>, Receiver<Vec<AppEvent>>) = mpsc::channel();
-    let pins = cores(cluster);
     let net = thread::Builder::new()
         .name(format!("net-{id}"))
         .spawn(move || {

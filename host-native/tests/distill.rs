@@ -1,10 +1,13 @@
 //! Distillation end to end: 4 `phalanxd run` servers and 2 `phalanxd broker` processes on
 //! loopback, generated clients (in this process, each its own core node and network
 //! thread) submitting through the brokers; a broker killed mid-run, a server killed and
-//! restarted, a Byzantine broker (`broker --lie`). What every server delivered is read
-//! from its deliveries feed, its distillation counters from its metrics.
+//! restarted, a Byzantine broker (`broker --lie`); clients reach brokers over UDP, so
+//! also garbage datagrams, a client address flooding past its rate limit, and lost
+//! datagrams (`broker --drop-datagrams`). What every server delivered is read from its
+//! deliveries feed, its distillation counters from its metrics.
 
 use std::collections::BTreeMap;
+use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -30,6 +33,12 @@ fn test_dir(name: &str) -> PathBuf {
 /// 4 servers, 2 brokers, a directory of `clients`, quick timeouts and small batches;
 /// `broker_args` for the first broker.
 fn cluster(name: &str, clients: u32, broker_args: &[&str]) -> LocalCluster {
+    cluster_with(name, clients, &[(FIRST_BROKER, broker_args)], &[])
+}
+
+/// As [`cluster`], with arguments for any broker and `[runtime]` settings replaced in
+/// the cluster file: (setting, new value).
+fn cluster_with(name: &str, clients: u32, broker_args: &[(NodeId, &[&str])], runtime: &[(&str, u64)]) -> LocalCluster {
     let params = Params {
         distill_batch_size: 64,
         pool_timeout_ns: 50_000_000,
@@ -51,11 +60,34 @@ fn cluster(name: &str, clients: u32, broker_args: &[&str]) -> LocalCluster {
         params,
         ..LocalSpec::default()
     };
-    let mut c = LocalCluster::create(&test_dir(name), &spec, Path::new(BINARY))
-        .unwrap()
-        .with_node_args(FIRST_BROKER, broker_args);
+    let mut c = LocalCluster::create(&test_dir(name), &spec, Path::new(BINARY)).unwrap();
+    for (id, args) in broker_args {
+        c = c.with_node_args(*id, args);
+    }
+    let mut text = std::fs::read_to_string(&c.cluster.path).unwrap();
+    for (setting, value) in runtime {
+        let line = text.lines().find(|l| l.starts_with(&format!("{setting} = "))).unwrap().to_string();
+        text = text.replace(&line, &format!("{setting} = {value}"));
+    }
+    std::fs::write(&c.cluster.path, text).unwrap();
     c.start_all().unwrap();
     c
+}
+
+/// Where broker `id` takes clients' datagrams.
+fn broker_addr(c: &LocalCluster, id: NodeId) -> SocketAddr {
+    c.cluster.broker(id).unwrap().address
+}
+
+/// Broker `id`'s metric `name` (0 if it does not export it).
+fn broker_metric(c: &LocalCluster, id: NodeId, name: &str) -> f64 {
+    let text = scrape(c.cluster.broker(id).unwrap().metrics.unwrap()).unwrap();
+    value(&text, name).unwrap_or(0.0)
+}
+
+/// A datagram as `crate::udp` frames it: magic, sender, recipient, frame.
+fn datagram(from: NodeId, to: NodeId, frame: &[u8]) -> Vec<u8> {
+    [&b"PHU1"[..], &from.to_le_bytes(), &to.to_le_bytes(), frame].concat()
 }
 
 fn message(client: u64, n: u32) -> Vec<u8> {
@@ -158,6 +190,10 @@ fn clients_through_two_brokers_are_delivered_exactly_once_at_every_server() {
     submit_all(&c.cluster, &c.dir, 8, 0, 5);
     let top = wait_equal_heights(&c, &[0, 1, 2, 3]);
     check_exactly_once(&c, &[0, 1, 2, 3], 8, 5);
+    // The clients came over UDP: the brokers take no TCP connections.
+    for b in [FIRST_BROKER, FIRST_BROKER + 1] {
+        assert!(TcpStream::connect_timeout(&broker_addr(&c, b), Duration::from_secs(1)).is_err(), "broker {b}");
+    }
     for id in 0..SERVERS {
         let m = |name| distill_metric(&c, id, name);
         // Every reference ordered was delivered, one height each, and 40 messages in all.
@@ -241,4 +277,81 @@ fn a_byzantine_broker_s_clients_get_through_the_correct_broker() {
     // nothing it batches is ordered, so its clients' messages are delivered only by
     // resubmitting through broker 1001.
     with_lying_broker("byzantine-broker-bypassed", &["forge-offers", "withhold-witness"], 3);
+}
+
+#[test]
+fn garbage_datagrams_are_dropped_and_counted_and_nothing_breaks() {
+    let c = cluster("garbage-datagrams", 4, &[]);
+    let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let (broker, client) = (broker_addr(&c, FIRST_BROKER), CLIENT_ADDRESS_BASE);
+    // Each kind 40 times: too short, a wrong magic, a sender that is no client (a
+    // server), a recipient that is not this broker; then a good header on bytes that are
+    // no frame (the broker's core drops those).
+    let malformed: Vec<Vec<u8>> = vec![
+        b"PHU".to_vec(),
+        [&b"XXXX"[..], &datagram(client, FIRST_BROKER, b"x")[4..]].concat(),
+        datagram(0, FIRST_BROKER, b"x"),
+        datagram(client, FIRST_BROKER + 1, b"x"),
+    ];
+    let not_frames = datagram(client, FIRST_BROKER, &[0xff; 32]);
+    for round in 0..40 {
+        for d in malformed.iter().chain([&not_frames]) {
+            socket.send_to(d, broker).unwrap();
+        }
+        if round % 4 == 3 {
+            thread::sleep(Duration::from_millis(2));
+        }
+    }
+    submit_all(&c.cluster, &c.dir, 4, 0, 3);
+    wait_equal_heights(&c, &[0, 1, 2, 3]);
+    check_exactly_once(&c, &[0, 1, 2, 3], 4, 3);
+    let dropped = broker_metric(&c, FIRST_BROKER, "phalanx_frames_dropped_total{reason=\"malformed\"}");
+    assert_eq!(dropped, 160.0);
+    let refused = broker_metric(&c, FIRST_BROKER, "phalanx_faults_total{kind=\"malformed\"}");
+    assert_eq!(refused, 40.0);
+}
+
+#[test]
+fn a_client_address_flooding_past_its_rate_is_limited_and_the_others_are_served() {
+    let (rate, burst) = (200, 400);
+    let runtime = [("client_datagrams_per_s", rate), ("client_datagram_burst", burst)];
+    let c = cluster_with("flood", 8, &[], &runtime);
+    let broker = broker_addr(&c, FIRST_BROKER);
+    let (cluster, dir) = (c.cluster.clone(), c.dir.clone());
+    let clients = thread::spawn(move || submit_all(&cluster, &dir, 8, 0, 4));
+    // One address sends datagrams claiming client 0 (bytes that are no frame), about
+    // 20,000 a second, until the clients are done and for a second at least.
+    let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let flood = datagram(CLIENT_ADDRESS_BASE, FIRST_BROKER, &[0xff; 32]);
+    let started = Instant::now();
+    let mut sent = 0u64;
+    while !clients.is_finished() || started.elapsed() < Duration::from_secs(1) {
+        for _ in 0..20 {
+            let _ = socket.send_to(&flood, broker);
+        }
+        sent += 20;
+        thread::sleep(Duration::from_millis(1));
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    clients.join().unwrap();
+    wait_equal_heights(&c, &[0, 1, 2, 3]);
+    check_exactly_once(&c, &[0, 1, 2, 3], 8, 4);
+    // What got past the limit reached the broker's core, which dropped it as malformed:
+    // at most the burst and the rate over the flood's time.
+    let limited = broker_metric(&c, FIRST_BROKER, "phalanx_frames_dropped_total{reason=\"rate_limited\"}");
+    let passed = broker_metric(&c, FIRST_BROKER, "phalanx_faults_total{kind=\"malformed\"}");
+    let allowed = (burst + 1) as f64 + rate as f64 * (elapsed + 0.5);
+    assert!(passed <= allowed, "{passed} flood datagrams passed in {elapsed:.1} s; the limit allows {allowed}");
+    assert!(limited > 0.0 && limited + passed >= sent as f64 / 2.0, "{limited} limited, {passed} passed of {sent}");
+}
+
+#[test]
+fn lost_datagrams_still_deliver_every_message_exactly_once() {
+    // Both brokers lose a tenth of their client datagrams, each way: the clients'
+    // resubmissions and the straggler path make up for them.
+    let loss: &[&str] = &["--drop-datagrams", "0.1"];
+    let c = cluster_with("lossy", 8, &[(FIRST_BROKER, loss), (FIRST_BROKER + 1, loss)], &[]);
+    submit_all(&c.cluster, &c.dir, 8, 0, 5);
+    wait_equal_heights(&c, &[0, 1, 2, 3]);
+    check_exactly_once(&c, &[0, 1, 2, 3], 8, 5);
 }

@@ -14,9 +14,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Weak};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
@@ -25,7 +25,7 @@ use phalanx_core::NodeId;
 
 use crate::driver::{AppEvent, Driver, Event};
 use crate::metrics::Metrics;
-use crate::net::Links;
+use crate::net::{Divert, Links, Received};
 use crate::runtime::Prepared;
 
 const WAKER: Token = Token(0);
@@ -45,6 +45,7 @@ pub struct News {
 enum Command {
     Add { slot: usize, node: Box<Prepared>, news: Sender<News> },
     Event { slot: usize, event: Event },
+    Divert { slot: usize, divert: Arc<dyn Divert> },
     Remove { slot: usize, done: Sender<()> },
 }
 
@@ -131,7 +132,7 @@ impl Hosted {
         self.id
     }
 
-    pub fn metrics(&self) -> &Metrics {
+    pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
     }
 
@@ -139,6 +140,18 @@ impl Hosted {
     /// it arrives as news.
     pub fn send(&self, event: Event) -> Result<(), String> {
         self.event_loop.command(Command::Event { slot: self.slot, event })
+    }
+
+    /// From now on the frames `divert` carries leave through it, not the node's links
+    /// (a distillation client's datagrams to brokers: [`crate::udp`]).
+    pub fn divert(&self, divert: Arc<dyn Divert>) -> Result<(), String> {
+        self.event_loop.command(Command::Divert { slot: self.slot, divert })
+    }
+
+    /// Where another transport hands the node the frames it received. It does not keep
+    /// the loop running.
+    pub fn inlet(&self) -> Inlet {
+        Inlet { event_loop: Arc::downgrade(&self.event_loop), slot: self.slot }
     }
 
     /// Takes the node out of the loop (closing its connections and storage) once the
@@ -161,20 +174,48 @@ impl Drop for Hosted {
     }
 }
 
+/// Frames another transport received for a hosted node.
+pub struct Inlet {
+    event_loop: Weak<ClientLoop>,
+    slot: usize,
+}
+
+impl Inlet {
+    /// False once the node's loop is gone.
+    pub fn deliver(&self, frames: Received) -> bool {
+        let Some(event_loop) = self.event_loop.upgrade() else { return false };
+        event_loop.command(Command::Event { slot: self.slot, event: Event::Messages(frames) }).is_ok()
+    }
+}
+
 /// A hosted node: its connections, its protocol rounds, and where its news goes.
 struct Node {
     links: Links,
+    divert: Option<Arc<dyn Divert>>,
     driver: Driver,
     news: Sender<News>,
+}
+
+/// Sends `frames` through `divert` (what it carries) and `links` (the rest).
+fn route(
+    links: &mut Links,
+    divert: &Option<Arc<dyn Divert>>,
+    registry: &Registry,
+    frames: &mut Vec<(NodeId, Vec<u8>)>,
+) {
+    if let Some(d) = divert {
+        d.take(frames);
+    }
+    links.route(registry, frames.drain(..));
 }
 
 impl Node {
     /// Ends the node's round: settles it (sending on its links) and tells its news. False
     /// if the node failed and must leave.
     fn end_round(&mut self, registry: &Registry) -> bool {
-        let Node { links, driver, news } = self;
+        let Node { links, divert, driver, news } = self;
         let now = driver.now();
-        let mut send = |frames: &mut Vec<(NodeId, Vec<u8>)>| links.route(registry, frames.drain(..));
+        let mut send = |frames: &mut Vec<(NodeId, Vec<u8>)>| route(links, divert, registry, frames);
         match driver.end_round(now, &mut send) {
             Ok(events) => {
                 // A caller that went away leaves the node running until it is removed.
@@ -263,10 +304,10 @@ impl EventLoop {
                 Command::Add { slot, node, news } => {
                     let Prepared { driver, net, metrics, .. } = *node;
                     let links = Links::new(net, metrics, slot, 1 << SLOT_BITS);
-                    let mut node = Node { links, driver, news };
-                    let Node { links, driver, news } = &mut node;
+                    let mut node = Node { links, divert: None, driver, news };
+                    let Node { links, divert, driver, news } = &mut node;
                     let registry = self.poll.registry();
-                    let mut send = |frames: &mut Vec<(NodeId, Vec<u8>)>| links.route(registry, frames.drain(..));
+                    let mut send = |frames: &mut Vec<(NodeId, Vec<u8>)>| route(links, divert, registry, frames);
                     let recovered = driver.recover(&mut send).map_err(|e| e.to_string());
                     let failed = recovered.is_err();
                     if !recovered.as_ref().is_ok_and(Vec::is_empty) {
@@ -281,6 +322,11 @@ impl EventLoop {
                         let now = node.driver.now();
                         node.driver.take(now, event);
                         busy.insert(slot);
+                    }
+                }
+                Command::Divert { slot, divert } => {
+                    if let Some(node) = self.nodes.get_mut(&slot) {
+                        node.divert = Some(divert);
                     }
                 }
                 Command::Remove { slot, done } => {
@@ -300,6 +346,9 @@ impl EventLoop {
     fn leave(&mut self, slot: usize) {
         if let Some(mut node) = self.nodes.remove(&slot) {
             node.links.close_all(self.poll.registry());
+            if let Some(d) = node.divert {
+                d.shutdown();
+            }
         }
     }
 }

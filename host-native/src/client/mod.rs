@@ -79,6 +79,14 @@ impl ClusterClient {
     ) -> Result<Self, StartError> {
         let (tx, news) = mpsc::channel();
         let node = event_loop.add(prepare(cluster, id, data_dir)?, tx).map_err(StartError::Loop)?;
+        // A distillation client reaches brokers over UDP, on a thread of its own.
+        if let Some((udp, carries)) = crate::distill::udp_config(cluster, id, None, 0.0) {
+            let inlet = node.inlet();
+            let (_, divert) =
+                crate::udp::spawn(udp, carries, node.metrics().clone(), move |frames| inlet.deliver(frames), None)
+                    .map_err(|source| StartError::Io { what: format!("client {id}: UDP"), source })?;
+            node.divert(divert).map_err(StartError::Loop)?;
+        }
         Ok(ClusterClient {
             node,
             news,
