@@ -42,7 +42,8 @@ pub struct Params {
     pub batch_max_count: u32,
     /// PBFT: most operation bytes in one batch.
     pub batch_max_bytes: u32,
-    /// PBFT: a partial batch is proposed when its oldest request waited this long.
+    /// PBFT: a partial batch is proposed when its oldest request waited this long (with
+    /// none in flight, sooner once as many requests wait as recent batches held).
     pub batch_timeout_ns: u64,
     /// PBFT: K, the distance between checkpoints.
     pub checkpoint_interval: u32,

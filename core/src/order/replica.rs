@@ -96,6 +96,9 @@ pub(crate) struct Replica {
     stable_snapshot: Option<Vec<u8>>,
     /// Primary: the next sequence number to propose.
     next_seq: u64,
+    /// Primary: about as many requests as its recent batches held — the largest, decaying
+    /// by an eighth a batch, so one small batch does not make the next small too.
+    recent_batch_requests: usize,
     /// The NEW-VIEW that started this view chose the batches up to here; the primary
     /// proposes above.
     reproposed: u64,
@@ -208,6 +211,7 @@ impl Replica {
             stable: None,
             stable_snapshot: None,
             next_seq: 1,
+            recent_batch_requests: 0,
             reproposed: 0,
             delivered: 0,
             executed: 0,
@@ -417,8 +421,12 @@ impl Replica {
         Ok(())
     }
 
-    /// Primary: cuts batches while the pipeline has room and a batch is full or its
-    /// oldest request has waited `batch_timeout_ns`; otherwise arms the batch timer.
+    /// Primary: cuts batches while the pipeline has room and a batch is full or its oldest
+    /// request has waited `batch_timeout_ns` — or, with nothing in flight, as soon as as
+    /// many requests wait as recent batches held: a closed-loop load sends about that many
+    /// after each batch, so waiting longer adds latency (a lone client's request goes at
+    /// once) while proposing sooner would cut a run of small batches; otherwise arms the
+    /// batch timer.
     fn propose(&mut self, ctx: &mut Ctx, now: Nanos) {
         // Cleared first: a timer armed in an earlier view must not outlive primaryship,
         // or it would fire at once, forever.
@@ -439,7 +447,8 @@ impl Replica {
             }
             let oldest = self.unproposed.first().map_or(Nanos::MAX, |(t, _, _)| *t);
             let full = self.unproposed_requests >= max_count || self.unproposed_bytes >= max_bytes;
-            if !full && oldest.saturating_add(timeout) > now {
+            let caught_up = in_flight == 0 && self.unproposed_requests >= self.recent_batch_requests;
+            if !full && !caught_up && oldest.saturating_add(timeout) > now {
                 self.batch_deadline = Some(oldest.saturating_add(timeout));
                 return;
             }
@@ -492,6 +501,8 @@ impl Replica {
     fn pre_prepare(&mut self, ctx: &mut Ctx, now: Nanos, bundles: Vec<Arc<Bundle>>) {
         let seq = self.next_seq;
         self.next_seq += 1;
+        let requests: usize = bundles.iter().map(|b| b.ops.len()).sum();
+        self.recent_batch_requests = requests.max(self.recent_batch_requests - self.recent_batch_requests / 8);
         let batch = EncodedBatch::new(bundles);
         self.vote_for(ctx, seq, &batch);
         ctx.send_encoded_to_replicas(&batch.pre_prepare_body(self.view, seq), &[]);
