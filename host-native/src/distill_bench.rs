@@ -101,6 +101,7 @@ pub fn run(a: DistillBenchArgs) -> Result<(), String> {
             brokers: a.brokers.max(1),
             pool_ms: a.pool_ms,
             dir: a.dir,
+            kill_broker_after: None,
         };
         return crate::distill_clients::run(&r, &binary);
     }

@@ -13,6 +13,8 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -41,6 +43,21 @@ pub struct RealClients {
     pub brokers: u32,
     pub pool_ms: u64,
     pub dir: std::path::PathBuf,
+    /// Kill the first broker (SIGKILL) once this many messages were delivered: its
+    /// clients resubmit through another.
+    pub kill_broker_after: Option<usize>,
+}
+
+/// What a run delivered, for the caller's report.
+pub struct Delivered {
+    /// Each message's time from submission to its client accepting the delivery.
+    pub latency: Vec<Duration>,
+    /// From the clients' first submission to the last delivery.
+    pub took: Duration,
+    /// Messages each server delivered, by server id.
+    pub per_server: Vec<(NodeId, u64)>,
+    /// Messages the clients saw delivered before the broker was killed (when it was).
+    pub before_kill: Option<usize>,
 }
 
 /// One hosted client: its core, how many messages it submitted, when the current one went.
@@ -63,6 +80,8 @@ struct Host {
     t0: Instant,
     latencies: Vec<Duration>,
     done: usize,
+    /// Deliveries accepted by every thread's clients, for the main thread to watch.
+    progress: Arc<AtomicUsize>,
 }
 
 fn message(id: NodeId, n: u32) -> Vec<u8> {
@@ -101,6 +120,7 @@ impl Host {
                 Output::Completed { .. } => {
                     self.latencies.push(c.since.elapsed());
                     self.done += 1;
+                    self.progress.fetch_add(1, Ordering::Relaxed);
                     if c.submitted < self.messages {
                         self.submit(i)?;
                     }
@@ -169,7 +189,13 @@ impl Host {
 }
 
 /// Builds thread `t`'s clients (of `threads`), on fresh sockets.
-fn host(cluster: &ClusterFile, ids: &[NodeId], messages: u32, t0: Instant) -> Result<Host, String> {
+fn host(
+    cluster: &ClusterFile,
+    ids: &[NodeId],
+    messages: u32,
+    t0: Instant,
+    progress: Arc<AtomicUsize>,
+) -> Result<Host, String> {
     let sockets = ids.len().div_ceil(CLIENTS_PER_SOCKET).max(1);
     let endpoints = (0..sockets)
         .map(|_| Endpoint::bind(SocketAddr::from(([127, 0, 0, 1], 0)), 64).map_err(|e| format!("a client socket: {e}")))
@@ -194,16 +220,25 @@ fn host(cluster: &ClusterFile, ids: &[NodeId], messages: u32, t0: Instant) -> Re
         t0,
         latencies: Vec::new(),
         done: 0,
+        progress,
     })
 }
 
 pub fn run(r: &RealClients, binary: &Path) -> Result<(), String> {
-    let n = r.clients;
     println!(
-        "distill-bench --real-clients: 4 server processes and {} broker process(es) on this machine, {n} real \
+        "distill-bench --real-clients: 4 server processes and {} broker process(es) on this machine, {} real \
          signing clients in {} threads of this one, {} messages of 8 bytes each, one at a time",
-        r.brokers, r.threads, r.messages
+        r.brokers, r.clients, r.threads, r.messages
     );
+    let mut c = cluster(r, binary)?;
+    let run = submit_all(r, &mut c)?;
+    report(r.clients, &run);
+    Ok(())
+}
+
+/// A fresh cluster of 4 servers and `r.brokers` brokers for `r.clients` clients, started.
+pub fn cluster(r: &RealClients, binary: &Path) -> Result<LocalCluster, String> {
+    let n = r.clients;
     let params = Params {
         // A batch per round of every client's message, or what the pool has after pool_ms.
         distill_batch_size: n,
@@ -230,19 +265,39 @@ pub fn run(r: &RealClients, binary: &Path) -> Result<(), String> {
     }
     std::fs::write(&c.cluster.path, text).map_err(|e| e.to_string())?;
     c.start_all()?;
+    Ok(c)
+}
 
+/// Runs every client until each had `r.messages` delivered (killing the first broker on
+/// the way if asked), then checks every server delivered each message once: each client
+/// accepted a certified delivery of each of its messages, so none is lost, and a
+/// server's count equal to what was sent leaves none delivered twice.
+pub fn submit_all(r: &RealClients, c: &mut LocalCluster) -> Result<Delivered, String> {
+    let n = r.clients;
     let t = Instant::now();
     let ids: Vec<NodeId> = (0..n).map(|d| CLIENT_ADDRESS_BASE + d).collect();
     let t0 = Instant::now();
+    let progress = Arc::new(AtomicUsize::new(0));
     let hosts = (0..r.threads)
         .map(|k| {
             let mine: Vec<NodeId> = ids.iter().copied().skip(k).step_by(r.threads).collect();
-            host(&c.cluster, &mine, r.messages, t0)
+            host(&c.cluster, &mine, r.messages, t0, progress.clone())
         })
         .collect::<Result<Vec<_>, _>>()?;
     eprintln!("  {n} client cores made in {:.1?}", t.elapsed());
     let started = Instant::now();
     let handles: Vec<_> = hosts.into_iter().map(|h| thread::spawn(move || h.run())).collect();
+    let mut before_kill = None;
+    if let Some(after) = r.kill_broker_after {
+        while progress.load(Ordering::Relaxed) < after && !handles.iter().all(|h| h.is_finished()) {
+            thread::sleep(Duration::from_millis(5));
+        }
+        let broker = c.cluster.brokers.first().ok_or("no broker to kill")?.id;
+        c.kill(broker);
+        let seen = progress.load(Ordering::Relaxed);
+        println!("  killed broker {broker} with SIGKILL after {seen} deliveries; its clients resubmit through another");
+        before_kill = Some(seen);
+    }
     let mut latency = Vec::new();
     for h in handles {
         latency.extend(h.join().map_err(|_| "a client thread panicked")??);
@@ -250,15 +305,16 @@ pub fn run(r: &RealClients, binary: &Path) -> Result<(), String> {
     let took = started.elapsed();
     c.check_running()?;
 
-    // Every server delivered each message once (and, with correct clients, nothing else).
-    let expected = n as f64 * r.messages as f64;
+    let expected = n as u64 * r.messages as u64;
     let deadline = Instant::now() + Duration::from_secs(30);
+    let mut per_server = Vec::new();
     for id in 0..SERVERS {
         let addr = c.metrics_addr(id).ok_or("a server without metrics")?;
         loop {
             let text = scrape(addr).map_err(|e| format!("server {id}: {e}"))?;
-            let delivered = value(&text, "phalanx_distill_messages_delivered_total").unwrap_or(0.0);
+            let delivered = value(&text, "phalanx_distill_messages_delivered_total").unwrap_or(0.0) as u64;
             if delivered == expected {
+                per_server.push((id, delivered));
                 break;
             }
             if delivered > expected || Instant::now() > deadline {
@@ -267,6 +323,12 @@ pub fn run(r: &RealClients, binary: &Path) -> Result<(), String> {
             thread::sleep(Duration::from_millis(100));
         }
     }
+    Ok(Delivered { latency, took, per_server, before_kill })
+}
+
+/// Prints delivered messages/s and latency from submission to certified delivery.
+pub fn report(n: u32, run: &Delivered) {
+    let (mut latency, took) = (run.latency.clone(), run.took);
     latency.sort_unstable();
     let at = |q: f64| latency[((latency.len() as f64 * q) as usize).min(latency.len() - 1)];
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
@@ -282,5 +344,4 @@ pub fn run(r: &RealClients, binary: &Path) -> Result<(), String> {
         ms(at(0.99)),
         ms(at(1.0)),
     );
-    Ok(())
 }
