@@ -842,7 +842,12 @@ pub struct PerpetualSpec {
 impl PerpetualSpec {
     /// Group 0 calls group 1: `n_c` and `n_t` members.
     pub fn pair(n_c: u32, n_t: u32) -> Self {
-        PerpetualSpec { sizes: vec![n_c, n_t], calls: vec![(0, 1)], params: Params::default(), crypto: CryptoMode::Real }
+        PerpetualSpec {
+            sizes: vec![n_c, n_t],
+            calls: vec![(0, 1)],
+            params: Params::default(),
+            crypto: CryptoMode::Real,
+        }
     }
 
     /// The members of group `g`.

@@ -39,6 +39,6 @@ pub use config::{
     generate_cluster, generate_distill, generate_perpetual,
 };
 pub use node::{
-    Algorithm, Delivery, DistillCounters, Event, FaultKind, HandleError, Input, Machine, Nanos, Node, NodeId, Operation,
-    Output, Request, Stats, Status,
+    Algorithm, Delivery, DistillCounters, Event, FaultKind, HandleError, Input, Machine, Nanos, Node, NodeId,
+    Operation, Output, Request, Stats, Status,
 };

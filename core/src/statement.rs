@@ -119,8 +119,7 @@ impl Ctx {
     /// changes, which prove nothing here).
     pub fn signer_key(&self, statement: Statement, id: NodeId) -> Option<BlsPublicKey> {
         let node = self.cfg.cluster.node(id)?;
-        (node.role == statement.signer(self.cfg.cluster.protocol) && self.is_replica(id))
-            .then_some(node.bls_public_key)
+        (node.role == statement.signer(self.cfg.cluster.protocol) && self.is_replica(id)).then_some(node.bls_public_key)
     }
 
     /// This node signs `s` (only a node of its signer role ever calls this).
@@ -177,7 +176,8 @@ mod tests {
 
     #[test]
     fn another_groups_members_do_not_sign_for_this_group() {
-        let spec = crate::config::PerpetualSpec { crypto: CryptoMode::Real, ..crate::config::PerpetualSpec::pair(4, 4) };
+        let spec =
+            crate::config::PerpetualSpec { crypto: CryptoMode::Real, ..crate::config::PerpetualSpec::pair(4, 4) };
         let cfgs = crate::config::generate_perpetual(&spec, [9; 32]).unwrap();
         let mut node = Node::new(cfgs[0].clone()).unwrap();
         let ctx = node.ctx_mut();

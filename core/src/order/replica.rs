@@ -282,6 +282,12 @@ impl Replica {
             || self.outside.contains(&id)
     }
 
+    /// The highest request number of this replica's own that its group executed (as far
+    /// as this replica knows).
+    pub fn own_executed(&self, ctx: &Ctx) -> u64 {
+        self.table.get(&ctx.me()).map_or(0, Executed::highest)
+    }
+
     /// The view this replica is in (for a Perpetual member's hints to callers).
     pub fn view(&self) -> u64 {
         self.view
@@ -710,7 +716,7 @@ impl Replica {
 
     /// A message for a later view, within n views and the watermark window.
     fn is_early(&self, ctx: &Ctx, view: u64, seq: u64) -> bool {
-        view > self.view && view <= self.view + self.replicas.len() as u64 && self.in_window(ctx, seq)
+        view > self.view && view <= self.view.saturating_add(self.replicas.len() as u64) && self.in_window(ctx, seq)
     }
 
     /// Bounded: per (view, sender), three messages per slot of the window.
@@ -932,6 +938,14 @@ impl Replica {
         self.fetch_state(ctx);
         for body in self.own_votes(ctx, 0) {
             ctx.send_to_replicas(body, &[]);
+        }
+        // Where its own recovered votes are a quorum (a group of one, where no peer sends
+        // them again), its slots commit and execute again.
+        if ctx.quorums.intersecting() <= 2 {
+            let (now, slots) = (self.last_now, self.log.keys().copied().collect::<Vec<_>>());
+            for seq in slots {
+                self.progress(ctx, now, seq);
+            }
         }
     }
 

@@ -80,7 +80,7 @@ use prost::Message;
 
 use crate::crypto::{Digest, digest};
 use crate::node::{Ctx, Event, HandleError, Output, Status};
-use crate::order::{Bundle, Replica, header, primary};
+use crate::order::{Bundle, Replica, primary};
 use crate::role::RoleMachine;
 use crate::wire::pb::perpetual_op::Kind as Op;
 use crate::wire::{Opened, pb};
@@ -216,6 +216,7 @@ pub(crate) struct Member {
     awaiting: Option<AwaitingSnapshot>,
     own_next: u64,
     own_leased: u64,
+    own_checked: bool,
     responded: BTreeMap<(u32, u64), Responded>,
     /// Caller members that resent a call to this member: they get its result directly.
     direct: BTreeMap<(u32, u64), BTreeSet<NodeId>>,
@@ -254,6 +255,7 @@ impl Member {
             awaiting: None,
             own_next: 1,
             own_leased: 1,
+            own_checked: false,
             responded: BTreeMap::new(),
             direct: BTreeMap::new(),
             collecting: BTreeMap::new(),
@@ -292,7 +294,10 @@ impl Member {
         let body = Bytes::from(pb::PerpetualOp { kind: Some(Op::Call(call_op)) }.encode_to_vec());
         let max = ctx.cfg.cluster.params.batch_max_bytes as usize;
         if body.len() > max {
-            return Err(HandleError::Invalid(format!("a call of {} bytes exceeds batch_max_bytes = {max}", body.len())));
+            return Err(HandleError::Invalid(format!(
+                "a call of {} bytes exceeds batch_max_bytes = {max}",
+                body.len()
+            )));
         }
         let call = self.next_call;
         let oldest = self.outstanding.first_key_value().map_or(call, |(&c, _)| c);
@@ -334,11 +339,13 @@ impl Member {
             return Err(HandleError::Invalid(format!("group {caller} does not call group {}", self.group)));
         };
         let statement = result_statement(self.group, caller, call, &result);
-        let macs: Vec<pb::Mac> = callers.members.iter().filter_map(|&c| ctx.keys.result_mac_to(c, &statement)).collect();
+        let macs: Vec<pb::Mac> =
+            callers.members.iter().filter_map(|&c| ctx.keys.result_mac_to(c, &statement)).collect();
         let result = Bytes::from(result);
         let responder = self.me().responder(call);
         let view = self.replica.view();
-        let msg = pb::PerpetualResult { target: self.group, caller, call, result: result.clone(), view, macs: macs.clone() };
+        let msg =
+            pb::PerpetualResult { target: self.group, caller, call, result: result.clone(), view, macs: macs.clone() };
         if responder == ctx.me() {
             self.collect(ctx, ctx.me(), msg.clone());
         } else {
@@ -364,6 +371,13 @@ impl Member {
     /// Orders `op` through this group's PBFT as a request of this member's own, its
     /// number leased durably first so a restart never reuses one.
     fn submit(&mut self, ctx: &mut Ctx, now: Nanos, op: Op) {
+        // The first of this run: past what its group executed of this member's (a lease
+        // record may have gone with a compaction), by two leases, beyond any number an
+        // earlier run used and its group did not execute yet.
+        if !self.own_checked {
+            self.own_checked = true;
+            self.own_next = self.own_next.max(self.replica.own_executed(ctx) + 2 * LEASE);
+        }
         if self.own_next >= self.own_leased {
             self.own_leased = self.own_next + LEASE;
             let record = pb::ReplicaRecord { kind: Some(pb::replica_record::Kind::OwnRequests(self.own_leased)) };
@@ -382,7 +396,12 @@ impl Member {
     /// sender gets this member's result directly.
     fn on_copy(&mut self, ctx: &mut Ctx, from: NodeId, r: &pb::Requests) {
         let Some(caller) = self.caller_group(from) else { return };
-        let Some((client, call)) = header(&r.body).filter(|(client, _)| *client == from) else { return };
+        // Decoded whole: `header` reads no client 0, which protobuf leaves out.
+        let Some((client, call)) =
+            pb::RequestsBody::decode(r.body.clone()).ok().map(|b| (b.client, b.first)).filter(|(c, _)| *c == from)
+        else {
+            return;
+        };
         if self.replica.primary_now(ctx) {
             return;
         }
@@ -463,8 +482,7 @@ impl Member {
         let key = (r.caller, r.call);
         let Some(callers) = self.caller_group_index(r.caller) else { return };
         let d = digest(&r.result);
-        let macs: Vec<pb::Mac> =
-            r.macs.into_iter().filter(|m| m.from == from && callers.contains(m.to)).collect();
+        let macs: Vec<pb::Mac> = r.macs.into_iter().filter(|m| m.from == from && callers.contains(m.to)).collect();
         let callers = callers.members.clone();
         let quorum = self.me().f + 1;
         let entries = self.collecting.entry(key).or_default();
@@ -562,11 +580,7 @@ impl Member {
             self.decided_floor += 1;
         }
         self.outstanding.remove(&call);
-        let event = if abort {
-            Event::Aborted { call }
-        } else {
-            Event::Reply { call, result: value[4..].to_vec() }
-        };
+        let event = if abort { Event::Aborted { call } } else { Event::Reply { call, result: value[4..].to_vec() } };
         ctx.push(Output::Event(event));
     }
 
@@ -651,7 +665,11 @@ impl Member {
             delivered: self
                 .delivered
                 .iter()
-                .map(|(&group, d)| pb::PerpetualDelivered { group, floor: d.floor, calls: d.calls.iter().copied().collect() })
+                .map(|(&group, d)| pb::PerpetualDelivered {
+                    group,
+                    floor: d.floor,
+                    calls: d.calls.iter().copied().collect(),
+                })
                 .collect(),
         }
     }

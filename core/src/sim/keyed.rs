@@ -29,7 +29,6 @@ use super::Rng;
 use crate::broadcast::chain::ChainPath;
 use crate::config::Role;
 use crate::crypto::{BlsSecretKey, BlsSignature, CryptoMode, aggregate, digest};
-use crate::order::header;
 use crate::quorum::Quorums;
 use crate::statement::Statement;
 use crate::wire::{self, Keyring, pb};
@@ -230,7 +229,9 @@ impl Coalition {
     fn reauthenticate(&self, signer: NodeId, kind: &mut pb::body::Kind, macs: &mut [pb::Mac]) {
         match kind {
             pb::body::Kind::Requests(r) => {
-                if let Some(m) = header(&r.body).and_then(|(client, _)| self.members.get(&client)) {
+                // Decoded whole: `header` reads no client 0 (a Perpetual member's copies).
+                let client = pb::RequestsBody::decode(r.body.clone()).ok().map(|b| b.client);
+                if let Some(m) = client.and_then(|client| self.members.get(&client)) {
                     let replicas = r.authenticator.iter().map(|a| a.to).collect::<Vec<_>>();
                     r.authenticator =
                         replicas.into_iter().filter_map(|to| m.keys.request_mac_to(to, &r.body)).collect();

@@ -640,11 +640,18 @@ impl Sim {
                 h.crashed = false;
                 self.incarnations[host] += 1;
                 self.log.restarts.push(host);
+                // A restarted executor starts afresh, and learns its state from its member:
+                // a checkpoint's, or from the start (then it makes its first calls again).
+                if let Some(e) = self.hosts[host].executor.as_mut() {
+                    e.reset();
+                }
                 let recovered = self.hosts[host].run.recover(self.now).map(|_| ());
                 self.check(host, recovered);
-                // A restarted executor starts afresh, and learns its state from its member.
-                let start = self.hosts[host].executor.as_mut().map(perpetual::Executor::restart).unwrap_or_default();
-                self.feed_executor(host, start);
+                let mut owed = self.drain(host);
+                if let Some(e) = self.hosts[host].executor.as_mut().filter(|e| !e.restored()) {
+                    owed.splice(0..0, e.start());
+                }
+                self.feed_executor(host, owed);
                 self.after_input(host);
             }
             Event::Isolate { nodes } => self.isolated = nodes,
@@ -734,7 +741,7 @@ impl Sim {
     /// Gives a Perpetual member an executor; it starts at once.
     pub fn set_executor(&mut self, host: usize, executor: perpetual::Executor) {
         self.hosts[host].executor = Some(executor);
-        let start = self.hosts[host].executor.as_mut().map(perpetual::Executor::restart).unwrap_or_default();
+        let start = self.hosts[host].executor.as_mut().map(perpetual::Executor::start).unwrap_or_default();
         self.schedule(0, Event::Requests { host, requests: start });
     }
 
@@ -885,7 +892,7 @@ impl Sim {
     /// Sends a frame from node `real_from` (claiming `claimed_from`) to the hosts of `to`.
     fn put_on_wire(&mut self, real_from: NodeId, to: NodeId, claimed_from: NodeId, bytes: Vec<u8>) {
         if self.hosts.first().is_some_and(|h| h.config.cluster.protocol == crate::Protocol::Perpetual) {
-            self.log.perpetual.note_copies(real_from, &self.faulty, &bytes);
+            self.log.perpetual.note_copies(real_from, to, &self.faulty, &bytes);
         }
         self.log.messages_sent += 1;
         self.log.bytes_sent += bytes.len() as u64;

@@ -66,14 +66,19 @@ pub struct PerpetualLog {
     /// (caller member, call, target, op) of every copy of a call sent by that member, or
     /// made by the coalition in a faulty member's name.
     pub copies: BTreeSet<(NodeId, u64, u32, Vec<u8>)>,
+    /// Results that went on the wire: (sender, receiver, call, MAC entries).
+    pub results: Vec<(NodeId, NodeId, u64, usize)>,
 }
 
 impl PerpetualLog {
     /// Notes the copies of calls in a frame `real_from` sent: those in its own name, or
     /// in a faulty member's (whose keys the coalition holds).
-    pub fn note_copies(&mut self, real_from: NodeId, faulty: &BTreeSet<NodeId>, bytes: &[u8]) {
+    pub fn note_copies(&mut self, real_from: NodeId, to: NodeId, faulty: &BTreeSet<NodeId>, bytes: &[u8]) {
         use pb::perpetual_op::Kind as Op;
         for body in wire::bodies_of(bytes).unwrap_or_default() {
+            if let pb::body::Kind::PerpetualResult(r) = &body {
+                self.results.push((real_from, to, r.call, r.macs.len()));
+            }
             let pb::body::Kind::Requests(r) = body else { continue };
             let Ok(b) = pb::RequestsBody::decode(r.body) else { continue };
             if b.client != real_from && !faulty.contains(&b.client) {
@@ -105,8 +110,12 @@ pub struct Executor {
     /// Requests an abort of each call this long after making it (a local clock: the
     /// outcome is agreed anyway); never, if `None`.
     pub abort_after: Option<Nanos>,
+    /// Makes an aborted call's op again (the workload's final value then holds only if
+    /// no aborted call ran at the target).
+    pub retry_aborted: bool,
     work: Work,
     state: State,
+    restored: bool,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -166,7 +175,8 @@ fn delta(op: &[u8]) -> i64 {
 
 impl Executor {
     pub fn new(work: Work, abort_after: Option<Nanos>) -> Self {
-        Executor { abort_after, work, state: State { next_call: 1, ..State::default() } }
+        let state = State { next_call: 1, ..State::default() };
+        Executor { abort_after, retry_aborted: true, work, state, restored: false }
     }
 
     pub fn state(&self) -> &State {
@@ -183,9 +193,19 @@ impl Executor {
         }
     }
 
-    /// A fresh start (at the beginning, or after its host restarted): its first calls.
-    pub fn restart(&mut self) -> Vec<Request> {
+    /// Its host restarted: a fresh state, until its member restores one.
+    pub fn reset(&mut self) {
         self.state = State { next_call: 1, ..State::default() };
+        self.restored = false;
+    }
+
+    /// Whether its member restored a checkpoint's state since the last reset.
+    pub fn restored(&self) -> bool {
+        self.restored
+    }
+
+    /// The start of its run from the beginning: its first calls.
+    pub fn start(&mut self) -> Vec<Request> {
         self.more()
     }
 
@@ -215,7 +235,11 @@ impl Executor {
         match event {
             Event::Request { caller, call, op } => {
                 self.state.counter += delta(op);
-                vec![Request::Respond { caller: *caller, call: *call, result: self.state.counter.to_le_bytes().to_vec() }]
+                vec![Request::Respond {
+                    caller: *caller,
+                    call: *call,
+                    result: self.state.counter.to_le_bytes().to_vec(),
+                }]
             }
             Event::Reply { call, result } => {
                 if self.state.in_flight.remove(call).is_some() {
@@ -227,7 +251,9 @@ impl Executor {
             Event::Aborted { call } => {
                 if let Some(op) = self.state.in_flight.remove(call) {
                     self.state.aborted += 1;
-                    self.state.retry.push(op);
+                    if self.retry_aborted {
+                        self.state.retry.push(op);
+                    }
                 }
                 self.more()
             }
@@ -236,6 +262,7 @@ impl Executor {
                 if let Some(s) = State::decode(state) {
                     self.state = s;
                 }
+                self.restored = true;
                 vec![]
             }
         }
@@ -257,6 +284,8 @@ pub struct Scenario {
     pub targets: Vec<Behavior>,
     /// The caller executors request an abort of each call this long after making it.
     pub abort_after: Option<Nanos>,
+    /// And make an aborted call's op again.
+    pub retry_aborted: bool,
     /// A correct member crashed at the first time and restarted from its storage at the
     /// second.
     pub crash: Option<(NodeId, Nanos, Nanos)>,
@@ -306,6 +335,7 @@ impl Scenario {
             callers: vec![Behavior::Correct; n_c as usize],
             targets: vec![Behavior::Correct; n_t as usize],
             abort_after: None,
+            retry_aborted: true,
             crash: None,
             record: vec![],
             horizon: 120_000 * MS,
@@ -411,7 +441,8 @@ impl Scenario {
             } else {
                 Work::Counter
             };
-            sim.set_executor(host, Executor::new(work, self.abort_after));
+            let executor = Executor { retry_aborted: self.retry_aborted, ..Executor::new(work, self.abort_after) };
+            sim.set_executor(host, executor);
         }
         if let Some((id, down, up)) = self.crash {
             sim.crash_at(down, id as usize);
@@ -452,8 +483,14 @@ impl Scenario {
         if callers.is_empty() || !callers.iter().all(|&c| sim.executor(c as usize).is_some_and(Executor::finished)) {
             return false;
         }
-        // The last call's outcome reached every correct member of the caller group; give
-        // the target a moment to finish its own work (replies to the other members).
+        // Every correct member of each group executed as far as the others.
+        for ids in [self.caller_ids(), self.target_ids()] {
+            let executed: BTreeSet<u64> =
+                self.correct(ids).iter().map(|&m| sim.node(m as usize).status().executed).collect();
+            if executed.len() > 1 {
+                return false;
+            }
+        }
         let last = sim.log.perpetual.events.last().map_or(0, |e| e.at);
         sim.now() > last + 500 * MS
     }
@@ -498,10 +535,9 @@ impl Scenario {
                         }
                     }
                     // A call needs f_c+1 caller members' copies (faulty ones' included).
-                    let asked = self
-                        .caller_ids()
-                        .filter(|&c| log.copies.contains(&(c, *call, TARGET, op.clone())))
-                        .count() as u32;
+                    let asked =
+                        self.caller_ids().filter(|&c| log.copies.contains(&(c, *call, TARGET, op.clone()))).count()
+                            as u32;
                     if asked <= self.f_c() {
                         v.push(format!(
                             "target member {} executed call {call} of group {caller}, asked for by {asked} caller members",

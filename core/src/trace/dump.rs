@@ -363,7 +363,9 @@ pub(super) fn describe_output(o: &pb::OutputRecord) -> String {
         Some(Kind::Event(e)) => {
             use pb::event_output::Kind as Ev;
             match &e.kind {
-                Some(Ev::Request(r)) => format!("Event Request group {} call {} op {} bytes", r.caller, r.call, r.op.len()),
+                Some(Ev::Request(r)) => {
+                    format!("Event Request group {} call {} op {} bytes", r.caller, r.call, r.op.len())
+                }
                 Some(Ev::Reply(r)) => format!("Event Reply call {} result {} bytes", r.call, r.result.len()),
                 Some(Ev::Aborted(call)) => format!("Event Aborted call {call}"),
                 Some(Ev::Checkpoint(seq)) => format!("Event Checkpoint seq {seq}"),
