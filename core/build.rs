@@ -25,6 +25,10 @@ fn main() {
             ".phalanx.v1.ExecutedRequests",
             ".phalanx.v1.Read",
             ".phalanx.v1.ReadReply",
+            ".phalanx.v1.PerpetualCall",
+            ".phalanx.v1.PerpetualVouch",
+            ".phalanx.v1.PerpetualVote",
+            ".phalanx.v1.PerpetualResult",
         ])
         // The rare large bodies are boxed, so the hot ones (publications, votes,
         // requests) move through decoding and dispatch as 72 bytes rather than 144.

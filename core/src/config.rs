@@ -82,6 +82,10 @@ pub struct Params {
     pub directory_seed: u64,
     /// Distillation: delivered batches a server keeps for peers that fetch them.
     pub kept_batches: u32,
+    /// Perpetual: an executor's undecided calls span at most this many call ids (its
+    /// oldest undecided call and its newest are less than this apart); what members keep
+    /// per caller and per call is bounded by it.
+    pub call_window: u32,
 }
 
 impl Default for Params {
@@ -113,6 +117,7 @@ impl Default for Params {
             directory_size: 0,
             directory_seed: 0,
             kept_batches: 64,
+            call_window: 256,
         }
     }
 }
@@ -203,7 +208,19 @@ params_pb!(
     directory_size,
     directory_seed,
     kept_batches,
+    call_window,
 );
+
+/// Perpetual: a replica group, ordering with PBFT among its members.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Group {
+    /// The Byzantine members it tolerates: members.len() >= 3f+1 (f may be 0).
+    pub f: u32,
+    /// Its members, ascending ids.
+    pub members: Vec<NodeId>,
+    /// The groups (indices in [`ClusterConfig::groups`]) it may call.
+    pub calls: Vec<u32>,
+}
 
 /// The public view of a cluster, shared by every node.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -214,6 +231,9 @@ pub struct ClusterConfig {
     pub params: Params,
     pub crypto: CryptoMode,
     pub protocol: Protocol,
+    /// Perpetual: its groups (empty for other protocols, whose replicas are one service
+    /// tolerating `f`).
+    pub groups: Vec<Group>,
 }
 
 /// One node's configuration: the cluster plus its own secrets.
@@ -255,6 +275,20 @@ impl ClusterConfig {
 
     pub fn node(&self, id: NodeId) -> Option<&NodeInfo> {
         self.nodes.binary_search_by_key(&id, |n| n.id).ok().map(|i| &self.nodes[i])
+    }
+
+    /// Perpetual: the index of the group `id` is a member of.
+    pub fn group_of(&self, id: NodeId) -> Option<u32> {
+        self.groups.iter().position(|g| g.members.binary_search(&id).is_ok()).map(|i| i as u32)
+    }
+
+    /// The replicas `id` orders with and the f they tolerate: its group's members in a
+    /// Perpetual cluster, the cluster's replicas otherwise.
+    pub fn service_of(&self, id: NodeId) -> (Vec<NodeId>, u32) {
+        match self.group_of(id) {
+            Some(g) => (self.groups[g as usize].members.clone(), self.groups[g as usize].f),
+            None => (self.replicas().map(|r| r.id).collect(), self.f),
+        }
     }
 
     /// Checks n ≥ 3f+1, unique ids, known roles, valid parameters and every node's BLS
@@ -304,6 +338,12 @@ impl ClusterConfig {
     /// The rules on f, the number of replicas and the parameters, without the keys: what a
     /// host can check of a configuration file before it reads any key.
     pub fn validate_params(&self) -> Result<(), ConfigError> {
+        if self.protocol == Protocol::Perpetual {
+            return self.validate_groups();
+        }
+        if !self.groups.is_empty() {
+            return err(format!("groups: only a perpetual cluster has groups, not a {} one", self.protocol.name()));
+        }
         let n = self.n() as u64;
         let f = self.f as u64;
         if n < 3 * f + 1 {
@@ -335,6 +375,48 @@ impl ClusterConfig {
         }
         if self.protocol == Protocol::Distill {
             crate::distill::validate_params(p, n)?;
+        }
+        Ok(())
+    }
+}
+
+impl ClusterConfig {
+    /// Perpetual: every member in exactly one group, each group n >= 3f+1 and valid for
+    /// PBFT, calls naming other existing groups.
+    fn validate_groups(&self) -> Result<(), ConfigError> {
+        if self.groups.is_empty() {
+            return err("groups: a perpetual cluster needs at least one group");
+        }
+        if self.params.call_window == 0 {
+            return err("params.call_window must be at least 1");
+        }
+        let mut group_of = BTreeMap::new();
+        for (i, g) in self.groups.iter().enumerate() {
+            let (n, f) = (g.members.len() as u64, g.f as u64);
+            if n < 3 * f + 1 {
+                return err(format!(
+                    "groups[{i}]: n = {n} members cannot tolerate f = {f}: Byzantine fault tolerance needs n >= 3f+1 = {}",
+                    3 * f + 1
+                ));
+            }
+            if g.members.windows(2).any(|w| w[0] >= w[1]) {
+                return err(format!("groups[{i}].members must be ascending ids without repeats"));
+            }
+            for &m in &g.members {
+                if self.node(m).is_none_or(|node| node.role != Role::Member) {
+                    return err(format!("groups[{i}].members: node {m} is not a member node of the cluster"));
+                }
+                if let Some(other) = group_of.insert(m, i) {
+                    return err(format!("groups[{i}].members: node {m} is already in groups[{other}]"));
+                }
+            }
+            if let Some(&c) = g.calls.iter().find(|&&c| c as usize >= self.groups.len() || c as usize == i) {
+                return err(format!("groups[{i}].calls: {c} is not another group (there are {})", self.groups.len()));
+            }
+            self.params.validate_pbft(n)?;
+        }
+        if let Some(node) = self.nodes.iter().find(|n| !group_of.contains_key(&n.id)) {
+            return err(format!("node {}: a perpetual member must be in a group", node.id));
         }
         Ok(())
     }
@@ -413,7 +495,8 @@ impl NodeConfig {
     /// statements). Other nodes' keys are never used, so their proofs of possession are
     /// not worth a pairing each at every start.
     pub fn keys_relied_on(&self) -> impl Iterator<Item = &NodeInfo> {
-        self.cluster.replicas()
+        let group = self.cluster.group_of(self.id).map(|g| &self.cluster.groups[g as usize].members);
+        self.cluster.replicas().filter(move |n| group.is_none_or(|g| g.binary_search(&n.id).is_ok()))
     }
 
     /// [`NodeConfig::validate`] without the BLS keys: for a host that verified
@@ -525,8 +608,9 @@ impl ClusterConfig {
         let Some(protocol) = Protocol::from_number(pb.protocol) else {
             return err(format!("unknown protocol {}", pb.protocol));
         };
-        let cfg =
-            ClusterConfig { f: pb.f, nodes, params: Params::from_pb(pb.params.unwrap_or_default()), crypto, protocol };
+        let groups = pb.groups.into_iter().map(|g| Group { f: g.f, members: g.members, calls: g.calls }).collect();
+        let params = Params::from_pb(pb.params.unwrap_or_default());
+        let cfg = ClusterConfig { f: pb.f, nodes, params, crypto, protocol, groups };
         cfg.validate()?;
         Ok(cfg)
     }
@@ -551,6 +635,11 @@ impl ClusterConfig {
                 CryptoMode::InsecureTest => pb::CryptoMode::InsecureTest,
             } as i32,
             protocol: self.protocol.number(),
+            groups: self
+                .groups
+                .iter()
+                .map(|g| pb::Group { f: g.f, members: g.members.clone(), calls: g.calls.clone() })
+                .collect(),
         }
     }
 }
@@ -618,8 +707,14 @@ pub fn generate_cluster(spec: &ClusterSpec, seed: [u8; 32]) -> Result<Vec<NodeCo
             topics: if role_of(id) == Role::Subscriber { spec.topics.clone() } else { vec![] },
         })
         .collect();
-    let cluster =
-        ClusterConfig { f: spec.f, nodes, params: spec.params.clone(), crypto: spec.crypto, protocol: spec.protocol };
+    let cluster = ClusterConfig {
+        f: spec.f,
+        nodes,
+        params: spec.params.clone(),
+        crypto: spec.crypto,
+        protocol: spec.protocol,
+        groups: vec![],
+    };
     cluster.validate()?;
     Ok((0..total)
         .map(|id| NodeConfig {
@@ -715,6 +810,7 @@ pub fn generate_distill(spec: &DistillSpec, seed: [u8; 32]) -> Result<Vec<NodeCo
         params: spec.params.clone(),
         crypto: spec.crypto,
         protocol: Protocol::Distill,
+        groups: vec![],
     };
     cluster.validate()?;
     Ok(ids
@@ -729,6 +825,77 @@ pub fn generate_distill(spec: &DistillSpec, seed: [u8; 32]) -> Result<Vec<NodeCo
                 BTreeMap::new()
             },
             bls_secret,
+        })
+        .collect())
+}
+
+/// The shape of a test or demo Perpetual deployment: groups of `sizes[i]` members
+/// (f = (n-1)/3 each), ids assigned group by group from 0, and which group calls which.
+#[derive(Clone, Debug)]
+pub struct PerpetualSpec {
+    pub sizes: Vec<u32>,
+    /// (caller, target) group indices.
+    pub calls: Vec<(u32, u32)>,
+    pub params: Params,
+    pub crypto: CryptoMode,
+}
+
+impl PerpetualSpec {
+    /// Group 0 calls group 1: `n_c` and `n_t` members.
+    pub fn pair(n_c: u32, n_t: u32) -> Self {
+        PerpetualSpec {
+            sizes: vec![n_c, n_t],
+            calls: vec![(0, 1)],
+            params: Params::default(),
+            crypto: CryptoMode::Real,
+        }
+    }
+
+    /// The members of group `g`.
+    pub fn members(&self, g: u32) -> std::ops::Range<NodeId> {
+        let start: u32 = self.sizes[..g as usize].iter().sum();
+        start..start + self.sizes[g as usize]
+    }
+}
+
+/// Every member's configuration of a Perpetual deployment, deterministically from `seed`:
+/// pairwise MAC keys between all members (callers and targets authenticate each other),
+/// BLS keys with proofs of possession.
+pub fn generate_perpetual(spec: &PerpetualSpec, seed: [u8; 32]) -> Result<Vec<NodeConfig>, ConfigError> {
+    let total: u32 = spec.sizes.iter().sum();
+    let secrets: Vec<BlsSecretKey> =
+        (0..total).map(|id| BlsSecretKey::from_key_material(spec.crypto, &bls_key_material(&seed, id))).collect();
+    let nodes = (0..total)
+        .map(|id| NodeInfo {
+            id,
+            role: Role::Member,
+            bls_public_key: secrets[id as usize].public_key(),
+            bls_pop: secrets[id as usize].prove_possession(),
+            topics: vec![],
+        })
+        .collect();
+    let groups = (0..spec.sizes.len() as u32)
+        .map(|g| Group {
+            f: spec.sizes[g as usize].saturating_sub(1) / 3,
+            members: spec.members(g).collect(),
+            calls: spec.calls.iter().filter(|(c, _)| *c == g).map(|&(_, t)| t).collect(),
+        })
+        .collect();
+    let cluster = ClusterConfig {
+        f: 0,
+        nodes,
+        params: spec.params.clone(),
+        crypto: spec.crypto,
+        protocol: Protocol::Perpetual,
+        groups,
+    };
+    cluster.validate()?;
+    Ok((0..total)
+        .map(|id| NodeConfig {
+            cluster: cluster.clone(),
+            id,
+            mac_keys: (0..total).filter(|&p| p != id).map(|p| (p, pairwise_mac_key(&seed, id, p))).collect(),
+            bls_secret: secrets[id as usize].clone(),
         })
         .collect())
 }

@@ -10,6 +10,7 @@
 //! - [`pubsub`]: the publish/subscribe service with history publications built on them.
 //! - [`order`]: PBFT total-order state machine replication.
 //! - [`distill`]: distillation (Chop Chop): clients, untrusted brokers, servers over PBFT.
+//! - [`perpetual`]: Perpetual: replica groups, each ordering with PBFT, calling each other.
 //! - [`wire`]: protobuf messages and authenticated frames.
 //! - [`crypto`]: keyed-BLAKE3 MACs, BLAKE3 digests, BLS12-381 signatures.
 //! - [`sim`]: deterministic simulator with Byzantine adversaries and property checkers.
@@ -24,6 +25,7 @@ pub mod host;
 pub mod kv;
 mod node;
 pub mod order;
+pub mod perpetual;
 pub mod pubsub;
 pub mod quorum;
 pub mod role;
@@ -33,10 +35,10 @@ pub mod trace;
 pub mod wire;
 
 pub use config::{
-    ClusterConfig, ClusterSpec, ConfigError, DistillSpec, NodeConfig, Params, Protocol, Role, generate_cluster,
-    generate_distill,
+    ClusterConfig, ClusterSpec, ConfigError, DistillSpec, Group, NodeConfig, Params, PerpetualSpec, Protocol, Role,
+    generate_cluster, generate_distill, generate_perpetual,
 };
 pub use node::{
-    Algorithm, Delivery, DistillCounters, FaultKind, HandleError, Input, Machine, Nanos, Node, NodeId, Operation,
-    Output, Request, Stats, Status,
+    Algorithm, Delivery, DistillCounters, Event, FaultKind, HandleError, Input, Machine, Nanos, Node, NodeId,
+    Operation, Output, Request, Stats, Status,
 };

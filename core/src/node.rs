@@ -63,6 +63,35 @@ pub enum Request {
     /// (`Output::Completed`); if they disagree or do not all answer in time, `op` is
     /// ordered like a `Submit` under the same request number.
     Read { op: Vec<u8> },
+    /// Perpetual member: its executor calls group `target` with `op`. The call's id is
+    /// [`Node::next_request`] before the call; its outcome comes as `Event::Reply` or
+    /// `Event::Aborted`.
+    Call { target: u32, op: Vec<u8> },
+    /// Perpetual member: its executor's result for call `call` of group `caller` (an
+    /// `Event::Request`), sent back to the caller.
+    Respond { caller: u32, call: u64, result: Vec<u8> },
+    /// Perpetual member: its executor asks its group to abort its call `call` (a timeout,
+    /// a cancel); the call's outcome is agreed, and may still be a reply.
+    Abort { call: u64 },
+    /// Perpetual member: its executor's state after every event before
+    /// `Event::Checkpoint { seq }`.
+    Snapshot { seq: u64, state: Vec<u8> },
+}
+
+/// Perpetual member: an agreed input of its executor, in the order agreed by its group.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// Group `caller` called this group: execute `op`, then `Request::Respond`.
+    Request { caller: u32, call: u64, op: Vec<u8> },
+    /// The executor's own call `call` returned `result`.
+    Reply { call: u64, result: Vec<u8> },
+    /// The executor's own call `call` was aborted.
+    Aborted { call: u64 },
+    /// Answer `Request::Snapshot { seq, .. }` with the state after every earlier event.
+    Checkpoint { seq: u64 },
+    /// Replace the state with `state`, taken at checkpoint `seq` (state transfer, or a
+    /// restart from a persisted checkpoint).
+    Restore { seq: u64, state: Vec<u8> },
 }
 
 /// A client's operation, as ordered by PBFT.
@@ -109,12 +138,16 @@ pub enum Input {
 
 impl Input {
     /// Every [`Input::name`].
-    pub const KINDS: [&'static str; 10] = [
+    pub const KINDS: [&'static str; 14] = [
         "message",
         "publish",
         "subscribe",
         "submit",
         "read",
+        "call",
+        "respond",
+        "abort",
+        "snapshot",
         "timeout",
         "persisted",
         "executed",
@@ -135,6 +168,10 @@ impl Input {
             Input::Request(Request::Subscribe { .. }) => "subscribe",
             Input::Request(Request::Submit { .. }) => "submit",
             Input::Request(Request::Read { .. }) => "read",
+            Input::Request(Request::Call { .. }) => "call",
+            Input::Request(Request::Respond { .. }) => "respond",
+            Input::Request(Request::Abort { .. }) => "abort",
+            Input::Request(Request::Snapshot { .. }) => "snapshot",
             Input::Timeout => "timeout",
             Input::Persisted { .. } => "persisted",
             Input::Executed { .. } => "executed",
@@ -270,6 +307,8 @@ pub enum Output {
     /// Distillation server: a batch delivered at its height, with the entries it
     /// delivered (one output per batch, never one per message).
     Delivered(crate::distill::DeliveredBatch),
+    /// Perpetual member: the next agreed input of its executor.
+    Event(Event),
 }
 
 /// Input the caller got wrong. Bytes from the network never produce one.
@@ -347,9 +386,10 @@ impl Ctx {
         self.role_of(self.me()).expect("a node is in its own cluster")
     }
 
-    /// Whether `id` is one of the service's replicas.
+    /// Whether `id` is one of the replicas this node's service orders with (in a
+    /// Perpetual cluster, a member of this node's own group).
     pub fn is_replica(&self, id: NodeId) -> bool {
-        self.role_of(id) == Some(self.cfg.cluster.protocol.replica_role())
+        self.replicas.binary_search(&id).is_ok()
     }
 
     /// The host's BLS backend, if it set one and the cluster runs real crypto.
@@ -722,11 +762,11 @@ impl Node {
     }
 
     fn build(cfg: NodeConfig) -> Result<Node, ConfigError> {
-        let replicas: Vec<NodeId> = cfg.cluster.replicas().map(|r| r.id).collect();
+        let (replicas, f) = cfg.cluster.service_of(cfg.id);
         let keys = Keyring::new(cfg.cluster.crypto, cfg.id, cfg.mac_keys.clone());
         let other_replicas = replicas.iter().copied().filter(|&r| r != cfg.id).collect();
         let ctx = Ctx {
-            quorums: Quorums::new(replicas.len(), cfg.cluster.f as usize),
+            quorums: Quorums::new(replicas.len(), f as usize),
             replicas,
             other_replicas,
             keys,

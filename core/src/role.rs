@@ -31,6 +31,8 @@ pub enum Protocol {
     Pbft = 1,
     /// Distillation (Chop Chop): servers ordering through PBFT, brokers, clients.
     Distill = 2,
+    /// Perpetual (seed 002): replica groups, each ordering with PBFT, calling each other.
+    Perpetual = 3,
 }
 
 /// A node's role, named as its protocol family names it. The discriminant is its number
@@ -54,6 +56,9 @@ pub enum Role {
     DistillBroker = 7,
     /// Distillation: a client with an id in the directory.
     DistillClient = 8,
+    /// Perpetual: a member of a replica group (a PBFT replica of its group, whose
+    /// application is its executor).
+    Member = 9,
     /// Tests only: the toy role of [`echo`], which shows what adding a role takes.
     #[cfg(test)]
     Echo = 100,
@@ -72,6 +77,7 @@ const PROTOCOLS: &[Family] = &[
     Family { protocol: Protocol::PubSub, name: "pubsub", replica: Role::Broker, client: Role::Publisher },
     Family { protocol: Protocol::Pbft, name: "pbft", replica: Role::Replica, client: Role::Client },
     Family { protocol: Protocol::Distill, name: "distill", replica: Role::Server, client: Role::DistillClient },
+    Family { protocol: Protocol::Perpetual, name: "perpetual", replica: Role::Member, client: Role::Member },
 ];
 
 type Make = fn(&Ctx) -> Box<dyn RoleMachine>;
@@ -128,6 +134,12 @@ const REGISTRY: &[RoleEntry] = &[
         role: Role::DistillClient,
         name: "distill-client",
         make: |ctx| Box::new(distill::Client::new(ctx)),
+    },
+    RoleEntry {
+        protocol: Protocol::Perpetual,
+        role: Role::Member,
+        name: "member",
+        make: |ctx| Box::new(crate::perpetual::Member::new(ctx)),
     },
     #[cfg(test)]
     RoleEntry {

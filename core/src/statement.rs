@@ -113,10 +113,13 @@ impl Signed<'_> {
 }
 
 impl Ctx {
-    /// `id`'s key for `statement`: `None` unless `id` is a node of the role that signs it.
+    /// `id`'s key for `statement`: `None` unless `id` is a node of the role that signs it
+    /// and one of the replicas this node orders with (in a Perpetual cluster, a member of
+    /// its own group: another group's members sign their own group's checkpoints and view
+    /// changes, which prove nothing here).
     pub fn signer_key(&self, statement: Statement, id: NodeId) -> Option<BlsPublicKey> {
         let node = self.cfg.cluster.node(id)?;
-        (node.role == statement.signer(self.cfg.cluster.protocol)).then_some(node.bls_public_key)
+        (node.role == statement.signer(self.cfg.cluster.protocol) && self.is_replica(id)).then_some(node.bls_public_key)
     }
 
     /// This node signs `s` (only a node of its signer role ever calls this).
@@ -168,6 +171,23 @@ mod tests {
             // Another statement's bytes do not verify.
             let other = Signed { view: 4, ..s };
             assert!(!ctx.verify_statement(other, 1, &by_replica.0));
+        }
+    }
+
+    #[test]
+    fn another_groups_members_do_not_sign_for_this_group() {
+        let spec =
+            crate::config::PerpetualSpec { crypto: CryptoMode::Real, ..crate::config::PerpetualSpec::pair(4, 4) };
+        let cfgs = crate::config::generate_perpetual(&spec, [9; 32]).unwrap();
+        let mut node = Node::new(cfgs[0].clone()).unwrap();
+        let ctx = node.ctx_mut();
+        for statement in [Statement::Checkpoint, Statement::ViewChange] {
+            let s = Signed { statement, view: 3, seq: 8, digest: &[7; 32] };
+            let (mine, theirs) = (cfgs[1].bls_secret.sign(&s.message()), cfgs[5].bls_secret.sign(&s.message()));
+            assert!(ctx.verify_statement(s, 1, &mine.0));
+            // Node 5 is a member too, of the other group: its valid signature counts for nothing.
+            assert!(!ctx.verify_statement(s, 5, &theirs.0));
+            assert_eq!(ctx.signer_key(statement, 5), None);
         }
     }
 }

@@ -213,6 +213,7 @@ impl ClusterToml {
                 &self.publisher[..],
                 [("replica", self.replica.len()), ("client", self.client.len())],
             ),
+            Protocol::Perpetual => return Err(("protocol".into(), PERPETUAL_NOT_SERVED.into())),
         };
         if let Some((table, _)) = foreign.iter().find(|(_, count)| *count > 0) {
             let names: Vec<&str> = protocol.roles().map(Role::name).collect();
@@ -230,6 +231,9 @@ impl ClusterToml {
         if protocol == Protocol::Distill { &self.broker } else { &[] }
     }
 }
+
+/// phalanxd has no executor host for Perpetual's groups yet: such a file is refused.
+pub const PERPETUAL_NOT_SERVED: &str = "protocol perpetual is not served by phalanxd yet";
 
 fn default_crypto() -> String {
     "real".into()
@@ -279,8 +283,12 @@ impl ClusterFile {
         let raw: ClusterToml = parse_toml(path, &read(path)?)?;
         let base = path.parent().unwrap_or(Path::new("."));
         let bad = |field: &str, problem: String| ConfigError::new(path, Some(field), problem);
-        let protocol = Protocol::from_name(&raw.protocol)
-            .ok_or_else(|| bad("protocol", format!("{:?} is not one of \"pbft\", \"pubsub\"", raw.protocol)))?;
+        let protocol = Protocol::from_name(&raw.protocol).ok_or_else(|| {
+            bad("protocol", format!("{:?} is not one of \"pbft\", \"pubsub\", \"distill\"", raw.protocol))
+        })?;
+        if protocol == Protocol::Perpetual {
+            return Err(bad("protocol", PERPETUAL_NOT_SERVED.into()));
+        }
         let crypto = CryptoMode::from_name(&raw.crypto)
             .ok_or_else(|| bad("crypto", format!("{:?} is not one of \"real\", \"insecure-test\"", raw.crypto)))?;
         let mut params = Params::default();
@@ -421,7 +429,14 @@ impl ClusterFile {
                 NodeInfo { id, role: self.role_of(id).expect("listed"), bls_public_key, bls_pop, topics }
             })
             .collect();
-        ClusterConfig { f: self.f, nodes, params: self.params.clone(), crypto: self.crypto, protocol: self.protocol }
+        ClusterConfig {
+            f: self.f,
+            nodes,
+            params: self.params.clone(),
+            crypto: self.crypto,
+            protocol: self.protocol,
+            groups: vec![],
+        }
     }
 
     pub fn key_file(&self, id: NodeId) -> PathBuf {
@@ -593,6 +608,9 @@ pub fn keygen(opts: &KeygenOptions) -> Result<PathBuf, ConfigError> {
     if cluster_path.exists() && !opts.force {
         return Err(ConfigError::new(&cluster_path, None, "already exists (pass --force to overwrite)"));
     }
+    if opts.protocol == Protocol::Perpetual {
+        return Err(ConfigError::new(&cluster_path, Some("protocol"), PERPETUAL_NOT_SERVED));
+    }
     let replicas = opts.replicas.unwrap_or(3 * opts.f + 1);
     let mut seed = [0u8; 32];
     getrandom::fill(&mut seed).map_err(|e| ConfigError::new(&cluster_path, None, format!("no randomness: {e}")))?;
@@ -674,6 +692,7 @@ pub fn keygen(opts: &KeygenOptions) -> Result<PathBuf, ConfigError> {
         Protocol::Pbft => (toml.replica, toml.client) = (members.collect(), clients.collect()),
         Protocol::Distill => toml.replica = members.collect(),
         Protocol::PubSub => (toml.broker, toml.publisher) = (members.collect(), clients.collect()),
+        Protocol::Perpetual => {} // refused above
     }
     let text = format!(
         "# Phalanx cluster configuration, written by `phalanxd keygen`.\n{}",
@@ -817,6 +836,10 @@ pub(crate) mod tests {
         };
         check(good.replace("127.0.0.1:7101", "nowhere"), &["replica[1].address", "not a socket address"]);
         check(good.replace("protocol = \"pbft\"", "protocol = \"raft\""), &["protocol", "raft"]);
+        check(
+            good.replace("protocol = \"pbft\"", "protocol = \"perpetual\""),
+            &["`protocol`", "protocol perpetual is not served by phalanxd yet"],
+        );
         check(good.replace("f = 1", "f = 2"), &["n >= 3f+1"]);
         check(good.replace("batch_max_count = 64", "batch_size = 64"), &["params.batch_size", "unknown parameter"]);
         check(

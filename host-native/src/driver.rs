@@ -356,6 +356,8 @@ impl Driver {
             }
             // A distillation server's batch: counted, and kept for followers.
             Output::Delivered(batch) => self.metrics.deliveries.delivered(batch),
+            // Perpetual members are refused when the cluster file is read.
+            Output::Event(_) => unreachable!("phalanxd serves no perpetual member"),
             // The host loop does these itself.
             Output::Persist { .. }
             | Output::Compact { .. }

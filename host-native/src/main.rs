@@ -410,6 +410,7 @@ fn run_cmd(a: RunArgs) -> Result<(), Failure> {
             Protocol::Pbft => "pbft (key-value store)",
             Protocol::PubSub => "pubsub",
             Protocol::Distill => "distill (server)",
+            Protocol::Perpetual => "perpetual", // refused when the file is read
         },
         node.listen,
         node.metrics_addr

@@ -40,7 +40,9 @@ fn cluster(protocol: Protocol, crypto: CryptoMode, params: Params) -> Vec<NodeCo
     let shape = match protocol {
         Protocol::Pbft => ClusterSpec::pbft(1, 1),
         Protocol::PubSub => ClusterSpec::new(1),
-        Protocol::Distill => unimplemented!("the engines run distillation's reference traces instead"),
+        Protocol::Distill | Protocol::Perpetual => {
+            unimplemented!("the engines run distillation's and Perpetual's reference traces instead")
+        }
     };
     generate_cluster(&ClusterSpec { crypto, params, ..shape }, [9; 32]).unwrap()
 }

@@ -80,7 +80,11 @@ impl Bench {
                     self.input(at, Input::Executed { seq, results, snapshot });
                 }
                 Output::Completed { .. } => self.completed.push(at),
-                Output::Restore { .. } | Output::Compact { .. } | Output::Query { .. } | Output::Delivered(_) => {}
+                Output::Restore { .. }
+                | Output::Compact { .. }
+                | Output::Query { .. }
+                | Output::Delivered(_)
+                | Output::Event(_) => {}
             }
         }
     }

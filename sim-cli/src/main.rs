@@ -12,6 +12,7 @@ use clap::{Parser, Subcommand};
 use phalanx_core::crypto::CryptoMode;
 use phalanx_core::sim::distill_scenario::Scenario as DistillScenario;
 use phalanx_core::sim::order_scenario;
+use phalanx_core::sim::perpetual::Scenario as PerpetualScenario;
 use phalanx_core::sim::scenario::{Protocol, reference_traces, sweep};
 use phalanx_core::trace::{Trace, dump, replay};
 
@@ -32,10 +33,11 @@ enum Command {
     },
     /// Runs adversarial scenarios over a range of seeds and checks every property.
     Seeds {
-        /// ab, bracha, chain, pubsub, pbft, distill or all.
+        /// ab, bracha, chain, pubsub, pbft, distill, perpetual or all.
         #[arg(long, default_value = "all")]
         protocol: String,
-        /// Faults tolerated: 1 (n=4) or 2 (n=7); 0 runs both.
+        /// Faults tolerated: 1 (n=4) or 2 (n=7); 0 runs both. Perpetual: both groups of
+        /// n = 3f+1; 0 runs the nine pairs of group sizes among 1, 4 and 7.
         #[arg(long, default_value_t = 0)]
         f: u32,
         #[arg(long, default_value_t = 0)]
@@ -110,18 +112,23 @@ fn main() -> ExitCode {
 }
 
 fn seeds(protocol: &str, f: u32, from: u64, count: u64, real_every: u64) -> ExitCode {
-    let (protocols, pbft, distill): (Vec<Protocol>, bool, bool) = match (protocol, Protocol::from_name(protocol)) {
-        ("all", _) => (Protocol::ALL.to_vec(), true, true),
-        ("pbft", _) => (vec![], true, false),
-        ("distill", _) => (vec![], false, true),
-        (_, Some(p)) => (vec![p], false, false),
-        _ => {
-            eprintln!("unknown protocol {protocol:?}: use ab, bracha, chain, pubsub, pbft, distill or all");
-            return ExitCode::from(2);
-        }
-    };
+    let (protocols, pbft, distill, perpetual): (Vec<Protocol>, bool, bool, bool) =
+        match (protocol, Protocol::from_name(protocol)) {
+            ("all", _) => (Protocol::ALL.to_vec(), true, true, true),
+            ("pbft", _) => (vec![], true, false, false),
+            ("distill", _) => (vec![], false, true, false),
+            ("perpetual", _) => (vec![], false, false, true),
+            (_, Some(p)) => (vec![p], false, false, false),
+            _ => {
+                eprintln!(
+                    "unknown protocol {protocol:?}: use ab, bracha, chain, pubsub, pbft, distill, perpetual or all"
+                );
+                return ExitCode::from(2);
+            }
+        };
     let fs = if f == 0 { vec![1, 2] } else { vec![f] };
     let mut failed = 0;
+    let mut total = 0;
     for &f in &fs {
         for &p in &protocols {
             let result = sweep(p, f, from..from + count, real_every);
@@ -138,10 +145,41 @@ fn seeds(protocol: &str, f: u32, from: u64, count: u64, real_every: u64) -> Exit
             failed += report(&failures);
             println!("distill f={f}: {count} seeds from {from}, {messages} delivered messages checked");
         }
+        total += (protocols.len() + pbft as usize + distill as usize) as u64 * count;
     }
-    let total = (protocols.len() + pbft as usize + distill as usize) as u64 * fs.len() as u64 * count;
+    if perpetual {
+        let sizes = if f == 0 { vec![1, 4, 7] } else { vec![3 * f + 1] };
+        for &n_c in &sizes {
+            for &n_t in &sizes {
+                let (failures, calls) = perpetual_sweep(n_c, n_t, from..from + count, real_every);
+                failed += report(&failures);
+                println!("perpetual n_c={n_c} n_t={n_t}: {count} seeds from {from}, {calls} completed calls checked");
+                total += count;
+            }
+        }
+    }
     println!("{} passed, {failed} failed", total - failed);
     if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+}
+
+/// Perpetual's adversarial scenarios for a caller group of `n_c` and a target group of
+/// `n_t` members, checked for fault isolation: the failures, and how many calls the
+/// caller executors completed.
+fn perpetual_sweep(n_c: u32, n_t: u32, seeds: std::ops::Range<u64>, real_every: u64) -> (Vec<String>, u64) {
+    let (mut failures, mut calls) = (vec![], 0);
+    for seed in seeds {
+        let crypto = if seed % real_every.max(1) == 0 { CryptoMode::Real } else { CryptoMode::InsecureTest };
+        let s = PerpetualScenario { crypto, ..PerpetualScenario::adversarial(n_c, n_t, seed) };
+        let out = s.run();
+        calls += out.executors.values().map(|e| e.completed).sum::<u64>();
+        if !out.violations.is_empty() {
+            failures.push(format!(
+                "FAILED {s}\n  rerun: PHALANX_DEBUG=\"{n_c} {n_t} {seed}\" cargo test -p phalanx-tests --test perpetual debug_seed -- --ignored --nocapture\n  {}",
+                out.violations.join("\n  ")
+            ));
+        }
+    }
+    (failures, calls)
 }
 
 /// Distillation's random scenarios checked against spec §6: the failures, and how many

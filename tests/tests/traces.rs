@@ -29,6 +29,20 @@ fn every_checked_in_trace_replays_byte_for_byte() {
     }
 }
 
+/// Perpetual's two members (a caller's and a target's) replay with their executors'
+/// events among the outputs.
+#[test]
+fn perpetual_members_replay_with_their_events() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("traces");
+    for name in ["perpetual-n4f1-caller-member", "perpetual-n4f1-target-member"] {
+        let file = dir.join(format!("{name}.trace"));
+        let bytes = std::fs::read(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        let trace = Trace::parse(&bytes).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let summary = replay(&trace).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(summary.deliveries > 0 && summary.sends > 0, "{name}: {summary}");
+    }
+}
+
 #[test]
 fn the_same_seed_records_identical_traces() {
     let first = reference_traces();

@@ -47,6 +47,7 @@ const FAULT_KINDS = Object.freeze(native.faultKinds());
  * its Rust definitions (native/index.d.ts).
  * @typedef {import('../native/index').Input} Input
  * @typedef {import('../native/index').Output} Output
+ * @typedef {import('../native/index').Event} Event
  * @typedef {import('../native/index').Operation} Operation
  * @typedef {import('../native/index').Algorithm} Algorithm
  * @typedef {import('../native/index').TimedInput} TimedInput

@@ -229,6 +229,33 @@ pub enum Input {
         #[napi(ts_type = "Uint8Array")]
         result: Bytes,
     },
+    /// Perpetual member: its executor calls group `target` with `op` (the call's id is
+    /// `nextRequest()` before it; its outcome a `reply` or `aborted` event).
+    Call {
+        target: u32,
+        #[napi(ts_type = "Uint8Array")]
+        op: Bytes,
+    },
+    /// Perpetual member: its executor's `result` for call `call` of group `caller`.
+    Respond {
+        caller: u32,
+        #[napi(ts_type = "bigint")]
+        call: U64,
+        #[napi(ts_type = "Uint8Array")]
+        result: Bytes,
+    },
+    /// Perpetual member: its executor asks its group to abort its call `call`.
+    Abort {
+        #[napi(ts_type = "bigint")]
+        call: U64,
+    },
+    /// Perpetual member: its executor's `state` for the `checkpoint` event `seq`.
+    Snapshot {
+        #[napi(ts_type = "bigint")]
+        seq: U64,
+        #[napi(ts_type = "Uint8Array")]
+        state: Bytes,
+    },
 }
 
 /// An output drained from `Node.poll`, discriminated by `type`.
@@ -311,6 +338,73 @@ pub enum Output {
         #[napi(ts_type = "Buffer[]")]
         msgs: Vec<Bytes>,
     },
+    /// Perpetual member: the next agreed input of its executor.
+    Event { event: Event },
+}
+
+/// Perpetual member: an agreed input of its executor, in its group's agreed order,
+/// discriminated by `type`.
+#[napi(discriminant = "type", discriminant_case = "lowercase", object_to_js = false, object_from_js = false)]
+#[derive(Debug, PartialEq, Eq)]
+pub enum Event {
+    /// Group `caller` called this group: execute `op`, then feed `respond`.
+    Request {
+        caller: u32,
+        #[napi(ts_type = "bigint")]
+        call: U64,
+        #[napi(ts_type = "Buffer")]
+        op: Bytes,
+    },
+    /// The executor's own call `call` returned `result`.
+    Reply {
+        #[napi(ts_type = "bigint")]
+        call: U64,
+        #[napi(ts_type = "Buffer")]
+        result: Bytes,
+    },
+    /// The executor's own call `call` was aborted.
+    Aborted {
+        #[napi(ts_type = "bigint")]
+        call: U64,
+    },
+    /// Feed `snapshot` with the state after every earlier event.
+    Checkpoint {
+        #[napi(ts_type = "bigint")]
+        seq: U64,
+    },
+    /// Replace the state with `state`, taken at checkpoint `seq`.
+    Restore {
+        #[napi(ts_type = "bigint")]
+        seq: U64,
+        #[napi(ts_type = "Buffer")]
+        state: Bytes,
+    },
+}
+
+impl From<core::Event> for Event {
+    fn from(e: core::Event) -> Self {
+        use core::Event as E;
+        match e {
+            E::Request { caller, call, op } => Event::Request { caller, call: U64(call), op: Bytes(op) },
+            E::Reply { call, result } => Event::Reply { call: U64(call), result: Bytes(result) },
+            E::Aborted { call } => Event::Aborted { call: U64(call) },
+            E::Checkpoint { seq } => Event::Checkpoint { seq: U64(seq) },
+            E::Restore { seq, state } => Event::Restore { seq: U64(seq), state: Bytes(state) },
+        }
+    }
+}
+
+impl From<Event> for core::Event {
+    fn from(e: Event) -> Self {
+        use core::Event as E;
+        match e {
+            Event::Request { caller, call, op } => E::Request { caller, call: call.0, op: op.0 },
+            Event::Reply { call, result } => E::Reply { call: call.0, result: result.0 },
+            Event::Aborted { call } => E::Aborted { call: call.0 },
+            Event::Checkpoint { seq } => E::Checkpoint { seq: seq.0 },
+            Event::Restore { seq, state } => E::Restore { seq: seq.0, state: state.0 },
+        }
+    }
 }
 
 fn bytes_all(v: Vec<Vec<u8>>) -> Vec<Bytes> {
@@ -353,6 +447,12 @@ impl From<core::Input> for Input {
             I::Answered { client, request, result } => {
                 Input::Answered { client, request: U64(request), result: Bytes(result) }
             }
+            I::Request(R::Call { target, op }) => Input::Call { target, op: Bytes(op) },
+            I::Request(R::Respond { caller, call, result }) => {
+                Input::Respond { caller, call: U64(call), result: Bytes(result) }
+            }
+            I::Request(R::Abort { call }) => Input::Abort { call: U64(call) },
+            I::Request(R::Snapshot { seq, state }) => Input::Snapshot { seq: U64(seq), state: Bytes(state) },
         }
     }
 }
@@ -377,6 +477,12 @@ impl From<Input> for core::Input {
             }
             Input::Recover { record } => I::Recover { record: record.0 },
             Input::Answered { client, request, result } => I::Answered { client, request: request.0, result: result.0 },
+            Input::Call { target, op } => I::Request(R::Call { target, op: op.0 }),
+            Input::Respond { caller, call, result } => {
+                I::Request(R::Respond { caller, call: call.0, result: result.0 })
+            }
+            Input::Abort { call } => I::Request(R::Abort { call: call.0 }),
+            Input::Snapshot { seq, state } => I::Request(R::Snapshot { seq: seq.0, state: state.0 }),
         }
     }
 }
@@ -412,6 +518,7 @@ impl From<core::Output> for Output {
                     msgs,
                 }
             }
+            O::Event(e) => Output::Event { event: e.into() },
         }
     }
 }
@@ -454,6 +561,7 @@ impl TryFrom<Output> for core::Output {
                     msgs: core::distill::Messages::collect(msgs.iter().map(|m| m.0.as_slice())),
                 })
             }
+            Output::Event { event } => O::Event(event.into()),
         })
     }
 }
@@ -515,6 +623,11 @@ names!(
     ids = "ids",
     seqs = "seqs",
     msgs = "msgs",
+    target = "target",
+    caller = "caller",
+    call = "call",
+    state = "state",
+    event = "event",
     // Kinds.
     message = "message",
     publish = "publish",
@@ -536,6 +649,11 @@ names!(
     restore = "restore",
     compact = "compact",
     delivered = "delivered",
+    respond = "respond",
+    abort = "abort",
+    reply = "reply",
+    aborted = "aborted",
+    checkpoint = "checkpoint",
     ab = "ab",
     bracha = "bracha",
     chain = "chain",
@@ -796,6 +914,16 @@ impl FromNapiValue for Input {
                     request: get(env, v, Name::request, what)?,
                     result: get(env, v, Name::result, what)?,
                 },
+                "call" => Input::Call { target: get(env, v, Name::target, what)?, op: get(env, v, Name::op, what)? },
+                "respond" => Input::Respond {
+                    caller: get(env, v, Name::caller, what)?,
+                    call: get(env, v, Name::call, what)?,
+                    result: get(env, v, Name::result, what)?,
+                },
+                "abort" => Input::Abort { call: get(env, v, Name::call, what)? },
+                "snapshot" => {
+                    Input::Snapshot { seq: get(env, v, Name::seq, what)?, state: get(env, v, Name::state, what)? }
+                }
                 other => return Err(Error::new(Status::InvalidArg, format!("unknown input type {other:?}"))),
             })
         }
@@ -843,6 +971,22 @@ impl ToNapiValue for Input {
                         (Name::result, js(env, result)?),
                     ],
                 ),
+                Input::Call { target, op } => {
+                    object(env, &[t(Name::call)?, (Name::target, js(env, target)?), (Name::op, js(env, op)?)])
+                }
+                Input::Respond { caller, call, result } => object(
+                    env,
+                    &[
+                        t(Name::respond)?,
+                        (Name::caller, js(env, caller)?),
+                        (Name::call, js(env, call)?),
+                        (Name::result, js(env, result)?),
+                    ],
+                ),
+                Input::Abort { call } => object(env, &[t(Name::abort)?, (Name::call, js(env, call)?)]),
+                Input::Snapshot { seq, state } => {
+                    object(env, &[t(Name::snapshot)?, (Name::seq, js(env, seq)?), (Name::state, js(env, state)?)])
+                }
             }
         }
     }
@@ -892,6 +1036,7 @@ impl FromNapiValue for Output {
                     seqs: get(env, v, Name::seqs, what)?,
                     msgs: get(env, v, Name::msgs, what)?,
                 },
+                "event" => Output::Event { event: get(env, v, Name::event, what)? },
                 other => return Err(Error::new(Status::InvalidArg, format!("unknown output type {other:?}"))),
             })
         }
@@ -960,6 +1105,60 @@ impl ToNapiValue for Output {
                         (Name::msgs, js(env, msgs)?),
                     ],
                 ),
+                Output::Event { event } => object(env, &[t(Name::event)?, (Name::event, js(env, event)?)]),
+            }
+        }
+    }
+}
+
+impl ValidateNapiValue for Event {}
+
+impl FromNapiValue for Event {
+    unsafe fn from_napi_value(env: sys::napi_env, v: sys::napi_value) -> Result<Self> {
+        let what = "event";
+        unsafe {
+            Ok(match kind_of(env, v, what)?.as_str() {
+                "request" => Event::Request {
+                    caller: get(env, v, Name::caller, what)?,
+                    call: get(env, v, Name::call, what)?,
+                    op: get(env, v, Name::op, what)?,
+                },
+                "reply" => {
+                    Event::Reply { call: get(env, v, Name::call, what)?, result: get(env, v, Name::result, what)? }
+                }
+                "aborted" => Event::Aborted { call: get(env, v, Name::call, what)? },
+                "checkpoint" => Event::Checkpoint { seq: get(env, v, Name::seq, what)? },
+                "restore" => {
+                    Event::Restore { seq: get(env, v, Name::seq, what)?, state: get(env, v, Name::state, what)? }
+                }
+                other => return Err(Error::new(Status::InvalidArg, format!("unknown event type {other:?}"))),
+            })
+        }
+    }
+}
+
+impl ToNapiValue for Event {
+    unsafe fn to_napi_value(env: sys::napi_env, event: Self) -> Result<sys::napi_value> {
+        unsafe {
+            let t = |n| Ok::<_, Error>((Name::type_, name(env, n)?));
+            match event {
+                Event::Request { caller, call, op } => object(
+                    env,
+                    &[
+                        t(Name::request)?,
+                        (Name::caller, js(env, caller)?),
+                        (Name::call, js(env, call)?),
+                        (Name::op, js(env, op)?),
+                    ],
+                ),
+                Event::Reply { call, result } => {
+                    object(env, &[t(Name::reply)?, (Name::call, js(env, call)?), (Name::result, js(env, result)?)])
+                }
+                Event::Aborted { call } => object(env, &[t(Name::aborted)?, (Name::call, js(env, call)?)]),
+                Event::Checkpoint { seq } => object(env, &[t(Name::checkpoint)?, (Name::seq, js(env, seq)?)]),
+                Event::Restore { seq, state } => {
+                    object(env, &[t(Name::restore)?, (Name::seq, js(env, seq)?), (Name::state, js(env, state)?)])
+                }
             }
         }
     }

@@ -21,10 +21,34 @@ function describe(o: Output): string {
       return `completed ${o.request}: ${o.result.toString()}`;
     case 'fault':
       return `fault ${o.node} ${o.kind}`;
+    case 'event':
+      return describeEvent(o.event);
     default:
       return o.type;
   }
 }
+// Perpetual: a member's executor sees agreed events and answers with inputs.
+function describeEvent(e: phalanx.Event): string {
+  switch (e.type) {
+    case 'request':
+      return `group ${e.caller} call ${e.call}: ${e.op.length} bytes`;
+    case 'reply':
+      return `call ${e.call + 0n} returned ${e.result.toString('hex')}`;
+    case 'aborted':
+      return `call ${e.call} aborted`;
+    case 'checkpoint':
+      return `checkpoint ${e.seq}`;
+    case 'restore':
+      return `restore ${e.seq}: ${e.state.length} bytes`;
+  }
+}
+const perpetual: Input[] = [
+  { type: 'call', target: 1, op: new Uint8Array([1]) },
+  { type: 'respond', caller: 0, call: 1n, result: new Uint8Array() },
+  { type: 'abort', call: 1n },
+  { type: 'snapshot', seq: 4n, state: new Uint8Array() },
+];
+void perpetual;
 for (const o of node) describe(o);
 const deadline: bigint | null = node.pollTimeout();
 const refusals: phalanx.Refusal[] = [];

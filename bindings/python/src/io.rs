@@ -3,7 +3,8 @@
 //! host loop, traces) goes through these.
 
 use phalanx_core::{
-    Algorithm, Delivery, Input as CoreInput, Operation as CoreOperation, Output as CoreOutput, Request,
+    Algorithm, Delivery, Event as CoreEvent, Input as CoreInput, Operation as CoreOperation, Output as CoreOutput,
+    Request,
 };
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -44,8 +45,9 @@ impl Operation {
 /// `Input.Publish(topic, payload, algorithm)`, `Input.Subscribe(topics)`,
 /// `Input.Submit(op)`, `Input.Read(op)`, `Input.Timeout()`, `Input.Persisted(token)`,
 /// `Input.Executed(seq, results, snapshot)`, `Input.Recover(record)`,
-/// `Input.Answered(client, request, result)` (also exported at the top of the `phalanx`
-/// package under the same names).
+/// `Input.Answered(client, request, result)`, `Input.Call(target, op)`,
+/// `Input.Respond(caller, call, result)`, `Input.Abort(call)`, `Input.Snapshot(seq, state)`
+/// (also exported at the top of the `phalanx` package under the same names).
 #[pyclass(module = "phalanx._native", eq)]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Input {
@@ -72,6 +74,18 @@ pub enum Input {
     Recover { record: Buf },
     /// PBFT replica: the result of the read-only op of `Output.Query(client, request, op)`.
     Answered { client: u32, request: u64, result: Buf },
+    /// Perpetual member: its executor calls group `target` with `op`; the call's id is
+    /// `Node.next_request()` before it, its outcome an `Event.Reply` or `Event.Aborted`.
+    Call { target: u32, op: Buf },
+    /// Perpetual member: its executor's `result` for call `call` of group `caller` (an
+    /// `Event.Request`).
+    Respond { caller: u32, call: u64, result: Buf },
+    /// Perpetual member: its executor asks its group to abort its call `call`; the
+    /// outcome is agreed, and may still be a reply.
+    Abort { call: u64 },
+    /// Perpetual member: its executor's `state` after every event before
+    /// `Event.Checkpoint(seq)`.
+    Snapshot { seq: u64, state: Buf },
 }
 
 #[pymethods]
@@ -96,6 +110,12 @@ impl Input {
             Input::Answered { client, request, result } => {
                 format!("Answered(client={client}, request={request}, result={})", show(&result.0))
             }
+            Input::Call { target, op } => format!("Call(target={target}, op={})", show(&op.0)),
+            Input::Respond { caller, call, result } => {
+                format!("Respond(caller={caller}, call={call}, result={})", show(&result.0))
+            }
+            Input::Abort { call } => format!("Abort(call={call})"),
+            Input::Snapshot { seq, state } => format!("Snapshot(seq={seq}, state={})", show(&state.0)),
         }
     }
 }
@@ -123,6 +143,14 @@ impl Input {
             Input::Answered { client, request, result } => {
                 CoreInput::Answered { client: *client, request: *request, result: result.0.clone() }
             }
+            Input::Call { target, op } => CoreInput::Request(Request::Call { target: *target, op: op.0.clone() }),
+            Input::Respond { caller, call, result } => {
+                CoreInput::Request(Request::Respond { caller: *caller, call: *call, result: result.0.clone() })
+            }
+            Input::Abort { call } => CoreInput::Request(Request::Abort { call: *call }),
+            Input::Snapshot { seq, state } => {
+                CoreInput::Request(Request::Snapshot { seq: *seq, state: state.0.clone() })
+            }
         })
     }
 
@@ -142,6 +170,12 @@ impl Input {
             }
             CoreInput::Recover { record } => Input::Recover { record: Buf(record) },
             CoreInput::Answered { client, request, result } => Input::Answered { client, request, result: Buf(result) },
+            CoreInput::Request(Request::Call { target, op }) => Input::Call { target, op: Buf(op) },
+            CoreInput::Request(Request::Respond { caller, call, result }) => {
+                Input::Respond { caller, call, result: Buf(result) }
+            }
+            CoreInput::Request(Request::Abort { call }) => Input::Abort { call },
+            CoreInput::Request(Request::Snapshot { seq, state }) => Input::Snapshot { seq, state: Buf(state) },
         }
     }
 }
@@ -151,8 +185,8 @@ impl Input {
 /// `Output.Persist(token, record)`, `Output.Fault(node, kind)`, `Output.Execute(seq, ops)`,
 /// `Output.Completed(request, result)`, `Output.Query(client, request, op)`,
 /// `Output.Restore(seq, snapshot)`, `Output.Compact(token)`,
-/// `Output.Delivered(height, ids, seqs, msgs)`. Outputs compare equal when
-/// every field is equal.
+/// `Output.Delivered(height, ids, seqs, msgs)`, `Output.Event(event)`. Outputs compare
+/// equal when every field is equal.
 #[pyclass(module = "phalanx._native", eq)]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Output {
@@ -181,6 +215,51 @@ pub enum Output {
     Compact { token: u64 },
     /// Distillation server: the batch delivered at `height`, its entries in id order.
     Delivered { height: u64, ids: Vec<u64>, seqs: Vec<u64>, msgs: Vec<Buf> },
+    /// Perpetual member: the next agreed input of its executor (an `Event`).
+    Event { event: Event },
+}
+
+/// Perpetual member: an agreed input of its executor, in the order its group agreed.
+/// Variants: `Event.Request(caller, call, op)`, `Event.Reply(call, result)`,
+/// `Event.Aborted(call)`, `Event.Checkpoint(seq)`, `Event.Restore(seq, state)`.
+#[pyclass(module = "phalanx._native", eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// Group `caller` called this group: execute `op`, then `Input.Respond`.
+    Request { caller: u32, call: u64, op: Buf },
+    /// The executor's own call `call` returned `result`.
+    Reply { call: u64, result: Buf },
+    /// The executor's own call `call` was aborted.
+    Aborted { call: u64 },
+    /// Answer with `Input.Snapshot(seq, state)`: the state after every earlier event.
+    Checkpoint { seq: u64 },
+    /// Replace the state with `state`, taken at checkpoint `seq`.
+    Restore { seq: u64, state: Buf },
+}
+
+#[pymethods]
+impl Event {
+    fn __repr__(&self) -> String {
+        match self {
+            Event::Request { caller, call, op } => format!("Request(caller={caller}, call={call}, op={})", show(&op.0)),
+            Event::Reply { call, result } => format!("Reply(call={call}, result={})", show(&result.0)),
+            Event::Aborted { call } => format!("Aborted(call={call})"),
+            Event::Checkpoint { seq } => format!("Checkpoint(seq={seq})"),
+            Event::Restore { seq, state } => format!("Restore(seq={seq}, state={})", show(&state.0)),
+        }
+    }
+}
+
+impl Event {
+    pub fn from_core(e: CoreEvent) -> Self {
+        match e {
+            CoreEvent::Request { caller, call, op } => Event::Request { caller, call, op: Buf(op) },
+            CoreEvent::Reply { call, result } => Event::Reply { call, result: Buf(result) },
+            CoreEvent::Aborted { call } => Event::Aborted { call },
+            CoreEvent::Checkpoint { seq } => Event::Checkpoint { seq },
+            CoreEvent::Restore { seq, state } => Event::Restore { seq, state: Buf(state) },
+        }
+    }
 }
 
 #[pymethods]
@@ -209,6 +288,7 @@ impl Output {
             Output::Restore { seq, snapshot } => format!("Restore(seq={seq}, snapshot={})", show(&snapshot.0)),
             Output::Compact { token } => format!("Compact(token={token})"),
             Output::Delivered { height, ids, .. } => format!("Delivered(height={height}, entries={})", ids.len()),
+            Output::Event { event } => format!("Event({})", event.__repr__()),
         }
     }
 }
@@ -245,6 +325,7 @@ impl Output {
                 let (ids, msgs) = batch.entries().map(|(id, _, msg)| (id, Buf(msg.to_vec()))).unzip();
                 Output::Delivered { height: batch.height, ids, seqs: batch.seqs, msgs }
             }
+            CoreOutput::Event(e) => Output::Event { event: Event::from_core(e) },
         }
     }
 }

@@ -27,6 +27,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<io::Operation>()?;
     m.add_class::<io::Input>()?;
     m.add_class::<io::Output>()?;
+    m.add_class::<io::Event>()?;
     m.add_class::<node::Node>()?;
     m.add_class::<host::HostLoop>()?;
     m.add_class::<config::ClusterFile>()?;

@@ -35,8 +35,11 @@ pub fn generate_cluster(
     let mut spec = match protocol {
         Protocol::Pbft => ClusterSpec::pbft(f, 1),
         Protocol::PubSub => ClusterSpec::new(f),
-        Protocol::Distill => {
-            return Err(PhalanxError::config("generateCluster makes pub/sub and PBFT clusters, not distillation deployments"));
+        Protocol::Distill | Protocol::Perpetual => {
+            return Err(PhalanxError::config(format!(
+                "generateCluster makes pub/sub and PBFT clusters, not {} deployments",
+                protocol.name()
+            )));
         }
     };
     spec.crypto = crypto.unwrap_or(CryptoMode::InsecureTest);

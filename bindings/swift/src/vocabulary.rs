@@ -7,7 +7,9 @@
 
 use phalanx_core::crypto::CryptoMode;
 use phalanx_core::distill::{DeliveredBatch, Messages, PackedIds};
-use phalanx_core::{Algorithm, Delivery, FaultKind, Input, Operation, Output, Protocol, Request, Role, Stats, Status};
+use phalanx_core::{
+    Algorithm, Delivery, Event, FaultKind, Input, Operation, Output, Protocol, Request, Role, Stats, Status,
+};
 
 /// Which broadcast carries a publication.
 #[uniffi::remote(Enum)]
@@ -29,6 +31,8 @@ pub enum Protocol {
     Pbft = 1,
     /// Distillation (Chop Chop): servers ordering through PBFT, brokers, clients.
     Distill = 2,
+    /// Perpetual: replica groups, each ordering with PBFT, calling each other.
+    Perpetual = 3,
 }
 
 /// A node's role, as its protocol family names it.
@@ -42,6 +46,8 @@ pub enum Role {
     Server = 6,
     DistillBroker = 7,
     DistillClient = 8,
+    /// Perpetual: a member of a replica group, whose application is its executor.
+    Member = 9,
 }
 
 /// Real crypto (BLAKE3 MACs, BLS12-381), or forgeable checksums for tests and benchmarks.
@@ -78,6 +84,30 @@ pub enum Request {
     /// PBFT client: evaluate the read-only `op` at the replicas without ordering it
     /// (ordered like a submit if they do not agree in time).
     Read { op: Vec<u8> },
+    /// Perpetual member: its executor calls group `target` with `op` (the call's id is
+    /// `nextRequest()` before it; its outcome an `Event.reply` or `Event.aborted`).
+    Call { target: u32, op: Vec<u8> },
+    /// Perpetual member: its executor's `result` for call `call` of group `caller`.
+    Respond { caller: u32, call: u64, result: Vec<u8> },
+    /// Perpetual member: its executor asks its group to abort its call `call`.
+    Abort { call: u64 },
+    /// Perpetual member: its executor's `state` for `Event.checkpoint(seq:)`.
+    Snapshot { seq: u64, state: Vec<u8> },
+}
+
+/// Perpetual member: an agreed input of its executor, in its group's agreed order.
+#[uniffi::remote(Enum)]
+pub enum Event {
+    /// Group `caller` called this group: execute `op`, then feed `Request.respond`.
+    Request { caller: u32, call: u64, op: Vec<u8> },
+    /// The executor's own call `call` returned `result`.
+    Reply { call: u64, result: Vec<u8> },
+    /// The executor's own call `call` was aborted.
+    Aborted { call: u64 },
+    /// Feed `Request.snapshot` with the state after every earlier event.
+    Checkpoint { seq: u64 },
+    /// Replace the state with `state`, taken at checkpoint `seq`.
+    Restore { seq: u64, state: Vec<u8> },
 }
 
 /// A client's operation, as PBFT ordered it (`OrderedOperation` in Swift).
@@ -185,6 +215,8 @@ pub enum Output {
     },
     /// Distillation server: a batch delivered at its height (`deliveredEntries` lists it).
     Delivered(DeliveredBatch),
+    /// Perpetual member: the next agreed input of its executor.
+    Event(Event),
 }
 
 /// The batch a distillation server delivered, in its compact form: ids bit-packed,

@@ -178,6 +178,9 @@ pub(crate) struct Replica {
     /// host's: `Execute` and `Restore` wait here for it instead of going out, and
     /// replicas may submit requests of their own (its ops), which get no replies.
     embedded: Option<VecDeque<Output>>,
+    /// Nodes outside this replica's group whose requests it orders (a Perpetual member's
+    /// callers): they get no PBFT replies, their application answers them its own way.
+    outside: BTreeSet<NodeId>,
 }
 
 /// A normal-case message that overtook the NEW-VIEW of its view.
@@ -246,7 +249,14 @@ impl Replica {
             early: BTreeMap::new(),
             view_changes: BTreeMap::new(),
             embedded: None,
+            outside: BTreeSet::new(),
         }
+    }
+
+    /// Also orders requests from `submitters`, nodes outside the group (a Perpetual
+    /// group's callers' members), authenticated like clients' and never replied to.
+    pub fn admit_outside_submitters(&mut self, submitters: impl IntoIterator<Item = NodeId>) {
+        self.outside.extend(submitters);
     }
 
     /// A replica whose application runs in the core: it takes `Execute` and `Restore`
@@ -271,7 +281,30 @@ impl Replica {
     /// Whether `id` may have requests ordered: a client, or with an application in the
     /// core, a replica (a distillation server orders the batch references it witnessed).
     fn submitter(&self, ctx: &Ctx, id: NodeId) -> bool {
-        ctx.role_of(id) == Some(Role::Client) || (self.embedded.is_some() && ctx.is_replica(id))
+        ctx.role_of(id) == Some(Role::Client)
+            || (self.embedded.is_some() && ctx.is_replica(id))
+            || self.outside.contains(&id)
+    }
+
+    /// The highest request number of this replica's own that its group executed (as far
+    /// as this replica knows).
+    pub fn own_executed(&self, ctx: &Ctx) -> u64 {
+        self.table.get(&ctx.me()).map_or(0, Executed::highest)
+    }
+
+    /// The view this replica is in (for a Perpetual member's hints to callers).
+    pub fn view(&self) -> u64 {
+        self.view
+    }
+
+    /// Whether this replica is the primary of its view.
+    pub fn primary_now(&self, ctx: &Ctx) -> bool {
+        self.is_primary(ctx)
+    }
+
+    /// Whether requests of `client` get PBFT replies: a client's do.
+    fn replies_to(&self, ctx: &Ctx, client: NodeId) -> bool {
+        ctx.role_of(client) == Some(Role::Client)
     }
 
     /// Requests of this replica's own, numbered from `first` (with an application in the
@@ -372,7 +405,7 @@ impl Replica {
             return ctx.fault(from, FaultKind::Oversized);
         }
         if let Some(executed) = self.table.get(&from) {
-            if let Some(results) = executed.results(bundle.first, count) {
+            if let Some(results) = executed.results(bundle.first, count).filter(|_| self.replies_to(ctx, from)) {
                 // A retransmission of executed requests: the cached reply, nothing re-executed.
                 let reply = pb::Reply { view: self.view, first: bundle.first, results: results.clone() };
                 return ctx.send(pb::body::Kind::Reply(reply), [from]);
@@ -694,7 +727,7 @@ impl Replica {
 
     /// A message for a later view, within n views and the watermark window.
     fn is_early(&self, ctx: &Ctx, view: u64, seq: u64) -> bool {
-        view > self.view && view <= self.view + self.replicas.len() as u64 && self.in_window(ctx, seq)
+        view > self.view && view <= self.view.saturating_add(self.replicas.len() as u64) && self.in_window(ctx, seq)
     }
 
     /// Bounded: per (view, sender), three messages per slot of the window.
@@ -874,8 +907,9 @@ impl Replica {
         for (client, first, count) in self.executing.remove(&seq).expect("checked") {
             let results: Vec<Vec<u8>> = results.by_ref().take(count as usize).collect();
             let reply = ReplyBody { reply: Some(HostReply { view: self.view, first, results }) };
-            // A replica's own requests need no reply: it learns their fate by executing.
-            if !ctx.is_replica(client) {
+            // A replica's own requests need no reply: it learns their fate by executing;
+            // nor do submitters from outside, whose application answers them.
+            if self.replies_to(ctx, client) {
                 ctx.send_encoded(&Bytes::from(reply.encode_to_vec()), [client]);
             }
             // The host's vectors become the cached results without a copy.
@@ -915,6 +949,14 @@ impl Replica {
         self.fetch_state(ctx);
         for body in self.own_votes(ctx, 0) {
             ctx.send_to_replicas(body, &[]);
+        }
+        // Where its own recovered votes are a quorum (a group of one, where no peer sends
+        // them again), its slots commit and execute again.
+        if ctx.quorums.intersecting() <= 2 {
+            let (now, slots) = (self.last_now, self.log.keys().copied().collect::<Vec<_>>());
+            for seq in slots {
+                self.progress(ctx, now, seq);
+            }
         }
     }
 

@@ -60,7 +60,8 @@ impl Net {
                 | Output::Deliver(_)
                 | Output::Compact { .. }
                 | Output::Query { .. }
-                | Output::Delivered(_) => {}
+                | Output::Delivered(_)
+                | Output::Event(_) => {}
                 Output::Persist { token, .. } => self.input(id, Input::Persisted { token }),
                 Output::Execute { seq, ops, snapshot } => {
                     self.executed[id as usize].push((seq, ops.iter().map(|o| (o.client, o.request)).collect()));

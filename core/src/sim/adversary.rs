@@ -336,6 +336,7 @@ fn equivocate(kind: &mut pb::body::Kind) {
             }
         }
         pb::body::Kind::ReadReply(r) => r.result = altered(&r.result),
+        pb::body::Kind::PerpetualResult(r) => r.result = altered(&r.result),
         pb::body::Kind::ViewChange(vc) => {
             for v in vc.prepared.iter_mut().chain(vc.voted.iter_mut()) {
                 flip(&mut v.digest);

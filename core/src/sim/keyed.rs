@@ -29,7 +29,6 @@ use super::Rng;
 use crate::broadcast::chain::ChainPath;
 use crate::config::Role;
 use crate::crypto::{BlsSecretKey, BlsSignature, CryptoMode, aggregate, digest};
-use crate::order::header;
 use crate::quorum::Quorums;
 use crate::statement::Statement;
 use crate::wire::{self, Keyring, pb};
@@ -50,6 +49,8 @@ pub struct Coalition {
     everyone: Vec<NodeId>,
     /// The cluster's Chain, for publications a faulty publisher sends by it.
     chain: Option<ChainPath>,
+    /// A Perpetual cluster: lies also change the calls inside caller members' copies.
+    perpetual: bool,
 }
 
 impl Coalition {
@@ -57,10 +58,12 @@ impl Coalition {
         // An empty coalition signs nothing, so its mode does not matter.
         let mut crypto = CryptoMode::Real;
         let mut chain = None;
+        let mut perpetual = false;
         let members = faulty
             .into_iter()
             .map(|c| {
                 crypto = c.cluster.crypto;
+                perpetual = c.cluster.protocol == crate::Protocol::Perpetual;
                 let replicas: Vec<NodeId> = c.cluster.replicas().map(|r| r.id).collect();
                 chain = Some(ChainPath::new(&replicas, Quorums::new(replicas.len(), c.cluster.f as usize)));
                 let role = c.cluster.node(c.id).expect("a member of its cluster").role;
@@ -68,7 +71,7 @@ impl Coalition {
                 (c.id, Member { keys, bls: c.bls_secret.clone(), role })
             })
             .collect();
-        Coalition { crypto, members, everyone, chain }
+        Coalition { crypto, members, everyone, chain, perpetual }
     }
 
     pub fn contains(&self, id: NodeId) -> bool {
@@ -226,13 +229,24 @@ impl Coalition {
     fn reauthenticate(&self, signer: NodeId, kind: &mut pb::body::Kind, macs: &mut [pb::Mac]) {
         match kind {
             pb::body::Kind::Requests(r) => {
-                if let Some(m) = header(&r.body).and_then(|(client, _)| self.members.get(&client)) {
+                // Decoded whole: `header` reads no client 0 (a Perpetual member's copies).
+                let client = pb::RequestsBody::decode(r.body.clone()).ok().map(|b| b.client);
+                if let Some(m) = client.and_then(|client| self.members.get(&client)) {
                     let replicas = r.authenticator.iter().map(|a| a.to).collect::<Vec<_>>();
                     r.authenticator =
                         replicas.into_iter().filter_map(|to| m.keys.request_mac_to(to, &r.body)).collect();
                 }
             }
             pb::body::Kind::ViewChange(vc) => self.sign_view_change(signer, vc),
+            pb::body::Kind::PerpetualResult(r) => {
+                let statement = crate::perpetual::result_statement(r.target, r.caller, r.call, &r.result);
+                for m in r.macs.iter_mut() {
+                    if let Some(fresh) = self.members.get(&m.from).and_then(|c| c.keys.result_mac_to(m.to, &statement))
+                    {
+                        *m = fresh;
+                    }
+                }
+            }
             _ => {}
         }
         let body = wire::encode_body(kind.clone());
@@ -329,6 +343,10 @@ impl Pool {
             }
             Kind::Committed(c) => self.batches.add(c.batch.clone()),
             Kind::Proposal(p) => self.batches.add(p.batch.clone()),
+            Kind::PerpetualResult(r) => {
+                self.numbers.add(r.call);
+                self.payloads.add(r.result.clone());
+            }
             _ => {}
         }
     }
@@ -601,6 +619,7 @@ impl Forge<'_> {
             },
             Kind::Subscribe(s) => s.topics.push(self.number()),
             Kind::Requests(r) => match pick {
+                _ if self.coalition.perpetual && pick > 0 && self.lie_in_call(r) => {}
                 0 => *r = self.requests(),
                 1 => r.authenticator.clear(),
                 _ => {
@@ -701,8 +720,34 @@ impl Forge<'_> {
                 0 => f.lane_seq = self.number(),
                 _ => f.batch = None,
             },
+            Kind::PerpetualResult(r) => match self.rng.below(5) {
+                0 => r.call = self.number(),
+                1 => r.view = self.number(),
+                2 => r.macs.clear(),
+                3 => r.caller = self.rng.below(3) as u32,
+                _ => r.result = [&r.result[..], b"/lie"].concat().into(),
+            },
             Kind::Bundle(_) => {}
         }
+    }
+
+    /// A Perpetual caller member's copy of a call with another op (or for another group,
+    /// or under another call id); false if `r` is not a copy.
+    fn lie_in_call(&mut self, r: &mut pb::Requests) -> bool {
+        use crate::wire::pb::perpetual_op::Kind as Op;
+        let Ok(mut body) = pb::RequestsBody::decode(r.body.clone()) else { return false };
+        let Some(first) = body.ops.first_mut() else { return false };
+        let Ok(pb::PerpetualOp { kind: Some(Op::Call(mut call)) }) = pb::PerpetualOp::decode(first.clone()) else {
+            return false;
+        };
+        match self.rng.below(4) {
+            0 => call.target = self.rng.below(3) as u32,
+            1 => body.first = self.number(),
+            _ => call.op = [&call.op[..], b"/lie"].concat().into(),
+        }
+        *first = pb::PerpetualOp { kind: Some(Op::Call(call)) }.encode_to_vec().into();
+        r.body = body.encode_to_vec().into();
+        true
     }
 
     /// `bytes`, a frame the node sends to `to`, with its bodies changed by [`Self::mutate`]

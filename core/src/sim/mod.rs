@@ -23,6 +23,7 @@ pub mod distill_scenario;
 pub mod keyed;
 pub mod order_check;
 pub mod order_scenario;
+pub mod perpetual;
 pub mod scenario;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -188,6 +189,8 @@ struct Host {
     timer_at: Option<Nanos>,
     /// Frames seen, for the replay adversary (bounded).
     seen: Vec<(NodeId, Vec<u8>)>,
+    /// A Perpetual member's executor.
+    executor: Option<perpetual::Executor>,
 }
 
 /// What happens at a simulated time. Storage syncs complete as events of their own, for
@@ -318,6 +321,8 @@ pub struct Log {
     pub restarts: Vec<usize>,
     /// Distillation: the batches servers delivered.
     pub distilled: Vec<Distilled>,
+    /// Perpetual: what members' executors saw and did.
+    pub perpetual: perpetual::PerpetualLog,
 }
 
 /// A batch a distillation server delivered.
@@ -438,6 +443,7 @@ impl Sim {
             timer_generation: 0,
             timer_at: None,
             seen: Vec::new(),
+            executor: None,
         });
         self.incarnations.push(0);
         if faulty {
@@ -476,6 +482,11 @@ impl Sim {
 
     pub fn hosts(&self) -> usize {
         self.hosts.len()
+    }
+
+    /// A Perpetual member host's executor.
+    pub fn executor(&self, host: usize) -> Option<&perpetual::Executor> {
+        self.hosts[host].executor.as_ref()
     }
 
     /// A host's application state now.
@@ -581,6 +592,12 @@ impl Sim {
                     self.input(host, Input::Timeout);
                 }
             }
+            Event::Requests { host, requests } if self.hosts[host].executor.is_some() => {
+                if !self.hosts[host].crashed {
+                    self.feed_executor(host, requests);
+                    self.after_input(host);
+                }
+            }
             Event::Requests { host, requests } => {
                 if !self.hosts[host].crashed {
                     for request in requests {
@@ -623,8 +640,18 @@ impl Sim {
                 h.crashed = false;
                 self.incarnations[host] += 1;
                 self.log.restarts.push(host);
+                // A restarted executor starts afresh, and learns its state from its member:
+                // a checkpoint's, or from the start (then it makes its first calls again).
+                if let Some(e) = self.hosts[host].executor.as_mut() {
+                    e.reset();
+                }
                 let recovered = self.hosts[host].run.recover(self.now).map(|_| ());
                 self.check(host, recovered);
+                let mut owed = self.drain(host);
+                if let Some(e) = self.hosts[host].executor.as_mut().filter(|e| !e.restored()) {
+                    owed.splice(0..0, e.start());
+                }
+                self.feed_executor(host, owed);
                 self.after_input(host);
             }
             Event::Isolate { nodes } => self.isolated = nodes,
@@ -702,6 +729,50 @@ impl Sim {
     /// it persisted, and re-arms its timer.
     fn after_input(&mut self, host: usize) {
         loop {
+            let owed = self.drain(host);
+            if owed.is_empty() {
+                break;
+            }
+            self.feed_executor(host, owed);
+        }
+        self.after_drain(host);
+    }
+
+    /// Gives a Perpetual member an executor; it starts at once.
+    pub fn set_executor(&mut self, host: usize, executor: perpetual::Executor) {
+        self.hosts[host].executor = Some(executor);
+        let start = self.hosts[host].executor.as_mut().map(perpetual::Executor::start).unwrap_or_default();
+        self.schedule(0, Event::Requests { host, requests: start });
+    }
+
+    /// A host's executor's requests, fed in order (calls numbered, logged and maybe
+    /// aborted later).
+    fn feed_executor(&mut self, host: usize, requests: Vec<Request>) {
+        for request in requests {
+            let (node, incarnation, at) = (self.hosts[host].id, self.incarnations[host], self.now);
+            let call = self.hosts[host].run.machine().node().next_request().unwrap_or(0);
+            let logged = request.clone();
+            if !self.feed(host, Input::Request(request)) {
+                continue;
+            }
+            if let Request::Call { target, op } = &logged {
+                let entry = perpetual::Issued { at, host, node, incarnation, call, target: *target, op: op.clone() };
+                self.log.perpetual.issued.push(entry);
+                if let Some(after) = self.hosts[host].executor.as_ref().and_then(|e| e.abort_after) {
+                    self.schedule(at + after, Event::Requests { host, requests: vec![Request::Abort { call }] });
+                }
+            }
+            if let Request::Respond { caller, call, result } = logged {
+                self.log.perpetual.responses.push(perpetual::Response { host, node, caller, call, result });
+            }
+        }
+    }
+
+    /// Drains a host's outputs into the network and the log; returns what its executor
+    /// asks in answer to the events among them.
+    fn drain(&mut self, host: usize) -> Vec<Request> {
+        let mut owed = Vec::new();
+        loop {
             let out = match self.hosts[host].run.poll(self.now) {
                 Ok(Some(out)) => out,
                 Ok(None) => break,
@@ -738,6 +809,14 @@ impl Sim {
                     incarnation: self.incarnations[host],
                     batch,
                 }),
+                Output::Event(event) => {
+                    let (node, incarnation) = (self.hosts[host].id, self.incarnations[host]);
+                    if let Some(executor) = self.hosts[host].executor.as_mut() {
+                        owed.extend(executor.on_event(&event));
+                    }
+                    let seen = perpetual::Observed { at: self.now, host, node, incarnation, event };
+                    self.log.perpetual.events.push(seen);
+                }
                 // The loop keeps these to itself.
                 Output::Persist { .. }
                 | Output::Compact { .. }
@@ -746,6 +825,12 @@ impl Sim {
                 | Output::Restore { .. } => unreachable!("the host loop handles {out:?}"),
             }
         }
+        owed
+    }
+
+    /// After a host's outputs are drained: what its application applied, the sync of
+    /// what it persisted, and its timer.
+    fn after_drain(&mut self, host: usize) {
         let (node, incarnation) = (self.hosts[host].id, self.incarnations[host]);
         for (seq, applied) in std::mem::take(&mut self.hosts[host].run.app_mut().applied) {
             let executed = matches!(applied, Applied::Batch(_));
@@ -806,6 +891,9 @@ impl Sim {
 
     /// Sends a frame from node `real_from` (claiming `claimed_from`) to the hosts of `to`.
     fn put_on_wire(&mut self, real_from: NodeId, to: NodeId, claimed_from: NodeId, bytes: Vec<u8>) {
+        if self.hosts.first().is_some_and(|h| h.config.cluster.protocol == crate::Protocol::Perpetual) {
+            self.log.perpetual.note_copies(real_from, to, &self.faulty, &bytes);
+        }
         self.log.messages_sent += 1;
         self.log.bytes_sent += bytes.len() as u64;
         for target in self.route(real_from, to) {

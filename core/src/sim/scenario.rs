@@ -404,9 +404,9 @@ impl fmt::Display for Scenario {
 }
 
 /// The traces checked into `tests/traces/`, recorded from fixed scenarios with real
-/// crypto: each broadcast at f = 1 and f = 2, Byzantine brokers, histories, and PBFT's
-/// normal case, view change and state transfer. Returns (file name, trace bytes); the
-/// same call always returns the same bytes.
+/// crypto: each broadcast at f = 1 and f = 2, Byzantine brokers, histories, PBFT's
+/// normal case, view change and state transfer, distillation and Perpetual. Returns (file
+/// name, trace bytes); the same call always returns the same bytes.
 pub fn reference_traces() -> Vec<(String, Vec<u8>)> {
     let mut cases: Vec<(&str, Scenario, NodeId)> = Vec::new();
     let base = |protocol, f| Scenario { crypto: CryptoMode::Real, publications: 4, ..Scenario::new(protocol, f, 1) };
@@ -434,7 +434,27 @@ pub fn reference_traces() -> Vec<(String, Vec<u8>)> {
         (name.to_string(), s.run().traces.remove(&node).expect("recorded"))
     });
     let traces = broadcast.chain(pbft).map(|(name, trace)| (format!("{name}.trace"), trace));
-    traces.chain(super::distill_scenario::reference_traces()).collect()
+    traces.chain(super::distill_scenario::reference_traces()).chain(perpetual_reference_traces()).collect()
+}
+
+/// Perpetual's reference traces: two groups of n = 4, f = 1 with real crypto, the caller
+/// group making 3 increments then 3 decrements of the target group's counter; a caller
+/// member and a target member (backups of their groups) recorded.
+fn perpetual_reference_traces() -> Vec<(String, Vec<u8>)> {
+    let (caller, target) = (1, 5);
+    let s = super::perpetual::Scenario {
+        crypto: CryptoMode::Real,
+        ops: 3,
+        record: vec![caller, target],
+        ..super::perpetual::Scenario::new(4, 4, 1)
+    };
+    let out = s.run();
+    assert!(out.violations.is_empty(), "the reference run passes its checks: {:?}", out.violations);
+    let mut traces = out.traces;
+    [("perpetual-n4f1-caller-member", caller), ("perpetual-n4f1-target-member", target)]
+        .into_iter()
+        .map(|(name, id)| (format!("{name}.trace"), traces.remove(&id).expect("recorded")))
+        .collect()
 }
 
 fn pbft_reference_cases() -> Vec<(&'static str, order_scenario::Scenario, NodeId)> {

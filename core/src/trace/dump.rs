@@ -236,6 +236,15 @@ fn body(kind: &pb::body::Kind) -> String {
         Kind::Commit(v) => format!("Commit {}", vote(v)),
         Kind::DistillFetch(f) => format!("DistillFetch lane {} seq {} root {}", f.lane, f.lane_seq, digest(&f.root)),
         Kind::DistillFetched(f) => format!("DistillFetched lane {} seq {}", f.lane, f.lane_seq),
+        Kind::PerpetualResult(r) => format!(
+            "PerpetualResult group {} call {} of group {}: result {} bytes, view {}, {}",
+            r.target,
+            r.call,
+            r.caller,
+            r.result.len(),
+            r.view,
+            mac_count(r.macs.len())
+        ),
         Kind::Reply(r) => format!(
             "Reply view {} requests from {}: {} results ({} bytes)",
             r.view,
@@ -300,6 +309,12 @@ fn describe_input(input: Option<&pb::InputRecord>, client: bool) -> String {
             Some(Req::Subscribe(s)) => format!("Request Subscribe {}", topics(&s.topics)),
             Some(Req::Submit(s)) => format!("Request Submit op {} bytes", s.op.len()),
             Some(Req::Read(r)) => format!("Request Read op {} bytes", r.op.len()),
+            Some(Req::Call(c)) => format!("Request Call group {} op {} bytes", c.target, c.op.len()),
+            Some(Req::Respond(r)) => {
+                format!("Request Respond group {} call {} result {} bytes", r.caller, r.call, r.result.len())
+            }
+            Some(Req::Abort(a)) => format!("Request Abort call {}", a.call),
+            Some(Req::Snapshot(s)) => format!("Request Snapshot seq {} state {} bytes", s.seq, s.state.len()),
             None => "Request <no kind>".into(),
         },
         Some(Kind::Timeout(_)) => "Timeout".into(),
@@ -344,6 +359,19 @@ pub(super) fn describe_output(o: &pb::OutputRecord) -> String {
         Some(Kind::Query(q)) => format!("Query client {} request {} op {} bytes", q.client, q.request, q.op.len()),
         Some(Kind::Delivered(d)) => {
             format!("Delivered height {} with {} entries", d.height, d.ids.as_ref().map_or(0, |i| i.count))
+        }
+        Some(Kind::Event(e)) => {
+            use pb::event_output::Kind as Ev;
+            match &e.kind {
+                Some(Ev::Request(r)) => {
+                    format!("Event Request group {} call {} op {} bytes", r.caller, r.call, r.op.len())
+                }
+                Some(Ev::Reply(r)) => format!("Event Reply call {} result {} bytes", r.call, r.result.len()),
+                Some(Ev::Aborted(call)) => format!("Event Aborted call {call}"),
+                Some(Ev::Checkpoint(seq)) => format!("Event Checkpoint seq {seq}"),
+                Some(Ev::Restore(r)) => format!("Event Restore seq {} state {} bytes", r.seq, r.state.len()),
+                None => "Event <no kind>".into(),
+            }
         }
         None => "<no output>".into(),
     }

@@ -39,7 +39,7 @@ pub use recorder::Recorder;
 pub use replay::{ReplaySummary, SummaryBuilder, replay, replay_on};
 
 use crate::wire::pb;
-use crate::{Algorithm, Delivery, FaultKind, Input, Operation, Output, Request};
+use crate::{Algorithm, Delivery, Event, FaultKind, Input, Operation, Output, Request};
 
 /// The `format` string of every trace header.
 pub const FORMAT: &str = "phalanx-trace";
@@ -119,6 +119,14 @@ impl From<Input> for pb::InputRecord {
             Input::Request(Request::Subscribe { topics }) => request(Req::Subscribe(pb::SubscribeRequest { topics })),
             Input::Request(Request::Submit { op }) => request(Req::Submit(pb::SubmitRequest { op })),
             Input::Request(Request::Read { op }) => request(Req::Read(pb::ReadRequest { op })),
+            Input::Request(Request::Call { target, op }) => request(Req::Call(pb::CallRequest { target, op })),
+            Input::Request(Request::Respond { caller, call, result }) => {
+                request(Req::Respond(pb::RespondRequest { caller, call, result }))
+            }
+            Input::Request(Request::Abort { call }) => request(Req::Abort(pb::AbortRequest { call })),
+            Input::Request(Request::Snapshot { seq, state }) => {
+                request(Req::Snapshot(pb::SnapshotRequest { seq, state }))
+            }
             Input::Timeout => Kind::Timeout(pb::TimeoutInput {}),
             Input::Persisted { token } => Kind::Persisted(pb::PersistedInput { token }),
             Input::Executed { seq, results, snapshot } => Kind::Executed(pb::ExecutedInput { seq, results, snapshot }),
@@ -144,6 +152,10 @@ pub fn input_from_pb(record: pb::InputRecord) -> Result<Input, TraceError> {
             Req::Subscribe(s) => Request::Subscribe { topics: s.topics },
             Req::Submit(s) => Request::Submit { op: s.op },
             Req::Read(r) => Request::Read { op: r.op },
+            Req::Call(c) => Request::Call { target: c.target, op: c.op },
+            Req::Respond(r) => Request::Respond { caller: r.caller, call: r.call, result: r.result },
+            Req::Abort(a) => Request::Abort { call: a.call },
+            Req::Snapshot(s) => Request::Snapshot { seq: s.seq, state: s.state },
         }),
         Kind::Timeout(_) => Input::Timeout,
         Kind::Persisted(p) => Input::Persisted { token: p.token },
@@ -182,6 +194,7 @@ impl From<Output> for pb::OutputRecord {
             Output::Compact { token } => Kind::Compact(pb::CompactOutput { token }),
             Output::Query { client, request, op } => Kind::Query(pb::QueryOutput { client, request, op }),
             Output::Delivered(d) => Kind::Delivered(d.to_pb()),
+            Output::Event(e) => Kind::Event(event_to_pb(e)),
         };
         pb::OutputRecord { kind: Some(kind) }
     }
@@ -216,5 +229,29 @@ pub fn output_from_pb(record: pb::OutputRecord) -> Result<Output, TraceError> {
         Kind::Delivered(d) => Output::Delivered(
             crate::distill::DeliveredBatch::from_pb(d).ok_or_else(|| malformed("a delivered batch of uneven parts"))?,
         ),
+        Kind::Event(e) => Output::Event(event_from_pb(e)?),
+    })
+}
+
+fn event_to_pb(e: Event) -> pb::EventOutput {
+    use pb::event_output::Kind;
+    let kind = match e {
+        Event::Request { caller, call, op } => Kind::Request(pb::RequestEvent { caller, call, op }),
+        Event::Reply { call, result } => Kind::Reply(pb::ReplyEvent { call, result }),
+        Event::Aborted { call } => Kind::Aborted(call),
+        Event::Checkpoint { seq } => Kind::Checkpoint(seq),
+        Event::Restore { seq, state } => Kind::Restore(pb::RestoreEvent { seq, state }),
+    };
+    pb::EventOutput { kind: Some(kind) }
+}
+
+fn event_from_pb(e: pb::EventOutput) -> Result<Event, TraceError> {
+    use pb::event_output::Kind;
+    Ok(match e.kind.ok_or_else(|| malformed("an event without a kind"))? {
+        Kind::Request(r) => Event::Request { caller: r.caller, call: r.call, op: r.op },
+        Kind::Reply(r) => Event::Reply { call: r.call, result: r.result },
+        Kind::Aborted(call) => Event::Aborted { call },
+        Kind::Checkpoint(seq) => Event::Checkpoint { seq },
+        Kind::Restore(r) => Event::Restore { seq: r.seq, state: r.state },
     })
 }

@@ -78,7 +78,7 @@ fn output_bytes(o: &pb::OutputRecord) -> Option<(&'static str, &[u8])> {
         Kind::Restore(r) => Some(("restore", &r.snapshot)),
         Kind::Query(q) => Some(("query", &q.op)),
         Kind::Delivered(d) => d.msgs.as_ref().map(|m| ("delivered", m.bytes.as_slice())),
-        Kind::Fault(_) | Kind::Execute(_) | Kind::Compact(_) => None,
+        Kind::Event(_) | Kind::Fault(_) | Kind::Execute(_) | Kind::Compact(_) => None,
     }
 }
 
@@ -197,7 +197,8 @@ impl SummaryBuilder {
         s.outputs += 1;
         match output {
             Output::Send { .. } => s.sends += 1,
-            Output::Deliver(_) | Output::Delivered(_) => s.deliveries += 1,
+            // A Perpetual member's events are what it delivers to its executor.
+            Output::Deliver(_) | Output::Delivered(_) | Output::Event(_) => s.deliveries += 1,
             Output::Persist { .. } => s.persists += 1,
             Output::Fault { .. } => s.faults += 1,
             Output::Execute { .. } => s.executes += 1,

@@ -26,6 +26,7 @@ pub mod pb {
 
 const MAC_DOMAIN: &[u8] = b"phalanx/v1/mac";
 const REQUEST_DOMAIN: &[u8] = b"phalanx/v1/requests";
+const RESULT_DOMAIN: &[u8] = b"phalanx/v1/perpetual/results";
 
 /// One node's MAC keys: it computes tags from itself and verifies tags to itself. Each
 /// peer has two keys derived from the pairwise one: a frame key and a request key (PBFT
@@ -41,6 +42,8 @@ pub struct Keyring {
 struct PeerKeys {
     frame: MacKey,
     request: MacKey,
+    /// Perpetual: a target member's results to a caller member.
+    result: MacKey,
 }
 
 /// BLAKE3 hashes whole 1 KiB chunks in parallel groups of 8, 4 or 2, and a partial or
@@ -81,7 +84,14 @@ impl Keyring {
         let derive = |k: &MacKey, domain| MacKey::from_bytes(*blake3::keyed_hash(k.as_bytes(), domain).as_bytes());
         let keys = pairwise
             .into_iter()
-            .map(|(peer, k)| (peer, PeerKeys { frame: derive(&k, MAC_DOMAIN), request: derive(&k, REQUEST_DOMAIN) }))
+            .map(|(peer, k)| {
+                let keys = PeerKeys {
+                    frame: derive(&k, MAC_DOMAIN),
+                    request: derive(&k, REQUEST_DOMAIN),
+                    result: derive(&k, RESULT_DOMAIN),
+                };
+                (peer, keys)
+            })
             .collect();
         Keyring { mode, me, keys }
     }
@@ -105,6 +115,18 @@ impl Keyring {
     /// node over `body`.
     pub fn verify_request_from(&self, from: NodeId, body: &[u8], macs: &[pb::Mac]) -> bool {
         self.verify_with(from, body, macs, |k| &k.request)
+    }
+
+    /// Perpetual: this target member's MAC entry for caller member `to` over a result
+    /// statement.
+    pub fn result_mac_to(&self, to: NodeId, statement: &[u8]) -> Option<pb::Mac> {
+        self.tag_to(to, statement, |k| &k.result)
+    }
+
+    /// Perpetual: whether `macs` holds a valid entry from target member `from` to this
+    /// node over a result statement.
+    pub fn verify_result_from(&self, from: NodeId, statement: &[u8], macs: &[pb::Mac]) -> bool {
+        self.verify_with(from, statement, macs, |k| &k.result)
     }
 
     fn tag_to(&self, to: NodeId, body: &[u8], key: impl Fn(&PeerKeys) -> &MacKey) -> Option<pb::Mac> {

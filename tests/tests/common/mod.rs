@@ -205,7 +205,8 @@ impl Net {
                 | Output::Restore { .. }
                 | Output::Compact { .. }
                 | Output::Query { .. }
-                | Output::Delivered(_) => {
+                | Output::Delivered(_)
+                | Output::Event(_) => {
                     panic!("the pub/sub family persists, executes and restores nothing")
                 }
             }

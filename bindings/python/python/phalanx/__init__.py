@@ -34,6 +34,7 @@ from ._native import (
     ClusterFile,
     ConfigError,
     DivergenceError,
+    Event,
     HandleError,
     HostLoop,
     Input,
@@ -71,6 +72,10 @@ Persisted = Input.Persisted
 Executed = Input.Executed
 Recover = Input.Recover
 Answered = Input.Answered
+Call = Input.Call
+Respond = Input.Respond
+Abort = Input.Abort
+Snapshot = Input.Snapshot
 
 # Output variants: ``isinstance(out, phalanx.Send)``.
 Send = Output.Send
@@ -83,6 +88,7 @@ Query = Output.Query
 Restore = Output.Restore
 Compact = Output.Compact
 Delivered = Output.Delivered
+# Perpetual: ``Output.Event(event)`` carries an ``Event`` (``Event.Request``, ``Event.Reply``, ...).
 
 
 class Trace(_native.Trace):
@@ -149,8 +155,10 @@ from .client import Client  # noqa: E402
 from .replica import Replica  # noqa: E402
 
 __all__ = [
+    "Abort",
     "Answered",
     "BackpressureError",
+    "Call",
     "Client",
     "ClusterFile",
     "Compact",
@@ -159,6 +167,7 @@ __all__ = [
     "Deliver",
     "Delivered",
     "DivergenceError",
+    "Event",
     "Execute",
     "Executed",
     "FAULT_KINDS",
@@ -180,8 +189,10 @@ __all__ = [
     "Read",
     "Recover",
     "Replica",
+    "Respond",
     "Restore",
     "Send",
+    "Snapshot",
     "Submit",
     "Subscribe",
     "Timeout",

@@ -69,6 +69,26 @@ class Input:
         request: int
         result: bytes
         def __init__(self, client: int, request: int, result: _Bytes) -> None: ...
+    class Call(Input):
+        """Perpetual member: its executor calls group ``target`` with ``op``."""
+        target: int
+        op: bytes
+        def __init__(self, target: int, op: _Bytes) -> None: ...
+    class Respond(Input):
+        """Perpetual member: its executor's ``result`` for call ``call`` of group ``caller``."""
+        caller: int
+        call: int
+        result: bytes
+        def __init__(self, caller: int, call: int, result: _Bytes) -> None: ...
+    class Abort(Input):
+        """Perpetual member: its executor asks its group to abort its call ``call``."""
+        call: int
+        def __init__(self, call: int) -> None: ...
+    class Snapshot(Input):
+        """Perpetual member: its executor's ``state`` for ``Event.Checkpoint(seq)``."""
+        seq: int
+        state: bytes
+        def __init__(self, seq: int, state: _Bytes) -> None: ...
 
 class Output:
     """An output drained from ``Node.poll``; match it with ``isinstance(out, Output.Send)``."""
@@ -122,6 +142,32 @@ class Output:
         seqs: List[int]
         msgs: List[bytes]
         def __init__(self, height: int, ids: List[int], seqs: List[int], msgs: List[_Bytes]) -> None: ...
+    class Event(Output):
+        """Perpetual member: the next agreed input of its executor."""
+        event: Event
+        def __init__(self, event: Event) -> None: ...
+
+class Event:
+    """Perpetual member: an agreed input of its executor, in its group's agreed order."""
+    class Request(Event):
+        caller: int
+        call: int
+        op: bytes
+        def __init__(self, caller: int, call: int, op: _Bytes) -> None: ...
+    class Reply(Event):
+        call: int
+        result: bytes
+        def __init__(self, call: int, result: _Bytes) -> None: ...
+    class Aborted(Event):
+        call: int
+        def __init__(self, call: int) -> None: ...
+    class Checkpoint(Event):
+        seq: int
+        def __init__(self, seq: int) -> None: ...
+    class Restore(Event):
+        seq: int
+        state: bytes
+        def __init__(self, seq: int, state: _Bytes) -> None: ...
 
 class Node:
     """A Phalanx node behind the sans-IO shape (handle / poll / poll_timeout)."""

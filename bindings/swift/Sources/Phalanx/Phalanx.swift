@@ -85,7 +85,7 @@ extension ReplaySummary {
     fileprivate mutating func count(_ output: Output) {
         switch output {
         case .send: sends += 1
-        case .deliver, .delivered: deliveries += 1
+        case .deliver, .delivered, .event: deliveries += 1
         case .persist: persists += 1
         case .fault: faults += 1
         case .execute: executes += 1

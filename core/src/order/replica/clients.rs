@@ -88,6 +88,11 @@ impl Executed {
         first <= self.floor || overlaps(&self.kept, first, last, |k| k.count)
     }
 
+    /// The highest request number executed (or executing).
+    pub fn highest(&self) -> u64 {
+        self.kept.last_key_value().map_or(self.floor, |(&first, k)| self.floor.max(first + k.count - 1))
+    }
+
     /// The results of exactly requests `first .. first + count`, if they executed
     /// together and are still kept.
     pub fn results(&self, first: u64, count: u64) -> Option<&Vec<Bytes>> {

@@ -180,10 +180,10 @@ impl Replica {
         match &mut self.changing {
             None => {
                 self.failed_views += 1;
-                self.start_view_change(ctx, now, self.view + 1);
+                self.start_view_change(ctx, now, self.view.saturating_add(1));
             }
             Some(c) if c.deadline.is_some_and(|d| d <= now) => {
-                let next = c.target + 1;
+                let next = c.target.saturating_add(1);
                 self.failed_views += 1;
                 self.start_view_change(ctx, now, next);
             }
@@ -431,7 +431,8 @@ impl Replica {
             }
         }
         // Votes that arrived before this NEW-VIEW.
-        let later = self.early.split_off(&(view + 1, 0));
+        // (A NEW-VIEW of view u64::MAX takes every early message along.)
+        let later = view.checked_add(1).map(|next| self.early.split_off(&(next, 0))).unwrap_or_default();
         let early = std::mem::replace(&mut self.early, later);
         for ((v, from), kept) in early {
             for m in kept.into_iter().filter(|_| v == view) {

@@ -3,7 +3,7 @@
 //! - `trace`: each trace file as it is;
 //! - `decode`: a trace's node config, inputs, outputs and frames, behind their selectors;
 //! - `open`: the frames a traced node received, behind their sender;
-//! - `pubsub_node`, `pbft_node` and `distill_node`: each trace whose cluster has as many
+//! - `pubsub_node`, `pbft_node` and `distill_node`: each trace (but Perpetual's) whose cluster has as many
 //!   nodes as the harness's as events for the same node of it (same ids): its bodies as sealed bodies from their senders, its
 //!   other inputs as API inputs.
 
@@ -51,6 +51,8 @@ fn main() {
             Protocol::PubSub => (pubsub(), "pubsub_node"),
             Protocol::Pbft => (pbft(), "pbft_node"),
             Protocol::Distill => (distill(), "distill_node"),
+            // No node harness runs Perpetual's groups yet: its traces seed the others.
+            Protocol::Perpetual => continue,
         };
         if cfg.cluster.nodes.len() == cluster.configs.len() {
             write(corpus, target, &name, &events(cluster, cfg.id, &trace));

@@ -3681,6 +3681,130 @@ public func FfiConverterTypeCryptoMode_lower(_ value: CryptoMode) -> RustBuffer 
 
 
 /**
+ * Perpetual member: an agreed input of its executor, in its group's agreed order.
+ */
+
+public enum Event: Equatable, Hashable {
+    
+    /**
+     * Group `caller` called this group: execute `op`, then feed `Request.respond`.
+     */
+    case request(caller: UInt32, call: UInt64, op: Data
+    )
+    /**
+     * The executor's own call `call` returned `result`.
+     */
+    case reply(call: UInt64, result: Data
+    )
+    /**
+     * The executor's own call `call` was aborted.
+     */
+    case aborted(call: UInt64
+    )
+    /**
+     * Feed `Request.snapshot` with the state after every earlier event.
+     */
+    case checkpoint(seq: UInt64
+    )
+    /**
+     * Replace the state with `state`, taken at checkpoint `seq`.
+     */
+    case restore(seq: UInt64, state: Data
+    )
+
+
+
+
+
+}
+
+#if compiler(>=6)
+extension Event: Sendable {}
+#endif
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public struct FfiConverterTypeEvent: FfiConverterRustBuffer {
+    typealias SwiftType = Event
+
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> Event {
+        let variant: Int32 = try readInt(&buf)
+        switch variant {
+        
+        case 1: return .request(caller: try FfiConverterUInt32.read(from: &buf), call: try FfiConverterUInt64.read(from: &buf), op: try FfiConverterData.read(from: &buf)
+        )
+        
+        case 2: return .reply(call: try FfiConverterUInt64.read(from: &buf), result: try FfiConverterData.read(from: &buf)
+        )
+        
+        case 3: return .aborted(call: try FfiConverterUInt64.read(from: &buf)
+        )
+        
+        case 4: return .checkpoint(seq: try FfiConverterUInt64.read(from: &buf)
+        )
+        
+        case 5: return .restore(seq: try FfiConverterUInt64.read(from: &buf), state: try FfiConverterData.read(from: &buf)
+        )
+        
+        default: throw UniffiInternalError.unexpectedEnumCase
+        }
+    }
+
+    public static func write(_ value: Event, into buf: inout [UInt8]) {
+        switch value {
+        
+        
+        case let .request(caller,call,op):
+            writeInt(&buf, Int32(1))
+            FfiConverterUInt32.write(caller, into: &buf)
+            FfiConverterUInt64.write(call, into: &buf)
+            FfiConverterData.write(op, into: &buf)
+            
+        
+        case let .reply(call,result):
+            writeInt(&buf, Int32(2))
+            FfiConverterUInt64.write(call, into: &buf)
+            FfiConverterData.write(result, into: &buf)
+            
+        
+        case let .aborted(call):
+            writeInt(&buf, Int32(3))
+            FfiConverterUInt64.write(call, into: &buf)
+            
+        
+        case let .checkpoint(seq):
+            writeInt(&buf, Int32(4))
+            FfiConverterUInt64.write(seq, into: &buf)
+            
+        
+        case let .restore(seq,state):
+            writeInt(&buf, Int32(5))
+            FfiConverterUInt64.write(seq, into: &buf)
+            FfiConverterData.write(state, into: &buf)
+            
+        }
+    }
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeEvent_lift(_ buf: RustBuffer) throws -> Event {
+    return try FfiConverterTypeEvent.lift(buf)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeEvent_lower(_ value: Event) -> RustBuffer {
+    return FfiConverterTypeEvent.lower(value)
+}
+
+
+
+/**
  * What a peer did wrong, as evidence for the host.
  */
 
@@ -4104,6 +4228,11 @@ public enum Output: Equatable, Hashable {
      */
     case delivered(DeliveredBatch
     )
+    /**
+     * Perpetual member: the next agreed input of its executor.
+     */
+    case event(Event
+    )
 
 
 
@@ -4153,6 +4282,9 @@ public struct FfiConverterTypeOutput: FfiConverterRustBuffer {
         )
         
         case 10: return .delivered(try FfiConverterTypeDeliveredBatch.read(from: &buf)
+        )
+        
+        case 11: return .event(try FfiConverterTypeEvent.read(from: &buf)
         )
         
         default: throw UniffiInternalError.unexpectedEnumCase
@@ -4220,6 +4352,11 @@ public struct FfiConverterTypeOutput: FfiConverterRustBuffer {
         case let .delivered(v1):
             writeInt(&buf, Int32(10))
             FfiConverterTypeDeliveredBatch.write(v1, into: &buf)
+            
+        
+        case let .event(v1):
+            writeInt(&buf, Int32(11))
+            FfiConverterTypeEvent.write(v1, into: &buf)
             
         }
     }
@@ -4436,6 +4573,10 @@ public enum Protocol: Equatable, Hashable {
      * Distillation (Chop Chop): servers ordering through PBFT, brokers, clients.
      */
     case distill
+    /**
+     * Perpetual: replica groups, each ordering with PBFT, calling each other.
+     */
+    case perpetual
 
 
 
@@ -4463,6 +4604,8 @@ public struct FfiConverterTypeProtocol: FfiConverterRustBuffer {
         
         case 3: return .distill
         
+        case 4: return .perpetual
+        
         default: throw UniffiInternalError.unexpectedEnumCase
         }
     }
@@ -4481,6 +4624,10 @@ public struct FfiConverterTypeProtocol: FfiConverterRustBuffer {
         
         case .distill:
             writeInt(&buf, Int32(3))
+        
+        
+        case .perpetual:
+            writeInt(&buf, Int32(4))
         
         }
     }
@@ -4626,6 +4773,27 @@ public enum Request: Equatable, Hashable {
      */
     case read(op: Data
     )
+    /**
+     * Perpetual member: its executor calls group `target` with `op` (the call's id is
+     * `nextRequest()` before it; its outcome an `Event.reply` or `Event.aborted`).
+     */
+    case call(target: UInt32, op: Data
+    )
+    /**
+     * Perpetual member: its executor's `result` for call `call` of group `caller`.
+     */
+    case respond(caller: UInt32, call: UInt64, result: Data
+    )
+    /**
+     * Perpetual member: its executor asks its group to abort its call `call`.
+     */
+    case abort(call: UInt64
+    )
+    /**
+     * Perpetual member: its executor's `state` for `Event.checkpoint(seq:)`.
+     */
+    case snapshot(seq: UInt64, state: Data
+    )
 
 
 
@@ -4659,6 +4827,18 @@ public struct FfiConverterTypeRequest: FfiConverterRustBuffer {
         case 4: return .read(op: try FfiConverterData.read(from: &buf)
         )
         
+        case 5: return .call(target: try FfiConverterUInt32.read(from: &buf), op: try FfiConverterData.read(from: &buf)
+        )
+        
+        case 6: return .respond(caller: try FfiConverterUInt32.read(from: &buf), call: try FfiConverterUInt64.read(from: &buf), result: try FfiConverterData.read(from: &buf)
+        )
+        
+        case 7: return .abort(call: try FfiConverterUInt64.read(from: &buf)
+        )
+        
+        case 8: return .snapshot(seq: try FfiConverterUInt64.read(from: &buf), state: try FfiConverterData.read(from: &buf)
+        )
+        
         default: throw UniffiInternalError.unexpectedEnumCase
         }
     }
@@ -4687,6 +4867,30 @@ public struct FfiConverterTypeRequest: FfiConverterRustBuffer {
         case let .read(op):
             writeInt(&buf, Int32(4))
             FfiConverterData.write(op, into: &buf)
+            
+        
+        case let .call(target,op):
+            writeInt(&buf, Int32(5))
+            FfiConverterUInt32.write(target, into: &buf)
+            FfiConverterData.write(op, into: &buf)
+            
+        
+        case let .respond(caller,call,result):
+            writeInt(&buf, Int32(6))
+            FfiConverterUInt32.write(caller, into: &buf)
+            FfiConverterUInt64.write(call, into: &buf)
+            FfiConverterData.write(result, into: &buf)
+            
+        
+        case let .abort(call):
+            writeInt(&buf, Int32(7))
+            FfiConverterUInt64.write(call, into: &buf)
+            
+        
+        case let .snapshot(seq,state):
+            writeInt(&buf, Int32(8))
+            FfiConverterUInt64.write(seq, into: &buf)
+            FfiConverterData.write(state, into: &buf)
             
         }
     }
@@ -4723,6 +4927,10 @@ public enum Role: Equatable, Hashable {
     case server
     case distillBroker
     case distillClient
+    /**
+     * Perpetual: a member of a replica group, whose application is its executor.
+     */
+    case member
 
 
 
@@ -4759,6 +4967,8 @@ public struct FfiConverterTypeRole: FfiConverterRustBuffer {
         case 7: return .distillBroker
         
         case 8: return .distillClient
+        
+        case 9: return .member
         
         default: throw UniffiInternalError.unexpectedEnumCase
         }
@@ -4798,6 +5008,10 @@ public struct FfiConverterTypeRole: FfiConverterRustBuffer {
         
         case .distillClient:
             writeInt(&buf, Int32(8))
+        
+        
+        case .member:
+            writeInt(&buf, Int32(9))
         
         }
     }

@@ -1,0 +1,811 @@
+//! Perpetual (seed 002; shared/digests/002-perpetual.md): replicated services that call
+//! replicated services, with fault isolation both ways.
+//!
+//! A cluster has several groups, each n ≥ 3f+1 members (f may be 0) ordering with our
+//! PBFT ([`crate::order`]): a member is a PBFT replica of its own group, whose
+//! application is split in two. The *voter* is this module, in the core: it decides,
+//! through its group's PBFT, every input the *executor* (the host's deterministic
+//! application) will see, and hands them over in agreement order as [`Event`]s:
+//! requests from other groups, and the outcome — a reply or an abort — of each of the
+//! executor's own calls. The executor answers with [`Request`]s: calls of its own
+//! (`Call`, several may be outstanding), results for requests (`Respond`, whenever it
+//! likes: it may start the next request first), abort requests (`Abort`, a timeout or a
+//! cancel: a *request*, the outcome is agreed) and its state at checkpoints (`Snapshot`).
+//! A call is named by (caller group, call id), the call id being the caller executor's
+//! call counter: correct executors being deterministic, their members issue the same
+//! calls with the same ids.
+//!
+//! # Message flow (caller group c, target group t)
+//!
+//! 1. Calling. Each caller member sends its copy of the call to t's primary (as it last
+//!    heard of it) as a PBFT client of t would: a `Requests` whose client is the member,
+//!    request number the call id, op a [`pb::PerpetualCall`], with an authenticator entry
+//!    for every target member (so a backup checks a copy the primary relays). t orders
+//!    the copies ([`Replica::admit_outside_submitters`]); a copy is counted when it
+//!    *executes*, and the call becomes an `Event::Request` at the execution of the
+//!    (f_c+1)-th matching copy from distinct caller members. Counting at execution keeps
+//!    it deterministic across t's members, and f_c+1 copies mean a correct caller member
+//!    asked for it.
+//! 2. Replying. Each target member's executor responds; the member MACs the result for
+//!    every caller member ([`crate::wire::Keyring::result_mac_to`]) and sends it to the
+//!    call's responder, t's member at index `call mod n_t`. The responder, once f_t+1
+//!    target members sent the same result, sends each caller member a bundle of those
+//!    f_t+1 MACs meant for it (a [`pb::PerpetualResult`]).
+//! 3. Vouching. A caller member that holds f_t+1 valid MACs from distinct target members
+//!    on one result (so a correct target member computed it) vouches for it to its own
+//!    group: a [`pb::PerpetualVouch`] it submits to its group's PBFT. When the vouches and
+//!    abort requests of a call execute, the first outcome to gather f_c+1 from distinct
+//!    caller members wins: f_c+1 vouches for one result make `Event::Reply`, f_c+1 abort
+//!    requests `Event::Aborted`. Decided in execution order, the outcome is the same at
+//!    every correct caller member, even if a compromised target sent different,
+//!    validly-quorumed results to different caller members.
+//! 4. Timeout. A caller member that has not vouched `client_retry_ns` after sending a
+//!    call sends its copy to every target member, again every `client_retry_ns`: backups
+//!    hold it, forward it to their primary and, if it is not ordered, change view (a
+//!    faulty primary); and a target member that gets a copy while not primary sends its
+//!    result straight to that caller member, bypassing the responder (a faulty one).
+//!
+//! # Who checks what
+//!
+//! - A target member orders copies only from members of groups allowed to call its
+//!   group, each authenticated by the caller member's MAC; a call needs f_c+1 matching
+//!   copies, so a compromised caller (more than f_c faulty) makes the target execute only
+//!   calls as any client could, never one in a correct member's name.
+//! - A caller member vouches only for a result f_t+1 target members MACed for it, and
+//!   only for a call it made to that target; its group decides only on f_c+1 vouches or
+//!   aborts, so a compromised target can at worst make the call abort.
+//! - Checkpoint and view-change signatures count only from the verifier's own group
+//!   ([`crate::statement`]).
+//!
+//! # Bounds
+//!
+//! `call_window` (W): an executor keeps its undecided calls within W call ids (its oldest
+//! undecided call and its newest less than W apart; a call beyond that is refused with
+//! `Backpressure`, which a correct executor never meets). A group tallies vouches and
+//! aborts for calls up to 2W above its oldest undecided one; a target keeps at most 2W
+//! undelivered copies per caller member and remembers 2W delivered calls per caller
+//! group; responders, direct-reply marks and results kept for resends are capped by W and
+//! the number of groups.
+//!
+//! # Checkpoints
+//!
+//! At a checkpoint batch the member emits `Event::Checkpoint { seq }` and waits for the
+//! executor's `Request::Snapshot`; the checkpoint state is the executor's snapshot and the
+//! member's agreed state ([`pb::PerpetualState`]), restored together (`Event::Restore`).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use bytes::Bytes;
+use prost::Message;
+
+use crate::crypto::{Digest, digest};
+use crate::node::{Ctx, Event, HandleError, Output, Status};
+use crate::order::{Bundle, Replica, primary};
+use crate::role::RoleMachine;
+use crate::wire::pb::perpetual_op::Kind as Op;
+use crate::wire::{Opened, pb};
+use crate::{FaultKind, Input, Nanos, NodeId, Operation, Request};
+
+/// Own request numbers (vouches and aborts) leased per persisted record.
+const LEASE: u64 = 1024;
+
+/// A group as a member sees it.
+struct GroupView {
+    f: usize,
+    members: Vec<NodeId>,
+    calls: Vec<u32>,
+}
+
+impl GroupView {
+    fn responder(&self, call: u64) -> NodeId {
+        self.members[(call % self.members.len() as u64) as usize]
+    }
+
+    fn contains(&self, id: NodeId) -> bool {
+        self.members.binary_search(&id).is_ok()
+    }
+}
+
+/// The bytes a target member MACs for a caller member: the call and its result.
+pub(crate) fn result_statement(target: u32, caller: u32, call: u64, result: &[u8]) -> Vec<u8> {
+    let mut m = Vec::with_capacity(27 + 16 + 32);
+    m.extend_from_slice(b"phalanx/v1/perpetual/result");
+    m.extend_from_slice(&target.to_le_bytes());
+    m.extend_from_slice(&caller.to_le_bytes());
+    m.extend_from_slice(&call.to_le_bytes());
+    m.extend_from_slice(&digest(result));
+    m
+}
+
+/// One of this member's executor's calls, issued and not decided.
+struct Outstanding {
+    // Agreed (in checkpoints).
+    target: u32,
+    op: Bytes,
+    // This member's own.
+    copy: pb::Requests,
+    resend_at: Nanos,
+    /// Per target member, the result it MACed for this member.
+    replies: BTreeMap<NodeId, Digest>,
+    results: BTreeMap<Digest, Bytes>,
+    vouched: bool,
+    abort_sent: bool,
+}
+
+/// Votes on one call: a member's first value, and its abort request.
+#[derive(Default)]
+struct Tally {
+    votes: Vec<pb::PerpetualVote>,
+}
+
+impl Tally {
+    /// Adds `member`'s vote unless it has one of that kind; how many agree with it then.
+    fn add(&mut self, member: NodeId, abort: bool, value: Bytes) -> usize {
+        if self.votes.iter().any(|v| v.member == member && v.abort == abort) {
+            return 0;
+        }
+        let count = self.votes.iter().filter(|v| v.abort == abort && (abort || v.value == value)).count() + 1;
+        self.votes.push(pb::PerpetualVote { member, abort, value });
+        count
+    }
+
+    fn has(&self, member: NodeId) -> bool {
+        self.votes.iter().any(|v| v.member == member)
+    }
+}
+
+/// Calls of one caller group that became requests here: every one up to `floor`, and
+/// `calls` above it (at most 2W: the oldest go below the floor).
+#[derive(Default)]
+struct Delivered {
+    floor: u64,
+    calls: BTreeSet<u64>,
+}
+
+impl Delivered {
+    fn contains(&self, call: u64) -> bool {
+        call <= self.floor || self.calls.contains(&call)
+    }
+
+    fn insert(&mut self, call: u64, cap: usize) {
+        self.calls.insert(call);
+        while self.calls.len() > cap {
+            let oldest = self.calls.pop_first().expect("over the cap");
+            self.floor = self.floor.max(oldest);
+        }
+    }
+}
+
+/// A result this member's executor gave, kept to answer resends directly.
+struct Responded {
+    result: Bytes,
+    macs: Vec<pb::Mac>,
+}
+
+/// A result the responder collects, by target member.
+struct Collected {
+    digest: Digest,
+    result: Bytes,
+    macs: Vec<pb::Mac>,
+}
+
+/// A checkpoint batch executed here, waiting for the executor's snapshot.
+struct AwaitingSnapshot {
+    seq: u64,
+    ops: usize,
+}
+
+pub(crate) struct Member {
+    replica: Replica,
+    group: u32,
+    groups: Vec<GroupView>,
+    window: u64,
+    // Agreed: what checkpoints cover.
+    next_call: u64,
+    outstanding: BTreeMap<u64, Outstanding>,
+    /// Caller side: every call up to the floor is decided, and those in `decided` above.
+    decided_floor: u64,
+    decided: BTreeSet<u64>,
+    outcomes: BTreeMap<u64, Tally>,
+    /// Target side: copies of calls, by (caller group, call), until f_c+1 match.
+    incoming: BTreeMap<(u32, u64), Tally>,
+    delivered: BTreeMap<u32, Delivered>,
+    // This member's own.
+    /// The undelivered copies per caller member (derived from `incoming`).
+    copies_of: BTreeMap<NodeId, BTreeSet<(u32, u64)>>,
+    awaiting: Option<AwaitingSnapshot>,
+    own_next: u64,
+    own_leased: u64,
+    own_checked: bool,
+    responded: BTreeMap<(u32, u64), Responded>,
+    /// Caller members that resent a call to this member: they get its result directly.
+    direct: BTreeMap<(u32, u64), BTreeSet<NodeId>>,
+    /// As a responder: results per call, by target member.
+    collecting: BTreeMap<(u32, u64), BTreeMap<NodeId, Collected>>,
+    /// Per target group, the view its members last said they were in.
+    target_view: BTreeMap<u32, u64>,
+    last_now: Nanos,
+}
+
+impl Member {
+    pub fn new(ctx: &Ctx) -> Self {
+        let cluster = &ctx.cfg.cluster;
+        let group = cluster.group_of(ctx.me()).expect("a validated perpetual member is in a group");
+        let groups: Vec<GroupView> = cluster
+            .groups
+            .iter()
+            .map(|g| GroupView { f: g.f as usize, members: g.members.clone(), calls: g.calls.clone() })
+            .collect();
+        let mut replica = Replica::with_embedded_application(ctx);
+        let callers = groups.iter().filter(|g| g.calls.contains(&group)).flat_map(|g| g.members.iter().copied());
+        replica.admit_outside_submitters(callers);
+        Member {
+            replica,
+            group,
+            groups,
+            window: cluster.params.call_window as u64,
+            next_call: 1,
+            outstanding: BTreeMap::new(),
+            decided_floor: 0,
+            decided: BTreeSet::new(),
+            outcomes: BTreeMap::new(),
+            incoming: BTreeMap::new(),
+            delivered: BTreeMap::new(),
+            copies_of: BTreeMap::new(),
+            awaiting: None,
+            own_next: 1,
+            own_leased: 1,
+            own_checked: false,
+            responded: BTreeMap::new(),
+            direct: BTreeMap::new(),
+            collecting: BTreeMap::new(),
+            target_view: BTreeMap::new(),
+            last_now: 0,
+        }
+    }
+
+    fn me(&self) -> &GroupView {
+        &self.groups[self.group as usize]
+    }
+
+    /// The cap on what this member keeps per call for other groups (results, marks).
+    fn local_cap(&self) -> usize {
+        2 * self.window as usize * self.groups.len()
+    }
+
+    /// The group of `id`, if it is a member of a group that may call this one.
+    fn caller_group(&self, id: NodeId) -> Option<u32> {
+        let g = self.groups.iter().position(|g| g.contains(id))? as u32;
+        self.groups[g as usize].calls.contains(&self.group).then_some(g)
+    }
+
+    fn is_decided(&self, call: u64) -> bool {
+        call <= self.decided_floor || self.decided.contains(&call)
+    }
+
+    // ------------------------------------------------------------ the executor's requests
+
+    fn call(&mut self, ctx: &mut Ctx, now: Nanos, target: u32, op: Vec<u8>) -> Result<(), HandleError> {
+        if !self.me().calls.contains(&target) {
+            return Err(HandleError::Invalid(format!("group {} may not call group {target}", self.group)));
+        }
+        let op = Bytes::from(op);
+        let call_op = pb::PerpetualCall { target, op: op.clone() };
+        let body = Bytes::from(pb::PerpetualOp { kind: Some(Op::Call(call_op)) }.encode_to_vec());
+        let max = ctx.cfg.cluster.params.batch_max_bytes as usize;
+        if body.len() > max {
+            return Err(HandleError::Invalid(format!(
+                "a call of {} bytes exceeds batch_max_bytes = {max}",
+                body.len()
+            )));
+        }
+        let call = self.next_call;
+        let oldest = self.outstanding.first_key_value().map_or(call, |(&c, _)| c);
+        if call - oldest >= self.window {
+            return Err(HandleError::Backpressure);
+        }
+        self.next_call += 1;
+        // Its outcome may be agreed already (this executor lags its member).
+        if self.is_decided(call) {
+            return Ok(());
+        }
+        let members = &self.groups[target as usize].members;
+        let copy = Bundle::seal(&ctx.keys, members, call, vec![body]);
+        let view = self.target_view.get(&target).copied().unwrap_or(0);
+        ctx.send(pb::body::Kind::Requests(copy.clone()), [primary(members, view)]);
+        let retry = ctx.cfg.cluster.params.client_retry_ns;
+        let o = Outstanding {
+            target,
+            op,
+            copy,
+            resend_at: now.saturating_add(retry),
+            replies: BTreeMap::new(),
+            results: BTreeMap::new(),
+            vouched: false,
+            abort_sent: false,
+        };
+        self.outstanding.insert(call, o);
+        Ok(())
+    }
+
+    fn abort(&mut self, ctx: &mut Ctx, now: Nanos, call: u64) {
+        let Some(o) = self.outstanding.get_mut(&call).filter(|o| !o.abort_sent) else { return };
+        o.abort_sent = true;
+        self.submit(ctx, now, Op::Abort(call));
+    }
+
+    fn respond(&mut self, ctx: &mut Ctx, caller: u32, call: u64, result: Vec<u8>) -> Result<(), HandleError> {
+        let Some(callers) = self.groups.get(caller as usize).filter(|g| g.calls.contains(&self.group)) else {
+            return Err(HandleError::Invalid(format!("group {caller} does not call group {}", self.group)));
+        };
+        let statement = result_statement(self.group, caller, call, &result);
+        let macs: Vec<pb::Mac> =
+            callers.members.iter().filter_map(|&c| ctx.keys.result_mac_to(c, &statement)).collect();
+        let result = Bytes::from(result);
+        let responder = self.me().responder(call);
+        let view = self.replica.view();
+        let msg =
+            pb::PerpetualResult { target: self.group, caller, call, result: result.clone(), view, macs: macs.clone() };
+        if responder == ctx.me() {
+            self.collect(ctx, ctx.me(), msg.clone());
+        } else {
+            ctx.send(pb::body::Kind::PerpetualResult(msg.clone()), [responder]);
+        }
+        for to in self.direct.remove(&(caller, call)).unwrap_or_default() {
+            self.send_direct(ctx, &msg, to);
+        }
+        self.responded.insert((caller, call), Responded { result, macs });
+        while self.responded.len() > self.local_cap() {
+            self.responded.pop_first();
+        }
+        Ok(())
+    }
+
+    /// This member's result for a caller member, straight to it.
+    fn send_direct(&self, ctx: &mut Ctx, msg: &pb::PerpetualResult, to: NodeId) {
+        let macs = msg.macs.iter().filter(|m| m.to == to).cloned().collect();
+        let view = self.replica.view();
+        ctx.send(pb::body::Kind::PerpetualResult(pb::PerpetualResult { macs, view, ..msg.clone() }), [to]);
+    }
+
+    /// Orders `op` through this group's PBFT as a request of this member's own, its
+    /// number leased durably first so a restart never reuses one.
+    fn submit(&mut self, ctx: &mut Ctx, now: Nanos, op: Op) {
+        // The first of this run: past what its group executed of this member's (a lease
+        // record may have gone with a compaction), by two leases, beyond any number an
+        // earlier run used and its group did not execute yet.
+        if !self.own_checked {
+            self.own_checked = true;
+            self.own_next = self.own_next.max(self.replica.own_executed(ctx) + 2 * LEASE);
+        }
+        if self.own_next >= self.own_leased {
+            self.own_leased = self.own_next + LEASE;
+            let record = pb::ReplicaRecord { kind: Some(pb::replica_record::Kind::OwnRequests(self.own_leased)) };
+            ctx.persist(record.encode_to_vec());
+        }
+        let first = self.own_next;
+        self.own_next += 1;
+        let op = Bytes::from(pb::PerpetualOp { kind: Some(op) }.encode_to_vec());
+        self.replica.submit_own(ctx, now, first, vec![op]);
+    }
+
+    // ------------------------------------------------------------ messages
+
+    /// A copy of a call from a caller member, before PBFT takes it: a copy that reaches
+    /// this member while it is not primary is a resend (the caller timed out), whose
+    /// sender gets this member's result directly.
+    fn on_copy(&mut self, ctx: &mut Ctx, from: NodeId, r: &pb::Requests) {
+        let Some(caller) = self.caller_group(from) else { return };
+        // Decoded whole: `header` reads no client 0, which protobuf leaves out.
+        let Some((client, call)) =
+            pb::RequestsBody::decode(r.body.clone()).ok().map(|b| (b.client, b.first)).filter(|(c, _)| *c == from)
+        else {
+            return;
+        };
+        if self.replica.primary_now(ctx) {
+            return;
+        }
+        if let Some(done) = self.responded.get(&(caller, call)) {
+            let msg = pb::PerpetualResult {
+                target: self.group,
+                caller,
+                call,
+                result: done.result.clone(),
+                view: 0,
+                macs: done.macs.clone(),
+            };
+            return self.send_direct(ctx, &msg, client);
+        }
+        self.direct.entry((caller, call)).or_default().insert(client);
+        while self.direct.len() > self.local_cap() {
+            self.direct.pop_first();
+        }
+    }
+
+    fn on_result(&mut self, ctx: &mut Ctx, now: Nanos, from: NodeId, r: pb::PerpetualResult) {
+        if ctx.is_replica(from) {
+            // A fellow member's result, for this member as the call's responder.
+            if r.target != self.group
+                || self.caller_group_index(r.caller).is_none()
+                || self.me().responder(r.call) != ctx.me()
+            {
+                return ctx.fault(from, FaultKind::Unexpected);
+            }
+            return self.collect(ctx, from, r);
+        }
+        let Some(t) = self.groups.iter().position(|g| g.contains(from)).map(|t| t as u32) else {
+            return ctx.fault(from, FaultKind::Unexpected);
+        };
+        if r.caller != self.group || r.target != t || !self.me().calls.contains(&t) {
+            return ctx.fault(from, FaultKind::Unexpected);
+        }
+        let Some(o) = self.outstanding.get_mut(&r.call).filter(|o| o.target == t) else {
+            return ctx.stats.stale += 1;
+        };
+        if o.vouched {
+            return ctx.stats.stale += 1;
+        }
+        let targets = &self.groups[t as usize];
+        let statement = result_statement(t, self.group, r.call, &r.result);
+        let d = digest(&r.result);
+        let me = ctx.me();
+        let mut fresh = false;
+        for m in r.macs.iter().filter(|m| m.to == me && targets.contains(m.from)) {
+            if o.replies.contains_key(&m.from) {
+                continue;
+            }
+            ctx.counters.macs_verified += 1;
+            if ctx.keys.verify_result_from(m.from, &statement, std::slice::from_ref(m)) {
+                o.replies.insert(m.from, d);
+                fresh = true;
+            }
+        }
+        if !fresh {
+            return;
+        }
+        self.target_view.insert(t, r.view);
+        o.results.entry(d).or_insert(r.result);
+        if o.replies.values().filter(|x| **x == d).count() > targets.f {
+            o.vouched = true;
+            let vouch = pb::PerpetualVouch { call: r.call, target: t, result: o.results[&d].clone() };
+            self.submit(ctx, now, Op::Vouch(vouch));
+        }
+    }
+
+    fn caller_group_index(&self, caller: u32) -> Option<&GroupView> {
+        self.groups.get(caller as usize).filter(|g| g.calls.contains(&self.group))
+    }
+
+    /// The responder: a target member's result (its MACs for the caller members); once
+    /// f_t+1 members sent the same result, each caller member gets their MACs for it.
+    fn collect(&mut self, ctx: &mut Ctx, from: NodeId, r: pb::PerpetualResult) {
+        let key = (r.caller, r.call);
+        let Some(callers) = self.caller_group_index(r.caller) else { return };
+        let d = digest(&r.result);
+        let macs: Vec<pb::Mac> = r.macs.into_iter().filter(|m| m.from == from && callers.contains(m.to)).collect();
+        let callers = callers.members.clone();
+        let quorum = self.me().f + 1;
+        let entries = self.collecting.entry(key).or_default();
+        if entries.contains_key(&from) {
+            return;
+        }
+        entries.insert(from, Collected { digest: d, result: r.result, macs });
+        let agreeing: Vec<&Collected> = entries.values().filter(|c| c.digest == d).collect();
+        if agreeing.len() == quorum {
+            let view = self.replica.view();
+            for &c in &callers {
+                let macs = agreeing.iter().flat_map(|a| a.macs.iter().filter(|m| m.to == c).cloned()).collect();
+                let msg = pb::PerpetualResult {
+                    target: self.group,
+                    caller: key.0,
+                    call: key.1,
+                    result: agreeing[0].result.clone(),
+                    view,
+                    macs,
+                };
+                ctx.send(pb::body::Kind::PerpetualResult(msg), [c]);
+            }
+        }
+        while self.collecting.len() > self.local_cap() {
+            self.collecting.pop_first();
+        }
+    }
+
+    // ------------------------------------------------------------ execution
+
+    /// Takes what the replica handed over: executes batches, restores states.
+    fn run(&mut self, ctx: &mut Ctx, now: Nanos) {
+        while let Some(handed) = self.replica.take_handed() {
+            match handed {
+                Output::Execute { seq, ops, snapshot } => {
+                    for op in &ops {
+                        self.execute(ctx, op);
+                    }
+                    if snapshot {
+                        ctx.push(Output::Event(Event::Checkpoint { seq }));
+                        self.awaiting = Some(AwaitingSnapshot { seq, ops: ops.len() });
+                    } else {
+                        self.executed(ctx, now, seq, ops.len(), None);
+                    }
+                }
+                Output::Restore { seq, snapshot } => {
+                    self.awaiting = None;
+                    self.restore(ctx, seq, &snapshot);
+                }
+                _ => unreachable!("a replica hands over executions and restores only"),
+            }
+        }
+    }
+
+    fn executed(&mut self, ctx: &mut Ctx, now: Nanos, seq: u64, ops: usize, snapshot: Option<Vec<u8>>) {
+        let done = Input::Executed { seq, results: vec![vec![]; ops], snapshot };
+        if let Err(e) = self.replica.on_input(ctx, now, done) {
+            unreachable!("the replica refused its own execution: {e}");
+        }
+    }
+
+    /// One ordered operation: a fellow member's vouch or abort request, or a caller
+    /// member's copy of a call. Anything else (a faulty submitter's) does nothing.
+    fn execute(&mut self, ctx: &mut Ctx, o: &Operation) {
+        let Some(kind) = pb::PerpetualOp::decode(o.op.as_slice()).ok().and_then(|op| op.kind) else { return };
+        match kind {
+            Op::Vouch(v) if ctx.is_replica(o.client) => {
+                let mut value = v.target.to_le_bytes().to_vec();
+                value.extend_from_slice(&v.result);
+                self.vote(ctx, o.client, v.call, false, value.into());
+            }
+            Op::Abort(call) if ctx.is_replica(o.client) => self.vote(ctx, o.client, call, true, Bytes::new()),
+            Op::Call(c) if c.target == self.group => {
+                if let Some(caller) = self.caller_group(o.client) {
+                    self.copy(ctx, caller, o.client, o.request, c.op);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Caller side: a member's vouch (`value`: target and result) or abort request; the
+    /// first outcome with f_c+1 votes is the call's.
+    fn vote(&mut self, ctx: &mut Ctx, member: NodeId, call: u64, abort: bool, value: Bytes) {
+        if self.is_decided(call) || call > self.decided_floor + 2 * self.window {
+            return;
+        }
+        let count = self.outcomes.entry(call).or_default().add(member, abort, value.clone());
+        if count <= self.me().f {
+            return;
+        }
+        self.outcomes.remove(&call);
+        self.decided.insert(call);
+        while self.decided.remove(&(self.decided_floor + 1)) {
+            self.decided_floor += 1;
+        }
+        self.outstanding.remove(&call);
+        let event = if abort { Event::Aborted { call } } else { Event::Reply { call, result: value[4..].to_vec() } };
+        ctx.push(Output::Event(event));
+    }
+
+    /// Target side: a caller member's copy of `call`; at f_c+1 matching ones, the call is
+    /// a request.
+    fn copy(&mut self, ctx: &mut Ctx, caller: u32, member: NodeId, call: u64, op: Bytes) {
+        let cap = 2 * self.window as usize;
+        if self.delivered.get(&caller).is_some_and(|d| d.contains(call)) {
+            return;
+        }
+        let key = (caller, call);
+        let tally = self.incoming.entry(key).or_default();
+        if tally.has(member) {
+            return;
+        }
+        let count = tally.add(member, false, op.clone());
+        if count > self.groups[caller as usize].f {
+            if let Some(t) = self.incoming.remove(&key) {
+                for v in t.votes {
+                    self.forget_copy(v.member, key);
+                }
+            }
+            self.delivered.entry(caller).or_default().insert(call, cap);
+            ctx.push(Output::Event(Event::Request { caller, call, op: op.to_vec() }));
+            return;
+        }
+        let copies = self.copies_of.entry(member).or_default();
+        copies.insert(key);
+        if copies.len() > cap {
+            let oldest = copies.pop_first().expect("over the cap");
+            if let Some(t) = self.incoming.get_mut(&oldest) {
+                t.votes.retain(|v| v.member != member);
+                if t.votes.is_empty() {
+                    self.incoming.remove(&oldest);
+                }
+            }
+        }
+    }
+
+    fn forget_copy(&mut self, member: NodeId, key: (u32, u64)) {
+        if let Some(copies) = self.copies_of.get_mut(&member) {
+            copies.remove(&key);
+            if copies.is_empty() {
+                self.copies_of.remove(&member);
+            }
+        }
+    }
+
+    // ------------------------------------------------------------ checkpoints
+
+    fn on_snapshot(&mut self, ctx: &mut Ctx, now: Nanos, seq: u64, state: Vec<u8>) -> Result<(), HandleError> {
+        match &self.awaiting {
+            Some(a) if a.seq == seq => {}
+            // A checkpoint a state transfer superseded: nothing waits for it.
+            None => return Ok(()),
+            Some(a) => {
+                return Err(HandleError::Invalid(format!("a snapshot for checkpoint {seq}, but {} awaits one", a.seq)));
+            }
+        }
+        let a = self.awaiting.take().expect("matched above");
+        let snapshot = self.state(state).encode_to_vec();
+        self.executed(ctx, now, a.seq, a.ops, Some(snapshot));
+        self.run(ctx, now);
+        Ok(())
+    }
+
+    /// The agreed state with the executor's: what a checkpoint signs.
+    fn state(&self, executor: Vec<u8>) -> pb::PerpetualState {
+        let tally = |group: u32, call: u64, t: &Tally| pb::PerpetualTally { group, call, votes: t.votes.clone() };
+        pb::PerpetualState {
+            executor,
+            next_call: self.next_call,
+            outstanding: self
+                .outstanding
+                .iter()
+                .map(|(&call, o)| pb::PerpetualOutstanding { call, target: o.target, op: o.op.to_vec() })
+                .collect(),
+            decided_floor: self.decided_floor,
+            decided: self.decided.iter().copied().collect(),
+            outcomes: self.outcomes.iter().map(|(&call, t)| tally(self.group, call, t)).collect(),
+            incoming: self.incoming.iter().map(|(&(g, call), t)| tally(g, call, t)).collect(),
+            delivered: self
+                .delivered
+                .iter()
+                .map(|(&group, d)| pb::PerpetualDelivered {
+                    group,
+                    floor: d.floor,
+                    calls: d.calls.iter().copied().collect(),
+                })
+                .collect(),
+        }
+    }
+
+    /// State transfer or a restart: the agreed state of a certified checkpoint, and the
+    /// executor's, handed to it.
+    fn restore(&mut self, ctx: &mut Ctx, seq: u64, snapshot: &[u8]) {
+        // The certificate vouched for these bytes: they are a correct member's snapshot.
+        let Ok(s) = pb::PerpetualState::decode(snapshot) else {
+            return ctx.fault(ctx.me(), FaultKind::Malformed);
+        };
+        self.next_call = s.next_call;
+        let now = self.last_now;
+        self.outstanding.clear();
+        for o in s.outstanding {
+            let Some(members) = self.groups.get(o.target as usize).map(|g| g.members.clone()) else { continue };
+            let body = pb::PerpetualOp {
+                kind: Some(Op::Call(pb::PerpetualCall { target: o.target, op: o.op.clone().into() })),
+            };
+            let copy = Bundle::seal(&ctx.keys, &members, o.call, vec![body.encode_to_vec().into()]);
+            let entry = Outstanding {
+                target: o.target,
+                op: o.op.into(),
+                copy,
+                // Sent to every target member at once: they have the result, if any.
+                resend_at: now,
+                replies: BTreeMap::new(),
+                results: BTreeMap::new(),
+                vouched: false,
+                abort_sent: false,
+            };
+            self.outstanding.insert(o.call, entry);
+        }
+        self.decided_floor = s.decided_floor;
+        self.decided = s.decided.into_iter().collect();
+        let tally = |t: pb::PerpetualTally| Tally { votes: t.votes };
+        self.outcomes = s.outcomes.into_iter().map(|t| (t.call, tally(t))).collect();
+        self.incoming = s.incoming.into_iter().map(|t| ((t.group, t.call), tally(t))).collect();
+        self.copies_of.clear();
+        for (&key, t) in &self.incoming {
+            for v in &t.votes {
+                self.copies_of.entry(v.member).or_default().insert(key);
+            }
+        }
+        self.delivered = s
+            .delivered
+            .into_iter()
+            .map(|d| (d.group, Delivered { floor: d.floor, calls: d.calls.into_iter().collect() }))
+            .collect();
+        ctx.push(Output::Event(Event::Restore { seq, state: s.executor }));
+    }
+
+    /// Calls not vouched for here after `client_retry_ns`: their copy to every target member.
+    fn resend(&mut self, ctx: &mut Ctx, now: Nanos) {
+        let retry = ctx.cfg.cluster.params.client_retry_ns;
+        for o in self.outstanding.values_mut().filter(|o| !o.vouched && o.resend_at <= now) {
+            o.resend_at = now.saturating_add(retry);
+            let members = self.groups[o.target as usize].members.clone();
+            ctx.send(pb::body::Kind::Requests(o.copy.clone()), members);
+        }
+    }
+}
+
+impl RoleMachine for Member {
+    fn on_message(&mut self, ctx: &mut Ctx, now: Nanos, msg: Opened) {
+        self.last_now = now;
+        let from = msg.sender;
+        match msg.body {
+            pb::body::Kind::PerpetualResult(r) => self.on_result(ctx, now, from, r),
+            pb::body::Kind::Requests(ref r) if !ctx.is_replica(from) => {
+                self.on_copy(ctx, from, r);
+                self.replica.on_message(ctx, now, msg);
+            }
+            _ => self.replica.on_message(ctx, now, msg),
+        }
+        self.run(ctx, now);
+    }
+
+    fn on_input(&mut self, ctx: &mut Ctx, now: Nanos, input: Input) -> Result<(), HandleError> {
+        self.last_now = now;
+        let result = match input {
+            Input::Request(Request::Call { target, op }) => self.call(ctx, now, target, op),
+            Input::Request(Request::Respond { caller, call, result }) => self.respond(ctx, caller, call, result),
+            Input::Request(Request::Abort { call }) => {
+                self.abort(ctx, now, call);
+                Ok(())
+            }
+            Input::Request(Request::Snapshot { seq, state }) => self.on_snapshot(ctx, now, seq, state),
+            Input::Recover { record } => {
+                if let Ok(pb::ReplicaRecord { kind: Some(pb::replica_record::Kind::OwnRequests(n)) }) =
+                    pb::ReplicaRecord::decode(record.as_slice())
+                {
+                    self.own_next = self.own_next.max(n);
+                    self.own_leased = self.own_next;
+                    return Ok(());
+                }
+                self.replica.on_input(ctx, now, Input::Recover { record })
+            }
+            // The voter runs here; the executor answers with requests, never batches.
+            other => Err(HandleError::WrongRole { role: ctx.role(), request: other.name() }),
+        };
+        self.run(ctx, now);
+        result
+    }
+
+    fn on_timeout(&mut self, ctx: &mut Ctx, now: Nanos) {
+        self.last_now = now;
+        self.replica.on_timeout(ctx, now);
+        self.resend(ctx, now);
+        self.run(ctx, now);
+    }
+
+    fn next_deadline(&self) -> Option<Nanos> {
+        let resend = self.outstanding.values().filter(|o| !o.vouched).map(|o| o.resend_at).min();
+        crate::distill::earliest([self.replica.next_deadline(), resend])
+    }
+
+    fn before_poll(&mut self, ctx: &mut Ctx) {
+        self.replica.before_poll(ctx);
+    }
+
+    fn status(&self, ctx: &Ctx) -> Status {
+        self.replica.status(ctx)
+    }
+
+    fn live_instances(&self) -> usize {
+        self.replica.live_instances()
+            + self.outstanding.len()
+            + self.outcomes.len()
+            + self.incoming.len()
+            + self.responded.len()
+            + self.direct.len()
+            + self.collecting.len()
+    }
+
+    fn next_request(&self) -> Option<u64> {
+        Some(self.next_call)
+    }
+}
