@@ -177,14 +177,20 @@ fn seeds() {
     assert!(failures.is_empty(), "{} failing seeds:\n{}", failures.len(), failures.join("\n"));
 }
 
-/// PHALANX_DEBUG="n_c n_t seed": one adversarial seed, with its events printed.
+/// PHALANX_DEBUG="n_c n_t seed [node...]": one adversarial seed, with its events printed
+/// (and the traces of the nodes named).
 #[test]
 #[ignore]
 fn debug_seed() {
     let v: Vec<u64> = std::env::var("PHALANX_DEBUG").unwrap().split(' ').map(|x| x.parse().unwrap()).collect();
-    let s = Scenario::adversarial(v[0] as u32, v[1] as u32, v[2]);
+    let mut s = Scenario::adversarial(v[0] as u32, v[1] as u32, v[2]);
+    s.record = v[3..].iter().map(|&id| id as u32).collect();
     println!("{s}");
     let out = s.run();
+    for (id, bytes) in &out.traces {
+        let trace = phalanx_core::trace::Trace::parse(bytes).unwrap();
+        println!("--- trace of node {id}\n{}", phalanx_core::trace::dump(&trace));
+    }
     for e in &out.log.perpetual.events {
         println!("{:>8}us node {} inc {}: {:?}", e.at / 1000, e.node, e.incarnation, e.event);
     }
