@@ -182,8 +182,10 @@ fn seeds_found_by_the_sweep() {
 /// debug build (see the branch's report): 1x4 seed 356 (target members that caught up by
 /// state transfer past a call never gave its result, so with the lying primary only one
 /// correct MAC exists and the call never completes), 4x7 seed 334 (a correct target
-/// member stops executing after a state transfer while its primary alters and another
-/// member equivocates).
+/// member the altering primary and an equivocating member keep from a commit quorum
+/// sees f+1 matching checkpoint votes ahead of it but never asks to catch up; making it
+/// ask fixes that seed but then 7x4 seed 26 hits the first problem: results lost to
+/// state transfer).
 #[test]
 #[ignore = "2 of 9,000 adversarial seeds still fail (1x4 seed 356, 4x7 seed 334); run with --ignored"]
 fn seeds() {
