@@ -153,11 +153,41 @@ fn a_faulty_target_primary_triggers_a_view_change() {
     }
 }
 
-/// Not yet at 0 violations: 5 of 270 seeds (30 per pair) fail, all restarts of a
-/// member or a lagging one (see the branch's report): a group of one restarted from a
-/// checkpoint does not finish, and a target member behind the others at the end.
+/// A lying caller-group primary (alter-to: it rewrites what it sends to most of its
+/// group, with valid MACs) that proposed only empty batches: its group executed them, so
+/// the request timer saw progress and never suspected it, and its members' vouches
+/// waited forever (adversarial seed 748 with a caller group of 7). Now the request timer
+/// counts only executions that serve a request waiting at the replica.
 #[test]
-#[ignore = "5 of 270 adversarial seeds still fail (restarts); run with --ignored"]
+fn a_lying_caller_primary_does_not_stall_its_group() {
+    for n_t in SIZES {
+        let s = Scenario::adversarial(7, n_t, 748);
+        assert!(matches!(s.callers[0], Behavior::AlterTo(_)), "{s}");
+        run(s);
+    }
+}
+
+/// Seeds the sweep found, fixed: a caller member that restarted resent its copies and a
+/// target primary holding the result ignored them (1x1 seeds 12, 23, 28; 1x4 seed 16);
+/// a target member the primary left out fetched batches its peers had already
+/// checkpointed and got nothing (7x4 seed 26).
+#[test]
+fn seeds_found_by_the_sweep() {
+    for (n_c, n_t, seed) in [(1, 1, 12), (1, 1, 23), (1, 1, 28), (1, 4, 16), (7, 4, 26)] {
+        run(Scenario::adversarial(n_c, n_t, seed));
+    }
+}
+
+/// Not yet at 0 violations: 2 of 9,000 seeds (1,000 per pair) fail, about 110 s in a
+/// debug build (see the branch's report): 1x4 seed 356 (target members that caught up by
+/// state transfer past a call never gave its result, so with the lying primary only one
+/// correct MAC exists and the call never completes), 4x7 seed 334 (a correct target
+/// member the altering primary and an equivocating member keep from a commit quorum
+/// sees f+1 matching checkpoint votes ahead of it but never asks to catch up; making it
+/// ask fixes that seed but then 7x4 seed 26 hits the first problem: results lost to
+/// state transfer).
+#[test]
+#[ignore = "2 of 9,000 adversarial seeds still fail (1x4 seed 356, 4x7 seed 334); run with --ignored"]
 fn seeds() {
     let seeds: u64 = std::env::var("PHALANX_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(1000);
     let start: u64 = std::env::var("PHALANX_SEED_START").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
@@ -177,14 +207,20 @@ fn seeds() {
     assert!(failures.is_empty(), "{} failing seeds:\n{}", failures.len(), failures.join("\n"));
 }
 
-/// PHALANX_DEBUG="n_c n_t seed": one adversarial seed, with its events printed.
+/// PHALANX_DEBUG="n_c n_t seed [node...]": one adversarial seed, with its events printed
+/// (and the traces of the nodes named).
 #[test]
 #[ignore]
 fn debug_seed() {
     let v: Vec<u64> = std::env::var("PHALANX_DEBUG").unwrap().split(' ').map(|x| x.parse().unwrap()).collect();
-    let s = Scenario::adversarial(v[0] as u32, v[1] as u32, v[2]);
+    let mut s = Scenario::adversarial(v[0] as u32, v[1] as u32, v[2]);
+    s.record = v[3..].iter().map(|&id| id as u32).collect();
     println!("{s}");
     let out = s.run();
+    for (id, bytes) in &out.traces {
+        let trace = phalanx_core::trace::Trace::parse(bytes).unwrap();
+        println!("--- trace of node {id}\n{}", phalanx_core::trace::dump(&trace));
+    }
     for e in &out.log.perpetual.events {
         println!("{:>8}us node {} inc {}: {:?}", e.at / 1000, e.node, e.incarnation, e.event);
     }

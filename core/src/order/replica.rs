@@ -904,6 +904,7 @@ impl Replica {
             )));
         }
         let mut results = results.into_iter();
+        let mut served = false;
         for (client, first, count) in self.executing.remove(&seq).expect("checked") {
             let results: Vec<Vec<u8>> = results.by_ref().take(count as usize).collect();
             let reply = ReplyBody { reply: Some(HostReply { view: self.view, first, results }) };
@@ -918,10 +919,16 @@ impl Replica {
             let done = self.queues.get(&client).map(|q| q.pending_within(first, first + count - 1));
             for first in done.unwrap_or_default() {
                 self.forget_pending(client, first);
+                served = true;
             }
         }
         self.executed = seq;
-        self.progress_at = now;
+        // Progress for the request timer is a request waiting here executed (or none
+        // waiting): a faulty primary that proposes only empty or foreign batches would
+        // otherwise never be suspected while it starves what waits here.
+        if served || self.waiting == 0 {
+            self.progress_at = now;
+        }
         self.failed_views = 0;
         if let Some(app) = snapshot {
             self.take_checkpoint(ctx, now, seq, app);

@@ -392,8 +392,9 @@ impl Member {
     // ------------------------------------------------------------ messages
 
     /// A copy of a call from a caller member, before PBFT takes it: a copy that reaches
-    /// this member while it is not primary is a resend (the caller timed out), whose
-    /// sender gets this member's result directly.
+    /// this member while it is not primary, or of a call it already took, is a resend
+    /// (the caller timed out, or restarted and lost the result), whose sender gets this
+    /// member's result directly.
     fn on_copy(&mut self, ctx: &mut Ctx, from: NodeId, r: &pb::Requests) {
         let Some(caller) = self.caller_group(from) else { return };
         // Decoded whole: `header` reads no client 0, which protobuf leaves out.
@@ -402,9 +403,6 @@ impl Member {
         else {
             return;
         };
-        if self.replica.primary_now(ctx) {
-            return;
-        }
         if let Some(done) = self.responded.get(&(caller, call)) {
             let msg = pb::PerpetualResult {
                 target: self.group,
@@ -415,6 +413,11 @@ impl Member {
                 macs: done.macs.clone(),
             };
             return self.send_direct(ctx, &msg, client);
+        }
+        // The primary gets every first copy: only one of a call it already took is a resend.
+        let delivered = self.delivered.get(&caller).is_some_and(|d| d.contains(call));
+        if self.replica.primary_now(ctx) && !delivered {
+            return;
         }
         self.direct.entry((caller, call)).or_default().insert(client);
         while self.direct.len() > self.local_cap() {

@@ -497,6 +497,12 @@ impl Replica {
             Some(b) => {
                 ctx.send(pb::body::Kind::Proposal(pb::Proposal { seq: f.seq, batch: b.encoded.clone() }), [from])
             }
+            // A slot a stable checkpoint settled here (its batch freed): the fetcher is
+            // behind that checkpoint, and an idle cluster brings it nothing else to
+            // notice (say its primary left it out): it gets what catch-up would send.
+            None if f.seq <= self.low && self.stable_snapshot.is_some() => {
+                self.on_fetch_state(ctx, from, pb::FetchState { seq: f.seq })
+            }
             None => ctx.stats.stale += 1,
         }
     }
