@@ -685,6 +685,26 @@ impl ClusterSpec {
 
 /// Generates every node's configuration deterministically from `seed`: pairwise MAC keys
 /// and BLS keys with proofs of possession. For tests, simulations and local clusters.
+/// The BLS secret keys of nodes 0..total, derived from `seed`.
+fn node_secrets(crypto: CryptoMode, seed: [u8; 32], total: u32) -> Vec<BlsSecretKey> {
+    (0..total).map(|id| BlsSecretKey::from_key_material(crypto, &bls_key_material(&seed, id))).collect()
+}
+
+/// Every node's configuration in a validated `cluster`: its secret key and the MAC keys it
+/// shares with each other node.
+fn node_configs(cluster: ClusterConfig, secrets: &[BlsSecretKey], seed: [u8; 32]) -> Result<Vec<NodeConfig>, ConfigError> {
+    cluster.validate()?;
+    let total = secrets.len() as u32;
+    Ok((0..total)
+        .map(|id| NodeConfig {
+            cluster: cluster.clone(),
+            id,
+            mac_keys: (0..total).filter(|&p| p != id).map(|p| (p, pairwise_mac_key(&seed, id, p))).collect(),
+            bls_secret: secrets[id as usize].clone(),
+        })
+        .collect())
+}
+
 pub fn generate_cluster(spec: &ClusterSpec, seed: [u8; 32]) -> Result<Vec<NodeConfig>, ConfigError> {
     let total = spec.replicas + spec.clients + spec.subscribers;
     let role_of = |id: u32| {
@@ -696,8 +716,7 @@ pub fn generate_cluster(spec: &ClusterSpec, seed: [u8; 32]) -> Result<Vec<NodeCo
             Role::Subscriber
         }
     };
-    let secrets: Vec<BlsSecretKey> =
-        (0..total).map(|id| BlsSecretKey::from_key_material(spec.crypto, &bls_key_material(&seed, id))).collect();
+    let secrets = node_secrets(spec.crypto, seed, total);
     let nodes: Vec<NodeInfo> = (0..total)
         .map(|id| NodeInfo {
             id,
@@ -715,15 +734,7 @@ pub fn generate_cluster(spec: &ClusterSpec, seed: [u8; 32]) -> Result<Vec<NodeCo
         protocol: spec.protocol,
         groups: vec![],
     };
-    cluster.validate()?;
-    Ok((0..total)
-        .map(|id| NodeConfig {
-            cluster: cluster.clone(),
-            id,
-            mac_keys: (0..total).filter(|&p| p != id).map(|p| (p, pairwise_mac_key(&seed, id, p))).collect(),
-            bls_secret: secrets[id as usize].clone(),
-        })
-        .collect())
+    node_configs(cluster, &secrets, seed)
 }
 
 /// The shape of a test or benchmark distillation deployment: 3f+1 servers (ids 0..n),
@@ -863,8 +874,7 @@ impl PerpetualSpec {
 /// BLS keys with proofs of possession.
 pub fn generate_perpetual(spec: &PerpetualSpec, seed: [u8; 32]) -> Result<Vec<NodeConfig>, ConfigError> {
     let total: u32 = spec.sizes.iter().sum();
-    let secrets: Vec<BlsSecretKey> =
-        (0..total).map(|id| BlsSecretKey::from_key_material(spec.crypto, &bls_key_material(&seed, id))).collect();
+    let secrets = node_secrets(spec.crypto, seed, total);
     let nodes = (0..total)
         .map(|id| NodeInfo {
             id,
@@ -889,15 +899,7 @@ pub fn generate_perpetual(spec: &PerpetualSpec, seed: [u8; 32]) -> Result<Vec<No
         protocol: Protocol::Perpetual,
         groups,
     };
-    cluster.validate()?;
-    Ok((0..total)
-        .map(|id| NodeConfig {
-            cluster: cluster.clone(),
-            id,
-            mac_keys: (0..total).filter(|&p| p != id).map(|p| (p, pairwise_mac_key(&seed, id, p))).collect(),
-            bls_secret: secrets[id as usize].clone(),
-        })
-        .collect())
+    node_configs(cluster, &secrets, seed)
 }
 
 #[cfg(test)]
