@@ -22,7 +22,7 @@ use super::{
 use crate::crypto::ed25519::{EdItem, verify_each};
 use crate::crypto::{BlsPublicKey, BlsSignature, Digest, EdPublicKey, EdSignature, verify_multi};
 use crate::node::{Ctx, HandleError, Output, Status};
-use crate::order::Replica;
+use crate::order::{OwnNumbers, Replica};
 use crate::role::RoleMachine;
 use crate::wire::pb::distill_frame::Kind as Frame;
 use crate::wire::pb::distill_op::Kind as Op;
@@ -32,8 +32,6 @@ use crate::{FaultKind, Input, Nanos, NodeId, Operation};
 /// A broker's lane: its identity and the lane's index.
 type LaneKey = (EdPublicKey, u32);
 
-/// Own request numbers leased per persisted record.
-const LEASE: u64 = 1024;
 /// Sign-ups waiting for their answer at once.
 const MAX_SIGN_UPS_WAITING: usize = 1024;
 
@@ -87,8 +85,7 @@ pub(crate) struct Server {
     stored: VecDeque<Digest>,
     queue: VecDeque<Execution>,
     fetch_at: Option<Nanos>,
-    own_next: u64,
-    own_leased: u64,
+    own: OwnNumbers,
     sign_ups: BTreeMap<EdPublicKey, NodeId>,
     last_now: Nanos,
 }
@@ -112,8 +109,7 @@ impl Server {
             stored: VecDeque::new(),
             queue: VecDeque::new(),
             fetch_at: None,
-            own_next: 1,
-            own_leased: 1,
+            own: OwnNumbers::new(),
             sign_ups: BTreeMap::new(),
             last_now: 0,
         }
@@ -350,13 +346,7 @@ impl Server {
     /// Orders `op` through PBFT as a request of this server's own, its number leased
     /// durably first so a restart never reuses one.
     fn submit(&mut self, ctx: &mut Ctx, now: Nanos, op: Op) {
-        if self.own_next >= self.own_leased {
-            self.own_leased = self.own_next + LEASE;
-            let record = pb::ReplicaRecord { kind: Some(pb::replica_record::Kind::OwnRequests(self.own_leased)) };
-            ctx.persist(record.encode_to_vec());
-        }
-        let first = self.own_next;
-        self.own_next += 1;
+        let first = self.own.take(ctx);
         let op = Bytes::from(pb::DistillOp { kind: Some(op) }.encode_to_vec());
         self.replica.submit_own(ctx, now, first, vec![op]);
     }
@@ -652,13 +642,7 @@ impl RoleMachine for Server {
     fn on_input(&mut self, ctx: &mut Ctx, now: Nanos, input: Input) -> Result<(), HandleError> {
         match input {
             Input::Recover { record } => {
-                if let Ok(pb::ReplicaRecord { kind: Some(pb::replica_record::Kind::OwnRequests(n)) }) =
-                    pb::ReplicaRecord::decode(record.as_slice())
-                {
-                    self.own_next = self.own_next.max(n);
-                    self.own_leased = self.own_next;
-                    return Ok(());
-                }
+                let Some(record) = self.own.recover(record) else { return Ok(()) };
                 self.replica.on_input(ctx, now, Input::Recover { record })?;
                 self.run(ctx, now);
                 Ok(())

@@ -80,14 +80,12 @@ use prost::Message;
 
 use crate::crypto::{Digest, digest};
 use crate::node::{Ctx, Event, HandleError, Output, Status};
-use crate::order::{Bundle, Replica, primary};
+use crate::order::{Bundle, LEASE, OwnNumbers, Replica, primary};
 use crate::role::RoleMachine;
 use crate::wire::pb::perpetual_op::Kind as Op;
 use crate::wire::{Opened, pb};
 use crate::{FaultKind, Input, Nanos, NodeId, Operation, Request};
 
-/// Own request numbers (vouches and aborts) leased per persisted record.
-const LEASE: u64 = 1024;
 
 /// A group as a member sees it.
 struct GroupView {
@@ -214,8 +212,8 @@ pub(crate) struct Member {
     /// The undelivered copies per caller member (derived from `incoming`).
     copies_of: BTreeMap<NodeId, BTreeSet<(u32, u64)>>,
     awaiting: Option<AwaitingSnapshot>,
-    own_next: u64,
-    own_leased: u64,
+    /// Numbers of its own requests (vouches and aborts).
+    own: OwnNumbers,
     own_checked: bool,
     responded: BTreeMap<(u32, u64), Responded>,
     /// Caller members that resent a call to this member: they get its result directly.
@@ -253,8 +251,7 @@ impl Member {
             delivered: BTreeMap::new(),
             copies_of: BTreeMap::new(),
             awaiting: None,
-            own_next: 1,
-            own_leased: 1,
+            own: OwnNumbers::new(),
             own_checked: false,
             responded: BTreeMap::new(),
             direct: BTreeMap::new(),
@@ -376,15 +373,9 @@ impl Member {
         // earlier run used and its group did not execute yet.
         if !self.own_checked {
             self.own_checked = true;
-            self.own_next = self.own_next.max(self.replica.own_executed(ctx) + 2 * LEASE);
+            self.own.raise_to(self.replica.own_executed(ctx) + 2 * LEASE);
         }
-        if self.own_next >= self.own_leased {
-            self.own_leased = self.own_next + LEASE;
-            let record = pb::ReplicaRecord { kind: Some(pb::replica_record::Kind::OwnRequests(self.own_leased)) };
-            ctx.persist(record.encode_to_vec());
-        }
-        let first = self.own_next;
-        self.own_next += 1;
+        let first = self.own.take(ctx);
         let op = Bytes::from(pb::PerpetualOp { kind: Some(op) }.encode_to_vec());
         self.replica.submit_own(ctx, now, first, vec![op]);
     }
@@ -762,13 +753,7 @@ impl RoleMachine for Member {
             }
             Input::Request(Request::Snapshot { seq, state }) => self.on_snapshot(ctx, now, seq, state),
             Input::Recover { record } => {
-                if let Ok(pb::ReplicaRecord { kind: Some(pb::replica_record::Kind::OwnRequests(n)) }) =
-                    pb::ReplicaRecord::decode(record.as_slice())
-                {
-                    self.own_next = self.own_next.max(n);
-                    self.own_leased = self.own_next;
-                    return Ok(());
-                }
+                let Some(record) = self.own.recover(record) else { return Ok(()) };
                 self.replica.on_input(ctx, now, Input::Recover { record })
             }
             // The voter runs here; the executor answers with requests, never batches.
