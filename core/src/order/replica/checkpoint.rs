@@ -312,10 +312,16 @@ impl Replica {
                 self.stable_snapshot = Some(s.state);
                 self.persist_stable(ctx);
             }
+            // Older than the stable checkpoint this replica knows of (the peer had not
+            // reached it when it answered): a step toward it, asked for again below.
+            None if s.seq < self.low => {}
             None => self.vote_checkpoint(ctx, now, s.seq, s.state),
         }
         self.fetch_at = None;
         self.caught_up(ctx, now);
+        if self.executed < self.low.max(self.behind) {
+            self.fetch_state(ctx);
+        }
     }
 
     /// Replaces what this replica executed with the state of checkpoint `seq`: the
