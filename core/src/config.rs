@@ -692,7 +692,11 @@ fn node_secrets(crypto: CryptoMode, seed: [u8; 32], total: u32) -> Vec<BlsSecret
 
 /// Every node's configuration in a validated `cluster`: its secret key and the MAC keys it
 /// shares with each other node.
-fn node_configs(cluster: ClusterConfig, secrets: &[BlsSecretKey], seed: [u8; 32]) -> Result<Vec<NodeConfig>, ConfigError> {
+fn node_configs(
+    cluster: ClusterConfig,
+    secrets: &[BlsSecretKey],
+    seed: [u8; 32],
+) -> Result<Vec<NodeConfig>, ConfigError> {
     cluster.validate()?;
     let total = secrets.len() as u32;
     Ok((0..total)
