@@ -172,10 +172,24 @@ fn a_lying_caller_primary_does_not_stall_its_group() {
 /// a target member the primary left out fetched batches its peers had already
 /// checkpointed and got nothing (7x4 seed 26); a target member that installed a
 /// certified state older than the stable checkpoint it knew of stopped asking (1x4 seed
-/// 3231).
+/// 3231); target members that restarted or caught up by state transfer past a call had
+/// lost its result, so the caller's resends went unanswered (1x1 seed 756, the lone
+/// target restarted; 1x4 seeds 1020 and 7365; 4x4 seed 3261).
 #[test]
 fn seeds_found_by_the_sweep() {
-    for (n_c, n_t, seed) in [(1, 1, 12), (1, 1, 23), (1, 1, 28), (1, 4, 16), (7, 4, 26), (1, 4, 3231)] {
+    let seeds = [
+        (1, 1, 12),
+        (1, 1, 23),
+        (1, 1, 28),
+        (1, 4, 16),
+        (7, 4, 26),
+        (1, 4, 3231),
+        (1, 1, 756),
+        (1, 4, 1020),
+        (1, 4, 7365),
+        (4, 4, 3261),
+    ];
+    for (n_c, n_t, seed) in seeds {
         run(Scenario::adversarial(n_c, n_t, seed));
     }
 }

@@ -72,6 +72,12 @@
 //! At a checkpoint batch the member emits `Event::Checkpoint { seq }` and waits for the
 //! executor's `Request::Snapshot`; the checkpoint state is the executor's snapshot and the
 //! member's agreed state ([`pb::PerpetualState`]), restored together (`Event::Restore`).
+//! The agreed state holds the executor's results too (the latest, capped like the other
+//! per-call records), so a member that restarts or catches up by state transfer past a
+//! call still answers its resends: were they lost, a call whose results went with more
+//! than f_t members' restarts would never complete. A deterministic executor responds at
+//! the same point of the event sequence at every member, so the results a checkpoint
+//! holds agree.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -85,7 +91,6 @@ use crate::role::RoleMachine;
 use crate::wire::pb::perpetual_op::Kind as Op;
 use crate::wire::{Opened, pb};
 use crate::{FaultKind, Input, Nanos, NodeId, Operation, Request};
-
 
 /// A group as a member sees it.
 struct GroupView {
@@ -174,12 +179,6 @@ impl Delivered {
     }
 }
 
-/// A result this member's executor gave, kept to answer resends directly.
-struct Responded {
-    result: Bytes,
-    macs: Vec<pb::Mac>,
-}
-
 /// A result the responder collects, by target member.
 struct Collected {
     digest: Digest,
@@ -208,6 +207,8 @@ pub(crate) struct Member {
     /// Target side: copies of calls, by (caller group, call), until f_c+1 match.
     incoming: BTreeMap<(u32, u64), Tally>,
     delivered: BTreeMap<u32, Delivered>,
+    /// The executor's results, by (caller group, call), kept to answer resends.
+    responded: BTreeMap<(u32, u64), Bytes>,
     // This member's own.
     /// The undelivered copies per caller member (derived from `incoming`).
     copies_of: BTreeMap<NodeId, BTreeSet<(u32, u64)>>,
@@ -215,7 +216,6 @@ pub(crate) struct Member {
     /// Numbers of its own requests (vouches and aborts).
     own: OwnNumbers,
     own_checked: bool,
-    responded: BTreeMap<(u32, u64), Responded>,
     /// Caller members that resent a call to this member: they get its result directly.
     direct: BTreeMap<(u32, u64), BTreeSet<NodeId>>,
     /// As a responder: results per call, by target member.
@@ -341,8 +341,7 @@ impl Member {
         let result = Bytes::from(result);
         let responder = self.me().responder(call);
         let view = self.replica.view();
-        let msg =
-            pb::PerpetualResult { target: self.group, caller, call, result: result.clone(), view, macs: macs.clone() };
+        let msg = pb::PerpetualResult { target: self.group, caller, call, result: result.clone(), view, macs };
         if responder == ctx.me() {
             self.collect(ctx, ctx.me(), msg.clone());
         } else {
@@ -351,7 +350,7 @@ impl Member {
         for to in self.direct.remove(&(caller, call)).unwrap_or_default() {
             self.send_direct(ctx, &msg, to);
         }
-        self.responded.insert((caller, call), Responded { result, macs });
+        self.responded.insert((caller, call), result);
         while self.responded.len() > self.local_cap() {
             self.responded.pop_first();
         }
@@ -394,15 +393,10 @@ impl Member {
         else {
             return;
         };
-        if let Some(done) = self.responded.get(&(caller, call)) {
-            let msg = pb::PerpetualResult {
-                target: self.group,
-                caller,
-                call,
-                result: done.result.clone(),
-                view: 0,
-                macs: done.macs.clone(),
-            };
+        if let Some(result) = self.responded.get(&(caller, call)) {
+            let statement = result_statement(self.group, caller, call, result);
+            let macs = ctx.keys.result_mac_to(client, &statement).into_iter().collect();
+            let msg = pb::PerpetualResult { target: self.group, caller, call, result: result.clone(), view: 0, macs };
             return self.send_direct(ctx, &msg, client);
         }
         // The primary gets every first copy: only one of a call it already took is a resend.
@@ -665,6 +659,11 @@ impl Member {
                     calls: d.calls.iter().copied().collect(),
                 })
                 .collect(),
+            responded: self
+                .responded
+                .iter()
+                .map(|(&(group, call), result)| pb::PerpetualResponded { group, call, result: result.to_vec() })
+                .collect(),
         }
     }
 
@@ -713,6 +712,7 @@ impl Member {
             .into_iter()
             .map(|d| (d.group, Delivered { floor: d.floor, calls: d.calls.into_iter().collect() }))
             .collect();
+        self.responded = s.responded.into_iter().map(|r| ((r.group, r.call), r.result.into())).collect();
         ctx.push(Output::Event(Event::Restore { seq, state: s.executor }));
     }
 
