@@ -174,7 +174,9 @@ fn a_lying_caller_primary_does_not_stall_its_group() {
 /// certified state older than the stable checkpoint it knew of stopped asking (1x4 seed
 /// 3231); target members that restarted or caught up by state transfer past a call had
 /// lost its result, so the caller's resends went unanswered (1x1 seed 756, the lone
-/// target restarted; 1x4 seeds 1020 and 7365; 4x4 seed 3261).
+/// target restarted; 1x4 seeds 1020 and 7365; 4x4 seed 3261); a target member that lost
+/// the votes of the last batch stayed a batch behind once the caller went idle (1x7 seed
+/// 2102, 4x4 seed 8672).
 #[test]
 fn seeds_found_by_the_sweep() {
     let seeds = [
@@ -188,6 +190,8 @@ fn seeds_found_by_the_sweep() {
         (1, 4, 1020),
         (1, 4, 7365),
         (4, 4, 3261),
+        (1, 7, 2102),
+        (4, 4, 8672),
     ];
     for (n_c, n_t, seed) in seeds {
         run(Scenario::adversarial(n_c, n_t, seed));

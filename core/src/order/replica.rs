@@ -149,8 +149,12 @@ pub(crate) struct Replica {
     forwarded: Option<(Nanos, Nanos)>,
     /// When this replica next suspects the primary (the second stage).
     suspect: Option<Nanos>,
-    /// When to ask again for the state of a stable checkpoint not executed here.
+    /// When to ask again for the state of a stable checkpoint not executed here, or to
+    /// check that the slots above what executed here moved.
     fetch_at: Option<Nanos>,
+    /// The last batch handed over when `fetch_at` was armed to watch slots above it: if
+    /// none was handed over since, their votes were lost, and this replica asks.
+    stall_watch: Option<u64>,
     /// The time of the latest input, for deadlines set where no time is passed in.
     last_now: Nanos,
     /// Catch-up answers: committed batches per seq by replica, and uncertified
@@ -238,6 +242,7 @@ impl Replica {
             // At once: `resume` asks the others what they committed, without waiting for
             // an input (an idle cluster sends none).
             fetch_at: Some(0),
+            stall_watch: None,
             last_now: 0,
             catch_up: BTreeMap::new(),
             offered_states: BTreeMap::new(),
@@ -1101,6 +1106,9 @@ impl RoleMachine for Replica {
         self.last_now = now;
         self.resume(ctx);
         if self.fetch_at.is_some_and(|d| d <= now) {
+            if self.stalled() {
+                self.asks_owed = self.asks_owed.max(1);
+            }
             self.fetch_state(ctx);
         }
         if self.forward_at.is_some_and(|d| d <= now) {

@@ -21,6 +21,8 @@ struct Net {
     received: Vec<u64>,
     /// Replicas whose outgoing frames are dropped.
     silent: Vec<NodeId>,
+    /// Replicas whose incoming frames are dropped.
+    deaf: Vec<NodeId>,
     /// Replicas whose host executes each batch at once but answers later (`answer_held`).
     slow_hosts: Vec<NodeId>,
     held_answers: Vec<(NodeId, Input)>,
@@ -43,6 +45,7 @@ impl Net {
             executed: vec![vec![]; n],
             received: vec![0; n],
             silent: vec![],
+            deaf: vec![],
             slow_hosts: vec![],
             held_answers: vec![],
             restored: vec![],
@@ -85,10 +88,17 @@ impl Net {
     }
 
     fn run(&mut self) {
-        while let Some((from, to, bytes)) = self.queue.pop_front() {
+        while self.step().is_some() {}
+    }
+
+    /// Delivers the next frame (unless its addressee is deaf): its sender and addressee.
+    fn step(&mut self) -> Option<(NodeId, NodeId)> {
+        let (from, to, bytes) = self.queue.pop_front()?;
+        if !self.deaf.contains(&to) {
             self.received[to as usize] += 1;
             self.input(to, Input::Message { from, bytes });
         }
+        Some((from, to))
     }
 
     /// Advances the clock to every pending deadline until nothing is scheduled or `until`.
@@ -282,4 +292,30 @@ fn a_state_transfer_while_the_host_owes_answers_lets_them_pass() {
     }
     assert_eq!(net.nodes[3].status().executed, net.nodes[0].status().executed);
     assert_eq!(net.apps[3].concat(), net.apps[0].concat(), "the restore came after the batches it superseded");
+}
+
+/// A backup that got the PRE-PREPARE of the last batch but none of the votes after it, in
+/// a cluster that then goes idle: PREPAREs and COMMITs are never sent again, and no
+/// checkpoint comes. It asks its peers within a quarter of the request timeout, rather
+/// than suspect the working primary when its request timer runs out.
+#[test]
+fn a_backup_that_lost_the_votes_of_the_last_batch_catches_up_in_an_idle_cluster() {
+    let params = Params { checkpoint_interval: 64, ..params() };
+    let mut net = Net::new(1, 1, params.clone());
+    // Past the asks replicas make when they start.
+    net.run_timers(2_000_000_000);
+    net.submit(4, b"op");
+    // Until the PRE-PREPARE reached replica 3 (an idle primary proposes at once), then
+    // nothing.
+    while net.step().is_some_and(|(from, to)| (from, to) != (0, 3)) {}
+    net.deaf = vec![3];
+    net.run();
+    assert_eq!(net.completed.len(), 1);
+    assert!(net.executed[3].is_empty(), "replica 3 executed without the votes");
+    net.deaf.clear();
+    net.run_timers(net.now + params.request_timeout_ns / 2);
+    assert_eq!(net.executed[3], net.executed[0], "replica 3 stayed behind");
+    for r in 0..4 {
+        assert_eq!(net.nodes[r].status().view_changes, 0, "replica {r} changed view");
+    }
 }

@@ -173,6 +173,25 @@ impl Replica {
         }
     }
 
+    /// Watches the slots above what this replica handed over, if any wait: lost PREPAREs
+    /// or COMMITs are never sent again, and in an idle cluster nothing else would tell
+    /// it that its peers went on without it (no client waits on it, no checkpoint comes).
+    /// Not during a view change, whose timer asks already.
+    pub(super) fn watch_slots(&mut self, ctx: &Ctx) {
+        if self.fetch_at.is_none() && self.changing.is_none() && self.log.range(self.delivered + 1..).next().is_some() {
+            self.fetch_at = Some(self.last_now.saturating_add(ctx.cfg.cluster.params.request_timeout_ns / 4));
+            self.stall_watch = Some(self.delivered);
+        }
+    }
+
+    /// Whether the slots watched since `fetch_at` was armed still wait, nothing handed
+    /// over meanwhile.
+    pub(super) fn stalled(&self) -> bool {
+        self.changing.is_none()
+            && self.stall_watch == Some(self.delivered)
+            && self.log.range(self.delivered + 1..).next().is_some()
+    }
+
     /// A vote for slot `seq` of this view: if it is more than twice the pipeline beyond
     /// what this replica handed to its host, its peers executed past that (a correct
     /// primary proposes at most `pipeline` batches beyond what it executed), so this

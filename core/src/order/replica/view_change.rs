@@ -166,6 +166,7 @@ impl Replica {
                 Some(self.progress_at.saturating_add(timeout)).max(forwarded.map(|at| at.saturating_add(timeout / 2)))
             }
         };
+        self.watch_slots(ctx);
     }
 
     /// The request timer's second stage, or a view change's timer: suspects the primary,
