@@ -343,12 +343,10 @@ impl Server {
         send_frame(ctx, to, Frame::Assigned(a));
     }
 
-    /// Orders `op` through PBFT as a request of this server's own, its number leased
-    /// durably first so a restart never reuses one.
+    /// Orders `op` through PBFT as a request of this server's own.
     fn submit(&mut self, ctx: &mut Ctx, now: Nanos, op: Op) {
-        let first = self.own.take(ctx);
         let op = Bytes::from(pb::DistillOp { kind: Some(op) }.encode_to_vec());
-        self.replica.submit_own(ctx, now, first, vec![op]);
+        self.own.submit(ctx, now, &mut self.replica, op);
     }
 
     // ------------------------------------------------------------ between servers

@@ -71,7 +71,7 @@ mod tests;
 
 pub(crate) use batch::EncodedBatch;
 pub(crate) use client::Client;
-pub(crate) use own::{LEASE, OwnNumbers};
+pub(crate) use own::OwnNumbers;
 pub(crate) use replica::{Replica, VOTED_KEPT};
 pub(crate) use requests::{Bundle, header};
 

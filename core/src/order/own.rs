@@ -2,23 +2,28 @@
 //! member's), ordered through its group's PBFT like a client's: leased durably, a block
 //! at a time, so a restart never reuses one.
 
+use bytes::Bytes;
 use prost::Message;
 
+use super::Replica;
+use crate::Nanos;
 use crate::node::Ctx;
 use crate::wire::pb;
 
 /// Own request numbers leased per persisted record.
-pub(crate) const LEASE: u64 = 1024;
+const LEASE: u64 = 1024;
 
 #[derive(Debug)]
 pub(crate) struct OwnNumbers {
     next: u64,
     leased: u64,
+    /// Whether this run's numbers were raised past what the group executed.
+    raised: bool,
 }
 
 impl OwnNumbers {
     pub(crate) fn new() -> Self {
-        OwnNumbers { next: 1, leased: 1 }
+        OwnNumbers { next: 1, leased: 1, raised: false }
     }
 
     /// Takes a recovered record that is a lease (numbers below it may have been used),
@@ -34,13 +39,20 @@ impl OwnNumbers {
         }
     }
 
-    /// Numbers from now on are at least `floor`.
-    pub(crate) fn raise_to(&mut self, floor: u64) {
-        self.next = self.next.max(floor);
+    /// Orders `op` through `replica`'s group as a request of its own. The first of a run
+    /// is numbered past what the group executed of this replica's (a lease record may
+    /// have gone with a compaction) by two leases: beyond any number an earlier run used
+    /// and the group did not execute yet.
+    pub(crate) fn submit(&mut self, ctx: &mut Ctx, now: Nanos, replica: &mut Replica, op: Bytes) {
+        if !std::mem::replace(&mut self.raised, true) {
+            self.next = self.next.max(replica.own_executed(ctx) + 2 * LEASE);
+        }
+        let first = self.take(ctx);
+        replica.submit_own(ctx, now, first, vec![op]);
     }
 
     /// The next number, a new lease persisted first when the last one is used up.
-    pub(crate) fn take(&mut self, ctx: &mut Ctx) -> u64 {
+    fn take(&mut self, ctx: &mut Ctx) -> u64 {
         if self.next >= self.leased {
             self.leased = self.next + LEASE;
             let record = pb::ReplicaRecord { kind: Some(pb::replica_record::Kind::OwnRequests(self.leased)) };

@@ -86,7 +86,7 @@ use prost::Message;
 
 use crate::crypto::{Digest, digest};
 use crate::node::{Ctx, Event, HandleError, Output, Status};
-use crate::order::{Bundle, LEASE, OwnNumbers, Replica, primary};
+use crate::order::{Bundle, OwnNumbers, Replica, primary};
 use crate::role::RoleMachine;
 use crate::wire::pb::perpetual_op::Kind as Op;
 use crate::wire::{Opened, pb};
@@ -215,7 +215,6 @@ pub(crate) struct Member {
     awaiting: Option<AwaitingSnapshot>,
     /// Numbers of its own requests (vouches and aborts).
     own: OwnNumbers,
-    own_checked: bool,
     /// Caller members that resent a call to this member: they get its result directly.
     direct: BTreeMap<(u32, u64), BTreeSet<NodeId>>,
     /// As a responder: results per call, by target member.
@@ -252,7 +251,6 @@ impl Member {
             copies_of: BTreeMap::new(),
             awaiting: None,
             own: OwnNumbers::new(),
-            own_checked: false,
             responded: BTreeMap::new(),
             direct: BTreeMap::new(),
             collecting: BTreeMap::new(),
@@ -364,19 +362,10 @@ impl Member {
         ctx.send(pb::body::Kind::PerpetualResult(pb::PerpetualResult { macs, view, ..msg.clone() }), [to]);
     }
 
-    /// Orders `op` through this group's PBFT as a request of this member's own, its
-    /// number leased durably first so a restart never reuses one.
+    /// Orders `op` through this group's PBFT as a request of this member's own.
     fn submit(&mut self, ctx: &mut Ctx, now: Nanos, op: Op) {
-        // The first of this run: past what its group executed of this member's (a lease
-        // record may have gone with a compaction), by two leases, beyond any number an
-        // earlier run used and its group did not execute yet.
-        if !self.own_checked {
-            self.own_checked = true;
-            self.own.raise_to(self.replica.own_executed(ctx) + 2 * LEASE);
-        }
-        let first = self.own.take(ctx);
         let op = Bytes::from(pb::PerpetualOp { kind: Some(op) }.encode_to_vec());
-        self.replica.submit_own(ctx, now, first, vec![op]);
+        self.own.submit(ctx, now, &mut self.replica, op);
     }
 
     // ------------------------------------------------------------ messages
