@@ -683,8 +683,6 @@ impl ClusterSpec {
     }
 }
 
-/// Generates every node's configuration deterministically from `seed`: pairwise MAC keys
-/// and BLS keys with proofs of possession. For tests, simulations and local clusters.
 /// The BLS secret keys of nodes 0..total, derived from `seed`.
 fn node_secrets(crypto: CryptoMode, seed: [u8; 32], total: u32) -> Vec<BlsSecretKey> {
     (0..total).map(|id| BlsSecretKey::from_key_material(crypto, &bls_key_material(&seed, id))).collect()
@@ -709,6 +707,8 @@ fn node_configs(
         .collect())
 }
 
+/// Generates every node's configuration deterministically from `seed`: pairwise MAC keys
+/// and BLS keys with proofs of possession. For tests, simulations and local clusters.
 pub fn generate_cluster(spec: &ClusterSpec, seed: [u8; 32]) -> Result<Vec<NodeConfig>, ConfigError> {
     let total = spec.replicas + spec.clients + spec.subscribers;
     let role_of = |id: u32| {

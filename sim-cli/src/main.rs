@@ -12,7 +12,7 @@ use clap::{Parser, Subcommand};
 use phalanx_core::crypto::CryptoMode;
 use phalanx_core::sim::distill_scenario::Scenario as DistillScenario;
 use phalanx_core::sim::order_scenario;
-use phalanx_core::sim::perpetual::Scenario as PerpetualScenario;
+use phalanx_core::sim::perpetual;
 use phalanx_core::sim::scenario::{Protocol, reference_traces, sweep};
 use phalanx_core::trace::{Trace, dump, replay};
 
@@ -151,35 +151,18 @@ fn seeds(protocol: &str, f: u32, from: u64, count: u64, real_every: u64) -> Exit
         let sizes = if f == 0 { vec![1, 4, 7] } else { vec![3 * f + 1] };
         for &n_c in &sizes {
             for &n_t in &sizes {
-                let (failures, calls) = perpetual_sweep(n_c, n_t, from..from + count, real_every);
-                failed += report(&failures);
-                println!("perpetual n_c={n_c} n_t={n_t}: {count} seeds from {from}, {calls} completed calls checked");
+                let result = perpetual::sweep(n_c, n_t, from..from + count, real_every);
+                failed += report(&result.failures);
+                println!(
+                    "perpetual n_c={n_c} n_t={n_t}: {count} seeds from {from}, {} completed calls checked",
+                    result.completions
+                );
                 total += count;
             }
         }
     }
     println!("{} passed, {failed} failed", total - failed);
     if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
-}
-
-/// Perpetual's adversarial scenarios for a caller group of `n_c` and a target group of
-/// `n_t` members, checked for fault isolation: the failures, and how many calls the
-/// caller executors completed.
-fn perpetual_sweep(n_c: u32, n_t: u32, seeds: std::ops::Range<u64>, real_every: u64) -> (Vec<String>, u64) {
-    let (mut failures, mut calls) = (vec![], 0);
-    for seed in seeds {
-        let crypto = if seed % real_every.max(1) == 0 { CryptoMode::Real } else { CryptoMode::InsecureTest };
-        let s = PerpetualScenario { crypto, ..PerpetualScenario::adversarial(n_c, n_t, seed) };
-        let out = s.run();
-        calls += out.executors.values().map(|e| e.completed).sum::<u64>();
-        if !out.violations.is_empty() {
-            failures.push(format!(
-                "FAILED {s}\n  rerun: PHALANX_DEBUG=\"{n_c} {n_t} {seed}\" cargo test -p phalanx-tests --test perpetual debug_seed -- --ignored --nocapture\n  {}",
-                out.violations.join("\n  ")
-            ));
-        }
-    }
-    (failures, calls)
 }
 
 /// Distillation's random scenarios checked against spec §6: the failures, and how many

@@ -8,7 +8,7 @@
 use phalanx_core::Event;
 use phalanx_core::crypto::CryptoMode;
 use phalanx_core::sim::adversary::Behavior;
-use phalanx_core::sim::perpetual::{Outcome, Scenario};
+use phalanx_core::sim::perpetual::{Outcome, Scenario, sweep};
 
 const MS: u64 = 1_000_000;
 const SIZES: [u32; 3] = [1, 4, 7];
@@ -199,31 +199,27 @@ fn seeds_found_by_the_sweep() {
 }
 
 /// Adversarial seeds, 1,000 per pair of group sizes (`PHALANX_SEEDS`, from
-/// `PHALANX_SEED_START`), every property checked: fault isolation both ways, one outcome
-/// per call at every correct caller member, correct callers finishing their workload and
-/// correct target members converging on its final value. `phalanx-sim seeds --protocol
-/// perpetual --count 10000` sweeps further (with real crypto on every 25th seed).
+/// `PHALANX_SEED_START`), real crypto on every 25th, every property checked: fault
+/// isolation both ways, one outcome per call at every correct caller member, correct
+/// callers finishing their workload and correct target members converging on its final
+/// value. `phalanx-sim seeds --protocol perpetual --count 10000` sweeps further.
 #[test]
 fn seeds() {
     let seeds: u64 = std::env::var("PHALANX_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(1000);
     let start: u64 = std::env::var("PHALANX_SEED_START").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
-    let (mut failures, mut calls) = (Vec::new(), 0);
     for n_c in SIZES {
         for n_t in SIZES {
-            for seed in start..start + seeds {
-                let s = Scenario::adversarial(n_c, n_t, seed);
-                let label = s.to_string();
-                let out = s.run();
-                calls += out.executors.values().map(|e| e.completed).sum::<u64>();
-                if !out.violations.is_empty() {
-                    failures.push(format!("{label}\n  {}", out.violations.join("\n  ")));
-                }
-            }
+            let result = sweep(n_c, n_t, start..start + seeds, 25);
+            assert!(
+                result.failures.is_empty(),
+                "{n_c}x{n_t}: {} failing seeds:\n{}",
+                result.failures.len(),
+                result.failures.join("\n")
+            );
+            // The seeds must exercise calls, not just survive: most complete their workload.
+            assert!(result.completions as u64 >= seeds * 4, "{n_c}x{n_t}: {} calls completed", result.completions);
         }
     }
-    assert!(failures.is_empty(), "{} failing seeds:\n{}", failures.len(), failures.join("\n"));
-    // The seeds must exercise calls, not just survive: most complete their workload.
-    assert!(calls >= 9 * seeds * 4, "{calls} calls completed in {} seeds", 9 * seeds);
 }
 
 /// PHALANX_DEBUG="n_c n_t seed [node...]": one adversarial seed, with its events printed

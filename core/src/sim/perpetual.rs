@@ -16,6 +16,7 @@ use std::fmt;
 use prost::Message;
 
 use super::adversary::{self, Behavior};
+use super::order_scenario::Sweep;
 use super::{NetConfig, Rng, Sim};
 use crate::crypto::CryptoMode;
 use crate::wire::{self, pb};
@@ -660,4 +661,25 @@ impl fmt::Display for Scenario {
             self.net
         )
     }
+}
+
+/// Runs adversarial seeds `seeds` for groups of `n_c` and `n_t` members, with real crypto
+/// on every `real_every`-th seed and insecure test crypto on the others; completions
+/// count the calls caller executors completed.
+pub fn sweep(n_c: u32, n_t: u32, seeds: std::ops::Range<u64>, real_every: u64) -> Sweep {
+    let mut out = Sweep::default();
+    for seed in seeds {
+        let crypto = if seed % real_every.max(1) == 0 { CryptoMode::Real } else { CryptoMode::InsecureTest };
+        let s = Scenario { crypto, ..Scenario::adversarial(n_c, n_t, seed) };
+        let run = s.run();
+        out.seeds += 1;
+        out.completions += run.executors.values().map(|e| e.completed as usize).sum::<usize>();
+        if !run.violations.is_empty() {
+            out.failures.push(format!(
+                "FAILED {s}\n  rerun: PHALANX_DEBUG=\"{n_c} {n_t} {seed}\" cargo test -p phalanx-tests --test perpetual debug_seed -- --ignored --nocapture\n  {}",
+                run.violations.join("\n  ")
+            ));
+        }
+    }
+    out
 }

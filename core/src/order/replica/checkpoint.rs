@@ -166,7 +166,7 @@ impl Replica {
     /// (`asks_owed`), regardless.
     pub(super) fn fetch_state(&mut self, ctx: &mut Ctx) {
         self.fetch_at = None;
-        if self.executed < self.low.max(self.behind) || self.asks_owed > 0 {
+        if self.short_of_known() || self.asks_owed > 0 {
             self.asks_owed = self.asks_owed.saturating_sub(1);
             self.catch_up_request(ctx);
             self.fetch_at = Some(self.last_now.saturating_add(ctx.cfg.cluster.params.request_timeout_ns / 4));
@@ -178,7 +178,7 @@ impl Replica {
     /// it that its peers went on without it (no client waits on it, no checkpoint comes).
     /// Not during a view change, whose timer asks already.
     pub(super) fn watch_slots(&mut self, ctx: &Ctx) {
-        if self.fetch_at.is_none() && self.changing.is_none() && self.log.range(self.delivered + 1..).next().is_some() {
+        if self.fetch_at.is_none() && self.changing.is_none() && self.slots_waiting() {
             self.fetch_at = Some(self.last_now.saturating_add(ctx.cfg.cluster.params.request_timeout_ns / 4));
             self.stall_watch = Some(self.delivered);
         }
@@ -187,9 +187,18 @@ impl Replica {
     /// Whether the slots watched since `fetch_at` was armed still wait, nothing handed
     /// over meanwhile.
     pub(super) fn stalled(&self) -> bool {
-        self.changing.is_none()
-            && self.stall_watch == Some(self.delivered)
-            && self.log.range(self.delivered + 1..).next().is_some()
+        self.changing.is_none() && self.stall_watch == Some(self.delivered) && self.slots_waiting()
+    }
+
+    /// Whether slots above what this replica handed over are in its log.
+    fn slots_waiting(&self) -> bool {
+        self.log.range(self.delivered + 1..).next().is_some()
+    }
+
+    /// Whether this replica executed less than it knows is settled: the stable checkpoint,
+    /// or a slot it knows committed elsewhere.
+    fn short_of_known(&self) -> bool {
+        self.executed < self.low.max(self.behind)
     }
 
     /// A vote for slot `seq` of this view: if it is more than twice the pipeline beyond
@@ -338,7 +347,7 @@ impl Replica {
         }
         self.fetch_at = None;
         self.caught_up(ctx, now);
-        if self.executed < self.low.max(self.behind) {
+        if self.short_of_known() {
             self.fetch_state(ctx);
         }
     }
