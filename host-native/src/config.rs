@@ -32,9 +32,37 @@
 //! topics = [0]
 //! ```
 //!
+//! A Perpetual cluster is replica groups calling each other; phalanxd runs a service in
+//! each. It has no top-level `f` (each group has its own) and lists groups and members:
+//!
+//! ```toml
+//! protocol = "perpetual"
+//! crypto = "real"
+//! keys = "keys"
+//!
+//! [[group]]                  # group 0
+//! f = 1                      # members >= 3f+1 (f = 0 allowed)
+//! calls = [1]                # the groups it may call
+//! service = "bank"           # or "ledger": see `ServiceSpec`
+//! target = 1                 # bank only: the group it calls, one of `calls`
+//! ops = 1000                 # bank only: increments, then as many decrements (default 1000)
+//! parallel = 1               # bank only: calls in flight at most (default 1)
+//!
+//! [[group]]                  # group 1
+//! f = 1
+//! service = "ledger"
+//!
+//! [[member]]
+//! id = 0
+//! group = 0
+//! address = "127.0.0.1:7100"
+//! metrics = "127.0.0.1:9100" # optional
+//! data_dir = "data/member-0" # optional: data/member-<id>
+//! ```
+//!
 //! Nodes are listed under their role's name in the cluster's protocol (PBFT: `replica`,
-//! `client`; pub/sub: `broker`, `publisher`, `subscriber`). Every error names the file,
-//! the field and the problem.
+//! `client`; pub/sub: `broker`, `publisher`, `subscriber`; Perpetual: `member`). Every
+//! error names the file, the field and the problem.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -46,7 +74,10 @@ use phalanx_core::config::NodeInfo;
 use phalanx_core::config::{DistillSpec, FIRST_BROKER, generate_distill};
 use phalanx_core::crypto::{BlsPublicKey, BlsSecretKey, BlsSignature, CryptoMode, MacKey};
 use phalanx_core::distill::CLIENT_ADDRESS_BASE;
-use phalanx_core::{ClusterConfig, ClusterSpec, NodeConfig, NodeId, Params, Protocol, Role, generate_cluster};
+use phalanx_core::{
+    ClusterConfig, ClusterSpec, Group, NodeConfig, NodeId, Params, PerpetualSpec, Protocol, Role, generate_cluster,
+    generate_perpetual,
+};
 use serde::{Deserialize, Serialize};
 
 /// A configuration problem: which file, which field, what is wrong.
@@ -146,6 +177,9 @@ impl Default for Runtime {
 #[serde(deny_unknown_fields)]
 struct ReplicaToml {
     id: NodeId,
+    /// Perpetual: the index of the member's group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    group: Option<u32>,
     address: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     metrics: Option<String>,
@@ -169,9 +203,71 @@ struct SubscriberToml {
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
+struct GroupToml {
+    f: u32,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    calls: Vec<u32>,
+    service: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    target: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ops: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    parallel: Option<u32>,
+}
+
+impl GroupToml {
+    fn new(f: u32, calls: Vec<u32>, service: &ServiceSpec) -> Self {
+        let (name, target, ops, parallel) = match *service {
+            ServiceSpec::Ledger => ("ledger", None, None, None),
+            ServiceSpec::Bank { target, ops, parallel } => ("bank", Some(target), Some(ops), Some(parallel)),
+        };
+        GroupToml { f, calls, service: name.into(), target, ops, parallel }
+    }
+
+    /// Group `i` of `groups`, without its members; an error names the field.
+    fn entry(&self, i: usize, groups: usize) -> Result<GroupEntry, (String, String)> {
+        let field = |name: &str| format!("group[{i}].{name}");
+        if let Some(&c) = self.calls.iter().find(|&&c| c as usize >= groups || c as usize == i) {
+            return Err((field("calls"), format!("{c} is not another group (there are {groups})")));
+        }
+        let service = match self.service.as_str() {
+            "ledger" => {
+                let bank_only = [
+                    ("target", self.target.is_some()),
+                    ("ops", self.ops.is_some()),
+                    ("parallel", self.parallel.is_some()),
+                ];
+                if let Some((name, _)) = bank_only.into_iter().find(|f| f.1) {
+                    return Err((field(name), "only a bank has it: a ledger calls no group".into()));
+                }
+                ServiceSpec::Ledger
+            }
+            "bank" => {
+                let target =
+                    self.target.ok_or_else(|| (field("target"), "missing: the group the bank calls".into()))?;
+                if !self.calls.contains(&target) {
+                    return Err((field("target"), format!("group {target} is not among `calls` {:?}", self.calls)));
+                }
+                let (ops, parallel) = (self.ops.unwrap_or(BANK_OPS), self.parallel.unwrap_or(1));
+                if let Some((name, _)) = [("ops", ops), ("parallel", parallel as u64)].into_iter().find(|f| f.1 == 0) {
+                    return Err((field(name), "must be at least 1".into()));
+                }
+                ServiceSpec::Bank { target, ops, parallel }
+            }
+            other => return Err((field("service"), format!("{other:?} is not one of \"bank\", \"ledger\""))),
+        };
+        Ok(GroupEntry { f: self.f, members: vec![], calls: self.calls.clone(), service })
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
 struct ClusterToml {
     protocol: String,
-    f: u32,
+    /// Perpetual: ignored (each group has its own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    f: Option<u32>,
     #[serde(default = "default_crypto")]
     crypto: String,
     #[serde(default = "default_keys")]
@@ -191,31 +287,34 @@ struct ClusterToml {
     publisher: Vec<ClientToml>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     subscriber: Vec<SubscriberToml>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    group: Vec<GroupToml>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    member: Vec<ReplicaToml>,
 }
 
 impl ClusterToml {
     /// The replica and client tables of `protocol`, by their role names; an error names a
     /// table of another protocol's roles.
     fn members(&self, protocol: Protocol) -> Result<(&[ReplicaToml], &[ClientToml]), (String, String)> {
-        let (replicas, clients, foreign) = match protocol {
-            Protocol::Pbft => (
-                &self.replica[..],
-                &self.client[..],
-                [("broker", self.broker.len()), ("publisher", self.publisher.len())],
-            ),
-            // Distillation's servers are PBFT replicas; its brokers are read by
-            // `distill_brokers`, its clients come from the generated directory.
-            Protocol::Distill => {
-                (&self.replica[..], &[][..], [("client", self.client.len()), ("publisher", self.publisher.len())])
-            }
-            Protocol::PubSub => (
-                &self.broker[..],
-                &self.publisher[..],
-                [("replica", self.replica.len()), ("client", self.client.len())],
-            ),
-            Protocol::Perpetual => return Err(("protocol".into(), PERPETUAL_NOT_SERVED.into())),
+        // Distillation's servers are PBFT replicas; its brokers are read by
+        // `distill_brokers`, its clients come from the generated directory.
+        let (replicas, clients, own): (_, _, &[&str]) = match protocol {
+            Protocol::Pbft => (&self.replica[..], &self.client[..], &["replica", "client"]),
+            Protocol::Distill => (&self.replica[..], &[][..], &["replica", "broker"]),
+            Protocol::PubSub => (&self.broker[..], &self.publisher[..], &["broker", "publisher", "subscriber"]),
+            Protocol::Perpetual => (&self.member[..], &[][..], &["group", "member"]),
         };
-        if let Some((table, _)) = foreign.iter().find(|(_, count)| *count > 0) {
+        let tables = [
+            ("replica", self.replica.len()),
+            ("client", self.client.len()),
+            ("broker", self.broker.len()),
+            ("publisher", self.publisher.len()),
+            ("subscriber", self.subscriber.len()),
+            ("group", self.group.len()),
+            ("member", self.member.len()),
+        ];
+        if let Some((table, _)) = tables.iter().find(|(table, count)| *count > 0 && !own.contains(table)) {
             let names: Vec<&str> = protocol.roles().map(Role::name).collect();
             return Err((
                 table.to_string(),
@@ -225,6 +324,41 @@ impl ClusterToml {
         Ok((replicas, clients))
     }
 
+    /// Perpetual: the groups with their members (the member tables' `group`), checked as
+    /// the core checks them so that each problem names its field (none in other protocols).
+    fn groups(&self, protocol: Protocol) -> Result<Vec<GroupEntry>, (String, String)> {
+        if protocol != Protocol::Perpetual {
+            return Ok(vec![]);
+        }
+        if self.group.is_empty() {
+            return Err(("group".into(), "a perpetual cluster needs at least one group".into()));
+        }
+        let count = self.group.len();
+        let mut groups: Vec<GroupEntry> =
+            self.group.iter().enumerate().map(|(i, g)| g.entry(i, count)).collect::<Result<_, _>>()?;
+        for (i, m) in self.member.iter().enumerate() {
+            let field = format!("member[{i}].group");
+            let Some(g) = m.group else {
+                return Err((field, "missing: the index of the member's group".into()));
+            };
+            let group = groups
+                .get_mut(g as usize)
+                .ok_or_else(|| (field, format!("group {g} does not exist (there are {count})")))?;
+            group.members.push(m.id);
+        }
+        for (i, g) in groups.iter_mut().enumerate() {
+            g.members.sort_unstable();
+            let n = g.members.len();
+            if (n as u64) < 3 * g.f as u64 + 1 {
+                return Err((
+                    format!("group[{i}].f"),
+                    format!("{n} members cannot tolerate f = {}: n >= 3f+1 is required", g.f),
+                ));
+            }
+        }
+        Ok(groups)
+    }
+
     /// A distillation cluster's brokers (none in other protocols: there `broker` is the
     /// pub/sub replica table).
     fn distill_brokers(&self, protocol: Protocol) -> &[ReplicaToml] {
@@ -232,8 +366,13 @@ impl ClusterToml {
     }
 }
 
-/// phalanxd has no executor host for Perpetual's groups yet: such a file is refused.
-pub const PERPETUAL_NOT_SERVED: &str = "protocol perpetual is not served by phalanxd yet";
+/// A bank's calls of each sign unless its group says otherwise.
+pub const BANK_OPS: u64 = 1000;
+
+/// Where a replica's data goes unless its table says: `data/<this>-<id>`.
+fn replica_dir(protocol: Protocol) -> &'static str {
+    if protocol == Protocol::Perpetual { "member" } else { "replica" }
+}
 
 fn default_crypto() -> String {
     "real".into()
@@ -252,11 +391,35 @@ pub struct ReplicaEntry {
     pub data_dir: PathBuf,
 }
 
+/// What phalanxd runs as a Perpetual group's executor.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ServiceSpec {
+    /// Holds a balance; each request's op is an i64 (little-endian) added to it; answers
+    /// the new balance (i64 LE).
+    Ledger,
+    /// Calls `target` with +1 `ops` times, then -1 `ops` times, `parallel` calls in
+    /// flight at most.
+    Bank { target: u32, ops: u64, parallel: u32 },
+}
+
+/// Perpetual: one group of the cluster.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupEntry {
+    /// The Byzantine members it tolerates: members.len() >= 3f+1.
+    pub f: u32,
+    /// Ascending ids.
+    pub members: Vec<NodeId>,
+    /// The groups (indices in [`ClusterFile::groups`]) it may call.
+    pub calls: Vec<u32>,
+    pub service: ServiceSpec,
+}
+
 /// A validated cluster file.
 #[derive(Clone, Debug)]
 pub struct ClusterFile {
     pub path: PathBuf,
     pub protocol: Protocol,
+    /// 0 in a Perpetual cluster, whose groups each have their own.
     pub f: u32,
     pub crypto: CryptoMode,
     pub keys_dir: PathBuf,
@@ -267,6 +430,8 @@ pub struct ClusterFile {
     pub subscribers: Vec<(NodeId, Vec<u64>)>,
     /// Distillation: the brokers (`address`: where they listen for clients).
     pub brokers: Vec<ReplicaEntry>,
+    /// Perpetual: the groups, whose members are in `replicas` (empty in other protocols).
+    pub groups: Vec<GroupEntry>,
 }
 
 fn read(path: &Path) -> Result<String, ConfigError> {
@@ -284,11 +449,16 @@ impl ClusterFile {
         let base = path.parent().unwrap_or(Path::new("."));
         let bad = |field: &str, problem: String| ConfigError::new(path, Some(field), problem);
         let protocol = Protocol::from_name(&raw.protocol).ok_or_else(|| {
-            bad("protocol", format!("{:?} is not one of \"pbft\", \"pubsub\", \"distill\"", raw.protocol))
+            bad(
+                "protocol",
+                format!("{:?} is not one of \"pbft\", \"pubsub\", \"distill\", \"perpetual\"", raw.protocol),
+            )
         })?;
-        if protocol == Protocol::Perpetual {
-            return Err(bad("protocol", PERPETUAL_NOT_SERVED.into()));
-        }
+        let f = match (protocol, raw.f) {
+            (Protocol::Perpetual, _) => 0,
+            (_, Some(f)) => f,
+            (_, None) => return Err(bad("f", "missing: the faulty replicas tolerated".into())),
+        };
         let crypto = CryptoMode::from_name(&raw.crypto)
             .ok_or_else(|| bad("crypto", format!("{:?} is not one of \"real\", \"insecure-test\"", raw.crypto)))?;
         let mut params = Params::default();
@@ -302,6 +472,9 @@ impl ClusterFile {
             let field = |name: &str| format!("{table}[{i}].{name}");
             if let Some(other) = seen.insert(r.id, field("id")) {
                 return Err(bad(&field("id"), format!("id {} is also used by {other}", r.id)));
+            }
+            if r.group.is_some() && protocol != Protocol::Perpetual {
+                return Err(bad(&field("group"), format!("a {} cluster has no groups", protocol.name())));
             }
             let address = r
                 .address
@@ -318,7 +491,7 @@ impl ClusterFile {
         let replicas: Vec<ReplicaEntry> = replica_tables
             .iter()
             .enumerate()
-            .map(|(i, r)| member(replica_role, "replica", i, r))
+            .map(|(i, r)| member(replica_role, replica_dir(protocol), i, r))
             .collect::<Result<_, _>>()?;
         let brokers: Vec<ReplicaEntry> = raw
             .distill_brokers(protocol)
@@ -326,11 +499,12 @@ impl ClusterFile {
             .enumerate()
             .map(|(i, r)| member("broker", "broker", i, r))
             .collect::<Result<_, _>>()?;
+        let groups = raw.groups(protocol).map_err(|(field, problem)| bad(&field, problem))?;
         let n = replicas.len() as u32;
-        if n < 3 * raw.f + 1 {
+        if n < 3 * f + 1 {
             return Err(bad(
                 replica_role,
-                format!("{n} {replica_role}s cannot tolerate f = {}: n >= 3f+1 is required", raw.f),
+                format!("{n} {replica_role}s cannot tolerate f = {f}: n >= 3f+1 is required"),
             ));
         }
         for (i, c) in client_tables.iter().enumerate() {
@@ -341,9 +515,6 @@ impl ClusterFile {
         }
         for (i, s) in raw.subscriber.iter().enumerate() {
             let field = format!("subscriber[{i}].id");
-            if protocol == Protocol::Pbft {
-                return Err(bad(&field, "a pbft cluster has no subscribers".into()));
-            }
             if let Some(other) = seen.insert(s.id, field.clone()) {
                 return Err(bad(&field, format!("id {} is also used by {other}", s.id)));
             }
@@ -359,7 +530,7 @@ impl ClusterFile {
         let file = ClusterFile {
             path: path.to_path_buf(),
             protocol,
-            f: raw.f,
+            f,
             crypto,
             keys_dir: base.join(&raw.keys),
             params,
@@ -368,6 +539,7 @@ impl ClusterFile {
             clients: client_tables.iter().map(|c| c.id).collect(),
             subscribers: raw.subscriber.iter().map(|s| (s.id, s.topics.clone())).collect(),
             brokers,
+            groups,
         };
         // The core's own rules (parameter ranges and the like), reported against this file.
         let cluster = file.public_cluster(|_| (BlsPublicKey([0; 48]), BlsSignature([0; 96])));
@@ -391,6 +563,12 @@ impl ClusterFile {
         } else {
             self.generated_client(id).map(|_| Role::DistillClient)
         }
+    }
+
+    /// Perpetual: the group `id` is a member of, with its index.
+    pub fn group_of(&self, id: NodeId) -> Option<(u32, &GroupEntry)> {
+        let i = self.groups.iter().position(|g| g.members.binary_search(&id).is_ok())?;
+        Some((i as u32, &self.groups[i]))
     }
 
     /// Distillation: a broker of this cluster.
@@ -435,7 +613,11 @@ impl ClusterFile {
             params: self.params.clone(),
             crypto: self.crypto,
             protocol: self.protocol,
-            groups: vec![],
+            groups: self
+                .groups
+                .iter()
+                .map(|g| Group { f: g.f, members: g.members.clone(), calls: g.calls.clone() })
+                .collect(),
         }
     }
 
@@ -577,6 +759,9 @@ fn hex_array<const N: usize>(s: &str) -> Result<[u8; N], String> {
 }
 
 /// What `phalanxd keygen` generates.
+///
+/// A Perpetual cluster is `groups` alone: `f`, `replicas`, `clients`, `subscribers` and
+/// `brokers` are for the other protocols.
 #[derive(Clone, Debug)]
 pub struct KeygenOptions {
     pub dir: PathBuf,
@@ -587,6 +772,13 @@ pub struct KeygenOptions {
     /// Clients: PBFT clients, pub/sub publishers, or distillation's generated directory.
     pub clients: u32,
     pub subscribers: u32,
+    /// Perpetual: each group's members (f = (n-1)/3), empty meaning [4, 4]. Group 0 is a
+    /// bank calling group 1, a ledger; further groups are ledgers nobody calls.
+    pub groups: Vec<u32>,
+    /// Perpetual: the bank's calls of each sign.
+    pub ops: u64,
+    /// Perpetual: the bank's calls in flight at most.
+    pub parallel: u32,
     /// Distillation: brokers (ids from [`FIRST_BROKER`]); broker i listens for clients
     /// on `host:base_port + replicas + i`.
     pub brokers: u32,
@@ -600,28 +792,27 @@ pub struct KeygenOptions {
 }
 
 /// Writes `cluster.toml` and `keys/node-<id>.toml` into `dir`: ids are replicas first,
-/// then clients, then subscribers; replica i listens on `host:base_port+i`. Keys come
-/// from the operating system's randomness. Refuses to overwrite unless `force`.
+/// then clients, then subscribers (Perpetual: members, group by group); replica i listens
+/// on `host:base_port+i`. Keys come from the operating system's randomness. Refuses to
+/// overwrite unless `force`.
 pub fn keygen(opts: &KeygenOptions) -> Result<PathBuf, ConfigError> {
     let cluster_path = opts.dir.join("cluster.toml");
     let io = |path: &Path, e: std::io::Error| ConfigError::new(path, None, e.to_string());
     if cluster_path.exists() && !opts.force {
         return Err(ConfigError::new(&cluster_path, None, "already exists (pass --force to overwrite)"));
     }
-    if opts.protocol == Protocol::Perpetual {
-        return Err(ConfigError::new(&cluster_path, Some("protocol"), PERPETUAL_NOT_SERVED));
-    }
     let replicas = opts.replicas.unwrap_or(3 * opts.f + 1);
     let mut seed = [0u8; 32];
     getrandom::fill(&mut seed).map_err(|e| ConfigError::new(&cluster_path, None, format!("no randomness: {e}")))?;
     let configs = match opts.protocol {
         Protocol::Distill => generate_distill_keys(opts, replicas, seed)?,
+        Protocol::Perpetual => generate_perpetual_keys(opts, seed)?,
         _ => generate_cluster_keys(opts, replicas, seed)?,
     };
+    let cluster = &configs[0].cluster;
     let keys_dir = opts.dir.join("keys");
     fs::create_dir_all(&keys_dir).map_err(|e| io(&keys_dir, e))?;
-    let public: Vec<PublicKeyToml> = configs[0]
-        .cluster
+    let public: Vec<PublicKeyToml> = cluster
         .nodes
         .iter()
         .map(|n| PublicKeyToml { id: n.id, bls_public_key: hex(&n.bls_public_key.0), bls_pop: hex(&n.bls_pop.0) })
@@ -646,13 +837,13 @@ pub fn keygen(opts: &KeygenOptions) -> Result<PathBuf, ConfigError> {
     let params = Params::NAMES
         .iter()
         .filter_map(|&name| {
-            let value = configs[0].cluster.params.get(name)?;
+            let value = cluster.params.get(name)?;
             (Some(value) != defaults.get(name)).then(|| (name.to_string(), value))
         })
         .collect();
     let mut toml = ClusterToml {
         protocol: opts.protocol.name().into(),
-        f: opts.f,
+        f: (opts.protocol != Protocol::Perpetual).then_some(opts.f),
         crypto: opts.crypto.name().into(),
         keys: "keys".into(),
         params,
@@ -661,9 +852,15 @@ pub fn keygen(opts: &KeygenOptions) -> Result<PathBuf, ConfigError> {
         client: vec![],
         broker: vec![],
         publisher: vec![],
-        subscriber: (replicas + opts.clients..replicas + opts.clients + opts.subscribers)
-            .map(|id| SubscriberToml { id, topics: vec![0] })
+        // As generated: a Perpetual cluster has none whatever `opts.subscribers` says.
+        subscriber: cluster
+            .nodes
+            .iter()
+            .filter(|n| n.role == Role::Subscriber)
+            .map(|n| SubscriberToml { id: n.id, topics: n.topics.clone() })
             .collect(),
+        group: vec![],
+        member: vec![],
     };
     if opts.protocol == Protocol::Distill {
         let path = keys_dir.join("public.toml");
@@ -675,24 +872,34 @@ pub fn keygen(opts: &KeygenOptions) -> Result<PathBuf, ConfigError> {
         toml.broker = (0..opts.brokers)
             .map(|i| ReplicaToml {
                 id: FIRST_BROKER + i,
+                group: None,
                 address: format!("{}:{}", opts.host, opts.base_port as u32 + replicas + i),
                 metrics: opts.metrics_base_port.map(|p| format!("{}:{}", opts.host, p as u32 + replicas + i)),
                 data_dir: None,
             })
             .collect();
     }
-    let members = (0..replicas).map(|i| ReplicaToml {
+    let members = cluster.replicas().map(|node| node.id).map(|i| ReplicaToml {
         id: i,
+        group: cluster.group_of(i),
         address: format!("{}:{}", opts.host, opts.base_port as u32 + i),
         metrics: opts.metrics_base_port.map(|p| format!("{}:{}", opts.host, p as u32 + i)),
-        data_dir: Some(format!("data/replica-{i}")),
+        data_dir: Some(format!("data/{}-{i}", replica_dir(opts.protocol))),
     });
     let clients = (replicas..replicas + opts.clients).map(|id| ClientToml { id });
     match opts.protocol {
         Protocol::Pbft => (toml.replica, toml.client) = (members.collect(), clients.collect()),
         Protocol::Distill => toml.replica = members.collect(),
         Protocol::PubSub => (toml.broker, toml.publisher) = (members.collect(), clients.collect()),
-        Protocol::Perpetual => {} // refused above
+        Protocol::Perpetual => {
+            // A group that calls is a bank of the (one) group it calls.
+            let service = |g: &Group| match g.calls.first() {
+                Some(&target) => ServiceSpec::Bank { target, ops: opts.ops, parallel: opts.parallel },
+                None => ServiceSpec::Ledger,
+            };
+            toml.group = cluster.groups.iter().map(|g| GroupToml::new(g.f, g.calls.clone(), &service(g))).collect();
+            toml.member = members.collect();
+        }
     }
     let text = format!(
         "# Phalanx cluster configuration, written by `phalanxd keygen`.\n{}",
@@ -738,6 +945,21 @@ fn generate_distill_keys(opts: &KeygenOptions, replicas: u32, seed: [u8; 32]) ->
     generate_distill(&spec, seed).map_err(|e| ConfigError::new(&path, None, e.0))
 }
 
+/// Group 0 calls group 1; any further group is called by none.
+fn generate_perpetual_keys(opts: &KeygenOptions, seed: [u8; 32]) -> Result<Vec<NodeConfig>, ConfigError> {
+    let path = opts.dir.join("cluster.toml");
+    let sizes = if opts.groups.is_empty() { vec![4, 4] } else { opts.groups.clone() };
+    if sizes.len() < 2 {
+        return Err(ConfigError::new(
+            &path,
+            None,
+            "a perpetual cluster's group 0 calls group 1: at least two group sizes are needed",
+        ));
+    }
+    let spec = PerpetualSpec { sizes, calls: vec![(0, 1)], params: opts.params.clone(), crypto: opts.crypto };
+    generate_perpetual(&spec, seed).map_err(|e| ConfigError::new(&path, None, e.0))
+}
+
 fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
     use std::io::Write;
     #[cfg(unix)]
@@ -767,6 +989,9 @@ pub(crate) mod tests {
             replicas: None,
             clients: 2,
             subscribers: 0,
+            groups: vec![],
+            ops: BANK_OPS,
+            parallel: 1,
             brokers: 0,
             crypto: CryptoMode::InsecureTest,
             host: "127.0.0.1".into(),
@@ -821,25 +1046,34 @@ pub(crate) mod tests {
         fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// Writes `text` as the cluster file at `path`: loading it fails, naming the file and `wants`.
+    fn refused_naming(path: &Path, text: String, wants: &[&str]) {
+        fs::write(path, text).unwrap();
+        let e = ClusterFile::load(path).unwrap_err().to_string();
+        assert!(e.contains("cluster.toml"), "{e}");
+        for w in wants {
+            assert!(e.contains(w), "{e} lacks {w}");
+        }
+    }
+
     #[test]
     fn errors_name_the_file_and_field() {
         let dir = temp_dir("errors");
         let path = keygen(&options(&dir)).unwrap();
         let good = fs::read_to_string(&path).unwrap();
-        let check = |text: String, wants: &[&str]| {
-            fs::write(&path, text).unwrap();
-            let e = ClusterFile::load(&path).unwrap_err().to_string();
-            assert!(e.contains("cluster.toml"), "{e}");
-            for w in wants {
-                assert!(e.contains(w), "{e} lacks {w}");
-            }
-        };
+        let check = |text: String, wants: &[&str]| refused_naming(&path, text, wants);
         check(good.replace("127.0.0.1:7101", "nowhere"), &["replica[1].address", "not a socket address"]);
         check(good.replace("protocol = \"pbft\"", "protocol = \"raft\""), &["protocol", "raft"]);
         check(
             good.replace("protocol = \"pbft\"", "protocol = \"perpetual\""),
-            &["`protocol`", "protocol perpetual is not served by phalanxd yet"],
+            &["`replica`", "a perpetual cluster has no replicas"],
         );
+        check(
+            format!("{good}\n[[group]]\nf = 0\nservice = \"ledger\"\n"),
+            &["`group`", "a pbft cluster has no groups"],
+        );
+        check(good.replace("id = 0\n", "id = 0\ngroup = 0\n"), &["replica[0].group", "a pbft cluster has no groups"]);
+        check(good.replace("f = 1\n", ""), &["`f`", "missing"]);
         check(good.replace("f = 1", "f = 2"), &["n >= 3f+1"]);
         check(good.replace("batch_max_count = 64", "batch_size = 64"), &["params.batch_size", "unknown parameter"]);
         check(
@@ -864,6 +1098,105 @@ pub(crate) mod tests {
         fs::write(&key, text.replace(&secret, "bls_secret = \"abc\"")).unwrap();
         let e = file.node_config(1).unwrap_err().to_string();
         assert!(e.contains("node-1.toml") && e.contains("bls_secret") && e.contains("hex digits"), "{e}");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn perpetual(dir: &Path, groups: Vec<u32>) -> KeygenOptions {
+        KeygenOptions { protocol: Protocol::Perpetual, groups, ops: 20, parallel: 3, ..options(dir) }
+    }
+
+    #[test]
+    fn a_perpetual_cluster_has_groups_of_members() {
+        for (sizes, name) in [(vec![1, 4], "perpetual-1-4"), (vec![4, 7], "perpetual-4-7")] {
+            let dir = temp_dir(name);
+            let file = ClusterFile::load(&keygen(&perpetual(&dir, sizes.clone())).unwrap()).unwrap();
+            assert_eq!((file.protocol, file.f), (Protocol::Perpetual, 0));
+            let (n0, n1) = (sizes[0], sizes[1]);
+            let want = [
+                GroupEntry {
+                    f: (n0 - 1) / 3,
+                    members: (0..n0).collect(),
+                    calls: vec![1],
+                    service: ServiceSpec::Bank { target: 1, ops: 20, parallel: 3 },
+                },
+                GroupEntry {
+                    f: (n1 - 1) / 3,
+                    members: (n0..n0 + n1).collect(),
+                    calls: vec![],
+                    service: ServiceSpec::Ledger,
+                },
+            ];
+            assert_eq!(file.groups, want);
+            assert_eq!(file.node_ids(), (0..n0 + n1).collect::<Vec<_>>());
+            let last = file.replica(n0 + n1 - 1).unwrap();
+            assert_eq!(last.address, format!("127.0.0.1:{}", 7100 + n0 + n1 - 1).parse().unwrap());
+            assert_eq!(last.metrics, Some(format!("127.0.0.1:{}", 9100 + n0 + n1 - 1).parse().unwrap()));
+            assert_eq!(last.data_dir, dir.join(format!("data/member-{}", n0 + n1 - 1)));
+            for id in file.node_ids() {
+                let g = if id < n0 { 0 } else { 1 };
+                assert_eq!(file.group_of(id), Some((g, &want[g as usize])));
+                assert_eq!(file.role_of(id), Some(Role::Member));
+                let cfg = file.node_config(id).unwrap();
+                assert_eq!(cfg.cluster.group_of(id), Some(g));
+                assert_eq!(cfg.cluster.groups[g as usize].members, want[g as usize].members);
+                assert_eq!(cfg.cluster.groups[g as usize].f, want[g as usize].f);
+                assert_eq!(cfg.cluster.groups[0].calls, vec![1]);
+                phalanx_core::Node::new(cfg).unwrap();
+            }
+            fs::remove_dir_all(&dir).unwrap();
+        }
+        // Further groups are ledgers nobody calls; one group cannot hold the bank's target.
+        let dir = temp_dir("perpetual-3");
+        let file = ClusterFile::load(&keygen(&perpetual(&dir, vec![1, 1, 4])).unwrap()).unwrap();
+        assert_eq!(
+            file.groups[2],
+            GroupEntry { f: 1, members: vec![2, 3, 4, 5], calls: vec![], service: ServiceSpec::Ledger }
+        );
+        let e = keygen(&KeygenOptions { force: true, ..perpetual(&dir, vec![4]) }).unwrap_err().to_string();
+        assert!(e.contains("at least two group sizes"), "{e}");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn perpetual_errors_name_the_file_and_field() {
+        let dir = temp_dir("perpetual-errors");
+        let path = keygen(&perpetual(&dir, vec![4, 4])).unwrap();
+        let good = fs::read_to_string(&path).unwrap();
+        ClusterFile::load(&path).unwrap();
+        let check = |text: String, wants: &[&str]| refused_naming(&path, text, wants);
+        // A group's own lines, by what follows its `f = 1`.
+        let bank = "f = 1\ncalls = [1]\nservice = \"bank\"\ntarget = 1\nops = 20\nparallel = 3\n";
+        let ledger = "f = 1\nservice = \"ledger\"\n";
+        assert!(good.contains(bank) && good.contains(ledger), "{good}");
+        check(good.replace("service = \"ledger\"", "service = \"vault\""), &["group[1].service", "\"vault\""]);
+        check(good.replace("target = 1\n", ""), &["group[0].target", "missing"]);
+        check(good.replace("calls = [1]", "calls = []"), &["group[0].target", "not among `calls`"]);
+        check(good.replace("calls = [1]", "calls = [1, 2]"), &["group[0].calls", "2 is not another group"]);
+        check(good.replace("calls = [1]", "calls = [1, 0]"), &["group[0].calls", "0 is not another group"]);
+        check(good.replace("parallel = 3", "parallel = 0"), &["group[0].parallel", "at least 1"]);
+        check(good.replace("ops = 20", "ops = 0"), &["group[0].ops", "at least 1"]);
+        check(good.replace(ledger, "f = 1\nservice = \"ledger\"\nops = 5\n"), &["group[1].ops", "only a bank"]);
+        check(
+            good.replace(ledger, "f = 2\nservice = \"ledger\"\n"),
+            &["group[1].f", "4 members cannot tolerate f = 2"],
+        );
+        check(good.replace("group = 1\n", "group = 2\n"), &["member[4].group", "group 2 does not exist"]);
+        check(good.replace("group = 1\n", ""), &["member[4].group", "missing"]);
+        check(good.replace("id = 5\n", "id = 4\n"), &["member[5].id", "also used by member[4].id"]);
+        let address = "\naddress = \"127.0.0.1:7000\"";
+        for (table, rest) in
+            [("replica", address), ("client", ""), ("broker", address), ("publisher", ""), ("subscriber", "")]
+        {
+            check(
+                format!("{good}\n[[{table}]]\nid = 9{rest}\n"),
+                &[&format!("`{table}`"), &format!("a perpetual cluster has no {table}s")],
+            );
+        }
+        let tail = good.find("[[group]]").unwrap();
+        check(good[..tail].to_string(), &["`group`", "at least one group"]);
+        // The top-level f is not a perpetual cluster's.
+        fs::write(&path, good.replace("protocol = \"perpetual\"", "protocol = \"perpetual\"\nf = 3")).unwrap();
+        assert_eq!(ClusterFile::load(&path).unwrap().f, 0);
         fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -3,6 +3,7 @@
 //! restarted, and a summary checked against what the client was told. With `--distill`:
 //! four distillation servers and two brokers as processes, a few thousand real signing
 //! clients, the first broker killed mid-run, every message delivered once at every server.
+//! With `--perpetual`: a bank group calling a ledger group ([`crate::perpetual_demo`]).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -45,6 +46,17 @@ pub struct DemoArgs {
     /// --distill: messages each client submits, one after the other.
     #[arg(long, default_value_t = 3, requires = "distill")]
     messages: u32,
+    /// Perpetual instead: a bank group calling a ledger group (`--groups`), the bank making
+    /// `--increments` increments then as many decrements, a member of each group killed
+    /// and restarted mid-run, the final balance checked.
+    #[arg(long, conflicts_with_all = ["ops", "kill", "base_port", "distill"])]
+    perpetual: bool,
+    /// --perpetual: the bank's and the ledger's group sizes.
+    #[arg(long, value_delimiter = ',', default_values_t = [4, 4], requires = "perpetual")]
+    groups: Vec<u32>,
+    /// --perpetual: the bank's increments (then as many decrements).
+    #[arg(long, default_value_t = 1000, requires = "perpetual")]
+    increments: u64,
 }
 
 /// The latest value the client was told each key has, and how many writes were acknowledged.
@@ -142,6 +154,12 @@ pub fn run(a: DemoArgs) -> Result<(), String> {
     let binary = std::env::current_exe().map_err(|e| format!("finding phalanxd itself: {e}"))?;
     if a.distill {
         return distill(&a, dir, &binary);
+    }
+    if a.perpetual {
+        let &[n_c, n_t] = &a.groups[..] else {
+            return Err(format!("--groups takes two sizes (the bank's, the ledger's), not {:?}", a.groups));
+        };
+        return crate::perpetual_demo::demo(&dir, n_c, n_t, a.increments, a.keep);
     }
     let spec = LocalSpec { base_port: a.base_port, ..LocalSpec::default() };
     let mut cluster = LocalCluster::create(&dir, &spec, &binary)?;

@@ -25,6 +25,8 @@ use phalanx_core::host::{Application, HostError, HostLoop, Storage};
 use phalanx_core::kv::Kv;
 use phalanx_core::{Delivery, FaultKind, HandleError, Input, Nanos, NodeId, Operation, Output, Request};
 
+use crate::perpetual::Executor;
+
 use crate::engine::Engine;
 use crate::metrics::Metrics;
 use crate::net::Outbox;
@@ -41,6 +43,8 @@ pub enum Event {
     Request(Request),
     /// PBFT: requests (`Submit` or `Read`) taken in one round, so they leave together.
     Submit(Vec<Request>),
+    /// A Perpetual member's service asked something outside the lock-step (an abort).
+    Service,
     Stop,
 }
 
@@ -169,6 +173,9 @@ pub struct Driver {
     faults: FaultLog,
     /// The view and whether it was changing, as last logged.
     view: (u64, bool),
+    /// A Perpetual member's service, and the agreed events not yet handed to it.
+    executor: Option<Executor>,
+    agreed: Vec<phalanx_core::Event>,
 }
 
 /// Why the protocol thread stopped.
@@ -222,6 +229,8 @@ impl Driver {
             sends: Vec::new(),
             faults: FaultLog::default(),
             view: (0, false),
+            executor: None,
+            agreed: Vec::new(),
         }
     }
 
@@ -231,6 +240,10 @@ impl Driver {
 
     /// Feeds back what storage kept and settles it; what to tell the application.
     pub fn recover(&mut self, send: SendFrames) -> Result<Vec<AppEvent>, DriverError> {
+        // The service starts afresh; a checkpoint the member recovers replaces its state.
+        if let Some(executor) = self.executor.as_mut() {
+            executor.start(self.host.machine_mut().next_request().unwrap_or(1));
+        }
         let recovered = self.host.recover(self.now())?;
         if recovered > 0 {
             tracing::info!("recovered {recovered} records from storage");
@@ -246,10 +259,12 @@ impl Driver {
 
     /// How long to wait for events before the core's next timeout (a second if none).
     fn wait(&mut self) -> Duration {
-        match self.deadline() {
+        let core = match self.deadline() {
             Some(at) => Duration::from_nanos(at.saturating_sub(self.now())),
             None => Duration::from_secs(1),
-        }
+        };
+        let service = self.executor.as_ref().and_then(Executor::deadline);
+        service.map_or(core, |at| core.min(at.saturating_duration_since(Instant::now())))
     }
 
     /// Feeds back what storage kept, then serves events until `Stop` or every sender is
@@ -299,6 +314,8 @@ impl Driver {
                 self.feed_round();
                 self.submit(now, requests);
             }
+            // Taken when the round settles.
+            Event::Service => {}
             Event::Stop => return false,
         }
         true
@@ -356,8 +373,8 @@ impl Driver {
             }
             // A distillation server's batch: counted, and kept for followers.
             Output::Delivered(batch) => self.metrics.deliveries.delivered(batch),
-            // Perpetual members are refused when the cluster file is read.
-            Output::Event(_) => unreachable!("phalanxd serves no perpetual member"),
+            // Handed to the service once the outputs before it are out.
+            Output::Event(event) => self.agreed.push(event),
             // The host loop does these itself.
             Output::Persist { .. }
             | Output::Compact { .. }
@@ -372,8 +389,19 @@ impl Driver {
     fn settle(&mut self, send: SendFrames) -> Result<(), DriverError> {
         loop {
             let now = self.now();
-            while let Some(out) = self.host.poll(now)? {
-                self.output(out);
+            loop {
+                while let Some(out) = self.host.poll(now)? {
+                    self.output(out);
+                }
+                let asked = self.serve();
+                if asked.is_empty() {
+                    break;
+                }
+                for request in asked {
+                    if let Err(e) = self.host.handle(now, Input::Request(request)) {
+                        tracing::warn!("the member refused its service's request: {e}");
+                    }
+                }
             }
             send(&mut self.sends);
             let started = Instant::now();
@@ -387,6 +415,26 @@ impl Driver {
             sink.file.write_all(&recorded).map_err(DriverError::Trace)?;
         }
         Ok(())
+    }
+
+    /// Hands a Perpetual member's agreed events to its service, in order; what the service
+    /// asked meanwhile (and outside the lock-step).
+    fn serve(&mut self) -> Vec<Request> {
+        let Some(executor) = self.executor.as_mut() else {
+            self.agreed.clear();
+            return Vec::new();
+        };
+        let mut asked = Vec::new();
+        for event in self.agreed.drain(..) {
+            asked.extend(executor.deliver(event));
+        }
+        asked.extend(executor.asked());
+        asked
+    }
+
+    /// Runs `executor` as this Perpetual member's service, from the next recovery on.
+    pub fn serve_with(&mut self, executor: Executor) {
+        self.executor = Some(executor);
     }
 
     fn export_gauges(&mut self) {

@@ -21,6 +21,8 @@ pub mod faults;
 pub mod local_cluster;
 pub mod metrics;
 pub mod net;
+pub mod perpetual;
+pub mod perpetual_demo;
 pub mod runtime;
 pub mod storage;
 pub mod udp;

@@ -70,6 +70,11 @@ pub struct LocalSpec {
     pub base_port: Option<u16>,
     /// `[runtime] durability` of the cluster file.
     pub durability: Durability,
+    /// Perpetual: the groups' sizes (a bank calling a ledger, then ledgers; `f` unused),
+    /// and the bank's workload.
+    pub groups: Vec<u32>,
+    pub ops: u64,
+    pub parallel: u32,
 }
 
 impl Default for LocalSpec {
@@ -85,6 +90,9 @@ impl Default for LocalSpec {
             metrics: true,
             base_port: None,
             durability: Durability::Sync,
+            groups: vec![],
+            ops: 1000,
+            parallel: 1,
         }
     }
 }
@@ -139,7 +147,10 @@ impl LocalCluster {
     /// Generates a cluster in `dir` (replacing what was there). Replicas are not started.
     pub fn create(dir: &Path, spec: &LocalSpec, binary: &Path) -> Result<Self, String> {
         let _ = fs::remove_dir_all(dir);
-        let replicas = 3 * spec.f + 1;
+        let replicas = match spec.protocol {
+            Protocol::Perpetual => spec.groups.iter().sum(),
+            _ => 3 * spec.f + 1,
+        };
         // Replicas' ports, then brokers', then (if asked) their metrics in the same order.
         let members = replicas + spec.brokers;
         let count = if spec.metrics { 2 * members } else { members } as u16;
@@ -160,6 +171,9 @@ impl LocalCluster {
             base_port: base,
             metrics_base_port: spec.metrics.then_some(base + members as u16),
             params: spec.params.clone(),
+            groups: spec.groups.clone(),
+            ops: spec.ops,
+            parallel: spec.parallel,
             // All replicas share this machine: pinning each to "its" cores would stack them.
             runtime: Runtime { pin_threads: false, durability: spec.durability, ..Runtime::default() },
             force: true,

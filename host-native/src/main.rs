@@ -11,10 +11,10 @@ use phalanx_core::sim::distill_adversary::Lie;
 use phalanx_core::trace::{Trace, dump, replay};
 use phalanx_core::{Algorithm, NodeId, Params, Protocol};
 use phalanx_host::client::{ClientError, ClusterClient};
-use phalanx_host::config::{ClusterFile, KeygenOptions, Runtime, keygen};
+use phalanx_host::config::{BANK_OPS, ClusterFile, KeygenOptions, Runtime, keygen};
 use phalanx_host::engine::{self, EngineChoice, WasmOptions};
 use phalanx_host::runtime::{self, StartOptions};
-use phalanx_host::{bench, demo, distill, distill_bench, faults, local_cluster};
+use phalanx_host::{bench, demo, distill, distill_bench, faults, local_cluster, perpetual_demo};
 
 #[derive(Parser)]
 #[command(name = "phalanxd", version, about = "Phalanx replica daemon: PBFT key-value store or BFT publish/subscribe")]
@@ -39,6 +39,9 @@ enum Command {
     /// Distillation: 4 local server processes fed fully distilled batches by a load
     /// broker; delivered messages/s, latency, verifications and bytes per message.
     DistillBench(distill_bench::DistillBenchArgs),
+    /// Perpetual: a bank group calling a ledger group as local processes; latency per
+    /// call with and without replication of either side, and throughput with calls in flight.
+    PerpetualBench(perpetual_demo::PerpetualBenchArgs),
     /// The main job: a local 4-replica cluster, a key-value workload, a replica killed
     /// and restarted in the middle.
     Demo(demo::DemoArgs),
@@ -62,6 +65,7 @@ enum ProtocolArg {
     Pbft,
     Pubsub,
     Distill,
+    Perpetual,
 }
 
 #[derive(Args)]
@@ -87,6 +91,16 @@ struct KeygenArgs {
     /// Subscriber identities (pubsub only).
     #[arg(long, default_value_t = 0)]
     subscribers: u32,
+    /// Perpetual: each group's members, f = (n-1)/3 each (default 4,4). Group 0 is a bank
+    /// calling group 1, a ledger; further groups are ledgers nobody calls.
+    #[arg(long, value_delimiter = ',')]
+    groups: Vec<u32>,
+    /// Perpetual: the bank's increments, then as many decrements.
+    #[arg(long, default_value_t = BANK_OPS, value_parser = clap::value_parser!(u64).range(1..))]
+    ops: u64,
+    /// Perpetual: the bank's calls in flight at most.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    parallel: u32,
     /// Replica listen host.
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
@@ -284,6 +298,7 @@ fn main() -> ExitCode {
         Command::Bench(a) => bench::run(a).map_err(Failure::from),
         Command::Demo(a) => demo::run(a).map_err(Failure::from),
         Command::DistillBench(a) => distill_bench::run(a).map_err(Failure::from),
+        Command::PerpetualBench(a) => perpetual_demo::bench(a).map_err(Failure::from),
         Command::Faults(a) => faults::run(a).map_err(Failure::from),
         #[cfg(feature = "wasm")]
         Command::EngineBench(a) => engine::bench::run(a).map_err(Failure::from),
@@ -339,6 +354,7 @@ fn keygen_cmd(a: KeygenArgs) -> Result<(), String> {
         ProtocolArg::Pbft => Protocol::Pbft,
         ProtocolArg::Pubsub => Protocol::PubSub,
         ProtocolArg::Distill => Protocol::Distill,
+        ProtocolArg::Perpetual => Protocol::Perpetual,
     };
     let loopback = a.host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback()) || a.host == "localhost";
     let opts = KeygenOptions {
@@ -348,6 +364,9 @@ fn keygen_cmd(a: KeygenArgs) -> Result<(), String> {
         replicas: a.replicas,
         clients: a.clients,
         subscribers: a.subscribers,
+        groups: a.groups,
+        ops: a.ops,
+        parallel: a.parallel,
         brokers: if protocol == Protocol::Distill { a.brokers } else { 0 },
         crypto: if a.insecure_test_crypto { CryptoMode::InsecureTest } else { CryptoMode::Real },
         host: a.host,
@@ -410,7 +429,7 @@ fn run_cmd(a: RunArgs) -> Result<(), Failure> {
             Protocol::Pbft => "pbft (key-value store)",
             Protocol::PubSub => "pubsub",
             Protocol::Distill => "distill (server)",
-            Protocol::Perpetual => "perpetual", // refused when the file is read
+            Protocol::Perpetual => "perpetual", // as a member of its [[group]]
         },
         node.listen,
         node.metrics_addr

@@ -11,7 +11,7 @@
 use std::fmt::{self, Write as _};
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -163,6 +163,24 @@ pub struct Metrics {
     /// Distillation servers: the batches delivered, and the core's counters.
     pub deliveries: Deliveries,
     distill: Mutex<Option<DistillCounters>>,
+    /// Perpetual members: what the group's service reports.
+    pub service: ServiceGauges,
+}
+
+/// What a Perpetual group's service ([`crate::perpetual`]) reports.
+#[derive(Default)]
+pub struct ServiceGauges {
+    /// Set once the member runs a service, so that other nodes export none of this.
+    pub present: AtomicBool,
+    /// Requests of other groups answered.
+    pub served: AtomicU64,
+    /// Own calls whose outcome was a reply, or an abort.
+    pub completed: AtomicU64,
+    pub aborted: AtomicU64,
+    /// The service's value: a ledger's balance, or the balance a bank was last told.
+    pub value: AtomicI64,
+    /// A bank made every call of its workload and saw every outcome.
+    pub finished: AtomicBool,
 }
 
 impl Metrics {
@@ -188,6 +206,7 @@ impl Metrics {
             state: Mutex::default(),
             deliveries: Deliveries::default(),
             distill: Mutex::default(),
+            service: ServiceGauges::default(),
         }
     }
 
@@ -384,6 +403,35 @@ impl Metrics {
         }
         if let Some(d) = *self.distill.lock().expect("metrics lock") {
             self.render_distill(o, &d, c.signatures_verified, messages);
+        }
+        let s = &self.service;
+        if s.present.load(Relaxed) {
+            counter(
+                o,
+                "phalanx_service_requests_served_total",
+                "Requests of other groups answered.",
+                s.served.load(Relaxed),
+            );
+            counter(
+                o,
+                "phalanx_service_calls_completed_total",
+                "Own calls answered by their target.",
+                s.completed.load(Relaxed),
+            );
+            counter(
+                o,
+                "phalanx_service_calls_aborted_total",
+                "Own calls aborted by agreement.",
+                s.aborted.load(Relaxed),
+            );
+            header(o, "phalanx_service_value", "gauge", "A ledger's balance, or the balance a bank was last told.");
+            sample(o, "phalanx_service_value", s.value.load(Relaxed));
+            gauge(
+                o,
+                "phalanx_service_finished",
+                "1 once a bank saw the outcome of every call of its workload.",
+                s.finished.load(Relaxed).into(),
+            );
         }
         self.execution_time.render(o, "phalanx_execution_time_seconds", "Time to execute one batch.");
         self.batch_size.render(o, "phalanx_batch_size", "Operations per executed batch.");

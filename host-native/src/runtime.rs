@@ -206,10 +206,10 @@ pub fn prepare(cluster: &ClusterFile, id: NodeId, opts: &StartOptions) -> Result
     tracing::info!("node {id}: {}", node.info());
     let replica = cluster.replica(id);
     let data_dir = replica.map(|r| r.data_dir.clone()).or_else(|| opts.data_dir.clone());
-    // Only PBFT (and distillation's servers and clients) persists; the broadcast family
+    // Only PBFT (and distillation's servers and clients, and Perpetual's members) persists; the broadcast family
     // and distillation's brokers keep nothing across restarts.
     let storage: Box<dyn Storage + Send> = match (&data_dir, cluster.protocol) {
-        (Some(dir), Protocol::Pbft | Protocol::Distill) => {
+        (Some(dir), Protocol::Pbft | Protocol::Distill | Protocol::Perpetual) => {
             let recovery = if opts.repair { Recovery::Repair } else { Recovery::Strict };
             let (wal, records) = Wal::open(dir, recovery).map_err(StartError::Storage)?;
             Box::new(WalStorage::new(wal, records, cluster.runtime.durability))
@@ -249,8 +249,15 @@ pub fn prepare(cluster: &ClusterFile, id: NodeId, opts: &StartOptions) -> Result
 
 /// Starts node `id` on a network thread and a protocol thread of its own.
 pub fn start(cluster: &ClusterFile, id: NodeId, opts: &StartOptions) -> Result<Running, StartError> {
-    let Prepared { id, driver, net: net_cfg, metrics } = prepare(cluster, id, opts)?;
+    let Prepared { id, mut driver, net: net_cfg, metrics } = prepare(cluster, id, opts)?;
     let (events_tx, events_rx) = mpsc::sync_channel::<Event>(cluster.runtime.event_queue);
+    if let Some((_, group)) = cluster.group_of(id) {
+        let service = crate::perpetual::service(&group.service, metrics.clone());
+        let to_driver = events_tx.clone();
+        // A full queue wakes the protocol thread anyway.
+        let wake = Box::new(move || drop(to_driver.try_send(Event::Service)));
+        driver.serve_with(crate::perpetual::Executor::new(service, cluster.params.call_window.into(), wake));
+    }
     let to_driver = events_tx.clone();
     let deliver = move |frames| to_driver.send(Event::Messages(frames)).is_ok();
     let listening = net_cfg.listen.map_or_else(|| "connecting".to_string(), |a| format!("listening on {a}"));
