@@ -409,15 +409,7 @@ fn run_cmd(a: RunArgs) -> Result<(), Failure> {
             })
         }
     };
-    let opts = StartOptions {
-        record_trace: a.record_trace,
-        repair: a.repair,
-        data_dir: None,
-        engine,
-        listen: None,
-        lies: vec![],
-        datagram_loss: 0.0,
-    };
+    let opts = StartOptions { record_trace: a.record_trace, repair: a.repair, engine, ..StartOptions::default() };
     let node = runtime::start(&cluster, a.id, &opts).map_err(|e| match e.address_in_use() {
         true => Failure::AddressInUse(e.to_string()),
         false => Failure::Failed(e.to_string()),

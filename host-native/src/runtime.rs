@@ -76,6 +76,19 @@ pub struct StartOptions {
     pub lies: Vec<Lie>,
     /// Tests only: the fraction of client datagrams a distillation broker loses each way.
     pub datagram_loss: f64,
+    /// Perpetual: run this service instead of the one the cluster file names for the
+    /// member's group (a program embedding phalanx-host with a service of its own).
+    pub service: Option<ServiceOverride>,
+}
+
+/// A service given to [`StartOptions::service`].
+#[derive(Clone)]
+pub struct ServiceOverride(pub Arc<dyn crate::perpetual::Service>);
+
+impl std::fmt::Debug for ServiceOverride {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ServiceOverride")
+    }
 }
 
 /// A running node: its threads and the handles to talk to it.
@@ -252,7 +265,10 @@ pub fn start(cluster: &ClusterFile, id: NodeId, opts: &StartOptions) -> Result<R
     let Prepared { id, mut driver, net: net_cfg, metrics } = prepare(cluster, id, opts)?;
     let (events_tx, events_rx) = mpsc::sync_channel::<Event>(cluster.runtime.event_queue);
     if let Some((_, group)) = cluster.group_of(id) {
-        let service = crate::perpetual::service(&group.service, metrics.clone());
+        let service = match &opts.service {
+            Some(ServiceOverride(service)) => service.clone(),
+            None => crate::perpetual::service(&group.service, metrics.clone()),
+        };
         let to_driver = events_tx.clone();
         // A full queue wakes the protocol thread anyway.
         let wake = Box::new(move || drop(to_driver.try_send(Event::Service)));
