@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use phalanx_core::crypto::CryptoMode;
-use phalanx_core::{ClusterSpec, NodeConfig, Params, Protocol, Role};
+use phalanx_core::{ClusterSpec, NodeConfig, Params, PerpetualSpec, Protocol, Role};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
@@ -15,6 +15,15 @@ use crate::errors::{ConfigError, config_error};
 fn set_param(params: &mut Params, name: &str, v: &Bound<'_, PyAny>) -> PyResult<()> {
     let value: u64 = v.extract().map_err(|e: PyErr| PyValueError::new_err(format!("params[{name:?}]: {e}")))?;
     params.set(name, value).map_err(|e| PyValueError::new_err(e.0))
+}
+
+/// Sets every `params` entry (name → int) on `params`.
+fn set_params(params: &mut Params, given: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
+    for (k, v) in given.into_iter().flat_map(|p| p.iter()) {
+        let k: String = k.extract().map_err(|_| PyTypeError::new_err("params keys must be str"))?;
+        set_param(params, &k, &v)?;
+    }
+    Ok(())
 }
 
 fn seed_bytes(seed: &Bound<'_, PyAny>) -> PyResult<[u8; 32]> {
@@ -90,17 +99,33 @@ pub fn generate_cluster<'py>(
     if let Some(t) = topics {
         spec.topics = t;
     }
-    if let Some(p) = params {
-        for (k, v) in p.iter() {
-            let k: String = k.extract().map_err(|_| PyTypeError::new_err("params keys must be str"))?;
-            set_param(&mut spec.params, &k, &v)?;
-        }
-    }
-    let seed = match seed {
-        Some(s) => seed_bytes(s)?,
-        None => [0; 32],
-    };
+    set_params(&mut spec.params, params)?;
+    let seed = seed.map_or(Ok([0; 32]), seed_bytes)?;
     let configs = py.allow_threads(|| phalanx_core::generate_cluster(&spec, seed)).map_err(config_error)?;
+    Ok(configs.iter().map(|c| PyBytes::new(py, &c.encode())).collect())
+}
+
+/// Perpetual: every member's configuration (bytes for `Node(...)`), deterministically from
+/// `seed`, for tests. Groups of `sizes[i]` members (f = (n-1)/3 each), ids group by group
+/// from 0; group 0 may call group 1.
+#[pyfunction]
+#[pyo3(signature = (sizes, *, seed = None, crypto = "insecure-test", params = None))]
+pub fn generate_perpetual<'py>(
+    py: Python<'py>,
+    sizes: Vec<u32>,
+    seed: Option<&Bound<'py, PyAny>>,
+    crypto: &str,
+    params: Option<&Bound<'py, PyDict>>,
+) -> PyResult<Vec<Bound<'py, PyBytes>>> {
+    if sizes.len() < 2 || sizes.iter().any(|&n| n == 0 || n > 100) {
+        return Err(ConfigError::new_err(format!("sizes {sizes:?}: at least two groups of 1 to 100 members")));
+    }
+    let mut spec = PerpetualSpec::pair(sizes[0], sizes[1]);
+    spec.sizes = sizes;
+    spec.crypto = parse_crypto(crypto)?;
+    set_params(&mut spec.params, params)?;
+    let seed = seed.map_or(Ok([0; 32]), seed_bytes)?;
+    let configs = py.allow_threads(|| phalanx_core::generate_perpetual(&spec, seed)).map_err(config_error)?;
     Ok(configs.iter().map(|c| PyBytes::new(py, &c.encode())).collect())
 }
 

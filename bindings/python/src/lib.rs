@@ -35,6 +35,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<trace::Trace>()?;
     m.add_class::<kv::KvStore>()?;
     m.add_function(wrap_pyfunction!(config::generate_cluster, m)?)?;
+    m.add_function(wrap_pyfunction!(config::generate_perpetual, m)?)?;
     m.add_function(wrap_pyfunction!(config::describe_config, m)?)?;
     m.add_function(wrap_pyfunction!(sim::simulate, m)?)?;
     m.add_function(wrap_pyfunction!(kv::kv_put, m)?)?;

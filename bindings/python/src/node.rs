@@ -119,6 +119,12 @@ impl Node {
     }
 
     /// PBFT: a replica passes a snapshot with `Executed` for batches that are multiples of this.
+    /// Perpetual: most undecided calls of a member's executor, oldest to newest.
+    #[getter]
+    fn call_window(&self) -> u32 {
+        self.node.config().cluster.params.call_window
+    }
+
     #[getter]
     fn checkpoint_interval(&self) -> u32 {
         self.node.config().cluster.params.checkpoint_interval

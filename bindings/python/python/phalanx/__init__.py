@@ -48,6 +48,7 @@ from ._native import (
     TraceRecord,
     describe_config,
     generate_cluster,
+    generate_perpetual,
     simulate,
 )
 
@@ -153,6 +154,7 @@ def load_cluster(path: Union[str, "os.PathLike[str]"]) -> ClusterFile:
 from . import kv  # noqa: E402
 from .client import Client  # noqa: E402
 from .replica import Replica  # noqa: E402
+from . import perpetual  # noqa: E402
 
 __all__ = [
     "Abort",
@@ -202,7 +204,9 @@ __all__ = [
     "TraceRecord",
     "describe_config",
     "generate_cluster",
+    "generate_perpetual",
     "kv",
+    "perpetual",
     "load_cluster",
     "simulate",
 ]

@@ -193,6 +193,8 @@ class Node:
     @property
     def replica_ids(self) -> List[int]: ...
     @property
+    def call_window(self) -> int: ...
+    @property
     def checkpoint_interval(self) -> int: ...
     def status(self) -> Dict[str, Any]: ...
     def stats(self) -> Dict[str, int]: ...
@@ -205,6 +207,13 @@ def generate_cluster(
     clients: Optional[int] = None,
     subscribers: Optional[int] = None,
     topics: Optional[List[int]] = None,
+    seed: Union[int, bytes, None] = None,
+    crypto: str = "insecure-test",
+    params: Optional[Dict[str, int]] = None,
+) -> List[bytes]: ...
+def generate_perpetual(
+    sizes: List[int],
+    *,
     seed: Union[int, bytes, None] = None,
     crypto: str = "insecure-test",
     params: Optional[Dict[str, int]] = None,
