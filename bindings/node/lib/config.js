@@ -21,6 +21,18 @@ function generateCluster(options) {
 }
 
 /**
+ * Perpetual: every member's encoded configuration, deterministic in the seed. Groups of
+ * `sizes[i]` members (f = (n-1)/3 each), ids group by group from 0; group 0 may call
+ * group 1. Throws `ConfigError`.
+ * @param {number[]} sizes
+ * @param {import('../native/index').PerpetualOptions} [options]
+ * @returns {Buffer[]}
+ */
+function generatePerpetual(sizes, options) {
+  return guard(() => native.generatePerpetual(sizes, options));
+}
+
+/**
  * Id, role, protocol, f, crypto and the ids of every node by role.
  * @param {Uint8Array} config
  * @returns {ConfigSummary}
@@ -74,4 +86,4 @@ class ClusterFile {
   }
 }
 
-module.exports = { generateCluster, describeConfig, ClusterFile };
+module.exports = { generateCluster, generatePerpetual, describeConfig, ClusterFile };

@@ -6,7 +6,8 @@
  * The sans-IO node API (`Node`, inputs and outputs as plain objects discriminated by
  * `type`) is the Rust core itself, through a napi-rs addon; on top of it `Trace` (load
  * and replay traces), `simulate`, the key-value helpers, a Promise `Client` of a PBFT
- * cluster and a `Replica` whose application is a JavaScript object.
+ * cluster, a `Replica` whose application is a JavaScript object, and `perpetual.Member`s
+ * of Perpetual groups running services written against the seed's futures API.
  *
  * ```js
  * const phalanx = require('phalanx');
@@ -23,12 +24,13 @@ const {
 } = require('./errors');
 const { Node } = require('./node');
 const { Trace } = require('./trace');
-const { generateCluster, describeConfig, ClusterFile } = require('./config');
+const { generateCluster, generatePerpetual, describeConfig, ClusterFile } = require('./config');
 const kv = require('./kv');
 const { KvStore } = require('./kvstore');
 const { Client } = require('./client');
 const { Replica } = require('./replica');
 const { Wal } = require('./wal');
+const perpetual = require('./perpetual');
 
 /**
  * Runs one simulator scenario off the event loop and checks its properties.
@@ -69,6 +71,7 @@ module.exports = {
   Node,
   Trace,
   generateCluster,
+  generatePerpetual,
   describeConfig,
   ClusterFile,
   simulate,
@@ -77,6 +80,7 @@ module.exports = {
   Client,
   Replica,
   Wal,
+  perpetual,
   FAULT_KINDS,
   PhalanxError,
   ConfigError,

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use napi::bindgen_prelude::*;
 use napi_derive::napi;
 use phalanx_core::crypto::CryptoMode;
-use phalanx_core::{ClusterSpec, Protocol, Role};
+use phalanx_core::{ClusterSpec, Params, PerpetualSpec, Protocol, Role};
 
 use crate::convert::{Bytes, U64};
 use crate::node::node_config;
@@ -108,15 +108,56 @@ pub fn generate_cluster(env: Env, options: Option<ClusterOptions>) -> Result<Vec
     if let Some(t) = o.topics {
         spec.topics = t.into_iter().map(|t| t.0).collect();
     }
-    let mut params: Vec<_> = o.params.unwrap_or_default().into_iter().collect();
-    params.sort_by(|a, b| a.0.cmp(&b.0));
-    for (name, value) in params {
-        let value =
-            U64::from_unknown(&env, value).map_err(|e| fail(Code::Type, format!("params.{name}: {}", e.reason)))?;
-        spec.params.set(&name, value.0).map_err(|e| fail(Code::Config, e.0))?;
-    }
+    set_params(&env, &mut spec.params, o.params)?;
     let seed = seed_bytes(&env, o.seed)?;
     let configs = phalanx_core::generate_cluster(&spec, seed).map_err(|e| fail(Code::Config, e))?;
+    Ok(configs.iter().map(|c| Bytes(c.encode())).collect())
+}
+
+/// Sets each of `given` (by name, in name order) on `params`.
+fn set_params(env: &Env, params: &mut Params, given: Option<HashMap<String, Unknown>>) -> Result<()> {
+    let mut given: Vec<_> = given.unwrap_or_default().into_iter().collect();
+    given.sort_by(|a, b| a.0.cmp(&b.0));
+    for (name, value) in given {
+        let value =
+            U64::from_unknown(env, value).map_err(|e| fail(Code::Type, format!("params.{name}: {}", e.reason)))?;
+        params.set(&name, value.0).map_err(|e| fail(Code::Config, e.0))?;
+    }
+    Ok(())
+}
+
+/// What `generatePerpetual` takes beside the group sizes; every field is optional.
+#[napi(object)]
+pub struct PerpetualOptions {
+    /// A seed: a number, a bigint, or 32 bytes (default 0).
+    #[napi(ts_type = "number | bigint | Uint8Array")]
+    pub seed: Option<Unknown<'static>>,
+    /// 'insecure-test' (default) or 'real'.
+    pub crypto: Option<String>,
+    /// Protocol parameters by name.
+    #[napi(ts_type = "Record<string, number | bigint>")]
+    pub params: Option<HashMap<String, Unknown<'static>>>,
+}
+
+/// Perpetual: every member's encoded configuration, deterministic in the seed. Groups of
+/// `sizes[i]` members (f = (n-1)/3 each), ids group by group from 0; group 0 may call
+/// group 1.
+#[napi(ts_return_type = "Array<Buffer>")]
+pub fn generate_perpetual(env: Env, sizes: Vec<u32>, options: Option<PerpetualOptions>) -> Result<Vec<Bytes>> {
+    if sizes.len() < 2 || sizes.iter().any(|&n| n == 0 || n > 100) {
+        return Err(fail(Code::Config, format!("sizes {sizes:?}: at least two groups of 1 to 100 members")));
+    }
+    let o = options.unwrap_or(PerpetualOptions { seed: None, crypto: None, params: None });
+    let mut spec = PerpetualSpec::pair(sizes[0], sizes[1]);
+    spec.sizes = sizes;
+    spec.crypto = match &o.crypto {
+        Some(c) => CryptoMode::from_name(c)
+            .ok_or_else(|| fail(Code::Config, format!("crypto {c:?} is not one of 'real', 'insecure-test'")))?,
+        None => CryptoMode::InsecureTest,
+    };
+    set_params(&env, &mut spec.params, o.params)?;
+    let seed = seed_bytes(&env, o.seed)?;
+    let configs = phalanx_core::generate_perpetual(&spec, seed).map_err(|e| fail(Code::Config, e))?;
     Ok(configs.iter().map(|c| Bytes(c.encode())).collect())
 }
 

@@ -270,6 +270,7 @@ pub struct Host {
     role: &'static str,
     protocol: &'static str,
     replicas: Vec<u32>,
+    call_window: u32,
     persistent: bool,
 }
 
@@ -315,6 +316,7 @@ impl Host {
         };
         let (id, role, protocol) = (node.id(), node.role().name(), node.config().cluster.protocol.name());
         let replicas = node.config().cluster.replicas().map(|n| n.id).collect();
+        let call_window = node.config().cluster.params.call_window;
         let snapshot = Arc::new(Mutex::new((node.status(), node.stats().clone())));
         let host = HostLoop::new(node, storage, application);
         let state = State { host, app_failed, recovered: false, failed: None };
@@ -326,6 +328,7 @@ impl Host {
             role,
             protocol,
             replicas,
+            call_window,
             persistent: options.storage.is_some(),
         })
     }
@@ -373,6 +376,12 @@ impl Host {
     #[napi(getter)]
     pub fn replica_ids(&self) -> Vec<u32> {
         self.replicas.clone()
+    }
+
+    /// Perpetual: most undecided calls of a member's executor, oldest to newest.
+    #[napi(getter)]
+    pub fn call_window(&self) -> u32 {
+        self.call_window
     }
 
     /// Whether records go to a write-ahead log.
