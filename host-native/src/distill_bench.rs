@@ -11,6 +11,9 @@
 //! with its lane's batches whatever order the lanes are ordered in. Servers 0 and 1 (f+1)
 //! verify every batch; 2 and 3 check roots only. The first batch of each lane warms the
 //! verifiers' directory caches and is not measured.
+//!
+//! Each straggler fraction's run also writes a CSV and an SVG plot, like `phalanxd bench`:
+//! per second, the messages server 0 delivered and the offer-to-delivery latencies.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -29,6 +32,7 @@ use phalanx_core::wire::pb::distill_frame::Kind as Frame;
 use phalanx_core::{NodeId, Params, Protocol};
 use prost::Message;
 
+use crate::bench::Second;
 use crate::distill_clients::RealClients;
 use crate::local_cluster::{LocalCluster, LocalSpec};
 use crate::metrics::{Metrics, scrape, value};
@@ -81,6 +85,27 @@ pub struct DistillBenchArgs {
     /// client's message is in).
     #[arg(long, default_value_t = 100)]
     pool_ms: u64,
+    /// Directory for `distill-bench-<stragglers>pct-<UTC time>.csv` and `.svg`.
+    #[arg(long, default_value = "bench-results")]
+    out: PathBuf,
+}
+
+/// A delivery measured: when (since measuring began), at which server, and how long
+/// after its batch was offered.
+type Measured = (Duration, usize, Duration);
+
+/// Per measured second: the messages server 0 delivered (`entries` a batch), and the
+/// offer-to-delivery latencies of the batches any server delivered in it.
+fn per_second(measured: &[Measured], entries: u64) -> Vec<Second> {
+    let seconds = measured.iter().map(|m| m.0.as_secs() + 1).max().unwrap_or(0);
+    (1..=seconds)
+        .map(|s| {
+            let within: Vec<&Measured> = measured.iter().filter(|m| m.0.as_secs() + 1 == s).collect();
+            let messages = within.iter().filter(|m| m.1 == 0).count() as u64 * entries;
+            let mut latencies: Vec<Duration> = within.iter().map(|m| m.2).collect();
+            Second::of(s, messages, &mut latencies)
+        })
+        .collect()
 }
 
 /// One run's figures for one server.
@@ -100,7 +125,7 @@ pub fn run(a: DistillBenchArgs) -> Result<(), String> {
             messages: a.messages,
             brokers: a.brokers.max(1),
             pool_ms: a.pool_ms,
-            dir: a.dir,
+            dir: a.dir.clone(),
             kill_broker_after: None,
         };
         return crate::distill_clients::run(&r, &binary);
@@ -113,8 +138,9 @@ pub fn run(a: DistillBenchArgs) -> Result<(), String> {
         a.batches,
         a.rate.map_or(String::new(), |r| format!(", offered at {r:.0} messages/s"))
     );
+    let stamp = crate::bench::utc_stamp(std::time::SystemTime::now());
     for &pct in &a.stragglers {
-        let figures = run_one(&a, pct, &binary)?;
+        let (figures, measured) = run_one(&a, pct, &binary)?;
         println!("{pct}% stragglers:");
         for (i, f) in figures.iter().enumerate() {
             let mut lat = f.latency.clone();
@@ -134,6 +160,16 @@ pub fn run(a: DistillBenchArgs) -> Result<(), String> {
                 f.bytes,
             );
         }
+        let title = format!("phalanxd distill-bench: {} entries per batch, {pct}% stragglers", a.entries);
+        let setup = format!(
+            "4 servers (2 verify each batch), a load broker, {} lanes, {} measured batches; messages delivered at server 0, \
+             latency from offer to each server's delivery",
+            a.lanes, a.batches
+        );
+        let series = per_second(&measured, a.entries.into());
+        let name = format!("distill-bench-{pct}pct-{stamp}");
+        let (csv, svg) = crate::bench::write_report(&a.out, &name, &series, &title, &[&setup], "messages")?;
+        println!("  written {} and {}", csv.display(), svg.display());
     }
     Ok(())
 }
@@ -177,7 +213,11 @@ struct InFlight {
     delivered: [Option<Instant>; SERVERS],
 }
 
-fn run_one(a: &DistillBenchArgs, pct: u64, binary: &std::path::Path) -> Result<Vec<ServerFigures>, String> {
+fn run_one(
+    a: &DistillBenchArgs,
+    pct: u64,
+    binary: &std::path::Path,
+) -> Result<(Vec<ServerFigures>, Vec<Measured>), String> {
     let params = Params {
         distill_batch_size: a.entries,
         max_payload: 8,
@@ -285,6 +325,7 @@ fn run_one(a: &DistillBenchArgs, pct: u64, binary: &std::path::Path) -> Result<V
     let mut start: Option<(Instant, Vec<Counters>)> = None;
     let mut latency: Vec<Vec<Duration>> = vec![vec![]; SERVERS];
     let mut last_delivery = [None::<Instant>; SERVERS];
+    let mut measured: Vec<Measured> = Vec::new();
     let mut done = 0usize;
     let begun = Instant::now();
     while done < batches.len() {
@@ -354,9 +395,10 @@ fn run_one(a: &DistillBenchArgs, pct: u64, binary: &std::path::Path) -> Result<V
                     if f.delivered[server].is_none() {
                         let now = Instant::now();
                         f.delivered[server] = Some(now);
-                        if start.is_some() {
+                        if let Some((t0, _)) = &start {
                             latency[server].push(now - f.offered);
                             last_delivery[server] = Some(now);
+                            measured.push((now - *t0, server, now - f.offered));
                         }
                     }
                     if f.delivered.iter().all(Option::is_some) {
@@ -394,5 +436,26 @@ fn run_one(a: &DistillBenchArgs, pct: u64, binary: &std::path::Path) -> Result<V
             }
         })
         .collect();
-    Ok(figures)
+    Ok((figures, measured))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_second_counts_server_zeros_messages_and_every_servers_latencies() {
+        let ms = Duration::from_millis;
+        let measured = [
+            (ms(100), 0, ms(40)),
+            (ms(200), 1, ms(50)),
+            (ms(900), 0, ms(60)),
+            // Nothing in the second second.
+            (ms(2_500), 2, ms(70)),
+        ];
+        let series = per_second(&measured, 1_000);
+        assert_eq!(series.iter().map(|s| (s.second, s.ops)).collect::<Vec<_>>(), [(1, 2_000), (2, 0), (3, 0)]);
+        assert_eq!((series[0].p50_ms, series[0].max_ms), (50.0, 60.0));
+        assert_eq!(series[2].max_ms, 70.0);
+    }
 }

@@ -33,6 +33,7 @@ use phalanx_core::{Params, Protocol};
 use crate::config::{ClusterFile, Durability};
 use crate::local_cluster::{LocalCluster, LocalSpec};
 use load::{Plan, connect, measure};
+pub(crate) use series::Second;
 use series::{csv, ms};
 use svg::svg;
 
@@ -95,8 +96,27 @@ pub struct BenchArgs {
     keep: bool,
 }
 
+/// Writes `<dir>/<name>.csv` and `.svg` (throughput of `unit`s and latency per second);
+/// their paths.
+pub(crate) fn write_report(
+    dir: &std::path::Path,
+    name: &str,
+    series: &[Second],
+    title: &str,
+    notes: &[&str],
+    unit: &str,
+) -> Result<(PathBuf, PathBuf), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let write = |ext: &str, text: String| -> Result<PathBuf, String> {
+        let path = dir.join(format!("{name}.{ext}"));
+        std::fs::write(&path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
+        Ok(path)
+    };
+    Ok((write("csv", csv(series))?, write("svg", svg(series, title, notes, unit))?))
+}
+
 /// `YYYYMMDDTHHMMSSZ` for file names.
-fn utc_stamp(t: SystemTime) -> String {
+pub(crate) fn utc_stamp(t: SystemTime) -> String {
     let secs = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
     let z = (secs / 86_400) as i64 + 719_468;
@@ -294,15 +314,8 @@ fn bench(
         }
     }
 
-    std::fs::create_dir_all(&a.out).map_err(|e| format!("creating {}: {e}", a.out.display()))?;
-    let base = a.out.join(format!("bench-{}B-{stamp}", a.op_size));
-    let write = |ext: &str, text: String| -> Result<PathBuf, String> {
-        let path = base.with_extension(ext);
-        std::fs::write(&path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
-        Ok(path)
-    };
-    let csv_path = write("csv", csv(&out.series))?;
-    let svg_path = write("svg", svg(&out.series, &title, &[&setup, &batching]))?;
+    let name = format!("bench-{}B-{stamp}", a.op_size);
+    let (csv_path, svg_path) = write_report(&a.out, &name, &out.series, &title, &[&setup, &batching], "operations")?;
     println!("written     {} and {}", csv_path.display(), svg_path.display());
     println!("command     {command}");
     Ok(())

@@ -1,4 +1,5 @@
-//! The per-second series `phalanxd bench` measures, and its CSV.
+//! The per-second series `phalanxd bench` and `phalanxd distill-bench` measure, and its CSV
+//! (`ops`: operations, or delivered messages).
 
 use std::fmt::Write as _;
 
@@ -6,14 +7,14 @@ use super::histogram::Histogram;
 
 /// The figures of one measured second, as in the CSV.
 #[derive(Clone, Debug, PartialEq)]
-pub(super) struct Second {
+pub(crate) struct Second {
     /// 1 for the first measured second.
-    pub(super) second: u64,
-    pub(super) ops: u64,
-    pub(super) p50_ms: f64,
-    pub(super) p90_ms: f64,
-    pub(super) p99_ms: f64,
-    pub(super) max_ms: f64,
+    pub(crate) second: u64,
+    pub(crate) ops: u64,
+    pub(crate) p50_ms: f64,
+    pub(crate) p90_ms: f64,
+    pub(crate) p99_ms: f64,
+    pub(crate) max_ms: f64,
 }
 
 pub(super) fn ms(ns: u64) -> f64 {
@@ -21,6 +22,16 @@ pub(super) fn ms(ns: u64) -> f64 {
 }
 
 impl Second {
+    /// Second `second` with `ops` completed and the latencies measured in it.
+    pub(crate) fn of(second: u64, ops: u64, latencies: &mut [std::time::Duration]) -> Self {
+        latencies.sort_unstable();
+        let at = |q: f64| {
+            let i = ((latencies.len() as f64 * q) as usize).min(latencies.len().saturating_sub(1));
+            latencies.get(i).map_or(0.0, |d| d.as_secs_f64() * 1e3)
+        };
+        Second { second, ops, p50_ms: at(0.5), p90_ms: at(0.9), p99_ms: at(0.99), max_ms: at(1.0) }
+    }
+
     pub(super) fn from_histogram(second: u64, h: &Histogram) -> Self {
         Second {
             second,
@@ -34,7 +45,7 @@ impl Second {
 }
 
 /// The CSV of the per-second series; latency fields are empty for seconds without completions.
-pub(super) fn csv(series: &[Second]) -> String {
+pub(crate) fn csv(series: &[Second]) -> String {
     let mut s = String::from("second,ops,ops_per_sec,p50_ms,p90_ms,p99_ms,max_ms\n");
     for r in series {
         if r.ops == 0 {

@@ -107,9 +107,9 @@ fn chart(svg: &mut String, top: f64, title: &str, y_label: &str, x_max: f64, lin
     }
 }
 
-/// Throughput and latency (p50, p99) over the measured seconds: two stacked line charts
-/// under a title and lines of notes, in one self-contained SVG.
-pub(super) fn svg(series: &[Second], title: &str, notes: &[&str]) -> String {
+/// Throughput (of `unit`s) and latency (p50, p99) over the measured seconds: two stacked
+/// line charts under a title and lines of notes, in one self-contained SVG.
+pub(super) fn svg(series: &[Second], title: &str, notes: &[&str], unit: &str) -> String {
     let top = 66.0 + 14.0 * notes.len() as f64;
     let height = top + CHART_HEIGHT + 80.0 + CHART_HEIGHT + 50.0;
     let mut s = format!(
@@ -135,9 +135,9 @@ pub(super) fn svg(series: &[Second], title: &str, notes: &[&str]) -> String {
         &mut s,
         top,
         "Throughput",
-        "operations per second",
+        &format!("{unit} per second"),
         x_max,
-        &[Line { label: "ops/s", color: "#1f77b4", points: throughput }],
+        &[Line { label: "per second", color: "#1f77b4", points: throughput }],
     );
     // Seconds without completions have no latency to draw.
     let latency =
@@ -164,7 +164,7 @@ mod tests {
 
     #[test]
     fn svg_is_self_contained_with_both_charts() {
-        let text = svg(&series(), "bench <8 B> & more", &["setup", "command"]);
+        let text = svg(&series(), "bench <8 B> & more", &["setup", "command"], "operations");
         assert!(text.starts_with("<svg"));
         assert!(text.trim_end().ends_with("</svg>"));
         assert!(text.contains("bench &lt;8 B&gt; &amp; more"));
