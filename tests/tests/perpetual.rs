@@ -138,6 +138,41 @@ fn a_faulty_responder_triggers_the_timeout_path() {
     }
 }
 
+/// The same faulty responder costs a caller member one timeout, not one per call it
+/// responds to: once a call timed out, the member sends the calls of that responder to
+/// every target member at once (who answer directly) until it hears from it again.
+#[test]
+fn a_faulty_responder_costs_one_timeout_not_one_per_call() {
+    for (n_c, n_t) in pairs(false, true) {
+        let mut s = Scenario::new(n_c, n_t, 6);
+        s.targets[1] = Behavior::DropTo((0..n_c).collect());
+        let retry = s.params.client_retry_ns;
+        let out = run(s);
+        assert_eq!(aborted(&out), 0);
+        for member in 0..n_c {
+            let issued: std::collections::BTreeMap<u64, u64> =
+                out.log.perpetual.issued.iter().filter(|i| i.node == member).map(|i| (i.call, i.at)).collect();
+            let slow = out
+                .log
+                .perpetual
+                .events
+                .iter()
+                .filter(|e| e.node == member)
+                .filter_map(|e| match e.event {
+                    Event::Reply { call, .. } => Some(e.at - issued.get(&call).copied().unwrap_or(e.at)),
+                    _ => None,
+                })
+                .filter(|&took| took >= retry)
+                .count();
+            let of_responder = issued.keys().filter(|&&c| c % n_t as u64 == 1).count();
+            assert!(
+                slow <= 1 && of_responder >= 3,
+                "n_c={n_c} n_t={n_t}: caller member {member} waited out {slow} timeouts for {of_responder} calls of the faulty responder"
+            );
+        }
+    }
+}
+
 /// A silent target primary: calls go to it first, time out, reach the backups, which
 /// change view; every call completes.
 #[test]

@@ -221,6 +221,10 @@ pub(crate) struct Member {
     collecting: BTreeMap<(u32, u64), BTreeMap<NodeId, Collected>>,
     /// Per target group, the view its members last said they were in.
     target_view: BTreeMap<u32, u64>,
+    /// Target members that, as a call's responder, left this member waiting for its
+    /// resend; until one is heard from again, calls it would respond to go to every
+    /// target member at once (the timeout path), not to wait `client_retry_ns` each.
+    slow_responders: BTreeSet<NodeId>,
     last_now: Nanos,
 }
 
@@ -255,6 +259,7 @@ impl Member {
             direct: BTreeMap::new(),
             collecting: BTreeMap::new(),
             target_view: BTreeMap::new(),
+            slow_responders: BTreeSet::new(),
             last_now: 0,
         }
     }
@@ -304,10 +309,14 @@ impl Member {
         if self.is_decided(call) {
             return Ok(());
         }
-        let members = &self.groups[target as usize].members;
-        let copy = Bundle::seal(&ctx.keys, members, call, vec![body]);
-        let view = self.target_view.get(&target).copied().unwrap_or(0);
-        ctx.send(pb::body::Kind::Requests(copy.clone()), [primary(members, view)]);
+        let targets = &self.groups[target as usize];
+        let copy = Bundle::seal(&ctx.keys, &targets.members, call, vec![body]);
+        if self.slow_responders.contains(&targets.responder(call)) {
+            ctx.send(pb::body::Kind::Requests(copy.clone()), targets.members.clone());
+        } else {
+            let view = self.target_view.get(&target).copied().unwrap_or(0);
+            ctx.send(pb::body::Kind::Requests(copy.clone()), [primary(&targets.members, view)]);
+        }
         let retry = ctx.cfg.cluster.params.client_retry_ns;
         let o = Outstanding {
             target,
@@ -416,6 +425,8 @@ impl Member {
         if r.caller != self.group || r.target != t || !self.me().calls.contains(&t) {
             return ctx.fault(from, FaultKind::Unexpected);
         }
+        // Heard from: a responder again (it may have restarted).
+        self.slow_responders.remove(&from);
         let Some(o) = self.outstanding.get_mut(&r.call).filter(|o| o.target == t) else {
             return ctx.stats.stale += 1;
         };
@@ -708,10 +719,11 @@ impl Member {
     /// Calls not vouched for here after `client_retry_ns`: their copy to every target member.
     fn resend(&mut self, ctx: &mut Ctx, now: Nanos) {
         let retry = ctx.cfg.cluster.params.client_retry_ns;
-        for o in self.outstanding.values_mut().filter(|o| !o.vouched && o.resend_at <= now) {
+        for (&call, o) in self.outstanding.iter_mut().filter(|(_, o)| !o.vouched && o.resend_at <= now) {
             o.resend_at = now.saturating_add(retry);
-            let members = self.groups[o.target as usize].members.clone();
-            ctx.send(pb::body::Kind::Requests(o.copy.clone()), members);
+            let targets = &self.groups[o.target as usize];
+            self.slow_responders.insert(targets.responder(call));
+            ctx.send(pb::body::Kind::Requests(o.copy.clone()), targets.members.clone());
         }
     }
 }
