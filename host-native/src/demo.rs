@@ -16,7 +16,6 @@ use phalanx_core::{HandleError, NodeId};
 use crate::client::{ClientError, ClusterClient};
 use crate::distill_clients::{self, RealClients};
 use crate::local_cluster::{LocalCluster, LocalSpec};
-use crate::metrics::{scrape, value};
 
 #[derive(Args, Clone, Debug)]
 pub struct DemoArgs {
@@ -135,17 +134,8 @@ fn write_phase(
     .map_err(|e| format!("phase {phase}: {e}"))
 }
 
-fn executed(cluster: &LocalCluster, id: NodeId) -> Option<f64> {
-    let text = scrape(cluster.metrics_addr(id)?).ok()?;
-    value(&text, "phalanx_executed_seq")
-}
-
 fn gauge(cluster: &LocalCluster, id: NodeId, name: &str) -> String {
-    cluster
-        .metrics_addr(id)
-        .and_then(|a| scrape(a).ok())
-        .and_then(|t| value(&t, name))
-        .map_or_else(|| "down".to_string(), |v| format!("{v}"))
+    cluster.metric(id, name).map_or_else(|| "down".to_string(), |v| format!("{v}"))
 }
 
 pub fn run(a: DemoArgs) -> Result<(), String> {
@@ -214,7 +204,8 @@ fn workload(a: &DemoArgs, cluster: &mut LocalCluster, client: &mut ClusterClient
     // The restarted replica executes the same batches as the others.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let seqs: Vec<Option<f64>> = (0..cluster.replicas() as NodeId).map(|r| executed(cluster, r)).collect();
+        let seqs: Vec<Option<f64>> =
+            (0..cluster.replicas() as NodeId).map(|r| cluster.metric(r, "phalanx_executed_seq")).collect();
         let max = seqs.iter().flatten().fold(0.0f64, |m, &s| m.max(s));
         if seqs[a.kill as usize].is_some_and(|s| s >= max) {
             break;
@@ -227,8 +218,7 @@ fn workload(a: &DemoArgs, cluster: &mut LocalCluster, client: &mut ClusterClient
     println!("\nreplica  view  leader  executed batch  stable checkpoint  faults reported");
     for r in 0..cluster.replicas() as NodeId {
         let faults = cluster
-            .metrics_addr(r)
-            .and_then(|addr| scrape(addr).ok())
+            .metrics(r)
             .map(|t| {
                 let kinds: Vec<String> = t
                     .lines()

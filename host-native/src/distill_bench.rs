@@ -111,7 +111,6 @@ fn per_second(measured: &[Measured], entries: u64) -> Vec<Second> {
 /// One run's figures for one server.
 struct ServerFigures {
     messages_per_s: f64,
-    latency: Vec<Duration>,
     verifications: f64,
     bytes: f64,
 }
@@ -143,19 +142,17 @@ pub fn run(a: DistillBenchArgs) -> Result<(), String> {
         let (figures, measured) = run_one(&a, pct, &binary)?;
         println!("{pct}% stragglers:");
         for (i, f) in figures.iter().enumerate() {
-            let mut lat = f.latency.clone();
-            lat.sort_unstable();
-            let at = |q: f64| lat.get(((lat.len() as f64 * q) as usize).min(lat.len().saturating_sub(1)));
+            let mut lat: Vec<Duration> = measured.iter().filter(|m| m.1 == i).map(|m| m.2).collect();
             let mean = lat.iter().sum::<Duration>().checked_div(lat.len() as u32).unwrap_or_default();
-            let ms = |d: Duration| d.as_secs_f64() * 1e3;
+            let quantiles = Second::of(0, 0, &mut lat);
             println!(
                 "  server {i} ({}): {:>10.0} messages/s delivered; offer->delivery mean {:.0} ms, p50 {:.0} ms, \
                  max {:.0} ms; {:.7} verifications and {:.2} bytes received per delivered message",
                 if i < VERIFIERS { "verifies" } else { "roots only" },
                 f.messages_per_s,
-                ms(mean),
-                ms(at(0.5).copied().unwrap_or_default()),
-                ms(lat.last().copied().unwrap_or_default()),
+                mean.as_secs_f64() * 1e3,
+                quantiles.p50_ms,
+                quantiles.max_ms,
                 f.verifications,
                 f.bytes,
             );
@@ -323,8 +320,6 @@ fn run_one(
     let mut lane_busy = vec![false; a.lanes as usize];
     let mut next = 0usize;
     let mut start: Option<(Instant, Vec<Counters>)> = None;
-    let mut latency: Vec<Vec<Duration>> = vec![vec![]; SERVERS];
-    let mut last_delivery = [None::<Instant>; SERVERS];
     let mut measured: Vec<Measured> = Vec::new();
     let mut done = 0usize;
     let begun = Instant::now();
@@ -396,8 +391,6 @@ fn run_one(
                         let now = Instant::now();
                         f.delivered[server] = Some(now);
                         if let Some((t0, _)) = &start {
-                            latency[server].push(now - f.offered);
-                            last_delivery[server] = Some(now);
                             measured.push((now - *t0, server, now - f.offered));
                         }
                     }
@@ -418,7 +411,7 @@ fn run_one(
             }
         }
     }
-    let (t0, before) = start.ok_or("nothing was measured")?;
+    let (_, before) = start.ok_or("nothing was measured")?;
     // The servers' counters settle with their last delivery: read them a moment later.
     thread::sleep(Duration::from_millis(300));
     let after = metrics_addrs.iter().map(|&m| counters(m)).collect::<Result<Vec<_>, _>>()?;
@@ -427,10 +420,9 @@ fn run_one(
     let figures = (0..SERVERS)
         .map(|i| {
             let delivered = after[i].messages - before[i].messages;
-            let took = last_delivery[i].map_or(Duration::ZERO, |t| t - t0);
+            let took = measured.iter().filter(|m| m.1 == i).map(|m| m.0).max().unwrap_or_default();
             ServerFigures {
                 messages_per_s: delivered / took.as_secs_f64().max(1e-9),
-                latency: std::mem::take(&mut latency[i]),
                 verifications: (after[i].verifications - before[i].verifications) / delivered.max(1.0),
                 bytes: (after[i].bytes_in - before[i].bytes_in) / delivered.max(1.0),
             }

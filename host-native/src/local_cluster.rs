@@ -405,6 +405,16 @@ impl LocalCluster {
         self.cluster.replica(id).and_then(|r| r.metrics)
     }
 
+    /// Replica `id`'s metrics page, if it answers.
+    pub fn metrics(&self, id: NodeId) -> Option<String> {
+        scrape(self.metrics_addr(id)?).ok()
+    }
+
+    /// Replica `id`'s metric `name`, if it answers and exports it.
+    pub fn metric(&self, id: NodeId, name: &str) -> Option<f64> {
+        value(&self.metrics(id)?, name)
+    }
+
     pub fn replicas(&self) -> usize {
         self.cluster.replicas.len()
     }

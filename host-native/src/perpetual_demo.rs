@@ -11,7 +11,7 @@ use clap::Args;
 use phalanx_core::{NodeId, Protocol};
 
 use crate::local_cluster::{LocalCluster, LocalSpec};
-use crate::metrics::{scrape, value};
+use crate::metrics::value;
 
 /// A bank group calling a ledger group, as processes.
 struct Deployment {
@@ -36,14 +36,10 @@ impl Deployment {
         Ok(Deployment { cluster, banks, ledgers })
     }
 
-    fn gauge(&self, id: NodeId, name: &str) -> Option<f64> {
-        value(&scrape(self.cluster.metrics_addr(id)?).ok()?, name)
-    }
-
     /// The first bank member's calls completed, and whether it finished: one scrape (the
     /// demo never kills it), so that watching costs the members little CPU.
     fn lead(&self) -> (f64, bool) {
-        let text = self.cluster.metrics_addr(self.banks[0]).and_then(|a| scrape(a).ok()).unwrap_or_default();
+        let text = self.cluster.metrics(self.banks[0]).unwrap_or_default();
         let done = value(&text, "phalanx_service_calls_completed_total").unwrap_or(0.0);
         (done, value(&text, "phalanx_service_finished") == Some(1.0))
     }
@@ -55,7 +51,7 @@ impl Deployment {
         loop {
             self.cluster.check_running()?;
             let (done, finished) = self.lead();
-            if finished && self.banks.iter().all(|&b| self.gauge(b, "phalanx_service_finished") == Some(1.0)) {
+            if finished && self.banks.iter().all(|&b| self.cluster.metric(b, "phalanx_service_finished") == Some(1.0)) {
                 return Ok(());
             }
             if Instant::now() > deadline {
@@ -116,12 +112,14 @@ pub fn demo(dir: &Path, n_c: u32, n_t: u32, ops: u64, keep: bool) -> Result<(), 
         let took = started.elapsed();
         // A restarted ledger member catches up on its own: give it a moment.
         let settle = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < settle && d.ledgers.iter().any(|&l| d.gauge(l, "phalanx_service_value") != Some(0.0)) {
+        while Instant::now() < settle
+            && d.ledgers.iter().any(|&l| d.cluster.metric(l, "phalanx_service_value") != Some(0.0))
+        {
             std::thread::sleep(Duration::from_millis(50));
         }
         println!("\n{:>8}  {:>7}  {:>10}  {:>10}  {:>8}", "member", "group", "calls", "served", "balance");
         let show = |d: &Deployment, id: NodeId, group: &str| {
-            let g = |name| d.gauge(id, name).map_or("down".to_string(), |v| format!("{v}"));
+            let g = |name| d.cluster.metric(id, name).map_or("down".to_string(), |v| format!("{v}"));
             let calls = g("phalanx_service_calls_completed_total");
             let served = g("phalanx_service_requests_served_total");
             println!("{id:>8}  {group:>7}  {calls:>10}  {served:>10}  {:>8}", g("phalanx_service_value"));
@@ -134,7 +132,7 @@ pub fn demo(dir: &Path, n_c: u32, n_t: u32, ops: u64, keep: bool) -> Result<(), 
             .map(|&b| (b, "phalanx_service_calls_completed_total", total))
             .chain(d.banks.iter().map(|&b| (b, "phalanx_service_value", 0.0)))
             .chain(d.ledgers.iter().map(|&l| (l, "phalanx_service_value", 0.0)))
-            .filter(|&(id, name, want)| d.gauge(id, name) != Some(want))
+            .filter(|&(id, name, want)| d.cluster.metric(id, name) != Some(want))
             .map(|(id, name, want)| format!("member {id}: {name} is not {want}"))
             .collect();
         if !wrong.is_empty() {

@@ -37,7 +37,7 @@ use self::nemesis::{Event, Fault, Nemesis};
 use self::workload::{Kind, Record, Setup};
 use crate::config::Durability;
 use crate::local_cluster::{LocalCluster, LocalSpec};
-use crate::metrics::{scrape, state_digest, value};
+use crate::metrics::{state_digest, value};
 
 #[derive(Args, Clone, Debug)]
 pub struct FaultsArgs {
@@ -365,7 +365,7 @@ fn converge(cluster: &LocalCluster) -> Result<(u64, String), String> {
     loop {
         let states: Vec<Option<(u64, String)>> = (0..cluster.replicas() as NodeId)
             .map(|r| {
-                let text = scrape(cluster.metrics_addr(r)?).ok()?;
+                let text = cluster.metrics(r)?;
                 let executed = value(&text, "phalanx_executed_seq")? as u64;
                 state_digest(&text).filter(|(seq, _)| *seq == executed)
             })

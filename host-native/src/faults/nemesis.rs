@@ -20,7 +20,6 @@ use phalanx_core::NodeId;
 use phalanx_core::sim::Rng;
 
 use crate::local_cluster::LocalCluster;
-use crate::metrics::{scrape, value};
 use crate::storage::{last_record, log_path};
 
 /// A kind of fault.
@@ -100,7 +99,7 @@ pub struct Nemesis<'a> {
 
 /// The gauge `name` of replica `id`, if it answers.
 fn gauge(cluster: &LocalCluster, id: NodeId, name: &str) -> Option<u64> {
-    scrape(cluster.metrics_addr(id)?).ok().and_then(|t| value(&t, name)).map(|v| v as u64)
+    cluster.metric(id, name).map(|v| v as u64)
 }
 
 impl<'a> Nemesis<'a> {
