@@ -527,6 +527,8 @@ impl NodeConfig {
         Ok(())
     }
 
+    /// Decodes and validates a node's configuration ([`NodeConfig::validate`]: of the
+    /// cluster's BLS keys, only those the node relies on are checked).
     pub fn decode(bytes: &[u8]) -> Result<Self, ConfigError> {
         let pb = pb::NodeConfig::decode(bytes)
             .map_err(|e| ConfigError(format!("node configuration is not valid protobuf: {e}")))?;
@@ -571,6 +573,9 @@ impl NodeConfig {
 }
 
 impl ClusterConfig {
+    /// Decodes a cluster and checks its layout ([`ClusterConfig::validate_layout`]), not
+    /// its BLS keys: a node checks those it relies on ([`NodeConfig::validate`]), and
+    /// [`ClusterConfig::validate`] checks them all.
     pub fn from_pb(pb: pb::ClusterConfig) -> Result<Self, ConfigError> {
         let crypto = match pb::CryptoMode::try_from(pb.crypto) {
             Ok(pb::CryptoMode::Real) => CryptoMode::Real,
@@ -611,7 +616,7 @@ impl ClusterConfig {
         let groups = pb.groups.into_iter().map(|g| Group { f: g.f, members: g.members, calls: g.calls }).collect();
         let params = Params::from_pb(pb.params.unwrap_or_default());
         let cfg = ClusterConfig { f: pb.f, nodes, params, crypto, protocol, groups };
-        cfg.validate()?;
+        cfg.validate_layout()?;
         Ok(cfg)
     }
 
@@ -982,8 +987,12 @@ mod tests {
         assert_eq!(cfgs[0].keys_relied_on().map(|n| n.id).collect::<Vec<_>>(), [0, 1, 2, 3]);
         for cfg in &cfgs {
             cfg.validate().unwrap();
+            // Decoding checks what the node relies on, not every key of the cluster.
+            NodeConfig::decode(&cfg.encode()).unwrap();
         }
         assert!(cfgs[0].cluster.validate().unwrap_err().0.contains("node 5: BLS public key"));
+        cfgs[5].cluster.nodes[2].bls_pop = cfgs[5].cluster.nodes[1].bls_pop;
+        assert!(NodeConfig::decode(&cfgs[5].encode()).unwrap_err().0.contains("node 2: BLS public key"));
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::fmt;
 use prost::Message;
 
 use super::Trace;
-use crate::config::{NodeConfig, Role};
+use crate::config::{ClusterConfig, ConfigError, Role};
 use crate::wire::pb;
 
 /// Renders `trace`: a header block, then one line per record (index, time, input) with
@@ -28,18 +28,15 @@ impl fmt::Display for Dump<'_> {
             header.version,
             header.label.escape_debug()
         )?;
-        let decoded = NodeConfig::decode(&header.node_config);
+        let decoded = cluster_of(&header.node_config);
         // What a node persists depends on its role: PBFT clients persist request-number leases.
-        let client = decoded.as_ref().is_ok_and(|cfg| cfg.cluster.node(cfg.id).is_some_and(|n| n.role == Role::Client));
+        let client = decoded.as_ref().is_ok_and(|(id, c)| c.node(*id).is_some_and(|n| n.role == Role::Client));
         match decoded {
-            Ok(cfg) => {
-                // Decoding validated that the node is in its cluster.
-                let role = cfg.cluster.node(cfg.id).map_or("", |n| n.role.name());
-                let c = &cfg.cluster;
+            Ok((id, c)) => {
+                let role = c.node(id).map_or("", |n| n.role.name());
                 writeln!(
                     f,
-                    "node {} ({role}) of {} nodes, {} {}s, f = {}, crypto {:?}",
-                    cfg.id,
+                    "node {id} ({role}) of {} nodes, {} {}s, f = {}, crypto {:?}",
                     c.nodes.len(),
                     c.n(),
                     c.protocol.replica_role().name(),
@@ -72,6 +69,19 @@ impl fmt::Display for Dump<'_> {
         }
         Ok(())
     }
+}
+
+/// The node's id and its cluster, checked as far as a listing needs: the layout and the
+/// node's place in it, not the keys (a replay checks those; their pairings would cost a
+/// listing milliseconds per node).
+fn cluster_of(bytes: &[u8]) -> Result<(u32, ClusterConfig), ConfigError> {
+    let pb = pb::NodeConfig::decode(bytes)
+        .map_err(|e| ConfigError(format!("node configuration is not valid protobuf: {e}")))?;
+    let cluster = ClusterConfig::from_pb(pb.cluster.unwrap_or_default())?;
+    if cluster.node(pb.id).is_none() {
+        return Err(ConfigError(format!("node {} is not in its cluster", pb.id)));
+    }
+    Ok((pb.id, cluster))
 }
 
 /// Milliseconds with microsecond precision.
