@@ -12,8 +12,9 @@
 //! - kind % 3 = 2: `data` is an encoded `InputRecord`, any API input, in any order.
 //!
 //! After each event the node's outputs are answered as a host would (persisted at once,
-//! batches executed on a key-value store, reads answered, snapshots restored) and a due
-//! deadline fires. Anything may be refused; nothing may panic.
+//! batches executed on a key-value store, reads answered, snapshots restored; a Perpetual
+//! member's requests answered with their op and its checkpoints with their number) and a
+//! due deadline fires. Anything may be refused; nothing may panic.
 
 use std::sync::OnceLock;
 
@@ -23,8 +24,8 @@ use phalanx_core::kv::Kv;
 use phalanx_core::sim::keyed::Coalition;
 use phalanx_core::wire::pb;
 use phalanx_core::{
-    ClusterSpec, DistillSpec, Input, Nanos, Node, NodeConfig, NodeId, Output, Params, generate_cluster,
-    generate_distill, trace,
+    ClusterSpec, DistillSpec, Event, Input, Nanos, Node, NodeConfig, NodeId, Output, Params, PerpetualSpec, Request,
+    generate_cluster, generate_distill, generate_perpetual, trace,
 };
 use prost::Message;
 
@@ -85,6 +86,19 @@ pub fn distill() -> &'static Cluster {
         spec.params.pipeline = 2;
         let configs = generate_distill(&spec, [42; 32]).expect("a valid fuzzing deployment");
         Cluster::with(configs)
+    })
+}
+
+/// Perpetual: group 0 (members 0..4) calls group 1 (members 4..8), f = 1 in each, as the
+/// reference traces have them; checkpoints every 2 batches.
+pub fn perpetual() -> &'static Cluster {
+    static CLUSTER: OnceLock<Cluster> = OnceLock::new();
+    CLUSTER.get_or_init(|| {
+        let mut spec = PerpetualSpec::pair(4, 4);
+        spec.crypto = CryptoMode::InsecureTest;
+        spec.params.checkpoint_interval = 2;
+        spec.params.pipeline = 2;
+        Cluster::with(generate_perpetual(&spec, [42; 32]).expect("a valid fuzzing federation"))
     })
 }
 
@@ -159,6 +173,12 @@ fn answer(node: &mut Node, app: &mut Kv, now: Nanos) {
             },
             Output::Restore { seq, snapshot } => Application::restore(app, seq, &snapshot)
                 .map_err(|_| phalanx_core::HandleError::Invalid("the host could not restore the snapshot".into())),
+            Output::Event(Event::Request { caller, call, op }) => {
+                node.handle(now, Input::Request(Request::Respond { caller, call, result: op }))
+            }
+            Output::Event(Event::Checkpoint { seq }) => {
+                node.handle(now, Input::Request(Request::Snapshot { seq, state: seq.to_le_bytes().to_vec() }))
+            }
             _ => Ok(()),
         };
     }

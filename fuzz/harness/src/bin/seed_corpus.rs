@@ -3,16 +3,16 @@
 //! - `trace`: each trace file as it is;
 //! - `decode`: a trace's node config, inputs, outputs and frames, behind their selectors;
 //! - `open`: the frames a traced node received, behind their sender;
-//! - `pubsub_node`, `pbft_node` and `distill_node`: each trace (but Perpetual's) whose cluster has as many
-//!   nodes as the harness's as events for the same node of it (same ids): its bodies as sealed bodies from their senders, its
-//!   other inputs as API inputs.
+//! - `pubsub_node`, `pbft_node`, `distill_node` and `perpetual_node`: each trace whose
+//!   cluster has as many nodes as the harness's as events for the same node of it (same
+//!   ids): its bodies as sealed bodies from their senders, its other inputs as API inputs.
 
 use std::path::Path;
 
 use phalanx_core::trace::Trace;
 use phalanx_core::wire::{self, pb};
 use phalanx_core::{NodeConfig, Protocol};
-use phalanx_fuzz_harness::{Cluster, distill, event, pbft, pubsub};
+use phalanx_fuzz_harness::{Cluster, distill, event, pbft, perpetual, pubsub};
 use prost::Message;
 
 fn main() {
@@ -51,8 +51,7 @@ fn main() {
             Protocol::PubSub => (pubsub(), "pubsub_node"),
             Protocol::Pbft => (pbft(), "pbft_node"),
             Protocol::Distill => (distill(), "distill_node"),
-            // No node harness runs Perpetual's groups yet: its traces seed the others.
-            Protocol::Perpetual => continue,
+            Protocol::Perpetual => (perpetual(), "perpetual_node"),
         };
         if cfg.cluster.nodes.len() == cluster.configs.len() {
             write(corpus, target, &name, &events(cluster, cfg.id, &trace));
