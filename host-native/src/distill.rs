@@ -209,14 +209,6 @@ pub fn parse_feed(text: &str) -> Result<Feed, String> {
     Ok(feed)
 }
 
-/// A distillation client's completion: the height its message was delivered at, and
-/// the seq it was delivered with.
-pub fn delivery_of(result: &[u8]) -> Option<(u64, u64)> {
-    let height = u64::from_le_bytes(result.get(..8)?.try_into().ok()?);
-    let seq = u64::from_le_bytes(result.get(8..16)?.try_into().ok()?);
-    Some((height, seq))
-}
-
 /// Follows a server's deliveries feed from a height on.
 pub struct Follower {
     addr: SocketAddr,

@@ -10,6 +10,7 @@ use phalanx_core::kv::{self, Reply};
 use phalanx_core::sim::distill_adversary::Lie;
 use phalanx_core::trace::{Trace, dump, replay};
 use phalanx_core::{Algorithm, NodeId, Params, Protocol};
+use phalanx_host::client::distill::{Delivered, DistillClient};
 use phalanx_host::client::{ClientError, ClusterClient};
 use phalanx_host::config::{BANK_OPS, ClusterFile, KeygenOptions, Runtime, keygen};
 use phalanx_host::engine::{self, EngineChoice, WasmOptions};
@@ -467,17 +468,11 @@ fn distill_client_cmd(a: ClientArgs, cluster: ClusterFile) -> Result<(), Failure
     let timeout = Duration::from_secs_f64(a.timeout);
     match a.op {
         ClientOp::Submit { messages } => {
-            let index = a.id.unwrap_or(0);
-            let id = phalanx_core::distill::CLIENT_ADDRESS_BASE
-                .checked_add(index)
-                .filter(|&id| cluster.generated_client(id).is_some())
-                .ok_or_else(|| format!("--id {index}: the directory has {} clients", cluster.params.directory_size))?;
-            let mut client = ClusterClient::start(&cluster, id, None).map_err(|e| e.to_string())?;
+            let mut client = DistillClient::start(&cluster, a.id.unwrap_or(0), None).map_err(|e| e.to_string())?;
             for message in messages {
-                let result = client
-                    .execute(message.clone().into_bytes(), timeout)
+                let Delivered { height, seq } = client
+                    .submit(message.clone().into_bytes(), timeout)
                     .map_err(|e| Failure::OutcomeUnknown(format!("{message:?}: {e}; it may still be delivered")))?;
-                let (height, seq) = distill::delivery_of(&result).ok_or("a malformed completion")?;
                 println!("{message:?}: delivered at height {height} (seq {seq})");
             }
             Ok(client.stop()?)

@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 use phalanx_core::crypto::CryptoMode;
 use phalanx_core::distill::CLIENT_ADDRESS_BASE;
 use phalanx_core::{NodeId, Params, Protocol};
-use phalanx_host::client::ClusterClient;
+use phalanx_host::client::distill::DistillClient;
 use phalanx_host::config::ClusterFile;
-use phalanx_host::distill::{FedBatch, Follower, delivery_of};
+use phalanx_host::distill::{FedBatch, Follower};
 use phalanx_host::local_cluster::{LocalCluster, LocalSpec};
 use phalanx_host::metrics::{scrape, value};
 
@@ -100,13 +100,11 @@ fn message(client: u64, n: u32) -> Vec<u8> {
 fn submit_all(cluster: &ClusterFile, dir: &Path, clients: u64, from: u32, messages: u32) {
     let handles: Vec<_> = (0..clients)
         .map(|d| {
-            let id = CLIENT_ADDRESS_BASE + d as NodeId;
-            let mut client = ClusterClient::start(cluster, id, Some(dir.join(format!("client-{d}")))).unwrap();
+            let mut client = DistillClient::start(cluster, d as u32, Some(dir.join(format!("client-{d}")))).unwrap();
             thread::spawn(move || {
                 for n in from..from + messages {
-                    let result = client.execute(message(d, n), TIMEOUT).unwrap_or_else(|e| panic!("client {d}: {e}"));
-                    let (height, _) = delivery_of(&result).unwrap();
-                    assert!(height > 0);
+                    let delivered = client.submit(message(d, n), TIMEOUT).unwrap_or_else(|e| panic!("client {d}: {e}"));
+                    assert!(delivered.height > 0);
                 }
                 client.stop().unwrap();
             })

@@ -5,6 +5,7 @@
 //! The node runs in a [`ClientLoop`] ([`event_loop`]): one of its own, or one shared
 //! with any number of other clients' nodes ([`ClusterClient::start_on`]).
 
+pub mod distill;
 pub mod event_loop;
 
 use std::collections::VecDeque;
