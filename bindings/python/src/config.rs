@@ -152,7 +152,7 @@ pub fn describe_config<'py>(py: Python<'py>, config: Buf) -> PyResult<Bound<'py,
 /// loaded by the same code as `phalanxd`.
 #[pyclass(module = "phalanx._native", frozen)]
 pub struct ClusterFile {
-    file: phalanx_host::config::ClusterFile,
+    pub(crate) file: phalanx_host::config::ClusterFile,
 }
 
 #[pymethods]

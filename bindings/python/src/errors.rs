@@ -3,9 +3,12 @@
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
+use pyo3::types::PyType;
 
 use phalanx_core::HandleError as CoreHandleError;
 use phalanx_core::trace;
+use phalanx_host::client::ClientError;
+use phalanx_host::runtime::StartError;
 
 create_exception!(phalanx, PhalanxError, PyException, "Base class of every error Phalanx raises.");
 create_exception!(
@@ -60,6 +63,35 @@ pub fn handle_error(e: CoreHandleError) -> PyErr {
 
 pub fn config_error(e: impl std::fmt::Display) -> PyErr {
     ConfigError::new_err(e.to_string())
+}
+
+/// Starting a node in phalanx-host failed: its configuration, its storage, or else.
+pub fn start_error(e: StartError) -> PyErr {
+    match e {
+        StartError::Config(e) => config_error(e),
+        StartError::Storage(e) => StorageError::new_err(e.to_string()),
+        e => PhalanxError::new_err(e.to_string()),
+    }
+}
+
+/// A phalanx-host client's request failed; `context` (whose request) begins the message,
+/// except a refusal's, which is the core's own.
+pub fn client_error(py: Python<'_>, e: ClientError, context: &str) -> PyErr {
+    match e {
+        ClientError::Timeout { .. } => {
+            timeout_error(py, format!("{context}: {e}; the outcome is unknown: it may still take effect"))
+        }
+        ClientError::Refused(e) => handle_error(e),
+        ClientError::Stopped(_) => PhalanxError::new_err(format!("{context}: {e}")),
+    }
+}
+
+/// `phalanx.TimeoutError`, which is defined in Python: it subclasses both `PhalanxError`
+/// and the builtin `TimeoutError`, and `create_exception!` takes one base.
+fn timeout_error(py: Python<'_>, message: String) -> PyErr {
+    let class =
+        || -> PyResult<Bound<'_, PyType>> { Ok(py.import("phalanx")?.getattr("TimeoutError")?.downcast_into()?) };
+    class().map_or_else(|e| e, |class| PyErr::from_type(class, message))
 }
 
 pub fn trace_error(e: trace::TraceError) -> PyErr {

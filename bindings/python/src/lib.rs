@@ -6,10 +6,12 @@
 //!
 //! By concern: [`bytes`] (buffers in, `bytes` out), [`io`] (inputs and outputs, their one
 //! conversion), [`node`], [`host`] (the host loop, storage, the Python application),
-//! [`config`] (generated clusters, cluster files), [`trace`], [`sim`], [`kv`], [`errors`].
+//! [`config`] (generated clusters, cluster files), [`distill`] (phalanx-host's
+//! distillation client), [`trace`], [`sim`], [`kv`], [`errors`].
 
 mod bytes;
 mod config;
+mod distill;
 mod errors;
 mod host;
 mod io;
@@ -31,6 +33,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<node::Node>()?;
     m.add_class::<host::HostLoop>()?;
     m.add_class::<config::ClusterFile>()?;
+    m.add_class::<distill::DistillClient>()?;
     m.add_class::<trace::TraceRecord>()?;
     m.add_class::<trace::Trace>()?;
     m.add_class::<kv::KvStore>()?;

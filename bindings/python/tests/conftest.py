@@ -1,13 +1,14 @@
 """Shared helpers: the repository root, the reference traces, free loopback ports, the
-phalanxd binary."""
+phalanxd binary, clusters of phalanxd processes."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import socket
+import subprocess
 from pathlib import Path
-from typing import List
+from typing import Dict, Iterable, List
 
 import pytest
 
@@ -76,3 +77,53 @@ def phalanxd() -> Path:
             pytest.fail("phalanxd not found: build it with `cargo build -p phalanx-host --bin phalanxd` (or set PHALANXD)")
         pytest.skip("phalanxd not built (set PHALANXD or build it with cargo build -p phalanx-host --bin phalanxd)")
     return path
+
+
+class PhalanxdCluster:
+    """A ``phalanxd keygen`` cluster in ``dir`` on free loopback ports (insecure test
+    crypto), whose processes the test starts; ``stop_all`` kills them. ``metrics`` gives
+    every node a metrics address (``metrics_base + i``)."""
+
+    def __init__(
+        self, binary: Path, dir: Path, *, protocol: str = "pbft", clients: int = 2, brokers: int = 0,
+        metrics: bool = False,
+    ):
+        self.binary = binary
+        self.dir = dir
+        nodes = 4 + brokers
+        base = free_port_block(2 * nodes if metrics else nodes)
+        self.metrics_base = base + nodes if metrics else 0
+        subprocess.run(
+            [
+                str(binary), "keygen", "--dir", str(dir), "--insecure-test-crypto", "--protocol", protocol,
+                "--base-port", str(base), "--metrics-base-port", str(self.metrics_base),
+                "--clients", str(clients), "--brokers", str(brokers),
+            ],
+            check=True, capture_output=True, timeout=60,
+        )
+        self.config = dir / "cluster.toml"
+        self.procs: Dict[int, subprocess.Popen] = {}
+
+    def start(self, ids: Iterable[int], command: str = "run") -> None:
+        """Starts ``phalanxd <command> --id i`` (``run``: replicas, ``broker``: brokers)."""
+        for i in ids:
+            with open(self.dir / f"{command}-{i}.log", "wb") as log:
+                self.procs[i] = subprocess.Popen(
+                    [str(self.binary), command, "--config", str(self.config), "--id", str(i)],
+                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                )
+
+    def kill(self, i: int) -> None:
+        p = self.procs.pop(i, None)
+        if p is not None and p.poll() is None:
+            p.kill()
+            p.wait(10)
+
+    def stop_all(self) -> None:
+        for i in list(self.procs):
+            self.kill(i)
+
+    def logs(self) -> str:
+        return "\n".join(
+            f"--- {log.stem} ---\n" + log.read_text(errors="replace")[-2000:] for log in sorted(self.dir.glob("*.log"))
+        )

@@ -5,57 +5,12 @@ phalanxd replicas and one Python-hosted replica."""
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
-from pathlib import Path
-from typing import Dict, List, Optional
 
 import pytest
 
 import phalanx
 
-from .conftest import free_port_block
-
-
-class PhalanxdCluster:
-    def __init__(self, binary: Path, dir: Path):
-        self.binary = binary
-        self.dir = dir
-        base = free_port_block(4)
-        subprocess.run(
-            [
-                str(binary), "keygen", "--dir", str(dir), "--insecure-test-crypto",
-                "--base-port", str(base), "--metrics-base-port", "0", "--clients", "2",
-            ],
-            check=True, capture_output=True, timeout=60,
-        )
-        self.config = dir / "cluster.toml"
-        self.procs: Dict[int, subprocess.Popen] = {}
-
-    def start(self, ids: List[int]) -> None:
-        for i in ids:
-            log = open(self.dir / f"replica-{i}.log", "wb")
-            self.procs[i] = subprocess.Popen(
-                [str(self.binary), "run", "--config", str(self.config), "--id", str(i)],
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            )
-
-    def kill(self, i: int) -> None:
-        p = self.procs.pop(i, None)
-        if p is not None and p.poll() is None:
-            p.kill()
-            p.wait(10)
-
-    def stop_all(self) -> None:
-        for i in list(self.procs):
-            self.kill(i)
-
-    def logs(self) -> str:
-        return "\n".join(
-            f"--- replica {i} ---\n" + (self.dir / f"replica-{i}.log").read_text(errors="replace")[-2000:]
-            for i in range(4) if (self.dir / f"replica-{i}.log").exists()
-        )
+from .conftest import PhalanxdCluster
 
 
 @pytest.fixture
@@ -65,6 +20,7 @@ def native_cluster(phalanxd, tmp_path):
         yield c
     finally:
         c.stop_all()
+        print(c.logs())  # shown when the test failed
 
 
 def test_client_against_phalanxd(native_cluster):
@@ -92,11 +48,7 @@ def test_client_against_phalanxd(native_cluster):
         async with phalanx.Client.from_cluster_file(c.config, ids[1], storage=False, timeout=20) as other:
             assert await other.get(b"greeting") == b"hi"
 
-    try:
-        asyncio.run(asyncio.wait_for(main(), 120))
-    except BaseException:
-        print(c.logs())
-        raise
+    asyncio.run(asyncio.wait_for(main(), 120))
 
 
 def test_client_timeout_against_stopped_cluster(native_cluster):
@@ -144,8 +96,4 @@ def test_mixed_cluster_python_and_native_replicas(native_cluster):
         finally:
             await replica.stop()
 
-    try:
-        asyncio.run(asyncio.wait_for(main(), 120))
-    except BaseException:
-        print(c.logs())
-        raise
+    asyncio.run(asyncio.wait_for(main(), 120))

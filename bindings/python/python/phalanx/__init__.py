@@ -8,6 +8,8 @@ a thin pyo3 adapter (``phalanx._native``). On top of it, in Python:
 - ``Trace`` (load, iterate and ``replay()`` a trace through this API) and ``simulate``;
 - ``Client``: an asyncio client of a ``phalanxd`` cluster (key-value put/get/delete/cas,
   ``execute`` for ordered ops and ``read`` for read-only ones);
+- ``DistillClient``: an asyncio client of a distillation deployment (``phalanxd`` servers
+  and brokers), ``await submit(message)`` returning its ``Delivery(height, seq)``;
 - ``Replica``: an asyncio PBFT replica whose application is a Python object, speaking
   ``phalanxd``'s wire framing so Python and native replicas form one cluster.
 
@@ -153,6 +155,7 @@ def load_cluster(path: Union[str, "os.PathLike[str]"]) -> ClusterFile:
 
 from . import kv  # noqa: E402
 from .client import Client  # noqa: E402
+from .distill import Delivery, DistillClient  # noqa: E402
 from .replica import Replica  # noqa: E402
 from . import perpetual  # noqa: E402
 
@@ -168,6 +171,8 @@ __all__ = [
     "ConfigError",
     "Deliver",
     "Delivered",
+    "Delivery",
+    "DistillClient",
     "DivergenceError",
     "Event",
     "Execute",
