@@ -1,8 +1,9 @@
 //! `Client`: an async client of a `phalanxd` cluster. The networking is phalanxd's own
 //! client (`phalanx_host::client`: a core PBFT client node on its network and protocol
 //! threads, request-number leases in its write-ahead log), driven from a thread of its
-//! own; each Swift `await` waits on a one-shot channel that thread answers, so no async
-//! runtime is involved and one implementation serves every platform.
+//! own ([`ClientThread`], which the distillation client shares); each Swift `await` waits
+//! on a one-shot channel that thread answers, so no async runtime is involved and one
+//! implementation serves every platform.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, mpsc};
@@ -13,6 +14,7 @@ use futures_channel::oneshot;
 use phalanx_core::kv::{self, Reply};
 use phalanx_host::client::{ClientError, ClusterClient};
 use phalanx_host::config::ClusterFile;
+use phalanx_host::runtime::StartError;
 
 use crate::errors::PhalanxError;
 
@@ -21,21 +23,6 @@ use crate::errors::PhalanxError;
 pub struct CasResult {
     pub swapped: bool,
     pub before: Option<Vec<u8>>,
-}
-
-/// A request for the client's thread.
-struct Job {
-    op: Vec<u8>,
-    /// Evaluated without ordering (a read), or ordered.
-    read: bool,
-    reply: oneshot::Sender<Result<Vec<u8>, PhalanxError>>,
-}
-
-fn client_error(e: ClientError) -> PhalanxError {
-    match e {
-        ClientError::Timeout { .. } => PhalanxError::Timeout { message: e.to_string() },
-        e => PhalanxError::Client { message: e.to_string() },
-    }
 }
 
 /// A PBFT client of a `phalanxd` cluster, connected to every replica. A result stands
@@ -49,8 +36,8 @@ fn client_error(e: ClientError) -> PhalanxError {
 #[derive(uniffi::Object)]
 pub struct Client {
     id: u32,
-    jobs: Mutex<Option<mpsc::Sender<Job>>>,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    timeout: Duration,
+    thread: ClientThread<ClusterClient>,
 }
 
 #[uniffi::export]
@@ -71,16 +58,10 @@ impl Client {
                 PhalanxError::config(format!("{}: the cluster file lists no client", cluster.path.display()))
             })?,
         };
-        let timeout = Duration::try_from_secs_f64(timeout_seconds)
-            .map_err(|e| PhalanxError::config(format!("timeoutSeconds = {timeout_seconds}: {e}")))?;
-        let client = ClusterClient::start(&cluster, id, data_dir.map(PathBuf::from))
-            .map_err(|e| PhalanxError::Client { message: e.to_string() })?;
-        let (jobs, queue) = mpsc::channel::<Job>();
-        let thread = std::thread::Builder::new()
-            .name(format!("phalanx-client-{id}"))
-            .spawn(move || serve(client, queue, timeout))
-            .map_err(PhalanxError::io)?;
-        Ok(Client { id, jobs: Mutex::new(Some(jobs)), thread: Mutex::new(Some(thread)) })
+        let timeout = request_timeout(timeout_seconds)?;
+        let client = ClusterClient::start(&cluster, id, data_dir.map(PathBuf::from)).map_err(start_error)?;
+        let thread = ClientThread::start(format!("client {id}"), client, ClusterClient::stop)?;
+        Ok(Client { id, timeout, thread })
     }
 
     pub fn id(&self) -> u32 {
@@ -124,6 +105,77 @@ impl Client {
     /// Stops the client's threads (also when the client goes away); requests after it
     /// fail with `.client`.
     pub fn close(&self) {
+        self.thread.close();
+    }
+}
+
+impl Client {
+    async fn request(&self, op: Vec<u8>, read: bool) -> Result<Vec<u8>, PhalanxError> {
+        let timeout = self.timeout;
+        self.thread
+            .call(move |client| {
+                if read { client.read(op, timeout) } else { client.execute(op, timeout) }.map_err(client_error)
+            })
+            .await
+    }
+}
+
+/// A job for a client's thread.
+type Job<C> = Box<dyn FnOnce(&mut C) + Send>;
+
+/// A thread that owns a blocking client `C` and runs the calls made on it one at a
+/// time, in the order made, until it is closed (or dropped); then it stops the client.
+pub(crate) struct ClientThread<C> {
+    /// The client, as errors name it ("client 4").
+    name: String,
+    jobs: Mutex<Option<mpsc::Sender<Job<C>>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl<C: Send + 'static> ClientThread<C> {
+    pub(crate) fn start(
+        name: String,
+        mut client: C,
+        stop: impl FnOnce(C) -> Result<(), String> + Send + 'static,
+    ) -> Result<Self, PhalanxError> {
+        let (jobs, queue) = mpsc::channel::<Job<C>>();
+        let thread = std::thread::Builder::new()
+            .name(format!("phalanx-{}", name.replace(' ', "-")))
+            .spawn(move || {
+                for job in queue {
+                    job(&mut client);
+                }
+                if let Err(e) = stop(client) {
+                    eprintln!("phalanx client: its protocol thread failed: {e}");
+                }
+            })
+            .map_err(PhalanxError::io)?;
+        Ok(ClientThread { name, jobs: Mutex::new(Some(jobs)), thread: Mutex::new(Some(thread)) })
+    }
+
+    /// Runs `call` on the client's thread and waits for its answer without blocking;
+    /// fails with `.client` once the thread is closed.
+    pub(crate) async fn call<R: Send + 'static>(
+        &self,
+        call: impl FnOnce(&mut C) -> Result<R, PhalanxError> + Send + 'static,
+    ) -> Result<R, PhalanxError> {
+        let (reply, answer) = oneshot::channel();
+        let closed = || PhalanxError::Client { message: format!("{} is closed", self.name) };
+        let job: Job<C> = Box::new(move |client| {
+            // The caller may have stopped waiting; the result is then nobody's.
+            let _ = reply.send(call(client));
+        });
+        {
+            let jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
+            jobs.as_ref().ok_or_else(closed)?.send(job).map_err(|_| closed())?;
+        }
+        answer.await.map_err(|_| closed())?
+    }
+}
+
+impl<C> ClientThread<C> {
+    /// Lets the calls already made finish, then stops the client and its thread.
+    pub(crate) fn close(&self) {
         drop(self.jobs.lock().unwrap_or_else(|p| p.into_inner()).take());
         if let Some(thread) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() {
             let _ = thread.join();
@@ -131,33 +183,29 @@ impl Client {
     }
 }
 
-impl Client {
-    async fn request(&self, op: Vec<u8>, read: bool) -> Result<Vec<u8>, PhalanxError> {
-        let (reply, answer) = oneshot::channel();
-        let stopped = || PhalanxError::Client { message: format!("client {} is closed", self.id) };
-        {
-            let jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
-            jobs.as_ref().ok_or_else(stopped)?.send(Job { op, read, reply }).map_err(|_| stopped())?;
-        }
-        answer.await.map_err(|_| stopped())?
-    }
-}
-
-impl Drop for Client {
+impl<C> Drop for ClientThread<C> {
     fn drop(&mut self) {
         self.close();
     }
 }
 
-/// The client's thread: one request at a time, until the `Client` closes.
-fn serve(mut client: ClusterClient, queue: mpsc::Receiver<Job>, timeout: Duration) {
-    for job in queue {
-        let result = if job.read { client.read(job.op, timeout) } else { client.execute(job.op, timeout) };
-        // The caller may have stopped waiting; the result is then nobody's.
-        let _ = job.reply.send(result.map_err(client_error));
+/// `timeoutSeconds`, as a duration.
+pub(crate) fn request_timeout(seconds: f64) -> Result<Duration, PhalanxError> {
+    Duration::try_from_secs_f64(seconds).map_err(|e| PhalanxError::config(format!("timeoutSeconds = {seconds}: {e}")))
+}
+
+/// A client that could not start: its configuration (`.config`), or anything else.
+pub(crate) fn start_error(e: StartError) -> PhalanxError {
+    match e {
+        StartError::Config(e) => PhalanxError::config(e),
+        e => PhalanxError::Client { message: e.to_string() },
     }
-    if let Err(e) = client.stop() {
-        eprintln!("phalanx client: its protocol thread failed: {e}");
+}
+
+pub(crate) fn client_error(e: ClientError) -> PhalanxError {
+    match e {
+        ClientError::Timeout { .. } => PhalanxError::Timeout { message: e.to_string() },
+        e => PhalanxError::Client { message: e.to_string() },
     }
 }
 

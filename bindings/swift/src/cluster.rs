@@ -152,9 +152,10 @@ impl ClusterFile {
     }
 }
 
-/// A PBFT cluster of real `phalanxd run` processes on loopback, for tests and demos:
-/// generated keys in `dir` (replaced), one process per replica, each killed when this
-/// object goes away (or its process ends).
+/// A PBFT cluster, or a distillation deployment, of real `phalanxd` processes on
+/// loopback, for tests and demos: generated keys in `dir` (replaced), one process per
+/// replica (server) and broker, each killed when this object goes away (or its process
+/// ends).
 #[derive(uniffi::Object)]
 pub struct LocalCluster {
     cluster: Mutex<HostLocalCluster>,
@@ -163,7 +164,7 @@ pub struct LocalCluster {
 
 #[uniffi::export]
 impl LocalCluster {
-    /// Generates the cluster (3f+1 replicas, `clients` clients); starts nothing.
+    /// Generates a PBFT cluster (3f+1 replicas, `clients` clients); starts nothing.
     #[uniffi::constructor(default(f = 1, clients = 2, real_crypto = false))]
     pub fn new(
         dir: String,
@@ -172,25 +173,41 @@ impl LocalCluster {
         clients: u32,
         real_crypto: bool,
     ) -> Result<Arc<Self>, PhalanxError> {
-        let spec = LocalSpec {
-            f,
-            clients,
-            crypto: if real_crypto { CryptoMode::Real } else { CryptoMode::InsecureTest },
-            metrics: false,
-            ..LocalSpec::default()
-        };
-        let cluster =
-            HostLocalCluster::create(&PathBuf::from(dir), &spec, Path::new(&phalanxd)).map_err(PhalanxError::io)?;
-        let config_path = cluster.config_path().display().to_string();
-        Ok(Arc::new(LocalCluster { cluster: Mutex::new(cluster), config_path }))
+        let spec = LocalSpec { f, clients, crypto: crypto(real_crypto), metrics: false, ..LocalSpec::default() };
+        Self::create(dir, phalanxd, &spec)
     }
 
-    /// The cluster file, for `Client` and `ClusterFile`.
+    /// Generates a distillation deployment (3f+1 servers, `brokers` brokers with ids from
+    /// 1000, a generated directory of `clients` clients for `DistillClient`), every
+    /// server and broker serving metrics (`metric`); starts nothing.
+    #[uniffi::constructor(default(f = 1, clients = 16, brokers = 1, real_crypto = false))]
+    pub fn distill(
+        dir: String,
+        phalanxd: String,
+        f: u32,
+        clients: u32,
+        brokers: u32,
+        real_crypto: bool,
+    ) -> Result<Arc<Self>, PhalanxError> {
+        let spec = LocalSpec {
+            protocol: Protocol::Distill,
+            f,
+            clients,
+            brokers,
+            crypto: crypto(real_crypto),
+            // A broker listens on no TCP port: starting waits on its metrics endpoint.
+            metrics: true,
+            ..LocalSpec::default()
+        };
+        Self::create(dir, phalanxd, &spec)
+    }
+
+    /// The cluster file, for `Client`, `DistillClient` and `ClusterFile`.
     pub fn config_path(&self) -> String {
         self.config_path.clone()
     }
 
-    /// Starts every replica and waits until each accepts connections.
+    /// Starts every replica (and broker) and waits until each serves.
     pub fn start_all(&self) -> Result<(), PhalanxError> {
         self.lock().start_all().map_err(PhalanxError::io)
     }
@@ -200,14 +217,31 @@ impl LocalCluster {
         self.lock().start(id).map_err(PhalanxError::io)
     }
 
-    /// SIGKILL to replica `id`.
+    /// SIGKILL to replica (or broker) `id`.
     pub fn kill(&self, id: u32) {
         self.lock().kill(id)
+    }
+
+    /// Replica `id`'s metric `name` from its metrics endpoint (`nil`: it does not answer
+    /// or export it; `new`'s replicas serve no metrics).
+    pub fn metric(&self, id: u32, name: String) -> Option<f64> {
+        self.lock().metric(id, &name)
     }
 }
 
 impl LocalCluster {
+    fn create(dir: String, phalanxd: String, spec: &LocalSpec) -> Result<Arc<Self>, PhalanxError> {
+        let cluster =
+            HostLocalCluster::create(&PathBuf::from(dir), spec, Path::new(&phalanxd)).map_err(PhalanxError::io)?;
+        let config_path = cluster.config_path().display().to_string();
+        Ok(Arc::new(LocalCluster { cluster: Mutex::new(cluster), config_path }))
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HostLocalCluster> {
         self.cluster.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+fn crypto(real: bool) -> CryptoMode {
+    if real { CryptoMode::Real } else { CryptoMode::InsecureTest }
 }

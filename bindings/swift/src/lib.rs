@@ -8,6 +8,7 @@
 //! - [`trace`]: traces, their records and the core's replay;
 //! - [`kv`]: the key-value application `phalanxd` serves;
 //! - [`client`]: an async client of a `phalanxd` cluster;
+//! - [`distill`]: an async client of a distillation deployment;
 //! - [`bench`]: the core alone, the baseline of the Swift benchmark.
 
 uniffi::setup_scaffolding!("phalanx");
@@ -15,6 +16,7 @@ uniffi::setup_scaffolding!("phalanx");
 pub mod bench;
 pub mod client;
 pub mod cluster;
+pub mod distill;
 pub mod errors;
 pub mod host;
 pub mod kv;

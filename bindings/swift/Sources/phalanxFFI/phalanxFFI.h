@@ -388,6 +388,11 @@ uint64_t uniffi_phalanx_swift_fn_clone_localcluster(uint64_t handle, RustCallSta
 void uniffi_phalanx_swift_fn_free_localcluster(uint64_t handle, RustCallStatus *_Nonnull out_status
 );
 #endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_CONSTRUCTOR_LOCALCLUSTER_DISTILL
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_CONSTRUCTOR_LOCALCLUSTER_DISTILL
+uint64_t uniffi_phalanx_swift_fn_constructor_localcluster_distill(RustBuffer dir, RustBuffer phalanxd, uint32_t f, uint32_t clients, uint32_t brokers, int8_t real_crypto, RustCallStatus *_Nonnull out_status
+);
+#endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_CONSTRUCTOR_LOCALCLUSTER_NEW
 #define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_CONSTRUCTOR_LOCALCLUSTER_NEW
 uint64_t uniffi_phalanx_swift_fn_constructor_localcluster_new(RustBuffer dir, RustBuffer phalanxd, uint32_t f, uint32_t clients, int8_t real_crypto, RustCallStatus *_Nonnull out_status
@@ -403,6 +408,11 @@ RustBuffer uniffi_phalanx_swift_fn_method_localcluster_config_path(uint64_t ptr,
 void uniffi_phalanx_swift_fn_method_localcluster_kill(uint64_t ptr, uint32_t id, RustCallStatus *_Nonnull out_status
 );
 #endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_METHOD_LOCALCLUSTER_METRIC
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_METHOD_LOCALCLUSTER_METRIC
+RustBuffer uniffi_phalanx_swift_fn_method_localcluster_metric(uint64_t ptr, uint32_t id, RustBuffer name, RustCallStatus *_Nonnull out_status
+);
+#endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_METHOD_LOCALCLUSTER_START
 #define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_METHOD_LOCALCLUSTER_START
 void uniffi_phalanx_swift_fn_method_localcluster_start(uint64_t ptr, uint32_t id, RustCallStatus *_Nonnull out_status
@@ -411,6 +421,41 @@ void uniffi_phalanx_swift_fn_method_localcluster_start(uint64_t ptr, uint32_t id
 #ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_METHOD_LOCALCLUSTER_START_ALL
 #define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_METHOD_LOCALCLUSTER_START_ALL
 void uniffi_phalanx_swift_fn_method_localcluster_start_all(uint64_t ptr, RustCallStatus *_Nonnull out_status
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_CLONE_DISTILLCLIENT
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_CLONE_DISTILLCLIENT
+uint64_t uniffi_phalanx_swift_fn_clone_distillclient(uint64_t handle, RustCallStatus *_Nonnull out_status
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_FREE_DISTILLCLIENT
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_FREE_DISTILLCLIENT
+void uniffi_phalanx_swift_fn_free_distillclient(uint64_t handle, RustCallStatus *_Nonnull out_status
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_CONSTRUCTOR_DISTILLCLIENT_NEW
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_CONSTRUCTOR_DISTILLCLIENT_NEW
+uint64_t uniffi_phalanx_swift_fn_constructor_distillclient_new(RustBuffer cluster_file, uint32_t index, RustBuffer data_dir, double timeout_seconds, RustCallStatus *_Nonnull out_status
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_METHOD_DISTILLCLIENT_CLOSE
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_METHOD_DISTILLCLIENT_CLOSE
+void uniffi_phalanx_swift_fn_method_distillclient_close(uint64_t ptr, RustCallStatus *_Nonnull out_status
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_METHOD_DISTILLCLIENT_ID
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_METHOD_DISTILLCLIENT_ID
+uint32_t uniffi_phalanx_swift_fn_method_distillclient_id(uint64_t ptr, RustCallStatus *_Nonnull out_status
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_METHOD_DISTILLCLIENT_INDEX
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_METHOD_DISTILLCLIENT_INDEX
+uint32_t uniffi_phalanx_swift_fn_method_distillclient_index(uint64_t ptr, RustCallStatus *_Nonnull out_status
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_METHOD_DISTILLCLIENT_SUBMIT
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_METHOD_DISTILLCLIENT_SUBMIT
+uint64_t uniffi_phalanx_swift_fn_method_distillclient_submit(uint64_t ptr, RustBuffer message
 );
 #endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_CLONE_HOSTLOOP
@@ -1157,6 +1202,12 @@ uint16_t uniffi_phalanx_swift_checksum_method_localcluster_kill(void
     
 );
 #endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_LOCALCLUSTER_METRIC
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_LOCALCLUSTER_METRIC
+uint16_t uniffi_phalanx_swift_checksum_method_localcluster_metric(void
+    
+);
+#endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_LOCALCLUSTER_START
 #define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_LOCALCLUSTER_START
 uint16_t uniffi_phalanx_swift_checksum_method_localcluster_start(void
@@ -1166,6 +1217,30 @@ uint16_t uniffi_phalanx_swift_checksum_method_localcluster_start(void
 #ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_LOCALCLUSTER_START_ALL
 #define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_LOCALCLUSTER_START_ALL
 uint16_t uniffi_phalanx_swift_checksum_method_localcluster_start_all(void
+    
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_DISTILLCLIENT_CLOSE
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_DISTILLCLIENT_CLOSE
+uint16_t uniffi_phalanx_swift_checksum_method_distillclient_close(void
+    
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_DISTILLCLIENT_ID
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_DISTILLCLIENT_ID
+uint16_t uniffi_phalanx_swift_checksum_method_distillclient_id(void
+    
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_DISTILLCLIENT_INDEX
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_DISTILLCLIENT_INDEX
+uint16_t uniffi_phalanx_swift_checksum_method_distillclient_index(void
+    
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_DISTILLCLIENT_SUBMIT
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_DISTILLCLIENT_SUBMIT
+uint16_t uniffi_phalanx_swift_checksum_method_distillclient_submit(void
     
 );
 #endif
@@ -1397,9 +1472,21 @@ uint16_t uniffi_phalanx_swift_checksum_constructor_clusterfile_load(void
     
 );
 #endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_CONSTRUCTOR_LOCALCLUSTER_DISTILL
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_CONSTRUCTOR_LOCALCLUSTER_DISTILL
+uint16_t uniffi_phalanx_swift_checksum_constructor_localcluster_distill(void
+    
+);
+#endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_CONSTRUCTOR_LOCALCLUSTER_NEW
 #define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_CONSTRUCTOR_LOCALCLUSTER_NEW
 uint16_t uniffi_phalanx_swift_checksum_constructor_localcluster_new(void
+    
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_CONSTRUCTOR_DISTILLCLIENT_NEW
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_CONSTRUCTOR_DISTILLCLIENT_NEW
+uint16_t uniffi_phalanx_swift_checksum_constructor_distillclient_new(void
     
 );
 #endif

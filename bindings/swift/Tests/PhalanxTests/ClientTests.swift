@@ -2,24 +2,12 @@ import Foundation
 import XCTest
 @testable import Phalanx
 
-/// The async client against real `phalanxd` processes on loopback (PHALANXD names the
-/// binary; scripts/test-swift builds it and sets it).
-final class ClientTests: XCTestCase {
-    var cluster: LocalCluster!
-    var dir: URL!
-
+/// The async client against a PBFT cluster of real `phalanxd` processes on loopback.
+final class ClientTests: PhalanxdTestCase {
     override func setUpWithError() throws {
-        guard let phalanxd = ProcessInfo.processInfo.environment["PHALANXD"], !phalanxd.isEmpty else {
-            throw XCTSkip("PHALANXD is not set")
-        }
-        dir = FileManager.default.temporaryDirectory.appendingPathComponent("phalanx-swift-\(UUID())")
+        try super.setUpWithError()
         cluster = try LocalCluster(dir: dir.path, phalanxd: phalanxd)
         try cluster.startAll()
-    }
-
-    override func tearDownWithError() throws {
-        cluster = nil  // kills the replicas
-        try? FileManager.default.removeItem(at: dir)
     }
 
     func testKeyValueOperationsAgainstPhalanxd() async throws {

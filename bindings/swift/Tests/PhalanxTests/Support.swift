@@ -1,5 +1,6 @@
 import Foundation
 import Phalanx
+import XCTest
 
 /// The repository's root, from this file's path (the tests run from the source tree).
 let repository = URL(fileURLWithPath: #filePath)
@@ -24,4 +25,26 @@ struct SplitMix64: RandomNumberGenerator {
 
 extension Data {
     init(_ text: String) { self = text.data(using: .utf8)! }
+}
+
+/// A test against real `phalanxd` processes on loopback (PHALANXD names the binary;
+/// scripts/test-swift builds it and sets it, and without it the test is skipped): the
+/// subclass makes `cluster` in `dir`; both are gone after each test.
+class PhalanxdTestCase: XCTestCase {
+    var phalanxd: String!
+    var dir: URL!
+    var cluster: LocalCluster!
+
+    override func setUpWithError() throws {
+        guard let path = ProcessInfo.processInfo.environment["PHALANXD"], !path.isEmpty else {
+            throw XCTSkip("PHALANXD is not set")
+        }
+        phalanxd = path
+        dir = FileManager.default.temporaryDirectory.appendingPathComponent("phalanx-swift-\(UUID())")
+    }
+
+    override func tearDownWithError() throws {
+        cluster = nil  // kills its processes
+        if let dir { try? FileManager.default.removeItem(at: dir) }
+    }
 }

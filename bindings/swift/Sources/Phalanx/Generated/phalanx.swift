@@ -1129,6 +1129,227 @@ public func FfiConverterTypeClusterFile_lower(_ value: ClusterFile) -> UInt64 {
 
 
 /**
+ * A client of the generated directory of a distillation deployment, submitting through
+ * its brokers over UDP. Messages from one `DistillClient` are submitted one after
+ * another, in the order made; use several clients (indices) for parallel load.
+ *
+ * Its seq range and last height record live in phalanxd's write-ahead log in `dataDir`
+ * (by default `data/client-<id>` beside the cluster file, where `phalanxd client submit`
+ * keeps them), so a restarted client goes on from there.
+ */
+public protocol DistillClientProtocol: AnyObject, Sendable {
+    
+    /**
+     * Stops the client's threads (also when the client goes away); submissions after it
+     * fail with `.client`.
+     */
+    func close() 
+    
+    /**
+     * Its node id: 2^31 + its index.
+     */
+    func id()  -> UInt32
+    
+    /**
+     * Its index in the generated directory.
+     */
+    func index()  -> UInt32
+    
+    /**
+     * Submits `message` and returns its certified delivery. A `.timeout` leaves the
+     * outcome unknown: the message may still be delivered (the client keeps resubmitting
+     * it through the next broker meanwhile).
+     */
+    func submit(message: Data) async throws  -> DistillDelivery
+    
+}
+/**
+ * A client of the generated directory of a distillation deployment, submitting through
+ * its brokers over UDP. Messages from one `DistillClient` are submitted one after
+ * another, in the order made; use several clients (indices) for parallel load.
+ *
+ * Its seq range and last height record live in phalanxd's write-ahead log in `dataDir`
+ * (by default `data/client-<id>` beside the cluster file, where `phalanxd client submit`
+ * keeps them), so a restarted client goes on from there.
+ */
+open class DistillClient: DistillClientProtocol, @unchecked Sendable {
+    fileprivate let handle: UInt64
+
+    /// Used to instantiate a [FFIObject] without an actual handle, for fakes in tests, mostly.
+#if swift(>=5.8)
+    @_documentation(visibility: private)
+#endif
+    public struct NoHandle {
+        public init() {}
+    }
+
+    // TODO: We'd like this to be `private` but for Swifty reasons,
+    // we can't implement `FfiConverter` without making this `required` and we can't
+    // make it `required` without making it `public`.
+#if swift(>=5.8)
+    @_documentation(visibility: private)
+#endif
+    required public init(unsafeFromHandle handle: UInt64) {
+        self.handle = handle
+    }
+
+    // This constructor can be used to instantiate a fake object.
+    // - Parameter noHandle: Placeholder value so we can have a constructor separate from the default empty one that may be implemented for classes extending [FFIObject].
+    //
+    // - Warning:
+    //     Any object instantiated with this constructor cannot be passed to an actual Rust-backed object. Since there isn't a backing handle the FFI lower functions will crash.
+#if swift(>=5.8)
+    @_documentation(visibility: private)
+#endif
+    public init(noHandle: NoHandle) {
+        self.handle = 0
+    }
+
+#if swift(>=5.8)
+    @_documentation(visibility: private)
+#endif
+    public func uniffiCloneHandle() -> UInt64 {
+        return try! rustCall { uniffi_phalanx_swift_fn_clone_distillclient(self.handle, $0) }
+    }
+    /**
+     * Client `index` of the directory of the deployment in `clusterFile` (`.config` if
+     * the directory has no such client); each submission fails with `.timeout` after
+     * `timeoutSeconds` without a certified delivery.
+     */
+public convenience init(clusterFile: String, index: UInt32 = UInt32(0), dataDir: String? = nil, timeoutSeconds: Double = Double(10.0))throws  {
+    let handle =
+        try rustCallWithError(FfiConverterTypePhalanxError_lift) {
+        uniffiCallStatus in
+    uniffi_phalanx_swift_fn_constructor_distillclient_new(
+        FfiConverterString.lower(clusterFile),
+        FfiConverterUInt32.lower(index),
+        FfiConverterOptionString.lower(dataDir),
+        FfiConverterDouble.lower(timeoutSeconds),uniffiCallStatus
+    )
+}
+    self.init(unsafeFromHandle: handle)
+}
+
+    deinit {
+        if handle == 0 {
+            // Mock objects have handle=0 don't try to free them
+            return
+        }
+
+        try! rustCall { uniffi_phalanx_swift_fn_free_distillclient(handle, $0) }
+    }
+
+    
+
+    
+    /**
+     * Stops the client's threads (also when the client goes away); submissions after it
+     * fail with `.client`.
+     */
+open func close()  {try! rustCall() {
+        uniffiCallStatus in
+    uniffi_phalanx_swift_fn_method_distillclient_close(
+            self.uniffiCloneHandle(),uniffiCallStatus
+    )
+}
+}
+    
+    /**
+     * Its node id: 2^31 + its index.
+     */
+open func id() -> UInt32  {
+    return try!  FfiConverterUInt32.lift(try! rustCall() {
+        uniffiCallStatus in
+    uniffi_phalanx_swift_fn_method_distillclient_id(
+            self.uniffiCloneHandle(),uniffiCallStatus
+    )
+})
+}
+    
+    /**
+     * Its index in the generated directory.
+     */
+open func index() -> UInt32  {
+    return try!  FfiConverterUInt32.lift(try! rustCall() {
+        uniffiCallStatus in
+    uniffi_phalanx_swift_fn_method_distillclient_index(
+            self.uniffiCloneHandle(),uniffiCallStatus
+    )
+})
+}
+    
+    /**
+     * Submits `message` and returns its certified delivery. A `.timeout` leaves the
+     * outcome unknown: the message may still be delivered (the client keeps resubmitting
+     * it through the next broker meanwhile).
+     */
+open func submit(message: Data)async throws  -> DistillDelivery  {
+    return
+        try  await uniffiRustCallAsync(
+            rustFutureFunc: {
+                uniffi_phalanx_swift_fn_method_distillclient_submit(
+                        self.uniffiCloneHandle(),FfiConverterData.lower(message)
+                )
+            },
+            pollFunc: ffi_phalanx_swift_rust_future_poll_rust_buffer,
+            completeFunc: ffi_phalanx_swift_rust_future_complete_rust_buffer,
+            freeFunc: ffi_phalanx_swift_rust_future_free_rust_buffer,
+            liftFunc: FfiConverterTypeDistillDelivery_lift,
+            errorHandler: FfiConverterTypePhalanxError_lift
+        )
+}
+    
+
+    
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public struct FfiConverterTypeDistillClient: FfiConverter {
+    typealias FfiType = UInt64
+    typealias SwiftType = DistillClient
+
+    public static func lift(_ handle: UInt64) throws -> DistillClient {
+        return DistillClient(unsafeFromHandle: handle)
+    }
+
+    public static func lower(_ value: DistillClient) -> UInt64 {
+        return value.uniffiCloneHandle()
+    }
+
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> DistillClient {
+        let handle: UInt64 = try readInt(&buf)
+        return try lift(handle)
+    }
+
+    public static func write(_ value: DistillClient, into buf: inout [UInt8]) {
+        writeInt(&buf, lower(value))
+    }
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeDistillClient_lift(_ handle: UInt64) throws -> DistillClient {
+    return try FfiConverterTypeDistillClient.lift(handle)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeDistillClient_lower(_ value: DistillClient) -> UInt64 {
+    return FfiConverterTypeDistillClient.lower(value)
+}
+
+
+
+
+
+
+/**
  * A node and the bookkeeping every host repeats: `persist` records kept (in memory)
  * and acknowledged, `compact` applied, `execute`, `query` and `restore` answered by the
  * application. What is left for the caller is the world: `drain(now:)` returns only the
@@ -1592,21 +1813,28 @@ public func FfiConverterTypeKvStore_lower(_ value: KvStore) -> UInt64 {
 
 
 /**
- * A PBFT cluster of real `phalanxd run` processes on loopback, for tests and demos:
- * generated keys in `dir` (replaced), one process per replica, each killed when this
- * object goes away (or its process ends).
+ * A PBFT cluster, or a distillation deployment, of real `phalanxd` processes on
+ * loopback, for tests and demos: generated keys in `dir` (replaced), one process per
+ * replica (server) and broker, each killed when this object goes away (or its process
+ * ends).
  */
 public protocol LocalClusterProtocol: AnyObject, Sendable {
     
     /**
-     * The cluster file, for `Client` and `ClusterFile`.
+     * The cluster file, for `Client`, `DistillClient` and `ClusterFile`.
      */
     func configPath()  -> String
     
     /**
-     * SIGKILL to replica `id`.
+     * SIGKILL to replica (or broker) `id`.
      */
     func kill(id: UInt32) 
+    
+    /**
+     * Replica `id`'s metric `name` from its metrics endpoint (`nil`: it does not answer
+     * or export it; `new`'s replicas serve no metrics).
+     */
+    func metric(id: UInt32, name: String)  -> Double?
     
     /**
      * Starts replica `id` (again, after `kill`) without waiting.
@@ -1614,15 +1842,16 @@ public protocol LocalClusterProtocol: AnyObject, Sendable {
     func start(id: UInt32) throws 
     
     /**
-     * Starts every replica and waits until each accepts connections.
+     * Starts every replica (and broker) and waits until each serves.
      */
     func startAll() throws 
     
 }
 /**
- * A PBFT cluster of real `phalanxd run` processes on loopback, for tests and demos:
- * generated keys in `dir` (replaced), one process per replica, each killed when this
- * object goes away (or its process ends).
+ * A PBFT cluster, or a distillation deployment, of real `phalanxd` processes on
+ * loopback, for tests and demos: generated keys in `dir` (replaced), one process per
+ * replica (server) and broker, each killed when this object goes away (or its process
+ * ends).
  */
 open class LocalCluster: LocalClusterProtocol, @unchecked Sendable {
     fileprivate let handle: UInt64
@@ -1664,7 +1893,7 @@ open class LocalCluster: LocalClusterProtocol, @unchecked Sendable {
         return try! rustCall { uniffi_phalanx_swift_fn_clone_localcluster(self.handle, $0) }
     }
     /**
-     * Generates the cluster (3f+1 replicas, `clients` clients); starts nothing.
+     * Generates a PBFT cluster (3f+1 replicas, `clients` clients); starts nothing.
      */
 public convenience init(dir: String, phalanxd: String, f: UInt32 = UInt32(1), clients: UInt32 = UInt32(2), realCrypto: Bool = false)throws  {
     let handle =
@@ -1691,10 +1920,29 @@ public convenience init(dir: String, phalanxd: String, f: UInt32 = UInt32(1), cl
     }
 
     
+    /**
+     * Generates a distillation deployment (3f+1 servers, `brokers` brokers with ids from
+     * 1000, a generated directory of `clients` clients for `DistillClient`), every
+     * server and broker serving metrics (`metric`); starts nothing.
+     */
+public static func distill(dir: String, phalanxd: String, f: UInt32 = UInt32(1), clients: UInt32 = UInt32(16), brokers: UInt32 = UInt32(1), realCrypto: Bool = false)throws  -> LocalCluster  {
+    return try  FfiConverterTypeLocalCluster_lift(try rustCallWithError(FfiConverterTypePhalanxError_lift) {
+        uniffiCallStatus in
+    uniffi_phalanx_swift_fn_constructor_localcluster_distill(
+        FfiConverterString.lower(dir),
+        FfiConverterString.lower(phalanxd),
+        FfiConverterUInt32.lower(f),
+        FfiConverterUInt32.lower(clients),
+        FfiConverterUInt32.lower(brokers),
+        FfiConverterBool.lower(realCrypto),uniffiCallStatus
+    )
+})
+}
+    
 
     
     /**
-     * The cluster file, for `Client` and `ClusterFile`.
+     * The cluster file, for `Client`, `DistillClient` and `ClusterFile`.
      */
 open func configPath() -> String  {
     return try!  FfiConverterString.lift(try! rustCall() {
@@ -1706,7 +1954,7 @@ open func configPath() -> String  {
 }
     
     /**
-     * SIGKILL to replica `id`.
+     * SIGKILL to replica (or broker) `id`.
      */
 open func kill(id: UInt32)  {try! rustCall() {
         uniffiCallStatus in
@@ -1715,6 +1963,21 @@ open func kill(id: UInt32)  {try! rustCall() {
         FfiConverterUInt32.lower(id),uniffiCallStatus
     )
 }
+}
+    
+    /**
+     * Replica `id`'s metric `name` from its metrics endpoint (`nil`: it does not answer
+     * or export it; `new`'s replicas serve no metrics).
+     */
+open func metric(id: UInt32, name: String) -> Double?  {
+    return try!  FfiConverterOptionDouble.lift(try! rustCall() {
+        uniffiCallStatus in
+    uniffi_phalanx_swift_fn_method_localcluster_metric(
+            self.uniffiCloneHandle(),
+        FfiConverterUInt32.lower(id),
+        FfiConverterString.lower(name),uniffiCallStatus
+    )
+})
 }
     
     /**
@@ -1730,7 +1993,7 @@ open func start(id: UInt32)throws   {try rustCallWithError(FfiConverterTypePhala
 }
     
     /**
-     * Starts every replica and waits until each accepts connections.
+     * Starts every replica (and broker) and waits until each serves.
      */
 open func startAll()throws   {try rustCallWithError(FfiConverterTypePhalanxError_lift) {
         uniffiCallStatus in
@@ -2630,6 +2893,64 @@ public func FfiConverterTypeDelivery_lift(_ buf: RustBuffer) throws -> Delivery 
 #endif
 public func FfiConverterTypeDelivery_lower(_ value: Delivery) -> RustBuffer {
     return FfiConverterTypeDelivery.lower(value)
+}
+
+
+/**
+ * Where a submitted message was delivered: the height of its batch, and the seq the
+ * client gave it (a client's seqs increase with each message it submits).
+ */
+public struct DistillDelivery: Equatable, Hashable {
+    public var height: UInt64
+    public var seq: UInt64
+
+    // Default memberwise initializers are never public by default, so we
+    // declare one manually.
+    public init(height: UInt64, seq: UInt64) {
+        self.height = height
+        self.seq = seq
+    }
+
+    
+
+    
+}
+
+#if compiler(>=6)
+extension DistillDelivery: Sendable {}
+#endif
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public struct FfiConverterTypeDistillDelivery: FfiConverterRustBuffer {
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> DistillDelivery {
+        return
+            try DistillDelivery(
+                height: FfiConverterUInt64.read(from: &buf), 
+                seq: FfiConverterUInt64.read(from: &buf)
+        )
+    }
+
+    public static func write(_ value: DistillDelivery, into buf: inout [UInt8]) {
+        FfiConverterUInt64.write(value.height, into: &buf)
+        FfiConverterUInt64.write(value.seq, into: &buf)
+    }
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeDistillDelivery_lift(_ buf: RustBuffer) throws -> DistillDelivery {
+    return try FfiConverterTypeDistillDelivery.lift(buf)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeDistillDelivery_lower(_ value: DistillDelivery) -> RustBuffer {
+    return FfiConverterTypeDistillDelivery.lower(value)
 }
 
 
@@ -5318,6 +5639,30 @@ fileprivate struct FfiConverterOptionUInt64: FfiConverterRustBuffer {
 #if swift(>=5.8)
 @_documentation(visibility: private)
 #endif
+fileprivate struct FfiConverterOptionDouble: FfiConverterRustBuffer {
+    typealias SwiftType = Double?
+
+    public static func write(_ value: SwiftType, into buf: inout [UInt8]) {
+        guard let value = value else {
+            writeInt(&buf, Int8(0))
+            return
+        }
+        writeInt(&buf, Int8(1))
+        FfiConverterDouble.write(value, into: &buf)
+    }
+
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> SwiftType {
+        switch try readInt(&buf) as Int8 {
+        case 0: return nil
+        case 1: return try FfiConverterDouble.read(from: &buf)
+        default: throw UniffiInternalError.unexpectedOptionalTag
+        }
+    }
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
 fileprivate struct FfiConverterOptionString: FfiConverterRustBuffer {
     typealias SwiftType = String?
 
@@ -6110,16 +6455,31 @@ private let initializationResult: InitializationResult = {
     if (uniffi_phalanx_swift_checksum_method_clusterfile_replicas() != 32672) {
         return InitializationResult.apiChecksumMismatch
     }
-    if (uniffi_phalanx_swift_checksum_method_localcluster_config_path() != 15263) {
+    if (uniffi_phalanx_swift_checksum_method_localcluster_config_path() != 9908) {
         return InitializationResult.apiChecksumMismatch
     }
-    if (uniffi_phalanx_swift_checksum_method_localcluster_kill() != 27043) {
+    if (uniffi_phalanx_swift_checksum_method_localcluster_kill() != 1866) {
+        return InitializationResult.apiChecksumMismatch
+    }
+    if (uniffi_phalanx_swift_checksum_method_localcluster_metric() != 62665) {
         return InitializationResult.apiChecksumMismatch
     }
     if (uniffi_phalanx_swift_checksum_method_localcluster_start() != 51491) {
         return InitializationResult.apiChecksumMismatch
     }
-    if (uniffi_phalanx_swift_checksum_method_localcluster_start_all() != 36999) {
+    if (uniffi_phalanx_swift_checksum_method_localcluster_start_all() != 51919) {
+        return InitializationResult.apiChecksumMismatch
+    }
+    if (uniffi_phalanx_swift_checksum_method_distillclient_close() != 46178) {
+        return InitializationResult.apiChecksumMismatch
+    }
+    if (uniffi_phalanx_swift_checksum_method_distillclient_id() != 60468) {
+        return InitializationResult.apiChecksumMismatch
+    }
+    if (uniffi_phalanx_swift_checksum_method_distillclient_index() != 58838) {
+        return InitializationResult.apiChecksumMismatch
+    }
+    if (uniffi_phalanx_swift_checksum_method_distillclient_submit() != 46213) {
         return InitializationResult.apiChecksumMismatch
     }
     if (uniffi_phalanx_swift_checksum_method_hostloop_drain() != 32405) {
@@ -6236,7 +6596,13 @@ private let initializationResult: InitializationResult = {
     if (uniffi_phalanx_swift_checksum_constructor_clusterfile_load() != 23787) {
         return InitializationResult.apiChecksumMismatch
     }
-    if (uniffi_phalanx_swift_checksum_constructor_localcluster_new() != 5424) {
+    if (uniffi_phalanx_swift_checksum_constructor_localcluster_distill() != 44825) {
+        return InitializationResult.apiChecksumMismatch
+    }
+    if (uniffi_phalanx_swift_checksum_constructor_localcluster_new() != 2366) {
+        return InitializationResult.apiChecksumMismatch
+    }
+    if (uniffi_phalanx_swift_checksum_constructor_distillclient_new() != 40298) {
         return InitializationResult.apiChecksumMismatch
     }
     if (uniffi_phalanx_swift_checksum_constructor_hostloop_new() != 45759) {
