@@ -6,8 +6,9 @@
  * The sans-IO node API (`Node`, inputs and outputs as plain objects discriminated by
  * `type`) is the Rust core itself, through a napi-rs addon; on top of it `Trace` (load
  * and replay traces), `simulate`, the key-value helpers, a Promise `Client` of a PBFT
- * cluster, a `Replica` whose application is a JavaScript object, and `perpetual.Member`s
- * of Perpetual groups running services written against the seed's futures API.
+ * cluster, a `Replica` whose application is a JavaScript object, `perpetual.Member`s
+ * of Perpetual groups running services written against the seed's futures API, and a
+ * `DistillClient` of a distillation deployment.
  *
  * ```js
  * const phalanx = require('phalanx');
@@ -28,6 +29,7 @@ const { generateCluster, generatePerpetual, describeConfig, ClusterFile } = requ
 const kv = require('./kv');
 const { KvStore } = require('./kvstore');
 const { Client } = require('./client');
+const { DistillClient } = require('./distill');
 const { Replica } = require('./replica');
 const { Wal } = require('./wal');
 const perpetual = require('./perpetual');
@@ -65,6 +67,7 @@ const FAULT_KINDS = Object.freeze(native.faultKinds());
  * @typedef {import('../native/index').Simulation} Simulation
  * @typedef {import('./replica').Application} Application
  * @typedef {import('./kv').CasResult} CasResult
+ * @typedef {import('./distill').Delivered} Delivered
  */
 
 module.exports = {
@@ -78,6 +81,7 @@ module.exports = {
   kv,
   KvStore,
   Client,
+  DistillClient,
   Replica,
   Wal,
   perpetual,

@@ -1,8 +1,9 @@
 //! `phalanx` for Node.js: the napi-rs adapter over `phalanx-core` (DESIGN §2 rule 6: one
 //! API, bindings are adapters). The native half holds what must be Rust — the node, its
 //! conversion to JavaScript values ([`convert`], the one place it is written), traces,
-//! configuration, the simulator, the key-value application, and the host loop of a
-//! JavaScript-hosted replica or client over phalanxd's write-ahead log ([`host`]). The
+//! configuration, the simulator, the key-value application, the host loop of a
+//! JavaScript-hosted replica or client over phalanxd's write-ahead log ([`host`]), and
+//! phalanxd's distillation client ([`distill`]). The
 //! JavaScript half (`lib/`) adds what is JavaScript's: error classes, iteration, the
 //! sockets (`node:net`), timers and Promises of `Client` and `Replica`.
 //!
@@ -12,6 +13,7 @@
 
 mod cluster;
 mod convert;
+mod distill;
 mod host;
 mod kv;
 mod node;
@@ -42,6 +44,8 @@ pub enum Code {
     Io,
     /// The host loop stopped (the core refused the host's own input, say).
     Host,
+    /// A request got no answer in time.
+    Timeout,
 }
 
 impl AsRef<str> for Code {
@@ -57,6 +61,7 @@ impl AsRef<str> for Code {
             Code::Type => "ERR_INVALID_ARG_TYPE",
             Code::Io => "PHALANX_IO",
             Code::Host => "PHALANX_HOST",
+            Code::Timeout => "PHALANX_TIMEOUT",
         }
     }
 }

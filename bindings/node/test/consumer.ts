@@ -99,3 +99,18 @@ async function main(): Promise<void> {
   await replica.stop();
 }
 void main;
+
+async function distill(): Promise<void> {
+  const client = phalanx.DistillClient.fromClusterFile('dcluster/cluster.toml', { index: 3, dataDir: '/tmp/c3', timeout: 5000 });
+  const first: phalanx.Delivered = await client.submit('hello');
+  try {
+    const { height, seq }: { height: bigint; seq: bigint } = await client.submit(new Uint8Array([1]), { timeout: 100 });
+    void (height > first.height && seq > first.seq);
+  } catch (e) {
+    if (e instanceof phalanx.TimeoutError) console.log(e.code);
+  }
+  const ids: number = client.id - client.index;
+  void ids;
+  await client.close();
+}
+void distill;

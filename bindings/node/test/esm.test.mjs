@@ -2,7 +2,7 @@
 import test from 'node:test';
 import assert from 'node:assert/strict';
 import { createRequire } from 'node:module';
-import phalanx, { Node, Trace, Client, Replica, generateCluster, HandleError, kv } from 'phalanx';
+import phalanx, { Node, Trace, Client, DistillClient, Replica, generateCluster, HandleError, kv } from 'phalanx';
 
 test('import and require give the same package', () => {
   const required = createRequire(import.meta.url)('phalanx');
@@ -10,6 +10,7 @@ test('import and require give the same package', () => {
   assert.equal(Node, required.Node);
   assert.equal(Trace, required.Trace);
   assert.equal(Client, required.Client);
+  assert.equal(DistillClient, required.DistillClient);
   assert.equal(Replica, required.Replica);
   assert.equal(HandleError, required.HandleError);
   assert.equal(kv, required.kv);

@@ -2,7 +2,9 @@
 // Shared by the tests: the repository, free loopback ports, phalanxd, waiting.
 const fs = require('node:fs');
 const net = require('node:net');
+const os = require('node:os');
 const path = require('node:path');
+const { spawn, execFileSync } = require('node:child_process');
 
 /** The repository root: PHALANX_REPO (scripts/test-node runs a copy of these tests), or this tree's. */
 const REPO = process.env.PHALANX_REPO ?? path.resolve(__dirname, '..', '..', '..');
@@ -56,11 +58,88 @@ function phalanxd() {
   return found;
 }
 
-/** Waits until `condition()` holds; fails with `what()` after `timeout` ms. */
+/** phalanxd processes started on loopback from a cluster file it wrote in `dir`; each logs to `dir/<name>.log`. */
+class PhalanxdCluster {
+  constructor(dir) {
+    this.binary = phalanxd();
+    this.dir = dir;
+    this.config = path.join(dir, 'cluster.toml');
+    this.procs = new Map();
+  }
+
+  /**
+   * `phalanxd keygen` with insecure test crypto and `args`: its `nodes` listening nodes
+   * on a block of free loopback ports, and their metrics on the block after it (with
+   * `metrics`; the first at `metricsBase`).
+   */
+  async keygen(args, { nodes = 4, metrics = false } = {}) {
+    const base = await freePortBlock(metrics ? 2 * nodes : nodes);
+    this.metricsBase = metrics ? base + nodes : 0;
+    const ports = ['--base-port', String(base), '--metrics-base-port', String(this.metricsBase)];
+    execFileSync(this.binary, ['keygen', '--dir', this.dir, '--insecure-test-crypto', ...ports, ...args], { timeout: 60_000 });
+  }
+
+  /** Replicas `ids` (`phalanxd run`), recording traces with `trace`. */
+  start(ids, { trace = false } = {}) {
+    for (const id of ids) {
+      const args = trace ? ['--record-trace', path.join(this.dir, `traces-${id}`)] : [];
+      this.#spawn(id, 'run', `replica-${id}`, args);
+    }
+  }
+
+  /** Distillation brokers `ids` (`phalanxd broker`). */
+  startBrokers(ids) {
+    for (const id of ids) this.#spawn(id, 'broker', `broker-${id}`, []);
+  }
+
+  #spawn(id, command, name, args) {
+    const log = fs.openSync(path.join(this.dir, `${name}.log`), 'a');
+    this.procs.set(id, spawn(this.binary, [command, '--config', this.config, '--id', String(id), ...args], { stdio: ['ignore', log, log] }));
+  }
+
+  async kill(id) {
+    const p = this.procs.get(id);
+    this.procs.delete(id);
+    if (p && p.exitCode === null) {
+      const exited = new Promise((r) => p.once('exit', r));
+      p.kill('SIGKILL');
+      await exited;
+    }
+  }
+
+  async stopAll() {
+    for (const id of [...this.procs.keys()]) await this.kill(id);
+  }
+
+  logs() {
+    return fs.readdirSync(this.dir).filter((f) => f.endsWith('.log')).map((f) => `--- ${f} ---\n${fs.readFileSync(path.join(this.dir, f), 'utf8').slice(-2000)}`).join('\n');
+  }
+}
+
+/**
+ * Runs `body(cluster)` on a PhalanxdCluster in a temporary directory after
+ * `keygen(cluster)`; its logs go to the test's diagnostics when it fails. Its processes
+ * are killed and the directory removed after.
+ */
+async function withPhalanxd(t, keygen, body) {
+  const c = new PhalanxdCluster(fs.mkdtempSync(path.join(os.tmpdir(), 'phalanx-node-phalanxd-')));
+  try {
+    await keygen(c);
+    await body(c);
+  } catch (e) {
+    t.diagnostic(c.logs());
+    throw e;
+  } finally {
+    await c.stopAll();
+    fs.rmSync(c.dir, { recursive: true, force: true });
+  }
+}
+
+/** Waits until `condition()` holds (or resolves true); fails with `what()` after `timeout` ms. */
 async function eventually(condition, what, timeout = 10_000) {
   const end = Date.now() + timeout;
-  while (Date.now() < end && !condition()) await new Promise((r) => setTimeout(r, 20));
-  if (!condition()) throw new Error(`not within ${timeout} ms: ${what()}`);
+  while (Date.now() < end && !(await condition())) await new Promise((r) => setTimeout(r, 20));
+  if (!(await condition())) throw new Error(`not within ${timeout} ms: ${what()}`);
 }
 
 /** A replicated counter, with every op it executed and where it was ordered. */
@@ -87,4 +166,4 @@ class Counter {
   }
 }
 
-module.exports = { REPO, TRACES, MS, freePorts, freePortBlock, phalanxd, eventually, Counter };
+module.exports = { REPO, TRACES, MS, freePorts, freePortBlock, phalanxd, withPhalanxd, eventually, Counter };

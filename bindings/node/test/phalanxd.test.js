@@ -6,69 +6,14 @@
 const test = require('node:test');
 const assert = require('node:assert/strict');
 const fs = require('node:fs');
-const os = require('node:os');
 const path = require('node:path');
-const { spawn, execFileSync } = require('node:child_process');
 const phalanx = require('phalanx');
-const { freePortBlock, phalanxd, eventually } = require('./helpers');
+const { phalanxd, withPhalanxd, eventually } = require('./helpers');
 
 const binary = phalanxd();
 const skip = binary ? false : 'phalanxd not built (cargo build -p phalanx-host --bin phalanxd, or set PHALANXD)';
 
-class PhalanxdCluster {
-  constructor(dir) {
-    this.dir = dir;
-    this.config = path.join(dir, 'cluster.toml');
-    this.procs = new Map();
-  }
-
-  async keygen() {
-    const base = await freePortBlock(4);
-    execFileSync(binary, ['keygen', '--dir', this.dir, '--insecure-test-crypto', '--base-port', String(base), '--metrics-base-port', '0', '--clients', '2'], { timeout: 60_000 });
-  }
-
-  start(ids, { trace = false } = {}) {
-    for (const id of ids) {
-      const log = fs.openSync(path.join(this.dir, `replica-${id}.log`), 'a');
-      const args = ['run', '--config', this.config, '--id', String(id)];
-      if (trace) args.push('--record-trace', path.join(this.dir, `traces-${id}`));
-      this.procs.set(id, spawn(binary, args, { stdio: ['ignore', log, log] }));
-    }
-  }
-
-  async kill(id) {
-    const p = this.procs.get(id);
-    this.procs.delete(id);
-    if (p && p.exitCode === null) {
-      const exited = new Promise((r) => p.once('exit', r));
-      p.kill('SIGKILL');
-      await exited;
-    }
-  }
-
-  async stopAll() {
-    for (const id of [...this.procs.keys()]) await this.kill(id);
-  }
-
-  logs() {
-    return fs.readdirSync(this.dir).filter((f) => f.endsWith('.log')).map((f) => `--- ${f} ---\n${fs.readFileSync(path.join(this.dir, f), 'utf8').slice(-2000)}`).join('\n');
-  }
-}
-
-async function withCluster(t, body) {
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'phalanx-node-phalanxd-'));
-  const c = new PhalanxdCluster(dir);
-  try {
-    await c.keygen();
-    await body(c);
-  } catch (e) {
-    t.diagnostic(c.logs());
-    throw e;
-  } finally {
-    await c.stopAll();
-    fs.rmSync(dir, { recursive: true, force: true });
-  }
-}
+const withCluster = (t, body) => withPhalanxd(t, (c) => c.keygen(['--clients', '2']), body);
 
 const b = (s) => Buffer.from(s);
 
