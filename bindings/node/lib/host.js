@@ -15,6 +15,7 @@
 const net = require('node:net');
 const native = require('./native');
 const { PhalanxError, fromCode, guard } = require('./errors');
+const records = require('./records');
 
 const HELLO = Buffer.from('PHX1');
 /** A length prefix above this closes the connection instead of allocating. */
@@ -231,10 +232,10 @@ class Host {
     this.#idle = new Promise((resolve) => (this.#wake = () => resolve(undefined)));
     const batch = this.#queue.splice(0);
     try {
-      const result = await this.native.run(batch.map((b) => b.input));
+      const result = await this.native.run(records.encodeInputs(batch.map((b) => ({ now: 0, input: b.input }))));
       if (result.error) throw fromCode(result.error);
       const corked = new Set();
-      for (const o of result.outputs) {
+      for (const o of records.decodeOutputs(result.outputs)) {
         if (o.type === 'send') {
           const s = this.#send(o.to, o.bytes);
           if (s && !corked.has(s)) {

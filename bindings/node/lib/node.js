@@ -1,7 +1,8 @@
 // @ts-check
 'use strict';
 const native = require('./native');
-const { HandleError, convert, guard } = require('./errors');
+const { HandleError, fromCode, guard } = require('./errors');
+const records = require('./records');
 
 /**
  * @typedef {import('../native/index').Input} Input
@@ -34,11 +35,8 @@ class Node {
    * @param {Input} input
    */
   handle(now, input) {
-    try {
-      this.#node.handle(now, input);
-    } catch (e) {
-      throw convert(e);
-    }
+    const batch = records.encodeInputs([{ now, input }]);
+    if (guard(() => this.#node.feedRaw(batch)) > 0) throw fromCode(this.#node.refusals()[0]);
   }
 
   /**
@@ -46,41 +44,47 @@ class Node {
    * output they produced, in order, in one call. A refused input does not stop the
    * others: the refusals are appended to `refusals` when it is given, and thrown
    * otherwise, after the whole batch, as a `HandleError` carrying `outputs` and `refusals`.
-   * @param {TimedInput[]} inputs
+   * @param {readonly TimedInput[]} inputs
    * @param {Refusal[]} [refusals]
    * @returns {Output[]}
    */
   handleMany(inputs, refusals) {
-    let round;
-    try {
-      round = this.#node.handleManyRaw(inputs);
-    } catch (e) {
-      throw convert(e);
-    }
+    const batch = records.encodeInputs(inputs);
+    const round = records.decodeRound(this.#received((out) => this.#node.roundRaw(batch, out)));
+    if (round.refused === 0) return round.outputs;
+    const refused = this.#node.refusals();
     if (refusals) {
-      refusals.push(...round.refused);
-    } else if (round.refused.length > 0) {
-      const err = new HandleError(round.refused.map((r) => `input ${r.index}: ${r.message}`).join('; '));
-      err.outputs = round.outputs;
-      err.refusals = round.refused;
-      throw err;
+      refusals.push(...refused);
+      return round.outputs;
     }
-    return round.outputs;
+    const err = new HandleError(refused.map((r) => `input ${r.index}: ${r.message}`).join('; '));
+    err.outputs = round.outputs;
+    err.refusals = refused;
+    throw err;
   }
 
   /** The next output, or `null` when drained. @returns {Output | null} */
   poll() {
-    return this.#node.poll();
+    const record = this.#received((out) => this.#node.pollRaw(out));
+    return record.length === 0 ? null : records.decodeOutput(record);
   }
 
   /** Every output waiting, in order. @returns {Output[]} */
   drain() {
-    return this.#node.drain();
+    return records.decodeOutputs(this.#received((out) => this.#node.drainRaw(out)));
+  }
+
+  /**
+   * What the addon answered into the shared buffer (see `records.received`).
+   * @param {(out: Buffer) => number} call
+   */
+  #received(call) {
+    return records.received((out) => guard(() => call(out)), (out) => this.#node.takeRaw(out));
   }
 
   /** Drains the node. @returns {IterableIterator<Output>} */
   *[Symbol.iterator]() {
-    for (let o = this.#node.poll(); o !== null; o = this.#node.poll()) yield o;
+    for (let o = this.poll(); o !== null; o = this.poll()) yield o;
   }
 
   /** The next deadline (ns), or `null`. @returns {bigint | null} */

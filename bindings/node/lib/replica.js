@@ -3,6 +3,7 @@
 const { Host } = require('./host');
 const { ClusterFile } = require('./config');
 const { PhalanxError } = require('./errors');
+const records = require('./records');
 
 /**
  * @typedef {import('./host').Replicas} Replicas
@@ -87,8 +88,9 @@ class Replica {
   #hooks() {
     const app = this.#app;
     return {
-      execute: ({ seq, ops }) =>
-        ops.map((o) => {
+      execute: (batch) => {
+        const { seq, ops } = records.decodeExecute(batch);
+        return ops.map((/** @type {import('../native/index').Operation} */ o) => {
           this.executedOps++;
           try {
             const r = app.execute(o.op, { seq, client: o.client, request: o.request });
@@ -98,7 +100,8 @@ class Replica {
             this.#log(`execute threw in batch ${seq}; result empty`, e);
           }
           return Buffer.alloc(0);
-        }),
+        });
+      },
       snapshot: () => {
         try {
           const s = app.snapshot();

@@ -4,6 +4,7 @@ const { isDeepStrictEqual, inspect } = require('node:util');
 const native = require('./native');
 const { Node } = require('./node');
 const { DivergenceError, HandleError, guard } = require('./errors');
+const records = require('./records');
 
 /**
  * @typedef {import('../native/index').TraceRecord} TraceRecord
@@ -57,7 +58,7 @@ class Trace {
 
   /** Every record as JavaScript values (converted once). @returns {TraceRecord[]} */
   get records() {
-    this.#records ??= guard(() => this.#trace.records());
+    this.#records ??= guard(() => this.#trace.recordsRaw()).map(records.decodeTraceRecord);
     return this.#records;
   }
 
@@ -77,25 +78,25 @@ class Trace {
    * @returns {ReplaySummary}
    */
   replay({ batch = false } = {}) {
-    const records = this.records;
+    const recorded = this.records;
     const node = new Node(this.nodeConfig);
-    const summary = new native.SummaryDigest(records.length);
+    const summary = new native.SummaryDigest(recorded.length);
     if (batch) {
       /** @type {Refusal[]} */
       const refusals = [];
-      const got = node.handleMany(records, refusals);
-      const expected = records.flatMap((r) => r.outputs);
-      const want = records.flatMap((r, index) => (r.error == null ? [] : [{ index, message: r.error }]));
+      const got = node.handleMany(recorded, refusals);
+      const expected = recorded.flatMap((r) => r.outputs);
+      const want = recorded.flatMap((r, index) => (r.error == null ? [] : [{ index, message: r.error }]));
       const seen = refusals.map(({ index, message }) => ({ index, message }));
       if (!isDeepStrictEqual(seen, want)) {
         throw new DivergenceError(`refusals: expected ${show(want)}, got ${show(seen)}`);
       }
       compareOutputs('the batch', expected, got);
-      guard(() => summary.add(got, false));
-      for (let i = 0; i < refusals.length; i++) guard(() => summary.add([], true));
+      guard(() => summary.add(records.encodeOutputs(got), false));
+      for (let i = 0; i < refusals.length; i++) guard(() => summary.add(records.encodeOutputs([]), true));
       return guard(() => summary.finish());
     }
-    records.forEach((r, i) => {
+    recorded.forEach((r, i) => {
       /** @type {string | null} */
       let error = null;
       try {
@@ -113,7 +114,7 @@ class Trace {
       if (timeout !== (r.nextTimeout ?? null)) {
         throw new DivergenceError(`record ${i}: next timeout: expected ${r.nextTimeout}, got ${timeout}`);
       }
-      guard(() => summary.add(got, error !== null));
+      guard(() => summary.add(records.encodeOutputs(got), error !== null));
     });
     return guard(() => summary.finish());
   }

@@ -18,25 +18,19 @@ use napi::bindgen_prelude::*;
 use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
 use napi_derive::napi;
 use phalanx_core::host::{Application, HostError, HostLoop, MemoryStorage, NoApplication, Storage, drain};
+use phalanx_core::wire::pb;
 use phalanx_core::{Input as CoreInput, Nanos, Node as CoreNode, Operation as CoreOperation, Stats, Status};
 use phalanx_host::config::Durability;
 use phalanx_host::storage::{Recovery, Wal, WalStorage};
+use prost::Message;
 
-use crate::convert::{Bytes, Input, Operation, Output, U64};
-use crate::node::{Refusal, node_config, status_object};
+use crate::convert::{Bytes, U64};
+use crate::node::{Refusal, encode_outputs, input_batch, node_config, status_object};
 use crate::{Code, Result, fail};
 
 /// A JavaScript function the round calls and waits for.
 type Hook<T, R> = ThreadsafeFunction<T, R, T, Status_, false, true>;
 type Status_ = napi::Status;
-
-/// A batch to execute.
-#[napi(object)]
-pub struct ExecuteCall {
-    #[napi(ts_type = "bigint")]
-    pub seq: U64,
-    pub ops: Vec<Operation>,
-}
 
 /// A snapshot to restore, taken after batch `seq`.
 #[napi(object)]
@@ -75,7 +69,8 @@ fn call<T: 'static + napi::bindgen_prelude::JsValuesTupleIntoVec, R: 'static + F
 
 /// The user's application, reached through thread-safe functions.
 struct JsApp {
-    execute: Hook<ExecuteCall, Vec<Bytes>>,
+    /// Takes the batch as an encoded `execute` output's fields (`ExecuteOutput`).
+    execute: Hook<Bytes, Vec<Bytes>>,
     snapshot: Hook<(), Bytes>,
     restore: Hook<RestoreCall, Option<String>>,
     /// `None` when the application answers no read (the client then has it ordered).
@@ -94,8 +89,8 @@ impl JsApp {
 
 impl Application for JsApp {
     fn execute(&mut self, seq: u64, ops: &[CoreOperation]) -> Vec<Vec<u8>> {
-        let call_ = ExecuteCall { seq: U64(seq), ops: ops.iter().cloned().map(Operation::from).collect() };
-        match call(&self.execute, call_) {
+        let batch = pb::ExecuteOutput { seq, ops: ops.iter().map(pb::Operation::from).collect(), snapshot: false };
+        match call(&self.execute, Bytes(batch.encode_to_vec())) {
             Ok(results) => results.into_iter().map(|b| b.0).collect(),
             Err(why) => self.failing(why, vec![Vec::new(); ops.len()]),
         }
@@ -142,12 +137,13 @@ pub struct RoundError {
 }
 
 /// What a round did: the outputs meant for the world (sends, completions, deliveries,
-/// faults), for each input the request number it got (a client's accepted `submit` or
-/// `read`) or `null`, the inputs refused, the next deadline on the host's clock, and the
-/// error that stopped the host, if one did.
+/// faults) as an encoded `RoundRecord`, for each input the request number it got (a
+/// client's accepted `submit` or `read`) or `null`, the inputs refused, the next deadline
+/// on the host's clock, and the error that stopped the host, if one did.
 #[napi(object)]
 pub struct RoundResult {
-    pub outputs: Vec<Output>,
+    #[napi(ts_type = "Buffer")]
+    pub outputs: Bytes,
     #[napi(ts_type = "Array<bigint | null>")]
     pub requests: Vec<Option<U64>>,
     pub refused: Vec<Refusal>,
@@ -194,13 +190,7 @@ impl RoundTask {
         let next_timeout = st.host.poll_timeout().map(U64);
         let node = st.host.machine();
         *self.snapshot.lock().expect("not poisoned") = (node.status(), node.stats().clone());
-        Ok(RoundResult {
-            outputs: outputs.into_iter().map(Output::from).collect(),
-            requests,
-            refused,
-            next_timeout,
-            error: None,
-        })
+        Ok(RoundResult { outputs: encode_outputs(outputs), requests, refused, next_timeout, error: None })
     }
 }
 
@@ -220,7 +210,7 @@ impl Task for RoundTask {
         Ok(result.unwrap_or_else(|(code, message)| {
             st.failed = Some((code, message.clone()));
             RoundResult {
-                outputs: Vec::new(),
+                outputs: Bytes::default(),
                 requests: Vec::new(),
                 refused: Vec::new(),
                 next_timeout: None,
@@ -238,8 +228,9 @@ impl Task for RoundTask {
 /// from the user's object; they never throw).
 #[napi(object)]
 pub struct AppHooks<'env> {
-    #[napi(ts_type = "(call: ExecuteCall) => Array<Uint8Array>")]
-    pub execute: Function<'env, ExecuteCall, Vec<Bytes>>,
+    /// Takes the batch as an encoded `ExecuteOutput` (`lib/records.js` decodes it).
+    #[napi(ts_type = "(batch: Buffer) => Array<Uint8Array>")]
+    pub execute: Function<'env, Bytes, Vec<Bytes>>,
     #[napi(ts_type = "() => Uint8Array")]
     pub snapshot: Function<'env, (), Bytes>,
     /// Returns `null`, or why the snapshot was refused.
@@ -339,16 +330,18 @@ impl Host {
         U64(self.started.elapsed().as_nanos() as u64)
     }
 
-    /// Runs one round with `inputs` (fed at the current time, in order) on the thread
+    /// Runs one round with the inputs of an encoded `InputBatch` (fed in order at the
+    /// current time of the host's clock: the batch's times are not used) on the thread
     /// pool. The first round recovers from the log first. One round at a time.
     #[napi(ts_return_type = "Promise<RoundResult>")]
-    pub fn run(&self, inputs: Vec<Input>) -> AsyncTask<RoundTask> {
-        AsyncTask::new(RoundTask {
+    pub fn run(&self, env: Env, #[napi(ts_arg_type = "Uint8Array")] batch: Unknown) -> Result<AsyncTask<RoundTask>> {
+        let inputs = input_batch(&env, batch)?.into_iter().map(|(_, input)| input).collect();
+        Ok(AsyncTask::new(RoundTask {
             state: self.state.clone(),
             snapshot: self.snapshot.clone(),
-            inputs: inputs.into_iter().map(CoreInput::from).collect(),
+            inputs,
             now: self.now().0,
-        })
+        }))
     }
 
     /// The node's gauges and counters after the last round (as `Node.status()`).

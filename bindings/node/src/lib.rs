@@ -1,6 +1,6 @@
 //! `phalanx` for Node.js: the napi-rs adapter over `phalanx-core` (DESIGN §2 rule 6: one
-//! API, bindings are adapters). The native half holds what must be Rust — the node, its
-//! conversion to JavaScript values ([`convert`], the one place it is written), traces,
+//! API, bindings are adapters). The native half holds what must be Rust — the node (its
+//! inputs and outputs cross as the core's boundary records, [`vocabulary`]), traces,
 //! configuration, the simulator, the key-value application, the host loop of a
 //! JavaScript-hosted replica or client over phalanxd's write-ahead log ([`host`]), and
 //! phalanxd's distillation client ([`distill`]). The
@@ -19,6 +19,7 @@ mod kv;
 mod node;
 mod sim;
 mod trace;
+mod vocabulary;
 mod wal;
 
 /// The kind of a failure, as the `code` of the error thrown.

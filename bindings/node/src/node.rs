@@ -1,35 +1,36 @@
-//! `Node`: the core node behind its sans-IO shape, one JavaScript call per core call
-//! (and `handleMany` for a round in one crossing).
+//! `Node`: the core node behind its sans-IO shape. Inputs and outputs cross as the
+//! core's boundary records (`lib/records.js` converts them): a round of inputs, or one,
+//! goes in as one buffer, and its outputs come back as one.
 
 use napi::bindgen_prelude::*;
 use napi_derive::napi;
-use phalanx_core::boundary::{StatusValue, stats_fields, status_fields};
+use phalanx_core::boundary::{self, StatusValue, stats_fields, status_fields};
+use phalanx_core::wire::pb;
 use phalanx_core::{Node as CoreNode, NodeConfig, Stats as CoreStats, Status};
+use prost::Message;
 
-use crate::convert::{Input, Output, Scope, U64, uint8_slice};
+use crate::convert::{Bytes, U64, uint8_slice, uint8_slice_mut};
 use crate::{Code, Result, fail, handle_error};
-
-/// An input and the time it is fed at (a trace record is one).
-#[napi(object, object_to_js = false, object_from_js = false)]
-pub struct TimedInput {
-    #[napi(ts_type = "bigint")]
-    pub now: U64,
-    pub input: Input,
-}
 
 /// An input `handleMany` refused: its index, the error's code and message.
 #[napi(object)]
+#[derive(Clone)]
 pub struct Refusal {
     pub index: u32,
     pub code: String,
     pub message: String,
 }
 
-/// What `handleMany` returns: every output in order, and the inputs refused.
-#[napi(object)]
-pub struct Round {
-    pub outputs: Vec<Output>,
-    pub refused: Vec<Refusal>,
+/// Outputs as an encoded `RoundRecord` (what `lib/records.js` decodes).
+pub fn encode_outputs(outputs: Vec<phalanx_core::Output>) -> Bytes {
+    let outputs = outputs.into_iter().map(pb::OutputRecord::from).collect();
+    Bytes(pb::RoundRecord { outputs, ..Default::default() }.encode_to_vec())
+}
+
+/// The inputs of an encoded `InputBatch`; a `TypeError` if it does not decode.
+pub fn input_batch(env: &Env, batch: Unknown) -> Result<Vec<(phalanx_core::Nanos, phalanx_core::Input)>> {
+    let bytes = unsafe { uint8_slice(env.raw(), batch.raw()) }.map_err(crate::napi_error)?;
+    boundary::decode_inputs(bytes.to_vec()).map_err(|e| fail(Code::Type, e))
 }
 
 impl Refusal {
@@ -71,12 +72,6 @@ fn camel_case(name: &str) -> String {
     out
 }
 
-/// `value` as JavaScript, converted now (while a [`Scope`] holds the names).
-fn to_js<'env, T: ToNapiValue>(env: &'env Env, value: T) -> Result<Unknown<'env>> {
-    unsafe { Unknown::from_napi_value(env.raw(), T::to_napi_value(env.raw(), value).map_err(crate::napi_error)?) }
-        .map_err(crate::napi_error)
-}
-
 /// A decoded node configuration from any `Uint8Array`.
 pub fn node_config(env: &Env, config: Unknown) -> Result<NodeConfig> {
     let bytes = unsafe { uint8_slice(env.raw(), config.raw()) }.map_err(|e| fail(Code::Type, e.reason))?;
@@ -91,6 +86,10 @@ pub fn node_config(env: &Env, config: Unknown) -> Result<NodeConfig> {
 #[napi]
 pub struct Node {
     node: CoreNode,
+    /// What the last `feedRaw` or `roundRaw` refused.
+    refused: Vec<Refusal>,
+    /// An answer that did not fit the buffer given, until `takeRaw`.
+    kept: Vec<u8>,
 }
 
 #[napi]
@@ -100,55 +99,85 @@ impl Node {
     #[napi(constructor)]
     pub fn new(env: Env, #[napi(ts_arg_type = "Uint8Array")] config: Unknown) -> Result<Self> {
         let config = node_config(&env, config)?;
-        Ok(Node { node: CoreNode::new(config).map_err(|e| fail(Code::Config, e))? })
+        Ok(Node {
+            node: CoreNode::new(config).map_err(|e| fail(Code::Config, e))?,
+            refused: Vec::new(),
+            kept: Vec::new(),
+        })
     }
 
-    /// Feeds one input at `now` (ns). Throws `HandleError` (`BackpressureError` when the
-    /// request queue is full) for an input the caller got wrong; never for bytes from
-    /// the network.
-    #[napi]
-    pub fn handle(
+    /// Feeds an encoded `InputBatch` in order (`lib/records.js` encodes it; `handle` is
+    /// one input), without draining; how many inputs were refused (`refusals` says
+    /// which and why).
+    #[napi(js_name = "feedRaw")]
+    pub fn feed_raw(&mut self, env: Env, #[napi(ts_arg_type = "Uint8Array")] batch: Unknown) -> Result<u32> {
+        self.refused.clear();
+        for (i, (now, input)) in input_batch(&env, batch)?.into_iter().enumerate() {
+            if let Err(e) = self.node.handle(now, input) {
+                self.refused.push(Refusal::new(i, e));
+            }
+        }
+        Ok(self.refused.len() as u32)
+    }
+
+    /// Feeds an encoded `InputBatch` in order, draining the node after each input (as
+    /// `handle` then `drain` would), in one call. Its answer, a `RoundRecord` (a result
+    /// per input, every output), goes into `out`; returns its length, which is more than
+    /// `out` holds when it did not fit (then `takeRaw` gives it).
+    #[napi(js_name = "roundRaw")]
+    pub fn round_raw(
         &mut self,
         env: Env,
-        #[napi(ts_arg_type = "bigint | number")] now: Unknown,
-        #[napi(ts_arg_type = "Input")] input: Unknown,
-    ) -> Result<()> {
-        let _names = Scope::enter(&env).map_err(crate::napi_error)?;
-        let now = U64::from_unknown(&env, now).map_err(crate::napi_error)?;
-        let input = unsafe { Input::from_napi_value(env.raw(), input.raw()) }.map_err(crate::napi_error)?;
-        self.node.handle(now.0, input.into()).map_err(handle_error)
-    }
-
-    /// Feeds every input in order and returns every output they produced, in one call.
-    /// A refused input does not stop the others.
-    #[napi(js_name = "handleManyRaw", ts_args_type = "inputs: Array<TimedInput>", ts_return_type = "Round")]
-    pub fn handle_many_raw<'env>(&mut self, env: &'env Env, inputs: Unknown) -> Result<Unknown<'env>> {
-        let _names = Scope::enter(env).map_err(crate::napi_error)?;
-        let inputs =
-            unsafe { Vec::<TimedInput>::from_napi_value(env.raw(), inputs.raw()) }.map_err(crate::napi_error)?;
-        let mut outputs = Vec::new();
-        let mut refused = Vec::new();
-        for (i, TimedInput { now, input }) in inputs.into_iter().enumerate() {
-            if let Err(e) = self.node.handle(now.0, input.into()) {
-                refused.push(Refusal::new(i, e));
+        #[napi(ts_arg_type = "Uint8Array")] batch: Unknown,
+        #[napi(ts_arg_type = "Uint8Array")] out: Unknown,
+    ) -> Result<u32> {
+        let inputs = input_batch(&env, batch)?;
+        self.refused.clear();
+        let mut round = pb::RoundRecord { results: Vec::with_capacity(inputs.len()), ..Default::default() };
+        for (i, (now, input)) in inputs.into_iter().enumerate() {
+            let result = self.node.handle(now, input);
+            round.results.push(pb::InputResult { error: result.as_ref().err().map(boundary::handle_error_to_pb) });
+            if let Err(e) = result {
+                self.refused.push(Refusal::new(i, e));
             }
-            outputs.extend(std::iter::from_fn(|| self.node.poll()).map(Output::from));
+            round.outputs.extend(std::iter::from_fn(|| self.node.poll()).map(pb::OutputRecord::from));
         }
-        to_js(env, Round { outputs, refused })
+        self.answer(&env, out, &round)
     }
 
-    /// The next output, or `null` when drained.
-    #[napi(ts_return_type = "Output | null")]
-    pub fn poll<'env>(&mut self, env: &'env Env) -> Result<Unknown<'env>> {
-        let _names = Scope::enter(env).map_err(crate::napi_error)?;
-        to_js(env, self.node.poll().map(Output::from))
+    /// The next output, an encoded `OutputRecord`, into `out`: its length (0: drained),
+    /// as `roundRaw` answers.
+    #[napi(js_name = "pollRaw")]
+    pub fn poll_raw(&mut self, env: Env, #[napi(ts_arg_type = "Uint8Array")] out: Unknown) -> Result<u32> {
+        match self.node.poll() {
+            Some(o) => self.answer(&env, out, &pb::OutputRecord::from(o)),
+            None => Ok(0),
+        }
     }
 
-    /// Every output waiting, in order.
-    #[napi(ts_return_type = "Array<Output>")]
-    pub fn drain<'env>(&mut self, env: &'env Env) -> Result<Unknown<'env>> {
-        let _names = Scope::enter(env).map_err(crate::napi_error)?;
-        to_js(env, std::iter::from_fn(|| self.node.poll()).map(Output::from).collect::<Vec<_>>())
+    /// Every output waiting, a `RoundRecord`, into `out`, as `roundRaw` answers.
+    #[napi(js_name = "drainRaw")]
+    pub fn drain_raw(&mut self, env: Env, #[napi(ts_arg_type = "Uint8Array")] out: Unknown) -> Result<u32> {
+        let outputs = std::iter::from_fn(|| self.node.poll()).map(pb::OutputRecord::from).collect();
+        self.answer(&env, out, &pb::RoundRecord { outputs, ..Default::default() })
+    }
+
+    /// The answer that did not fit the buffer given, into `out` (as large as it said).
+    #[napi(js_name = "takeRaw")]
+    pub fn take_raw(&mut self, env: Env, #[napi(ts_arg_type = "Uint8Array")] out: Unknown) -> Result<u32> {
+        let kept = std::mem::take(&mut self.kept);
+        let out = unsafe { uint8_slice_mut(env.raw(), out.raw()) }.map_err(crate::napi_error)?;
+        out.get_mut(..kept.len())
+            .ok_or_else(|| fail(Code::Type, "the buffer is shorter than the answer"))?
+            .copy_from_slice(&kept);
+        Ok(kept.len() as u32)
+    }
+
+    /// The inputs the last `feedRaw` or `roundRaw` refused: their index, the error's code
+    /// and message.
+    #[napi]
+    pub fn refusals(&self) -> Vec<Refusal> {
+        self.refused.clone()
     }
 
     /// The next deadline (ns), or `null`.
@@ -210,6 +239,20 @@ impl Node {
             unsubscribed: U64(s.unsubscribed),
             refused: U64(s.refused),
         }
+    }
+}
+
+impl Node {
+    /// Encodes `message` into `out` and returns its length; keeps it for `takeRaw` if it
+    /// does not fit. The answer crosses with no allocation on the JavaScript side.
+    fn answer(&mut self, env: &Env, out: Unknown, message: &impl Message) -> Result<u32> {
+        let out = unsafe { uint8_slice_mut(env.raw(), out.raw()) }.map_err(crate::napi_error)?;
+        let len = message.encoded_len();
+        match out.get_mut(..len) {
+            Some(mut into) => message.encode(&mut into).expect("room for the whole message"),
+            None => self.kept = message.encode_to_vec(),
+        }
+        Ok(len as u32)
     }
 }
 

@@ -1,32 +1,21 @@
-//! Trace files (DESIGN §3): parsed by the core, their records as JavaScript values, the
+//! Trace files (DESIGN §3): parsed by the core, their records as boundary records, the
 //! core's own replay (the reference), and the summary a replay through the JavaScript
 //! API builds, which prints as `phalanxd trace replay` prints its own.
 
 use std::time::Instant;
 
 use napi_derive::napi;
+use phalanx_core::Node as CoreNode;
 use phalanx_core::trace::{self, ReplaySummary as CoreSummary, SummaryBuilder, Trace as CoreTrace, TraceError};
-use phalanx_core::{Input as CoreInput, Node as CoreNode, Output as CoreOutput};
+use phalanx_core::wire::pb;
+use prost::Message;
 
-use crate::convert::{Bytes, Input, Output, U64};
+use crate::convert::Bytes;
 use crate::{Code, Result, fail};
 
 fn trace_error(e: TraceError) -> napi::Error<Code> {
     let code = if matches!(e, TraceError::Divergence { .. }) { Code::Divergence } else { Code::Trace };
     fail(code, e)
-}
-
-/// One record: the input fed at `now`, the outputs it produced in order, the deadline
-/// `pollTimeout` gave afterwards, and the error message if `handle` refused the input.
-#[napi(object)]
-pub struct TraceRecord {
-    #[napi(ts_type = "bigint")]
-    pub now: U64,
-    pub input: Input,
-    pub outputs: Vec<Output>,
-    #[napi(ts_type = "bigint | null")]
-    pub next_timeout: Option<U64>,
-    pub error: Option<String>,
 }
 
 /// What a replay went through (the core's `ReplaySummary`); `toString` of the object
@@ -113,24 +102,20 @@ impl Trace {
         self.trace.records.len() as u32
     }
 
-    /// Every record, as JavaScript values. Throws `TraceError` for a record whose input
+    /// Every record as an encoded `TraceRecord` (`lib/records.js` decodes them), each
+    /// checked by the core's decoders first. Throws `TraceError` for a record whose input
     /// or outputs do not decode.
-    #[napi]
-    pub fn records(&self) -> Result<Vec<TraceRecord>> {
+    #[napi(js_name = "recordsRaw", ts_return_type = "Buffer[]")]
+    pub fn records_raw(&self) -> Result<Vec<Bytes>> {
         let mut out = Vec::with_capacity(self.trace.records.len());
         for (i, r) in self.trace.records.iter().enumerate() {
             let in_record = |e: TraceError| fail(Code::Trace, format!("record {i}: {e}"));
             let input = r.input.clone().ok_or_else(|| fail(Code::Trace, format!("record {i}: no input")))?;
-            let input: CoreInput = trace::input_from_pb(input).map_err(in_record)?;
-            let outputs: std::result::Result<Vec<CoreOutput>, _> =
-                r.outputs.iter().cloned().map(trace::output_from_pb).collect();
-            out.push(TraceRecord {
-                now: U64(r.now),
-                input: input.into(),
-                outputs: outputs.map_err(in_record)?.into_iter().map(Output::from).collect(),
-                next_timeout: r.next_timeout.map(U64),
-                error: (!r.error.is_empty()).then(|| r.error.clone()),
-            });
+            trace::input_from_pb(input).map_err(in_record)?;
+            for o in &r.outputs {
+                trace::output_from_pb(o.clone()).map_err(in_record)?;
+            }
+            out.push(Bytes(r.encode_to_vec()));
         }
         Ok(out)
     }
@@ -179,8 +164,8 @@ impl Trace {
 }
 
 /// Builds the summary of a replay done through the JavaScript API: feed it each
-/// record's refusal and outputs (JavaScript values, converted back to the core's, so
-/// the digest also checks the conversion both ways).
+/// record's refusal and outputs (the JavaScript values encoded again by
+/// `lib/records.js`, so the digest also checks the conversion both ways).
 #[napi]
 pub struct SummaryDigest {
     builder: Option<SummaryBuilder>,
@@ -194,15 +179,17 @@ impl SummaryDigest {
         SummaryDigest { builder: Some(SummaryBuilder::new(records as usize)) }
     }
 
-    /// One record's outputs, in order, and whether `handle` refused its input.
+    /// One record's outputs, in order, as an encoded `RoundRecord`, and whether `handle`
+    /// refused its input.
     #[napi]
-    pub fn add(&mut self, outputs: Vec<Output>, refused: bool) -> Result<()> {
+    pub fn add(&mut self, #[napi(ts_arg_type = "Uint8Array")] outputs: Bytes, refused: bool) -> Result<()> {
         let b = self.builder.as_mut().ok_or_else(|| fail(Code::Trace, "the summary is finished"))?;
         if refused {
             b.refused();
         }
-        for o in outputs {
-            b.add(&CoreOutput::try_from(o).map_err(crate::napi_error)?);
+        let round = pb::RoundRecord::decode(&outputs.0[..]).map_err(|e| fail(Code::Type, format!("outputs: {e}")))?;
+        for o in round.outputs {
+            b.add(&trace::output_from_pb(o).map_err(|e| fail(Code::Type, format!("outputs: {e}")))?);
         }
         Ok(())
     }
