@@ -36,7 +36,8 @@ class Node {
    */
   handle(now, input) {
     const batch = records.encodeInputs([{ now, input }]);
-    if (guard(() => this.#node.feedRaw(batch)) > 0) throw fromCode(this.#node.refusals()[0]);
+    guard(() => this.#node.feedRaw(batch));
+    if (this.#node.refused > 0) throw fromCode(this.#node.refusals()[0]);
   }
 
   /**
@@ -50,15 +51,15 @@ class Node {
    */
   handleMany(inputs, refusals) {
     const batch = records.encodeInputs(inputs);
-    const round = records.decodeRound(this.#received((out) => this.#node.roundRaw(batch, out)));
-    if (round.refused === 0) return round.outputs;
+    const outputs = records.decodeOutputs(this.#received((out) => this.#node.roundRaw(batch, out)));
+    if (this.#node.refused === 0) return outputs;
     const refused = this.#node.refusals();
     if (refusals) {
       refusals.push(...refused);
-      return round.outputs;
+      return outputs;
     }
     const err = new HandleError(refused.map((r) => `input ${r.index}: ${r.message}`).join('; '));
-    err.outputs = round.outputs;
+    err.outputs = outputs;
     err.refusals = refused;
     throw err;
   }

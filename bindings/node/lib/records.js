@@ -109,25 +109,23 @@ const OUTPUT_NUMBERS = byNumber(OUTPUTS);
 
 class Malformed extends Error {}
 
-/** Reads protobuf from a `Buffer` between `pos` and `end`. */
+/**
+ * Reads protobuf from a `Buffer`. A message is read up to its end (`nested` gives a
+ * nested message's); every read stays within the buffer.
+ */
 class Reader {
-  /**
-   * @param {Buffer} buf
-   * @param {number} pos
-   * @param {number} end
-   */
-  constructor(buf, pos = 0, end = buf.length) {
+  /** @param {Buffer} buf */
+  constructor(buf) {
     this.buf = buf;
-    this.pos = pos;
-    this.end = end;
+    this.pos = 0;
   }
 
   /** A varint of at most 53 bits, as a number. */
   uint() {
-    const { buf, end } = this;
+    const buf = this.buf;
     let n = 0;
     let mul = 1;
-    for (let i = 0; i < 8 && this.pos < end; i++) {
+    for (let i = 0; i < 8 && this.pos < buf.length; i++) {
       const b = buf[this.pos++];
       n += (b & 0x7f) * mul;
       if (b < 0x80) return n;
@@ -138,17 +136,17 @@ class Reader {
 
   /** A varint of up to 64 bits, as a bigint. */
   u64() {
-    const { buf, end } = this;
+    const buf = this.buf;
     let n = 0;
     let mul = 1;
-    for (let i = 0; i < 7 && this.pos < end; i++) {
+    for (let i = 0; i < 7 && this.pos < buf.length; i++) {
       const b = buf[this.pos++];
       n += (b & 0x7f) * mul;
       if (b < 0x80) return BigInt(n);
       mul *= 128;
     }
     let big = BigInt(n);
-    for (let shift = 49n; shift < 70n && this.pos < end; shift += 7n) {
+    for (let shift = 49n; shift < 70n && this.pos < buf.length; shift += 7n) {
       const b = buf[this.pos++];
       big |= BigInt(b & 0x7f) << shift;
       if (b < 0x80) return BigInt.asUintN(64, big);
@@ -156,22 +154,25 @@ class Reader {
     throw new Malformed('a varint too long or cut short');
   }
 
-  /** The next length-delimited field's bounds. */
-  span() {
+  /** Where the length-delimited field here ends (its bytes start at `pos`). */
+  nested() {
     const len = this.uint();
-    const start = this.pos;
-    if (start + len > this.end) throw new Malformed('a field longer than its message');
-    this.pos = start + len;
-    return [start, start + len];
+    const end = this.pos + len;
+    if (end > this.buf.length) throw new Malformed('a field longer than its message');
+    return end;
   }
 
   bytes() {
-    const [start, end] = this.span();
+    const end = this.nested();
+    const start = this.pos;
+    this.pos = end;
     return this.buf.subarray(start, end);
   }
 
   string() {
-    const [start, end] = this.span();
+    const end = this.nested();
+    const start = this.pos;
+    this.pos = end;
     return this.buf.toString('utf8', start, end);
   }
 
@@ -191,32 +192,28 @@ class Reader {
       list.push(this.u64());
       return list;
     }
-    const run = this.sub();
-    while (run.pos < run.end) list.push(run.u64());
+    for (const end = this.nested(); this.pos < end;) list.push(this.u64());
     return list;
-  }
-
-  /** A reader of the nested message here. */
-  sub() {
-    const [start, end] = this.span();
-    return new Reader(this.buf, start, end);
   }
 
   /** @param {number} wire */
   skip(wire) {
-    if (wire === 0) this.uint64Skip();
+    if (wire === 0) this.u64();
     else if (wire === 1) this.pos += 8;
-    else if (wire === 2) this.span();
+    else if (wire === 2) this.pos = this.nested();
     else if (wire === 5) this.pos += 4;
     else throw new Malformed(`wire type ${wire}`);
-    if (this.pos > this.end) throw new Malformed('a field cut short');
+    if (this.pos > this.buf.length) throw new Malformed('a field cut short');
   }
 
-  uint64Skip() {
-    while (this.pos < this.end && this.buf[this.pos++] >= 0x80);
+  /**
+   * After a message read up to `end`: a field that ran past it is malformed.
+   * @param {number} end
+   */
+  ended(end) {
+    if (this.pos !== end) throw new Malformed('a field longer than its message');
   }
 }
-
 
 const EMPTY = Buffer.alloc(0);
 
@@ -236,8 +233,8 @@ const KINDS = {
   algorithm: ['null', () => 'r.algorithm()'],
   'bytes*': ['[]', (key) => `(o[${key}].push(r.bytes()), o[${key}])`],
   'u64*': ['[]', (key) => `r.u64s(tag & 7, o[${key}])`],
-  ids: ['null', () => 'h.packedIds(r.sub())'],
-  msgs: ['null', () => 'h.messages(r.sub())'],
+  ids: ['null', () => 'h.packedIds(r, r.nested())'],
+  msgs: ['null', () => 'h.messages(r, r.nested())'],
 };
 
 /**
@@ -247,11 +244,15 @@ const KINDS = {
  * several times slower. Unknown fields are skipped.
  * @param {Field[]} fields
  * @param {string} [type] the `type` the object gets first
- * @returns {(r: Reader) => any}
+ * @returns {(r: Reader, end: number) => any}
  */
 function compileReader(fields, type) {
   /** @type {Record<string, unknown>} */
-  const h = { EMPTY, packedIds: (/** @type {Reader} */ r) => readPackedIds(r), messages: (/** @type {Reader} */ r) => readMessages(r) };
+  const h = {
+    EMPTY,
+    packedIds: (/** @type {Reader} */ r, /** @type {number} */ end) => readPackedIds(r, end),
+    messages: (/** @type {Reader} */ r, /** @type {number} */ end) => readMessages(r, end),
+  };
   const init = type === undefined ? [] : [`type: ${JSON.stringify(type)}`];
   const cases = [];
   for (const [number, name, kind] of fields) {
@@ -263,21 +264,22 @@ function compileReader(fields, type) {
     } else if (Array.isArray(kind[0])) {
       h[name] = compileReader(/** @type {Field[]} */ (kind[0]));
       init.push(`${key}: []`);
-      cases.push(`case ${number}: o[${key}].push(h[${key}](r.sub())); break;`);
+      cases.push(`case ${number}: o[${key}].push(h[${key}](r, r.nested())); break;`);
     } else {
       h[name] = compileReader(/** @type {Field[]} */ (kind));
       init.push(`${key}: null`);
-      cases.push(`case ${number}: o[${key}] = h[${key}](r.sub()); break;`);
+      cases.push(`case ${number}: o[${key}] = h[${key}](r, r.nested()); break;`);
     }
   }
   const body = `
     const o = { ${init.join(', ')} };
-    while (r.pos < r.end) {
+    while (r.pos < end) {
       const tag = r.uint();
       switch (tag >>> 3) { ${cases.join(' ')} default: r.skip(tag & 7); }
     }
+    r.ended(end);
     return o;`;
-  return new Function('h', `return function read(r) { ${body} };`)(h);
+  return new Function('h', `return function read(r, end) { ${body} };`)(h);
 }
 
 /**
@@ -286,8 +288,8 @@ function compileReader(fields, type) {
  * (a field number, and what to make of its message).
  * @param {Variants} variants
  * @param {string} what
- * @param {[number, (r: Reader) => any][]} [nested]
- * @returns {(r: Reader) => any}
+ * @param {[number, (r: Reader, end: number) => any][]} [nested]
+ * @returns {(r: Reader, end: number) => any}
  */
 function compileVariants(variants, what, nested = []) {
   /** @type {Record<string, unknown>} */
@@ -299,33 +301,36 @@ function compileVariants(variants, what, nested = []) {
       cases.push(`case ${number}: o = { type: ${JSON.stringify(type)}, ${JSON.stringify(name)}: ${KINDS[kind][1]('')} }; break;`);
     } else {
       h[type] = compileReader(/** @type {Field[]} */ (fields), type);
-      cases.push(`case ${number}: o = h[${JSON.stringify(type)}](r.sub()); break;`);
+      cases.push(`case ${number}: o = h[${JSON.stringify(type)}](r, r.nested()); break;`);
     }
   }
   for (const [number, read] of nested) {
     h[`nested${number}`] = read;
-    cases.push(`case ${number}: o = h.nested${number}(r.sub()); break;`);
+    cases.push(`case ${number}: o = h.nested${number}(r, r.nested()); break;`);
   }
   const body = `
     let o;
-    while (r.pos < r.end) {
+    while (r.pos < end) {
       const tag = r.uint();
       switch (tag >>> 3) { ${cases.join(' ')} default: r.skip(tag & 7); }
     }
+    r.ended(end);
     if (o === undefined) throw new h.Malformed(${JSON.stringify(`${what} of no known kind`)});
     return o;`;
-  return new Function('h', `return function read(r) { ${body} };`)(h);
+  return new Function('h', `return function read(r, end) { ${body} };`)(h);
 }
 
 const readRequest = compileVariants(REQUESTS, 'a request');
 const readEvent = compileVariants(EVENTS, 'an event');
-/** @type {(r: Reader) => Input} */
+/** @type {(r: Reader, end: number) => Input} */
 const readInput = compileVariants(INPUTS, 'an input', [[REQUEST_FIELD, readRequest]]);
-const readOutputRecord = compileVariants(OUTPUTS, 'an output', [[EVENT_FIELD, (r) => ({ type: 'event', event: readEvent(r) })]]);
+const readOutputRecord = compileVariants(OUTPUTS, 'an output', [
+  [EVENT_FIELD, (r, end) => ({ type: 'event', event: readEvent(r, end) })],
+]);
 
-/** @param {Reader} r @returns {Output} */
-function readOutput(r) {
-  const o = readOutputRecord(r);
+/** @param {Reader} r @param {number} end @returns {Output} */
+function readOutput(r, end) {
+  const o = readOutputRecord(r, end);
   if (o.type === 'delivered') {
     o.ids ??= [];
     o.msgs = splitMessages(o.msgs ?? { sharedLen: 0n, lens: [], bytes: EMPTY }, o.ids.length);
@@ -337,8 +342,8 @@ function readOutput(r) {
 const PACKED_IDS = [[1, 'bits', 'u32'], [2, 'count', 'u32'], [3, 'packed', 'bytes']];
 /** @type {Field[]} */
 const MESSAGES = [[1, 'sharedLen', 'u64?'], [2, 'lens', 'u64*'], [3, 'bytes', 'bytes']];
-const readPackedIds = (/** @type {Reader} */ r) => unpackIds(compiledPackedIds(r));
-const readMessages = (/** @type {Reader} */ r) => compiledMessages(r);
+const readPackedIds = (/** @type {Reader} */ r, /** @type {number} */ end) => unpackIds(compiledPackedIds(r, end));
+const readMessages = (/** @type {Reader} */ r, /** @type {number} */ end) => compiledMessages(r, end);
 const compiledPackedIds = compileReader(PACKED_IDS);
 const compiledMessages = compileReader(MESSAGES);
 
@@ -388,39 +393,28 @@ function splitMessages({ sharedLen, lens, bytes }, count) {
 }
 
 /**
- * A `RoundRecord`'s outputs, and how many of its inputs were refused (the addon's
- * `refusals` says which and why).
+ * A `RoundRecord`'s outputs.
  * @param {Buffer} buf
- * @returns {{ outputs: Output[], refused: number }}
+ * @returns {Output[]}
  */
-function decodeRound(buf) {
+function decodeOutputs(buf) {
   const r = new Reader(buf);
   /** @type {Output[]} */
   const outputs = [];
-  let refused = 0;
-  while (r.pos < r.end) {
+  while (r.pos < buf.length) {
     const tag = r.uint();
-    if (tag === ROUND_OUTPUTS) outputs.push(readOutput(r.sub()));
-    else if (tag === ROUND_RESULTS) {
-      // An empty result: the input was taken.
-      const result = r.sub();
-      if (result.end > result.pos) refused++;
-    }
+    if (tag === ROUND_OUTPUTS) outputs.push(readOutput(r, r.nested()));
     else r.skip(tag & 7);
   }
-  return { outputs, refused };
+  return outputs;
 }
-const ROUND_RESULTS = (1 << 3) | 2;
 const ROUND_OUTPUTS = (2 << 3) | 2;
 
-/** A `RoundRecord`'s outputs. @param {Buffer} buf */
-const decodeOutputs = (buf) => decodeRound(buf).outputs;
-
 /** One `OutputRecord`. @param {Buffer} buf @returns {Output} */
-const decodeOutput = (buf) => readOutput(new Reader(buf));
+const decodeOutput = (buf) => readOutput(new Reader(buf), buf.length);
 
 /** One `InputRecord`. @param {Buffer} buf @returns {Input} */
-const decodeInput = (buf) => readInput(new Reader(buf));
+const decodeInput = (buf) => readInput(new Reader(buf), buf.length);
 
 /**
  * A `TraceRecord`: the input, its outputs, and the next deadline and the refusal when
@@ -432,12 +426,12 @@ function decodeTraceRecord(buf) {
   const r = new Reader(buf);
   /** @type {any} */
   const record = { now: 0n, input: undefined, outputs: [] };
-  while (r.pos < r.end) {
+  while (r.pos < buf.length) {
     const tag = r.uint();
     switch (tag >>> 3) {
       case 1: record.now = r.u64(); break;
-      case 2: record.input = readInput(r.sub()); break;
-      case 3: record.outputs.push(readOutput(r.sub())); break;
+      case 2: record.input = readInput(r, r.nested()); break;
+      case 3: record.outputs.push(readOutput(r, r.nested())); break;
       case 4: record.nextTimeout = r.u64(); break;
       case 5: {
         const error = r.bytes().toString('utf8');
@@ -453,7 +447,7 @@ function decodeTraceRecord(buf) {
 
 const readExecute = compileReader(/** @type {Field[]} */ (OUTPUT_TYPES.get('execute')?.[2]));
 /** The fields of an `execute` output (what a replica's application executes). @param {Buffer} buf */
-const decodeExecute = (buf) => readExecute(new Reader(buf));
+const decodeExecute = (buf) => readExecute(new Reader(buf), buf.length);
 
 // ------------------------------------------------------------------------ writing
 
@@ -845,6 +839,6 @@ function encodeOutputs(outputs) {
 }
 
 module.exports = {
-  encodeInputs, encodeOutputs, decodeRound, decodeOutputs, decodeOutput, decodeInput, decodeTraceRecord, decodeExecute,
+  encodeInputs, encodeOutputs, decodeOutputs, decodeOutput, decodeInput, decodeTraceRecord, decodeExecute,
   received, Malformed,
 };

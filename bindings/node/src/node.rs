@@ -107,23 +107,22 @@ impl Node {
     }
 
     /// Feeds an encoded `InputBatch` in order (`lib/records.js` encodes it; `handle` is
-    /// one input), without draining; how many inputs were refused (`refusals` says
-    /// which and why).
+    /// one input), without draining (`refused` counts the inputs refused).
     #[napi(js_name = "feedRaw")]
-    pub fn feed_raw(&mut self, env: Env, #[napi(ts_arg_type = "Uint8Array")] batch: Unknown) -> Result<u32> {
+    pub fn feed_raw(&mut self, env: Env, #[napi(ts_arg_type = "Uint8Array")] batch: Unknown) -> Result<()> {
         self.refused.clear();
         for (i, (now, input)) in input_batch(&env, batch)?.into_iter().enumerate() {
             if let Err(e) = self.node.handle(now, input) {
                 self.refused.push(Refusal::new(i, e));
             }
         }
-        Ok(self.refused.len() as u32)
+        Ok(())
     }
 
     /// Feeds an encoded `InputBatch` in order, draining the node after each input (as
-    /// `handle` then `drain` would), in one call. Its answer, a `RoundRecord` (a result
-    /// per input, every output), goes into `out`; returns its length, which is more than
-    /// `out` holds when it did not fit (then `takeRaw` gives it).
+    /// `handle` then `drain` would), in one call. Its outputs, a `RoundRecord`, go into
+    /// `out` (`refused` counts the inputs refused); returns their length, which is more
+    /// than `out` holds when they did not fit (then `takeRaw` gives them).
     #[napi(js_name = "roundRaw")]
     pub fn round_raw(
         &mut self,
@@ -131,13 +130,10 @@ impl Node {
         #[napi(ts_arg_type = "Uint8Array")] batch: Unknown,
         #[napi(ts_arg_type = "Uint8Array")] out: Unknown,
     ) -> Result<u32> {
-        let inputs = input_batch(&env, batch)?;
         self.refused.clear();
-        let mut round = pb::RoundRecord { results: Vec::with_capacity(inputs.len()), ..Default::default() };
-        for (i, (now, input)) in inputs.into_iter().enumerate() {
-            let result = self.node.handle(now, input);
-            round.results.push(pb::InputResult { error: result.as_ref().err().map(boundary::handle_error_to_pb) });
-            if let Err(e) = result {
+        let mut round = pb::RoundRecord::default();
+        for (i, (now, input)) in input_batch(&env, batch)?.into_iter().enumerate() {
+            if let Err(e) = self.node.handle(now, input) {
                 self.refused.push(Refusal::new(i, e));
             }
             round.outputs.extend(std::iter::from_fn(|| self.node.poll()).map(pb::OutputRecord::from));
@@ -171,6 +167,12 @@ impl Node {
             .ok_or_else(|| fail(Code::Type, "the buffer is shorter than the answer"))?
             .copy_from_slice(&kept);
         Ok(kept.len() as u32)
+    }
+
+    /// How many inputs the last `feedRaw` or `roundRaw` refused.
+    #[napi(getter)]
+    pub fn refused(&self) -> u32 {
+        self.refused.len() as u32
     }
 
     /// The inputs the last `feedRaw` or `roundRaw` refused: their index, the error's code
