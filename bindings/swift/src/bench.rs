@@ -10,29 +10,34 @@ use phalanx_core::boundary::Round;
 use crate::errors::PhalanxError;
 use crate::trace::Trace;
 
-/// Seconds the core takes to feed every input of `trace` to a fresh node and drain its
-/// outputs, once per run, `repeat` runs: with `batch` 0, `handle` and `poll` per input
-/// (the single-call shape); otherwise a `handleMany` round per `batch` inputs.
+/// Seconds the core takes to feed every input of `trace` to `nodes` fresh nodes (made
+/// before the clock starts), one after the other, draining their outputs; `repeat` runs.
+/// With `batch` 0, `handle` and `poll` per input (the single-call shape); otherwise a
+/// `handleMany` round per `batch` inputs.
 #[uniffi::export]
-pub fn time_core(trace: &Trace, batch: u32, repeat: u32) -> Result<Vec<f64>, PhalanxError> {
+pub fn time_core(trace: &Trace, batch: u32, nodes: u32, repeat: u32) -> Result<Vec<f64>, PhalanxError> {
     let inputs = trace.inputs();
     let mut runs = Vec::with_capacity(repeat as usize);
     for _ in 0..repeat {
-        let mut node = CoreNode::from_config_bytes(&trace.node_config()).map_err(PhalanxError::config)?;
-        let inputs = inputs.clone();
+        let made = (0..nodes.max(1))
+            .map(|_| Ok((CoreNode::from_config_bytes(&trace.node_config())?, inputs.clone())))
+            .collect::<Result<Vec<_>, phalanx_core::ConfigError>>()
+            .map_err(PhalanxError::config)?;
         let started = Instant::now();
-        if batch == 0 {
-            for (now, input) in inputs {
-                let _ = black_box(node.handle(now, input));
-                while let Some(output) = node.poll() {
-                    black_box(output);
+        for (mut node, inputs) in made {
+            if batch == 0 {
+                for (now, input) in inputs {
+                    let _ = black_box(node.handle(now, input));
+                    while let Some(output) = node.poll() {
+                        black_box(output);
+                    }
                 }
-            }
-        } else {
-            let mut inputs = inputs.into_iter().peekable();
-            while inputs.peek().is_some() {
-                let round: Vec<_> = inputs.by_ref().take(batch as usize).collect();
-                black_box(Round::run(&mut node, round));
+            } else {
+                let mut inputs = inputs.into_iter().peekable();
+                while inputs.peek().is_some() {
+                    let round: Vec<_> = inputs.by_ref().take(batch as usize).collect();
+                    black_box(Round::run(&mut node, round));
+                }
             }
         }
         runs.push(started.elapsed().as_secs_f64());

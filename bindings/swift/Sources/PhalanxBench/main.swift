@@ -1,16 +1,20 @@
 // The Swift binding's benchmark: inputs per second through Swift on the reference traces
 // (tests/traces), one call per input (`handle`, then `poll` until nil) and one call per
 // round (`handleMany`), against the core alone in Rust doing the same. Prints figures
-// and ratios from one run; it asserts nothing. Each figure is the median run's (a run
-// feeds a whole trace to a fresh node), robust to a busy machine's preemptions.
+// and ratios from one run; it asserts nothing. Each figure is the median run's, robust
+// to a busy machine's preemptions. A run feeds a whole trace to `nodes` fresh nodes, one
+// after the other, made before the clock starts (as the Node.js benchmark does): with
+// one node, a short trace's run is a few calls just after the node's making, and
+// measures caches the making left cold more than the boundary.
 //
-//   scripts/test-swift bench [repeat] [batch]
+//   scripts/test-swift bench [repeat] [batch] [nodes]
 import Foundation
 import Phalanx
 
 let arguments = CommandLine.arguments.dropFirst()
 let repeats = arguments.first.flatMap { Int($0) } ?? 20
 let batch = arguments.dropFirst().first.flatMap { Int($0) } ?? 64
+let nodes = arguments.dropFirst(2).first.flatMap { Int($0) } ?? 8
 let traces = URL(fileURLWithPath: ProcessInfo.processInfo.environment["PHALANX_REPO"] ?? ".")
     .appendingPathComponent("tests/traces")
 
@@ -24,34 +28,34 @@ func median(_ runs: [Double]) -> Double {
     runs.sorted()[runs.count / 2]
 }
 
-func swiftSingle(_ trace: Trace, _ inputs: [TimedInput]) throws -> Double {
+/// The median of `repeats` runs of `feed` over `nodes` fresh nodes.
+func timeSwift(_ trace: Trace, _ feed: (Node) -> Void) throws -> Double {
     var runs: [Double] = []
     for _ in 0..<repeats {
-        let node = try Node(config: trace.nodeConfig())
-        runs.append(seconds {
-            for timed in inputs {
-                try? node.handle(now: timed.now, input: timed.input)
-                while node.poll() != nil {}
-            }
-        })
+        let made = try (0..<max(nodes, 1)).map { _ in try Node(config: trace.nodeConfig()) }
+        runs.append(seconds { made.forEach(feed) })
     }
     return median(runs)
 }
 
-func swiftBatch(_ trace: Trace, _ inputs: [TimedInput]) throws -> Double {
-    var runs: [Double] = []
-    for _ in 0..<repeats {
-        let node = try Node(config: trace.nodeConfig())
-        runs.append(seconds {
-            var start = 0
-            while start < inputs.count {
-                let end = min(start + batch, inputs.count)
-                _ = node.handleMany(inputs: Array(inputs[start..<end]))
-                start = end
-            }
-        })
+func swiftSingle(_ trace: Trace, _ inputs: [TimedInput]) throws -> Double {
+    try timeSwift(trace) { node in
+        for timed in inputs {
+            try? node.handle(now: timed.now, input: timed.input)
+            while node.poll() != nil {}
+        }
     }
-    return median(runs)
+}
+
+func swiftBatch(_ trace: Trace, _ inputs: [TimedInput]) throws -> Double {
+    try timeSwift(trace) { node in
+        var start = 0
+        while start < inputs.count {
+            let end = min(start + batch, inputs.count)
+            _ = node.handleMany(inputs: Array(inputs[start..<end]))
+            start = end
+        }
+    }
 }
 
 let files = try FileManager.default.contentsOfDirectory(at: traces, includingPropertiesForKeys: nil)
@@ -59,7 +63,7 @@ let files = try FileManager.default.contentsOfDirectory(at: traces, includingPro
     .sorted { $0.path < $1.path }
 guard !files.isEmpty else { fatalError("no traces in \(traces.path) (set PHALANX_REPO)") }
 
-print("inputs/s over \(files.count) traces, median of \(repeats) runs each, rounds of \(batch) inputs")
+print("inputs/s over \(files.count) traces, median of \(repeats) runs of \(nodes) fresh nodes each, rounds of \(batch) inputs")
 func rate(_ inputs: Int, _ seconds: Double) -> String {
     String(format: "%12.0f", Double(inputs) / seconds)
 }
@@ -72,11 +76,13 @@ var logRatios = (single: 0.0, batch: 0.0, batchVsSingle: 0.0)
 for file in files {
     let trace = try Trace.load(path: file.path)
     let inputs = trace.records().map { TimedInput(now: $0.now, input: $0.input) }
-    let rustSingle = median(try timeCore(trace: trace, batch: 0, repeat: UInt32(repeats)))
+    let rustSingle = median(try timeCore(trace: trace, batch: 0, nodes: UInt32(nodes), repeat: UInt32(repeats)))
     let single = try swiftSingle(trace, inputs)
-    let rustBatch = median(try timeCore(trace: trace, batch: UInt32(batch), repeat: UInt32(repeats)))
+    let rustBatch = median(try timeCore(trace: trace, batch: UInt32(batch), nodes: UInt32(nodes), repeat: UInt32(repeats)))
     let batched = try swiftBatch(trace, inputs)
-    totals.inputs += inputs.count
+    // Every run feeds the trace's inputs to each of its nodes.
+    let fed = inputs.count * max(nodes, 1)
+    totals.inputs += fed
     totals.rustSingle += rustSingle
     totals.swiftSingle += single
     totals.rustBatch += rustBatch
@@ -85,8 +91,8 @@ for file in files {
     logRatios.batch += log(rustBatch / batched)
     logRatios.batchVsSingle += log(rustSingle / batched)
     print(file.lastPathComponent.padding(toLength: 44, withPad: " ", startingAt: 0)
-        + String(format: "%12d", inputs.count) + " " + rate(inputs.count, rustSingle) + " "
-        + rate(inputs.count, single) + " " + rate(inputs.count, rustBatch) + " " + rate(inputs.count, batched))
+        + String(format: "%12d", fed) + " " + rate(fed, rustSingle) + " "
+        + rate(fed, single) + " " + rate(fed, rustBatch) + " " + rate(fed, batched))
 }
 print("all".padding(toLength: 44, withPad: " ", startingAt: 0)
     + String(format: "%12d", totals.inputs) + " " + rate(totals.inputs, totals.rustSingle) + " "

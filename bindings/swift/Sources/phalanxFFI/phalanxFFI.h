@@ -711,7 +711,7 @@ void uniffi_phalanx_swift_fn_init_callback_vtable_application(const UniffiVTable
 #endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_FUNC_TIME_CORE
 #define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_FUNC_TIME_CORE
-RustBuffer uniffi_phalanx_swift_fn_func_time_core(uint64_t trace, uint32_t batch, uint32_t repeat, RustCallStatus *_Nonnull out_status
+RustBuffer uniffi_phalanx_swift_fn_func_time_core(uint64_t trace, uint32_t batch, uint32_t nodes, uint32_t repeat, RustCallStatus *_Nonnull out_status
 );
 #endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_FUNC_DESCRIBE_CONFIG

@@ -6201,16 +6201,18 @@ fileprivate func uniffiFutureContinuationCallback(handle: UInt64, pollResult: In
     }
 }
 /**
- * Seconds the core takes to feed every input of `trace` to a fresh node and drain its
- * outputs, once per run, `repeat` runs: with `batch` 0, `handle` and `poll` per input
- * (the single-call shape); otherwise a `handleMany` round per `batch` inputs.
+ * Seconds the core takes to feed every input of `trace` to `nodes` fresh nodes (made
+ * before the clock starts), one after the other, draining their outputs; `repeat` runs.
+ * With `batch` 0, `handle` and `poll` per input (the single-call shape); otherwise a
+ * `handleMany` round per `batch` inputs.
  */
-public func timeCore(trace: Trace, batch: UInt32, `repeat`: UInt32)throws  -> [Double]  {
+public func timeCore(trace: Trace, batch: UInt32, nodes: UInt32, `repeat`: UInt32)throws  -> [Double]  {
     return try  FfiConverterSequenceDouble.lift(try rustCallWithError(FfiConverterTypePhalanxError_lift) {
         uniffiCallStatus in
     uniffi_phalanx_swift_fn_func_time_core(
         FfiConverterTypeTrace_lower(trace),
         FfiConverterUInt32.lower(batch),
+        FfiConverterUInt32.lower(nodes),
         FfiConverterUInt32.lower(`repeat`),uniffiCallStatus
     )
 })
@@ -6377,7 +6379,7 @@ private let initializationResult: InitializationResult = {
     if bindings_contract_version != scaffolding_contract_version {
         return InitializationResult.contractVersionMismatch
     }
-    if (uniffi_phalanx_swift_checksum_func_time_core() != 39218) {
+    if (uniffi_phalanx_swift_checksum_func_time_core() != 54546) {
         return InitializationResult.apiChecksumMismatch
     }
     if (uniffi_phalanx_swift_checksum_func_describe_config() != 4968) {
