@@ -308,6 +308,24 @@ fn pbft_seeds_the_offline_sweep_found() {
     }
 }
 
+/// Liveness failures the 100,000-seed offline sweep found at f = 1, each a seed:
+/// - 26455, 34196: a replica that alone committed a slot answered a peer's catch-up with
+///   the batch (one offer of the f+1 needed) but not its COMMIT, which the peers that
+///   restarted or lost it needed: an idle cluster left them behind for good.
+/// - 46911: after a whole-cluster restart, a slot a faulty primary had equivocated on
+///   could not commit again in its view, and with no request waiting nothing started a
+///   view change; now a replica short of what it knows settled runs the request timer.
+/// - 10200, 21962: a client lying to every replica made each new view's first batch (its
+///   bundle first, by client number) fail, for 8 view changes with back-off; now a client
+///   whose requests failed a view has its bundles proposed after the others', alone.
+#[test]
+fn pbft_seeds_the_100k_sweep_found() {
+    for seed in [10200, 21962, 26455, 34196, 46911] {
+        let result = sweep(1, seed..seed + 1, 25);
+        assert!(result.failures.is_empty(), "{}", result.failures.join("\n"));
+    }
+}
+
 /// Thousands of requests over hundreds of checkpoints: the state each node holds stays
 /// bounded by the watermark window and the client queues, not by the run's length.
 #[test]

@@ -185,6 +185,10 @@ pub(crate) struct Replica {
     /// Nodes outside this replica's group whose requests it orders (a Perpetual member's
     /// callers): they get no PBFT replies, their application answers them its own way.
     outside: BTreeSet<NodeId>,
+    /// Clients with requests in a proposal of a view that ended without them committing,
+    /// until one of theirs executes: as primary, this replica proposes their requests
+    /// after the others', a bundle alone (see `cut_batch`).
+    suspected: BTreeSet<NodeId>,
 }
 
 /// A normal-case message that overtook the NEW-VIEW of its view.
@@ -255,6 +259,7 @@ impl Replica {
             view_changes: BTreeMap::new(),
             embedded: None,
             outside: BTreeSet::new(),
+            suspected: BTreeSet::new(),
         }
     }
 
@@ -473,8 +478,8 @@ impl Replica {
             return;
         }
         let p = &ctx.cfg.cluster.params;
-        let (max_count, max_bytes, timeout) =
-            (p.batch_max_count as usize, p.batch_max_bytes as usize, p.batch_timeout_ns);
+        let (max_count, max_bytes, timeout, patience) =
+            (p.batch_max_count as usize, p.batch_max_bytes as usize, p.batch_timeout_ns, p.request_timeout_ns / 2);
         let pipeline = p.pipeline as u64;
         // Catch-up or state transfer may have taken this replica past its own proposals.
         self.next_seq = self.next_seq.max(self.delivered + 1);
@@ -490,7 +495,7 @@ impl Replica {
                 self.batch_deadline = Some(oldest.saturating_add(timeout));
                 return;
             }
-            let bundles = self.cut_batch(max_count, max_bytes);
+            let bundles = self.cut_batch(now, patience, max_count, max_bytes);
             self.pre_prepare(ctx, now, bundles);
         }
     }
@@ -501,26 +506,30 @@ impl Replica {
     /// batches alone cannot starve the others). A bundle alone always fits (clients and
     /// replicas check), so a batch is never empty.
     ///
-    /// A bundle that was in a proposal of an earlier view that did not commit goes in a
-    /// batch of its own, when it is the oldest: a faulty client may have given it an
-    /// authenticator only the primary can check, and the backups cannot take a batch that
-    /// holds it (the MAC attack of Clement et al.), so it stalls nobody else's requests.
-    fn cut_batch(&self, max_count: usize, max_bytes: usize) -> Vec<Arc<Bundle>> {
-        let waiting = |client: NodeId, first: u64| &self.queues[&client].pending[&first];
-        if let Some(&(_, client, first)) = self.unproposed.first()
-            && waiting(client, first).failed > 0
+    /// A suspected client's bundle goes in a batch of its own, once no other client's
+    /// waits or it has waited `patience`: a faulty client may have given it an
+    /// authenticator only the primary can check (the MAC attack of Clement et al.), or
+    /// sent each replica another version, and the backups cannot take a batch that holds
+    /// it. So a lie costs a view change, but in the next view the other clients' requests
+    /// go first, and a faulty client that lies again and again does not starve them.
+    fn cut_batch(&self, now: Nanos, patience: Nanos, max_count: usize, max_bytes: usize) -> Vec<Arc<Bundle>> {
+        let trusted = |client: &NodeId| !self.suspected.contains(client);
+        let oldest = self.unproposed.iter().find(|(_, client, _)| trusted(client));
+        if !self.suspected.is_empty()
+            && let Some(&(arrived, client, first)) = self.unproposed.iter().find(|(_, client, _)| !trusted(client))
+            && oldest.is_none_or(|_| arrived.saturating_add(patience) <= now)
         {
-            return vec![waiting(client, first).bundle.clone()];
+            return vec![self.queues[&client].pending[&first].bundle.clone()];
         }
         let mut bundles: Vec<Arc<Bundle>> = Vec::new();
+        let Some(&(_, oldest, _)) = oldest else { return bundles };
         let (mut count, mut bytes) = (0, 0);
-        let oldest = self.unproposed.first().map_or(0, |&(_, client, _)| client);
-        let order = self.queues.range(oldest..).chain(self.queues.range(..oldest));
+        let order = self.queues.range(oldest..).chain(self.queues.range(..oldest)).filter(|(c, _)| trusted(c));
         let mut queues: Vec<_> = order.map(|(_, c)| (c, c.unproposed.iter())).collect();
         loop {
             let before = bundles.len();
             for (c, firsts) in &mut queues {
-                let Some(first) = firsts.find(|f| c.pending[*f].failed == 0) else { continue };
+                let Some(first) = firsts.next() else { continue };
                 let b = &c.pending[first].bundle;
                 if !bundles.is_empty() && (count + b.ops.len() > max_count || bytes + b.op_bytes > max_bytes) {
                     return bundles;
@@ -926,6 +935,10 @@ impl Replica {
                 self.forget_pending(client, first);
                 served = true;
             }
+            // Its requests can commit: no longer suspected, unless some that failed wait.
+            if self.queues.get(&client).is_none_or(|q| q.pending.values().all(|w| w.failed == 0)) {
+                self.suspected.remove(&client);
+            }
         }
         self.executed = seq;
         // Progress for the request timer is a request waiting here executed (or none
@@ -957,6 +970,9 @@ impl Replica {
             return;
         }
         self.behind = self.behind.max(self.answer_from);
+        // The request timer counts from here: a replica that restarted behind gives
+        // catching up a whole timeout before it suspects the primary.
+        self.progress_at = self.last_now;
         self.asks_owed = START_ASKS;
         self.fetch_state(ctx);
         for body in self.own_votes(ctx, 0) {

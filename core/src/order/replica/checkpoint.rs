@@ -197,7 +197,7 @@ impl Replica {
 
     /// Whether this replica executed less than it knows is settled: the stable checkpoint,
     /// or a slot it knows committed elsewhere.
-    fn short_of_known(&self) -> bool {
+    pub(super) fn short_of_known(&self) -> bool {
         self.executed < self.low.max(self.behind)
     }
 
@@ -251,10 +251,12 @@ impl Replica {
         for c in committed {
             ctx.send(pb::body::Kind::Committed(c), [from]);
         }
-        // And this replica's votes for what has not committed here yet: a peer that
-        // restarted (or whose restart came after this replica's) lost them.
+        // And this replica's votes in its view from there on, committed here or not: a
+        // peer that restarted (or whose restart came after this replica's) lost them, and
+        // where this replica alone committed a slot its COMMIT is what the others lack
+        // (its Committed offer is one of the f+1 they would need otherwise).
         if self.changing.is_none() {
-            for vote in self.own_votes(ctx, self.delivered.max(after.saturating_sub(1)) + 1) {
+            for vote in self.own_votes(ctx, after) {
                 ctx.send(vote, [from]);
             }
         }

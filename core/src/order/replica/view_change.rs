@@ -149,7 +149,13 @@ impl Replica {
     /// The request timer, in two stages. While requests wait without a batch executing, a
     /// backup first forwards them to the primary after half the request timeout (a client
     /// may have sent them to some replicas only), and suspects the primary after the
-    /// whole of it; a view change under way times out on its own deadline.
+    /// whole of it; a view change under way times out on its own deadline. The second
+    /// stage runs too while this replica executed less than it knows is settled (say it
+    /// may have executed more before a crash): if catching up brings nothing for as long,
+    /// the slots must be settled anew by a view change — after a whole-cluster restart, a
+    /// slot committed before it commits again only if a quorum can still vote for it in
+    /// this view, which a faulty primary that equivocated can prevent, and an idle cluster
+    /// has no request waiting to start the timer.
     pub(super) fn rearm(&mut self, ctx: &Ctx) {
         let timeout = self.backed_off(ctx);
         let waiting = self.changing.is_none() && self.waiting > 0;
@@ -158,7 +164,7 @@ impl Replica {
             .then(|| self.progress_at.saturating_add(timeout / 2));
         self.suspect = match &self.changing {
             Some(c) => Some(c.deadline.map_or(c.retry_at, |d| d.min(c.retry_at))),
-            None if self.waiting == 0 => None,
+            None if self.waiting == 0 && !self.short_of_known() => None,
             // Half the timeout after the first stage at the soonest: a backup whose first
             // stage ran late (it was paused, say) gets what queued meanwhile in first, or it
             // would suspect a working primary the moment it runs again.
@@ -448,9 +454,9 @@ impl Replica {
     }
 
     /// The view ends: requests waiting here that were in one of its proposals (taken or
-    /// parked) that did not commit failed once more. After two such views they are
-    /// dropped: a correct client sends them again, while a faulty one's lie would stall
-    /// every view that proposed it.
+    /// parked) that did not commit failed once more, and their clients are suspected.
+    /// After two such views they are dropped: a correct client sends them again, while a
+    /// faulty one's lie would stall every view that proposed it.
     fn note_failed_proposals(&mut self, ctx: &mut Ctx) {
         let taken = self.log.values().filter(|s| !s.committed).filter_map(|s| s.proposal.as_ref());
         let in_failed: BTreeSet<(NodeId, u64)> = taken
@@ -465,6 +471,7 @@ impl Replica {
         let mut dropped = Vec::new();
         for (client, first) in in_failed {
             if let Some(w) = self.queues.get_mut(&client).and_then(|q| q.pending.get_mut(&first)) {
+                self.suspected.insert(client);
                 w.failed += 1;
                 if w.failed >= 2 {
                     dropped.push((client, first));
