@@ -211,7 +211,9 @@ fn a_lying_caller_primary_does_not_stall_its_group() {
 /// lost its result, so the caller's resends went unanswered (1x1 seed 756, the lone
 /// target restarted; 1x4 seeds 1020 and 7365; 4x4 seed 3261); a target member that lost
 /// the votes of the last batch stayed a batch behind once the caller went idle (1x7 seed
-/// 2102, 4x4 seed 8672).
+/// 2102, 4x4 seed 8672); a faulty caller member that had its own request numbered
+/// u64::MAX - 1 ordered panicked numbering its next one past u64::MAX (4x4 seed 6201, and
+/// a 7x4 seed in 2500..5000; found by the sweep built with overflow checks).
 #[test]
 fn seeds_found_by_the_sweep() {
     let seeds = [
@@ -227,6 +229,7 @@ fn seeds_found_by_the_sweep() {
         (4, 4, 3261),
         (1, 7, 2102),
         (4, 4, 8672),
+        (4, 4, 6201),
     ];
     for (n_c, n_t, seed) in seeds {
         run(Scenario::adversarial(n_c, n_t, seed));

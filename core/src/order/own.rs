@@ -42,23 +42,30 @@ impl OwnNumbers {
     /// Orders `op` through `replica`'s group as a request of its own. The first of a run
     /// is numbered past what the group executed of this replica's (a lease record may
     /// have gone with a compaction) by two leases: beyond any number an earlier run used
-    /// and the group did not execute yet.
+    /// and the group did not execute yet. Numbers are the submitter's to choose, so a
+    /// faulty member may have had its own ordered up to the last: then none is left, and
+    /// `op` is refused rather than numbered past `u64::MAX`.
     pub(crate) fn submit(&mut self, ctx: &mut Ctx, now: Nanos, replica: &mut Replica, op: Bytes) {
         if !std::mem::replace(&mut self.raised, true) {
-            self.next = self.next.max(replica.own_executed(ctx) + 2 * LEASE);
+            self.next = self.next.max(replica.own_executed(ctx).saturating_add(2 * LEASE));
         }
-        let first = self.take(ctx);
+        let Some(first) = self.take(ctx) else {
+            return ctx.stats.refused += 1;
+        };
         replica.submit_own(ctx, now, first, vec![op]);
     }
 
-    /// The next number, a new lease persisted first when the last one is used up.
-    fn take(&mut self, ctx: &mut Ctx) -> u64 {
+    /// The next number, a new lease persisted first when the last one is used up; none
+    /// once a request numbered `next` would end past `u64::MAX` (`Bundle::parse` refuses
+    /// those).
+    fn take(&mut self, ctx: &mut Ctx) -> Option<u64> {
+        let after = self.next.checked_add(1)?;
         if self.next >= self.leased {
-            self.leased = self.next + LEASE;
+            self.leased = self.next.saturating_add(LEASE);
             let record = pb::ReplicaRecord { kind: Some(pb::replica_record::Kind::OwnRequests(self.leased)) };
             ctx.persist(record.encode_to_vec());
         }
-        self.next += 1;
-        self.next - 1
+        self.next = after;
+        Some(after - 1)
     }
 }

@@ -671,13 +671,18 @@ pub fn sweep(n_c: u32, n_t: u32, seeds: std::ops::Range<u64>, real_every: u64) -
     for seed in seeds {
         let crypto = if seed % real_every.max(1) == 0 { CryptoMode::Real } else { CryptoMode::InsecureTest };
         let s = Scenario { crypto, ..Scenario::adversarial(n_c, n_t, seed) };
-        let run = s.run();
         out.seeds += 1;
-        out.completions += run.executors.values().map(|e| e.completed as usize).sum::<usize>();
-        if !run.violations.is_empty() {
+        let violations = match super::scenario::run_caught(|| s.run()) {
+            Ok(run) => {
+                out.completions += run.executors.values().map(|e| e.completed as usize).sum::<usize>();
+                run.violations
+            }
+            Err(panic) => vec![panic],
+        };
+        if !violations.is_empty() {
             out.failures.push(format!(
                 "FAILED {s}\n  rerun: PHALANX_DEBUG=\"{n_c} {n_t} {seed}\" cargo test -p phalanx-tests --test perpetual debug_seed -- --ignored --nocapture\n  {}",
-                run.violations.join("\n  ")
+                violations.join("\n  ")
             ));
         }
     }
