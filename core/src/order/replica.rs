@@ -936,7 +936,10 @@ impl Replica {
                 served = true;
             }
             // Its requests can commit: no longer suspected, unless some that failed wait.
-            if self.queues.get(&client).is_none_or(|q| q.pending.values().all(|w| w.failed == 0)) {
+            // (Checked for suspected clients only: this runs for every executed bundle.)
+            if self.suspected.contains(&client)
+                && self.queues.get(&client).is_none_or(|q| q.pending.values().all(|w| w.failed == 0))
+            {
                 self.suspected.remove(&client);
             }
         }
