@@ -148,21 +148,60 @@ pub fn aggregate(mode: CryptoMode, sigs: &[BlsSignature]) -> Option<BlsSignature
     }
 }
 
-/// Aggregates signatures without checking each is in the signature group (only that it
-/// is on the curve): for shares whose aggregate is verified next ([`verify_multi`] checks
-/// it is in the group), where a subgroup check per share would cost more than the rest.
-/// None if empty or any is not a point.
-pub fn aggregate_unchecked(mode: CryptoMode, sigs: &[BlsSignature]) -> Option<BlsSignature> {
-    let (first, rest) = sigs.split_first()?;
-    match mode {
-        CryptoMode::Real => {
-            let mut acc = AggregateSignature::from_signature(&Signature::uncompress(&first.0).ok()?);
-            for s in rest {
-                acc.add_signature(&Signature::uncompress(&s.0).ok()?, false).ok()?;
+impl BlsSignature {
+    /// The share to send to whoever sums many: in `Real`, the point uncompressed (192
+    /// bytes), which [`BlsShare::parse`] reads without the square root decompression
+    /// takes; the signature's own bytes in `InsecureTest`, or if they are not a point.
+    pub fn share_bytes(&self, mode: CryptoMode) -> Vec<u8> {
+        match (mode, Signature::uncompress(&self.0)) {
+            (CryptoMode::Real, Ok(point)) => point.serialize().to_vec(),
+            _ => self.0.to_vec(),
+        }
+    }
+}
+
+/// A signature share parsed once (`Real`: a point on the curve, not yet checked to be in
+/// the signature group), so that sums over many cost additions only: for shares whose sum
+/// is verified next ([`verify_multi`] checks it is in the group), where a subgroup check
+/// per share would cost more than the rest.
+#[derive(Clone, Copy, Debug)]
+pub struct BlsShare(ShareRepr);
+
+#[derive(Clone, Copy, Debug)]
+enum ShareRepr {
+    Real(Signature),
+    InsecureTest(BlsSignature),
+}
+
+impl BlsShare {
+    /// From the 96 bytes of a compressed point or the 192 of an uncompressed one (`Real`;
+    /// the latter spares the square root that decompression takes). None if not a point.
+    pub fn parse(mode: CryptoMode, bytes: &[u8]) -> Option<BlsShare> {
+        match mode {
+            CryptoMode::Real => Signature::deserialize(bytes).ok().map(|sig| BlsShare(ShareRepr::Real(sig))),
+            CryptoMode::InsecureTest => {
+                Some(BlsShare(ShareRepr::InsecureTest(BlsSignature(bytes.try_into().ok()?))))
+            }
+        }
+    }
+}
+
+/// The sum of `shares` (their aggregate signature). None if empty or the modes differ.
+pub fn sum_shares<'a>(shares: impl IntoIterator<Item = &'a BlsShare>) -> Option<BlsSignature> {
+    let mut shares = shares.into_iter();
+    match shares.next()?.0 {
+        ShareRepr::Real(first) => {
+            let mut acc = AggregateSignature::from_signature(&first);
+            for s in shares {
+                let ShareRepr::Real(sig) = &s.0 else { return None };
+                acc.add_signature(sig, false).ok()?;
             }
             Some(BlsSignature(acc.to_signature().compress()))
         }
-        CryptoMode::InsecureTest => aggregate(mode, sigs),
+        ShareRepr::InsecureTest(first) => shares.try_fold(first, |acc, s| match &s.0 {
+            ShareRepr::InsecureTest(sig) => Some(xor(&acc, sig)),
+            ShareRepr::Real(_) => None,
+        }),
     }
 }
 
@@ -452,6 +491,36 @@ mod tests {
             assert_eq!(aggregate(mode, &sigs[..1]), Some(sigs[0]), "{mode:?}");
             assert!(fast_aggregate_verify(mode, &pks[..1], b"block 7", &sigs[0]), "{mode:?}");
         }
+    }
+
+    #[test]
+    fn shares_sum_to_the_aggregate_in_either_encoding() {
+        for mode in MODES {
+            let sigs: Vec<_> = (60..64).map(|s| key(mode, s).sign(b"root")).collect();
+            let agg = aggregate(mode, &sigs);
+            let compressed: Vec<_> = sigs.iter().map(|s| BlsShare::parse(mode, &s.0).unwrap()).collect();
+            assert_eq!(sum_shares(&compressed), agg, "{mode:?}");
+            assert_eq!(sum_shares(&compressed[..1]), Some(sigs[0]), "{mode:?}");
+            assert_eq!(sum_shares(&[]), None, "{mode:?}");
+            assert_eq!(BlsShare::parse(mode, &[7; 95]).map(|_| ()), None, "{mode:?}");
+        }
+        let mode = CryptoMode::Real;
+        let sigs: Vec<_> = (60..64).map(|s| key(mode, s).sign(b"root")).collect();
+        let uncompressed: Vec<_> = sigs.iter().map(|s| s.share_bytes(mode)).collect();
+        assert!(uncompressed.iter().all(|b| b.len() == 192));
+        let shares: Vec<_> = uncompressed.iter().map(|b| BlsShare::parse(mode, b).unwrap()).collect();
+        assert_eq!(sum_shares(&shares), aggregate(mode, &sigs));
+        assert_eq!(sigs[0].share_bytes(CryptoMode::InsecureTest), sigs[0].0.to_vec());
+        assert_eq!(BlsSignature([0xff; 96]).share_bytes(mode), vec![0xff; 96]);
+        // Not points: refused when parsed, where a sum would otherwise fail.
+        for bad in [[0u8; 96], [0xff; 96]] {
+            assert!(BlsShare::parse(mode, &bad).is_none());
+        }
+        assert!(BlsShare::parse(mode, &[0x11; 192]).is_none());
+        // Shares of different modes do not sum.
+        let insecure = BlsShare::parse(CryptoMode::InsecureTest, &sigs[0].0).unwrap();
+        assert_eq!(sum_shares([&shares[0], &insecure]), None);
+        assert_eq!(sum_shares([&insecure, &shares[0]]), None);
     }
 
     #[test]

@@ -16,7 +16,7 @@ use super::{
 };
 use crate::crypto::ed25519::{EdItem, verify_each};
 use crate::crypto::{
-    BlsPublicKey, BlsSignature, Digest, EdPublicKey, EdSecretKey, EdSignature, aggregate_unchecked, verify_multi,
+    BlsPublicKey, BlsShare, BlsSignature, Digest, EdPublicKey, EdSecretKey, EdSignature, sum_shares, verify_multi,
 };
 use crate::node::Ctx;
 use crate::role::RoleMachine;
@@ -42,7 +42,7 @@ struct Pooled {
 /// Where a batch is.
 enum Stage {
     /// Waiting for clients' reductions on R1.
-    Reducing { deadline: Nanos, shares: BTreeMap<u64, (BlsSignature, EdSignature)> },
+    Reducing { deadline: Nanos, shares: BTreeMap<u64, BlsShare> },
     /// Offered; waiting for f+1 witness shards.
     Witnessing { deadline: Nanos, pending: Vec<NodeId>, shards: BTreeMap<usize, BlsSignature> },
     /// Witnessed; waiting for f+1 matching delivery shards (the witness goes out again
@@ -307,9 +307,7 @@ impl Broker {
         let burst = std::mem::take(&mut self.reductions);
         let mut candidates = Vec::with_capacity(burst.len());
         for (from, r) in burst {
-            let (Ok(share), Ok(auth)) =
-                (<[u8; 96]>::try_from(r.share.as_slice()), <[u8; 64]>::try_from(r.auth.as_slice()))
-            else {
+            let Ok(auth) = <[u8; 64]>::try_from(r.auth.as_slice()) else {
                 ctx.fault(from, FaultKind::Malformed);
                 continue;
             };
@@ -326,22 +324,30 @@ impl Broker {
                 continue;
             }
             let Some(keys) = self.dir.get(r.id) else { continue };
-            let msg = reduction_auth_statement(&self.servers.system_id, r.id, &b.r1, &share);
-            candidates.push((from, lane, r.id, BlsSignature(share), EdSignature(auth), keys, msg));
+            let msg = reduction_auth_statement(&self.servers.system_id, r.id, &b.r1, &r.share);
+            candidates.push((from, lane, r.id, r.share, EdSignature(auth), keys, msg));
         }
         let items: Vec<EdItem> =
             candidates.iter().map(|(_, _, _, _, auth, keys, msg)| EdItem { key: &keys.ed, msg, sig: auth }).collect();
         let (ok, checks) = verify_each(self.servers.mode, &items);
         ctx.counters.signatures_verified += checks;
         let mut complete = Vec::new();
-        for ((from, lane, id, share, auth, _, _), ok) in candidates.into_iter().zip(ok) {
+        for ((from, lane, id, share, _, _, _), ok) in candidates.into_iter().zip(ok) {
             if !ok {
                 ctx.fault(from, FaultKind::BadSignature);
                 continue;
             }
             let b = self.lanes[lane].1.as_mut().expect("found");
             let Stage::Reducing { shares, .. } = &mut b.stage else { continue };
-            shares.entry(id).or_insert((share, auth));
+            if shares.contains_key(&id) {
+                continue;
+            }
+            // Parsed once, after its auth: sums and the bisection then cost additions.
+            let Some(share) = BlsShare::parse(self.servers.mode, &share) else {
+                ctx.fault(from, FaultKind::Malformed);
+                continue;
+            };
+            shares.insert(id, share);
             if shares.len() == b.entries.len() && !complete.contains(&lane) {
                 complete.push(lane);
             }
@@ -365,7 +371,7 @@ impl Broker {
         let keys: BTreeMap<u64, _> = shares.keys().filter_map(|&id| Some((id, self.dir.get(id)?))).collect();
         let msg = reduction_statement(&servers.system_id, &b.r1);
         let mut good = Vec::new();
-        let all: Vec<(u64, BlsSignature)> = shares.iter().map(|(id, (s, _))| (*id, *s)).collect();
+        let all: Vec<(u64, BlsShare)> = shares.iter().map(|(id, s)| (*id, *s)).collect();
         bisect(ctx, servers, &keys, &msg, &all, &mut good);
         good.sort_unstable();
         for (id, e) in &b.entries {
@@ -373,7 +379,7 @@ impl Broker {
                 ctx.fault(e.from, FaultKind::BadSignature);
             }
         }
-        let agg = aggregate_unchecked(servers.mode, &good.iter().map(|id| shares[id].0).collect::<Vec<_>>());
+        let agg = sum_shares(good.iter().map(|id| &shares[id]));
         let stragglers: Vec<Straggler> = b
             .entries
             .iter()
@@ -572,14 +578,13 @@ fn bisect(
     servers: &Servers,
     keys: &BTreeMap<u64, Arc<super::directory::Keys>>,
     msg: &[u8],
-    shares: &[(u64, BlsSignature)],
+    shares: &[(u64, BlsShare)],
     good: &mut Vec<u64>,
 ) {
     if shares.is_empty() {
         return;
     }
-    let sigs: Vec<BlsSignature> = shares.iter().map(|(_, s)| *s).collect();
-    if let Some(agg) = aggregate_unchecked(servers.mode, &sigs) {
+    if let Some(agg) = sum_shares(shares.iter().map(|(_, s)| s)) {
         ctx.counters.signatures_verified += 1;
         if verify_multi(servers.mode, shares.iter().map(|(id, _)| &keys[id].bls), msg, &agg) {
             good.extend(shares.iter().map(|(id, _)| *id));
