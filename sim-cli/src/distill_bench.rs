@@ -335,7 +335,8 @@ fn broker(count: u32, straggler_pct: u64) {
         let (ed, bls) = &keys[id];
         let statement =
             if load::straggles(id, straggler_pct) { b"bad".to_vec() } else { reduction_statement(&sys, &inc.root) };
-        let share = bls.sign(&statement).0.to_vec();
+        // Uncompressed, as the core's client sends it.
+        let share = bls.sign(&statement).share_bytes(CryptoMode::Real);
         let auth = ed.sign(&reduction_auth_statement(&sys, id as u64, &inc.root, &share)).0.to_vec();
         reductions.push((*to, frame(Frame::Reduction(pb::Reduction { id: id as u64, root: inc.root, share, auth }))));
     }

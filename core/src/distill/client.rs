@@ -184,9 +184,10 @@ impl Client {
             self.hi = inc.raise;
             self.persist(ctx);
         }
-        let share = ctx.sign(&reduction_statement(&self.servers.system_id, &root));
-        let auth = self.ed.sign(&reduction_auth_statement(&self.servers.system_id, id, &root, &share.0));
-        let r = pb::Reduction { id, root: root.to_vec(), share: share.0.to_vec(), auth: auth.0.to_vec() };
+        // Uncompressed: the client takes the square root the broker would.
+        let share = ctx.sign(&reduction_statement(&self.servers.system_id, &root)).share_bytes(self.servers.mode);
+        let auth = self.ed.sign(&reduction_auth_statement(&self.servers.system_id, id, &root, &share));
+        let r = pb::Reduction { id, root: root.to_vec(), share, auth: auth.0.to_vec() };
         send_frame(ctx, from, Frame::Reduction(r));
     }
 
