@@ -425,14 +425,17 @@ impl ClusterConfig {
 impl Params {
     /// The largest VIEW-CHANGE: for every slot of the 4K window a replica accepts votes
     /// in, one prepared claim and `VOTED_KEPT` votes, and its stable checkpoint.
+    /// Saturating, as the sizes below: any u32 parameters give an answer, not an overflow.
     pub fn max_view_change_bytes(&self) -> u64 {
-        4 * self.checkpoint_interval as u64 * (1 + crate::order::VOTED_KEPT as u64) * SLOT_VOTE_BYTES + MESSAGE_OVERHEAD
+        let per_slot = (1 + crate::order::VOTED_KEPT as u64) * SLOT_VOTE_BYTES;
+        (4 * self.checkpoint_interval as u64).saturating_mul(per_slot).saturating_add(MESSAGE_OVERHEAD)
     }
 
     /// The largest encoded batch among `n` replicas: `batch_max_bytes` of ops, and the
     /// framing and authenticators of up to `batch_max_count` requests.
     pub fn max_batch_bytes(&self, n: u64) -> u64 {
-        self.batch_max_bytes as u64 + self.batch_max_count as u64 * (REQUEST_OVERHEAD + n * MAC_ENTRY_BYTES)
+        let per_request = n.saturating_mul(MAC_ENTRY_BYTES).saturating_add(REQUEST_OVERHEAD);
+        (self.batch_max_count as u64).saturating_mul(per_request).saturating_add(self.batch_max_bytes as u64)
     }
 
     fn validate_pbft(&self, n: u64) -> Result<(), ConfigError> {
@@ -440,7 +443,7 @@ impl Params {
         if p.checkpoint_interval == 0 || p.batch_max_count == 0 {
             return err("params.checkpoint_interval and params.batch_max_count must be at least 1");
         }
-        if p.pipeline == 0 || p.pipeline > 2 * p.checkpoint_interval {
+        if p.pipeline == 0 || p.pipeline as u64 > 2 * p.checkpoint_interval as u64 {
             return err(format!(
                 "params.pipeline = {} must be between 1 and 2 * checkpoint_interval = {}",
                 p.pipeline,
@@ -451,7 +454,7 @@ impl Params {
             return err("params.batch_max_bytes must be at least 1");
         }
         // A PRE-PREPARE (or a batch fetched) that could not be sent would stop ordering.
-        let batch = p.max_batch_bytes(n) + MESSAGE_OVERHEAD;
+        let batch = p.max_batch_bytes(n).saturating_add(MESSAGE_OVERHEAD);
         if batch > p.max_message_bytes as u64 {
             return err(format!(
                 "params.max_message_bytes = {} is too small for a PRE-PREPARE of up to {batch} bytes: \
@@ -463,7 +466,7 @@ impl Params {
         }
         // A NEW-VIEW relays up to n VIEW-CHANGEs; if it could not be sent, no view change
         // could complete and a faulty primary would stop the cluster for good.
-        let new_view = n * p.max_view_change_bytes() + MESSAGE_OVERHEAD;
+        let new_view = n.saturating_mul(p.max_view_change_bytes()).saturating_add(MESSAGE_OVERHEAD);
         if new_view > p.max_message_bytes as u64 {
             return err(format!(
                 "params.max_message_bytes = {} is too small for a NEW-VIEW of up to {new_view} bytes: \
@@ -946,6 +949,32 @@ mod tests {
         // Pub/sub clusters have no view change and no batches.
         generate_cluster(&ClusterSpec { params: long, ..spec(1) }, [1; 32]).unwrap();
         generate_cluster(&ClusterSpec { params: wide, ..spec(1) }, [1; 32]).unwrap();
+    }
+
+    /// Found by the `trace` fuzzer: `2 * checkpoint_interval` overflowed a u32 in the
+    /// pipeline check. Parameters at the top of their range are refused, never a panic.
+    #[test]
+    fn parameters_at_their_limits_are_refused_not_overflowed() {
+        let pbft = |params| ClusterSpec { params, ..ClusterSpec::pbft(1, 1) };
+        let huge = Params { checkpoint_interval: u32::MAX, pipeline: u32::MAX, ..Params::default() };
+        let e = generate_cluster(&pbft(huge), [1; 32]).unwrap_err();
+        assert!(e.0.contains("too small for a NEW-VIEW"), "{e}");
+        let all = Params {
+            checkpoint_interval: u32::MAX,
+            pipeline: u32::MAX,
+            batch_max_count: u32::MAX,
+            batch_max_bytes: u32::MAX,
+            max_message_bytes: u32::MAX,
+            ..Params::default()
+        };
+        let e = generate_cluster(&pbft(all.clone()), [1; 32]).unwrap_err();
+        assert!(e.0.contains("too small for a PRE-PREPARE"), "{e}");
+        let mut distill = DistillSpec::new(1, 1, 0);
+        distill.params.distill_batch_size = u32::MAX;
+        distill.params.max_payload = u32::MAX;
+        distill.params.max_message_bytes = u32::MAX;
+        let e = generate_distill(&distill, [1; 32]).unwrap_err();
+        assert!(e.0.contains("too small for an offer"), "{e}");
     }
 
     #[test]

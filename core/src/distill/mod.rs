@@ -74,7 +74,7 @@ pub(crate) fn validate_params(p: &Params, n: u64) -> Result<(), ConfigError> {
     if p.directory_size >= CLIENT_ADDRESS_BASE as u64 {
         return fail(format!("params.directory_size = {} must be below {CLIENT_ADDRESS_BASE}", p.directory_size));
     }
-    let batch = p.distill_batch_size as u64 * (p.max_payload as u64 + 8 + 100) + 4096;
+    let batch = (p.distill_batch_size as u64).saturating_mul(p.max_payload as u64 + 8 + 100).saturating_add(4096);
     if batch > p.max_message_bytes as u64 {
         return fail(format!(
             "params.max_message_bytes = {} is too small for an offer of up to {batch} bytes \
