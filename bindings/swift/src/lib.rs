@@ -9,6 +9,7 @@
 //! - [`kv`]: the key-value application `phalanxd` serves;
 //! - [`client`]: an async client of a `phalanxd` cluster;
 //! - [`distill`]: an async client of a distillation deployment;
+//! - [`perpetual`]: Perpetual group members running Swift services (seed 002's API);
 //! - [`bench`]: the core alone, the baseline of the Swift benchmark.
 
 uniffi::setup_scaffolding!("phalanx");
@@ -21,5 +22,6 @@ pub mod errors;
 pub mod host;
 pub mod kv;
 pub mod node;
+pub mod perpetual;
 pub mod trace;
 pub mod vocabulary;

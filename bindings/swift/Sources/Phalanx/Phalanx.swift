@@ -24,6 +24,14 @@ extension Input {
     }
 }
 
+extension Invocation {
+    /// Waits at least `timeout` seconds, then requests an abort and waits for the agreed
+    /// outcome, which may still be the reply.
+    public func get(timeout: TimeInterval) throws -> Data {
+        try getTimeout(seconds: timeout)
+    }
+}
+
 extension HandleError: CustomStringConvertible {
     /// The core's wording, as traces record it.
     public var description: String { handleErrorMessage(error: self) }

@@ -271,6 +271,27 @@ typedef void (*UniffiCallbackInterfaceApplicationMethod3)(uint64_t, RustBuffer, 
     );
 
 #endif
+#ifndef UNIFFI_FFIDEF_CALLBACK_INTERFACE_PERPETUAL_SERVICE_METHOD0
+#define UNIFFI_FFIDEF_CALLBACK_INTERFACE_PERPETUAL_SERVICE_METHOD0
+typedef void (*UniffiCallbackInterfacePerpetualServiceMethod0)(uint64_t, uint64_t, void* _Nonnull, 
+        RustCallStatus *_Nonnull uniffiCallStatus
+    );
+
+#endif
+#ifndef UNIFFI_FFIDEF_CALLBACK_INTERFACE_PERPETUAL_SERVICE_METHOD1
+#define UNIFFI_FFIDEF_CALLBACK_INTERFACE_PERPETUAL_SERVICE_METHOD1
+typedef void (*UniffiCallbackInterfacePerpetualServiceMethod1)(uint64_t, RustBuffer* _Nonnull, 
+        RustCallStatus *_Nonnull uniffiCallStatus
+    );
+
+#endif
+#ifndef UNIFFI_FFIDEF_CALLBACK_INTERFACE_PERPETUAL_SERVICE_METHOD2
+#define UNIFFI_FFIDEF_CALLBACK_INTERFACE_PERPETUAL_SERVICE_METHOD2
+typedef void (*UniffiCallbackInterfacePerpetualServiceMethod2)(uint64_t, RustBuffer, void* _Nonnull, 
+        RustCallStatus *_Nonnull uniffiCallStatus
+    );
+
+#endif
 #ifndef UNIFFI_FFIDEF_V_TABLE_CALLBACK_INTERFACE_APPLICATION
 #define UNIFFI_FFIDEF_V_TABLE_CALLBACK_INTERFACE_APPLICATION
 typedef struct UniffiVTableCallbackInterfaceApplication {
@@ -281,6 +302,17 @@ typedef struct UniffiVTableCallbackInterfaceApplication {
     UniffiCallbackInterfaceApplicationMethod2 _Nonnull restore;
     UniffiCallbackInterfaceApplicationMethod3 _Nonnull query;
 } UniffiVTableCallbackInterfaceApplication;
+
+#endif
+#ifndef UNIFFI_FFIDEF_V_TABLE_CALLBACK_INTERFACE_PERPETUAL_SERVICE
+#define UNIFFI_FFIDEF_V_TABLE_CALLBACK_INTERFACE_PERPETUAL_SERVICE
+typedef struct UniffiVTableCallbackInterfacePerpetualService {
+    UniffiCallbackInterfaceFree _Nonnull uniffiFree;
+    UniffiCallbackInterfaceClone _Nonnull uniffiClone;
+    UniffiCallbackInterfacePerpetualServiceMethod0 _Nonnull run;
+    UniffiCallbackInterfacePerpetualServiceMethod1 _Nonnull snapshot;
+    UniffiCallbackInterfacePerpetualServiceMethod2 _Nonnull restore;
+} UniffiVTableCallbackInterfacePerpetualService;
 
 #endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_CLONE_CLIENT
@@ -649,6 +681,126 @@ RustBuffer uniffi_phalanx_swift_fn_method_node_stats(uint64_t ptr, RustCallStatu
 RustBuffer uniffi_phalanx_swift_fn_method_node_status(uint64_t ptr, RustCallStatus *_Nonnull out_status
 );
 #endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_CLONE_INVOCATION
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_CLONE_INVOCATION
+uint64_t uniffi_phalanx_swift_fn_clone_invocation(uint64_t handle, RustCallStatus *_Nonnull out_status
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_FREE_INVOCATION
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_FREE_INVOCATION
+void uniffi_phalanx_swift_fn_free_invocation(uint64_t handle, RustCallStatus *_Nonnull out_status
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_METHOD_INVOCATION_CALL
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_METHOD_INVOCATION_CALL
+uint64_t uniffi_phalanx_swift_fn_method_invocation_call(uint64_t ptr, RustCallStatus *_Nonnull out_status
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_METHOD_INVOCATION_CANCEL
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_METHOD_INVOCATION_CANCEL
+void uniffi_phalanx_swift_fn_method_invocation_cancel(uint64_t ptr, RustCallStatus *_Nonnull out_status
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_METHOD_INVOCATION_GET
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_METHOD_INVOCATION_GET
+RustBuffer uniffi_phalanx_swift_fn_method_invocation_get(uint64_t ptr, RustCallStatus *_Nonnull out_status
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_METHOD_INVOCATION_GET_TIMEOUT
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_METHOD_INVOCATION_GET_TIMEOUT
+RustBuffer uniffi_phalanx_swift_fn_method_invocation_get_timeout(uint64_t ptr, double seconds, RustCallStatus *_Nonnull out_status
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_CLONE_PERPETUALGROUP
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_CLONE_PERPETUALGROUP
+uint64_t uniffi_phalanx_swift_fn_clone_perpetualgroup(uint64_t handle, RustCallStatus *_Nonnull out_status
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_FREE_PERPETUALGROUP
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_FREE_PERPETUALGROUP
+void uniffi_phalanx_swift_fn_free_perpetualgroup(uint64_t handle, RustCallStatus *_Nonnull out_status
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_METHOD_PERPETUALGROUP_INVOCATION
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_METHOD_PERPETUALGROUP_INVOCATION
+uint64_t uniffi_phalanx_swift_fn_method_perpetualgroup_invocation(uint64_t ptr, uint64_t call, RustCallStatus *_Nonnull out_status
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_METHOD_PERPETUALGROUP_INVOKE
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_METHOD_PERPETUALGROUP_INVOKE
+uint64_t uniffi_phalanx_swift_fn_method_perpetualgroup_invoke(uint64_t ptr, uint32_t target, RustBuffer op, RustCallStatus *_Nonnull out_status
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_METHOD_PERPETUALGROUP_INVOKE_AND_WAIT
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_METHOD_PERPETUALGROUP_INVOKE_AND_WAIT
+RustBuffer uniffi_phalanx_swift_fn_method_perpetualgroup_invoke_and_wait(uint64_t ptr, uint32_t target, RustBuffer op, RustCallStatus *_Nonnull out_status
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_METHOD_PERPETUALGROUP_INVOKE_WITH
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_METHOD_PERPETUALGROUP_INVOKE_WITH
+uint64_t uniffi_phalanx_swift_fn_method_perpetualgroup_invoke_with(uint64_t ptr, uint32_t target, RustBuffer op, RustBuffer abort_after_seconds, RustCallStatus *_Nonnull out_status
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_METHOD_PERPETUALGROUP_NEXT_REQUEST
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_METHOD_PERPETUALGROUP_NEXT_REQUEST
+RustBuffer uniffi_phalanx_swift_fn_method_perpetualgroup_next_request(uint64_t ptr, RustCallStatus *_Nonnull out_status
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_METHOD_PERPETUALGROUP_NEXT_RESULT
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_METHOD_PERPETUALGROUP_NEXT_RESULT
+RustBuffer uniffi_phalanx_swift_fn_method_perpetualgroup_next_result(uint64_t ptr, RustCallStatus *_Nonnull out_status
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_METHOD_PERPETUALGROUP_SEND_RESULT
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_METHOD_PERPETUALGROUP_SEND_RESULT
+void uniffi_phalanx_swift_fn_method_perpetualgroup_send_result(uint64_t ptr, RustBuffer request, RustBuffer result, RustCallStatus *_Nonnull out_status
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_METHOD_PERPETUALGROUP_SET_ABORT_POLICY
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_METHOD_PERPETUALGROUP_SET_ABORT_POLICY
+void uniffi_phalanx_swift_fn_method_perpetualgroup_set_abort_policy(uint64_t ptr, RustBuffer after_seconds, RustCallStatus *_Nonnull out_status
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_METHOD_PERPETUALGROUP_SET_TARGET_ABORT_POLICY
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_METHOD_PERPETUALGROUP_SET_TARGET_ABORT_POLICY
+void uniffi_phalanx_swift_fn_method_perpetualgroup_set_target_abort_policy(uint64_t ptr, uint32_t target, RustBuffer after_seconds, RustCallStatus *_Nonnull out_status
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_METHOD_PERPETUALGROUP_UNDECIDED
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_METHOD_PERPETUALGROUP_UNDECIDED
+RustBuffer uniffi_phalanx_swift_fn_method_perpetualgroup_undecided(uint64_t ptr, RustCallStatus *_Nonnull out_status
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_CLONE_PERPETUALMEMBER
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_CLONE_PERPETUALMEMBER
+uint64_t uniffi_phalanx_swift_fn_clone_perpetualmember(uint64_t handle, RustCallStatus *_Nonnull out_status
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_FREE_PERPETUALMEMBER
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_FREE_PERPETUALMEMBER
+void uniffi_phalanx_swift_fn_free_perpetualmember(uint64_t handle, RustCallStatus *_Nonnull out_status
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_CONSTRUCTOR_PERPETUALMEMBER_NEW
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_CONSTRUCTOR_PERPETUALMEMBER_NEW
+uint64_t uniffi_phalanx_swift_fn_constructor_perpetualmember_new(RustBuffer cluster_file, uint32_t id, RustBuffer service, RustCallStatus *_Nonnull out_status
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_METHOD_PERPETUALMEMBER_GROUP
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_METHOD_PERPETUALMEMBER_GROUP
+uint32_t uniffi_phalanx_swift_fn_method_perpetualmember_group(uint64_t ptr, RustCallStatus *_Nonnull out_status
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_METHOD_PERPETUALMEMBER_ID
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_METHOD_PERPETUALMEMBER_ID
+uint32_t uniffi_phalanx_swift_fn_method_perpetualmember_id(uint64_t ptr, RustCallStatus *_Nonnull out_status
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_METHOD_PERPETUALMEMBER_STOP
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_METHOD_PERPETUALMEMBER_STOP
+void uniffi_phalanx_swift_fn_method_perpetualmember_stop(uint64_t ptr, RustCallStatus *_Nonnull out_status
+);
+#endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_CLONE_TRACE
 #define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_CLONE_TRACE
 uint64_t uniffi_phalanx_swift_fn_clone_trace(uint64_t handle, RustCallStatus *_Nonnull out_status
@@ -709,6 +861,11 @@ RustBuffer uniffi_phalanx_swift_fn_method_trace_replay_native(uint64_t ptr, Rust
 void uniffi_phalanx_swift_fn_init_callback_vtable_application(const UniffiVTableCallbackInterfaceApplication* _Nonnull vtable
 );
 #endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_INIT_CALLBACK_VTABLE_PERPETUALSERVICE
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_INIT_CALLBACK_VTABLE_PERPETUALSERVICE
+void uniffi_phalanx_swift_fn_init_callback_vtable_perpetualservice(const UniffiVTableCallbackInterfacePerpetualService* _Nonnull vtable
+);
+#endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_FUNC_TIME_CORE
 #define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_FUNC_TIME_CORE
 RustBuffer uniffi_phalanx_swift_fn_func_time_core(uint64_t trace, uint32_t batch, uint32_t nodes, uint32_t repeat, RustCallStatus *_Nonnull out_status
@@ -752,6 +909,11 @@ RustBuffer uniffi_phalanx_swift_fn_func_kv_get(RustBuffer key, RustCallStatus *_
 #ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_FUNC_KV_PUT
 #define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_FUNC_KV_PUT
 RustBuffer uniffi_phalanx_swift_fn_func_kv_put(RustBuffer key, RustBuffer value, RustCallStatus *_Nonnull out_status
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_FUNC_KEYGEN_PERPETUAL
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_FUNC_KEYGEN_PERPETUAL
+RustBuffer uniffi_phalanx_swift_fn_func_keygen_perpetual(RustBuffer dir, RustBuffer groups, uint64_t ops, uint32_t parallel, int8_t real_crypto, RustCallStatus *_Nonnull out_status
 );
 #endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_FN_FUNC_DELIVERED_ENTRIES
@@ -1088,6 +1250,12 @@ uint16_t uniffi_phalanx_swift_checksum_func_kv_put(void
     
 );
 #endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_FUNC_KEYGEN_PERPETUAL
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_FUNC_KEYGEN_PERPETUAL
+uint16_t uniffi_phalanx_swift_checksum_func_keygen_perpetual(void
+    
+);
+#endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_FUNC_DELIVERED_ENTRIES
 #define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_FUNC_DELIVERED_ENTRIES
 uint16_t uniffi_phalanx_swift_checksum_func_delivered_entries(void
@@ -1418,6 +1586,108 @@ uint16_t uniffi_phalanx_swift_checksum_method_node_status(void
     
 );
 #endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_INVOCATION_CALL
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_INVOCATION_CALL
+uint16_t uniffi_phalanx_swift_checksum_method_invocation_call(void
+    
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_INVOCATION_CANCEL
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_INVOCATION_CANCEL
+uint16_t uniffi_phalanx_swift_checksum_method_invocation_cancel(void
+    
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_INVOCATION_GET
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_INVOCATION_GET
+uint16_t uniffi_phalanx_swift_checksum_method_invocation_get(void
+    
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_INVOCATION_GET_TIMEOUT
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_INVOCATION_GET_TIMEOUT
+uint16_t uniffi_phalanx_swift_checksum_method_invocation_get_timeout(void
+    
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_PERPETUALGROUP_INVOCATION
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_PERPETUALGROUP_INVOCATION
+uint16_t uniffi_phalanx_swift_checksum_method_perpetualgroup_invocation(void
+    
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_PERPETUALGROUP_INVOKE
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_PERPETUALGROUP_INVOKE
+uint16_t uniffi_phalanx_swift_checksum_method_perpetualgroup_invoke(void
+    
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_PERPETUALGROUP_INVOKE_AND_WAIT
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_PERPETUALGROUP_INVOKE_AND_WAIT
+uint16_t uniffi_phalanx_swift_checksum_method_perpetualgroup_invoke_and_wait(void
+    
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_PERPETUALGROUP_INVOKE_WITH
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_PERPETUALGROUP_INVOKE_WITH
+uint16_t uniffi_phalanx_swift_checksum_method_perpetualgroup_invoke_with(void
+    
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_PERPETUALGROUP_NEXT_REQUEST
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_PERPETUALGROUP_NEXT_REQUEST
+uint16_t uniffi_phalanx_swift_checksum_method_perpetualgroup_next_request(void
+    
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_PERPETUALGROUP_NEXT_RESULT
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_PERPETUALGROUP_NEXT_RESULT
+uint16_t uniffi_phalanx_swift_checksum_method_perpetualgroup_next_result(void
+    
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_PERPETUALGROUP_SEND_RESULT
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_PERPETUALGROUP_SEND_RESULT
+uint16_t uniffi_phalanx_swift_checksum_method_perpetualgroup_send_result(void
+    
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_PERPETUALGROUP_SET_ABORT_POLICY
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_PERPETUALGROUP_SET_ABORT_POLICY
+uint16_t uniffi_phalanx_swift_checksum_method_perpetualgroup_set_abort_policy(void
+    
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_PERPETUALGROUP_SET_TARGET_ABORT_POLICY
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_PERPETUALGROUP_SET_TARGET_ABORT_POLICY
+uint16_t uniffi_phalanx_swift_checksum_method_perpetualgroup_set_target_abort_policy(void
+    
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_PERPETUALGROUP_UNDECIDED
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_PERPETUALGROUP_UNDECIDED
+uint16_t uniffi_phalanx_swift_checksum_method_perpetualgroup_undecided(void
+    
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_PERPETUALMEMBER_GROUP
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_PERPETUALMEMBER_GROUP
+uint16_t uniffi_phalanx_swift_checksum_method_perpetualmember_group(void
+    
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_PERPETUALMEMBER_ID
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_PERPETUALMEMBER_ID
+uint16_t uniffi_phalanx_swift_checksum_method_perpetualmember_id(void
+    
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_PERPETUALMEMBER_STOP
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_PERPETUALMEMBER_STOP
+uint16_t uniffi_phalanx_swift_checksum_method_perpetualmember_stop(void
+    
+);
+#endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_TRACE_COUNT
 #define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_TRACE_COUNT
 uint16_t uniffi_phalanx_swift_checksum_method_trace_count(void
@@ -1508,6 +1778,12 @@ uint16_t uniffi_phalanx_swift_checksum_constructor_node_new(void
     
 );
 #endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_CONSTRUCTOR_PERPETUALMEMBER_NEW
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_CONSTRUCTOR_PERPETUALMEMBER_NEW
+uint16_t uniffi_phalanx_swift_checksum_constructor_perpetualmember_new(void
+    
+);
+#endif
 #ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_CONSTRUCTOR_TRACE_LOAD
 #define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_CONSTRUCTOR_TRACE_LOAD
 uint16_t uniffi_phalanx_swift_checksum_constructor_trace_load(void
@@ -1541,6 +1817,24 @@ uint16_t uniffi_phalanx_swift_checksum_method_application_restore(void
 #ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_APPLICATION_QUERY
 #define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_APPLICATION_QUERY
 uint16_t uniffi_phalanx_swift_checksum_method_application_query(void
+    
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_PERPETUALSERVICE_RUN
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_PERPETUALSERVICE_RUN
+uint16_t uniffi_phalanx_swift_checksum_method_perpetualservice_run(void
+    
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_PERPETUALSERVICE_SNAPSHOT
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_PERPETUALSERVICE_SNAPSHOT
+uint16_t uniffi_phalanx_swift_checksum_method_perpetualservice_snapshot(void
+    
+);
+#endif
+#ifndef UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_PERPETUALSERVICE_RESTORE
+#define UNIFFI_FFIDEF_UNIFFI_PHALANX_SWIFT_CHECKSUM_METHOD_PERPETUALSERVICE_RESTORE
+uint16_t uniffi_phalanx_swift_checksum_method_perpetualservice_restore(void
     
 );
 #endif

@@ -1604,6 +1604,188 @@ public func FfiConverterTypeHostLoop_lower(_ value: HostLoop) -> UInt64 {
 
 
 /**
+ * A call made with `invoke`; its outcome is taken once, by `get` or `nextResult`.
+ */
+public protocol InvocationProtocol: AnyObject, Sendable {
+    
+    /**
+     * The call's id (its member's call counter).
+     */
+    func call()  -> UInt64
+    
+    /**
+     * Requests an abort; `get` says what the group agreed.
+     */
+    func cancel() 
+    
+    /**
+     * Waits for the agreed outcome: the reply, or `CallError.Aborted`.
+     */
+    func get() throws  -> Data
+    
+    /**
+     * Waits at least `seconds`, then requests an abort and waits for the agreed outcome,
+     * which may still be the reply.
+     */
+    func getTimeout(seconds: Double) throws  -> Data
+    
+}
+/**
+ * A call made with `invoke`; its outcome is taken once, by `get` or `nextResult`.
+ */
+open class Invocation: InvocationProtocol, @unchecked Sendable {
+    fileprivate let handle: UInt64
+
+    /// Used to instantiate a [FFIObject] without an actual handle, for fakes in tests, mostly.
+#if swift(>=5.8)
+    @_documentation(visibility: private)
+#endif
+    public struct NoHandle {
+        public init() {}
+    }
+
+    // TODO: We'd like this to be `private` but for Swifty reasons,
+    // we can't implement `FfiConverter` without making this `required` and we can't
+    // make it `required` without making it `public`.
+#if swift(>=5.8)
+    @_documentation(visibility: private)
+#endif
+    required public init(unsafeFromHandle handle: UInt64) {
+        self.handle = handle
+    }
+
+    // This constructor can be used to instantiate a fake object.
+    // - Parameter noHandle: Placeholder value so we can have a constructor separate from the default empty one that may be implemented for classes extending [FFIObject].
+    //
+    // - Warning:
+    //     Any object instantiated with this constructor cannot be passed to an actual Rust-backed object. Since there isn't a backing handle the FFI lower functions will crash.
+#if swift(>=5.8)
+    @_documentation(visibility: private)
+#endif
+    public init(noHandle: NoHandle) {
+        self.handle = 0
+    }
+
+#if swift(>=5.8)
+    @_documentation(visibility: private)
+#endif
+    public func uniffiCloneHandle() -> UInt64 {
+        return try! rustCall { uniffi_phalanx_swift_fn_clone_invocation(self.handle, $0) }
+    }
+    // No primary constructor declared for this class.
+
+    deinit {
+        if handle == 0 {
+            // Mock objects have handle=0 don't try to free them
+            return
+        }
+
+        try! rustCall { uniffi_phalanx_swift_fn_free_invocation(handle, $0) }
+    }
+
+    
+
+    
+    /**
+     * The call's id (its member's call counter).
+     */
+open func call() -> UInt64  {
+    return try!  FfiConverterUInt64.lift(try! rustCall() {
+        uniffiCallStatus in
+    uniffi_phalanx_swift_fn_method_invocation_call(
+            self.uniffiCloneHandle(),uniffiCallStatus
+    )
+})
+}
+    
+    /**
+     * Requests an abort; `get` says what the group agreed.
+     */
+open func cancel()  {try! rustCall() {
+        uniffiCallStatus in
+    uniffi_phalanx_swift_fn_method_invocation_cancel(
+            self.uniffiCloneHandle(),uniffiCallStatus
+    )
+}
+}
+    
+    /**
+     * Waits for the agreed outcome: the reply, or `CallError.Aborted`.
+     */
+open func get()throws  -> Data  {
+    return try  FfiConverterData.lift(try rustCallWithError(FfiConverterTypeCallError_lift) {
+        uniffiCallStatus in
+    uniffi_phalanx_swift_fn_method_invocation_get(
+            self.uniffiCloneHandle(),uniffiCallStatus
+    )
+})
+}
+    
+    /**
+     * Waits at least `seconds`, then requests an abort and waits for the agreed outcome,
+     * which may still be the reply.
+     */
+open func getTimeout(seconds: Double)throws  -> Data  {
+    return try  FfiConverterData.lift(try rustCallWithError(FfiConverterTypeCallError_lift) {
+        uniffiCallStatus in
+    uniffi_phalanx_swift_fn_method_invocation_get_timeout(
+            self.uniffiCloneHandle(),
+        FfiConverterDouble.lower(seconds),uniffiCallStatus
+    )
+})
+}
+    
+
+    
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public struct FfiConverterTypeInvocation: FfiConverter {
+    typealias FfiType = UInt64
+    typealias SwiftType = Invocation
+
+    public static func lift(_ handle: UInt64) throws -> Invocation {
+        return Invocation(unsafeFromHandle: handle)
+    }
+
+    public static func lower(_ value: Invocation) -> UInt64 {
+        return value.uniffiCloneHandle()
+    }
+
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> Invocation {
+        let handle: UInt64 = try readInt(&buf)
+        return try lift(handle)
+    }
+
+    public static func write(_ value: Invocation, into buf: inout [UInt8]) {
+        writeInt(&buf, lower(value))
+    }
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeInvocation_lift(_ handle: UInt64) throws -> Invocation {
+    return try FfiConverterTypeInvocation.lift(handle)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeInvocation_lower(_ value: Invocation) -> UInt64 {
+    return FfiConverterTypeInvocation.lower(value)
+}
+
+
+
+
+
+
+/**
  * The store `phalanxd` replicates, for a Swift `Application` to serve: its results, its
  * answers to reads and its snapshots are byte for byte those of native replicas.
  */
@@ -2395,6 +2577,484 @@ public func FfiConverterTypeNode_lower(_ value: Node) -> UInt64 {
 
 
 /**
+ * The program's side of its member: the seed's API. Every call that waits blocks the
+ * service thread and throws `CallError.Interrupted` when the program must stop.
+ */
+public protocol PerpetualGroupProtocol: AnyObject, Sendable {
+    
+    /**
+     * A call made before this program's state was restored (see `undecided`), by id.
+     */
+    func invocation(call: UInt64)  -> Invocation
+    
+    /**
+     * Calls group `target` with `op`, under the abort policy set for `target` (or the
+     * group's). Blocks while the member's call window is full, until an outcome frees it.
+     */
+    func invoke(target: UInt32, op: Data) throws  -> Invocation
+    
+    /**
+     * `invoke`, then `get`.
+     */
+    func invokeAndWait(target: UInt32, op: Data) throws  -> Data
+    
+    /**
+     * Calls group `target` with `op`, requesting an abort if it has no outcome after
+     * `abortAfterSeconds` (`nil`: never).
+     */
+    func invokeWith(target: UInt32, op: Data, abortAfterSeconds: Double?) throws  -> Invocation
+    
+    /**
+     * The next agreed request from another group.
+     */
+    func nextRequest() throws  -> IncomingCall
+    
+    /**
+     * The next outcome in agreement order, of any call not taken yet.
+     */
+    func nextResult() throws  -> CallOutcome
+    
+    /**
+     * Answers `request` (any time after `nextRequest` gave it).
+     */
+    func sendResult(request: IncomingCall, result: Data) 
+    
+    /**
+     * Request an abort of calls without an outcome `afterSeconds` after they were made
+     * (`nil`: never), for targets without a policy of their own.
+     */
+    func setAbortPolicy(afterSeconds: Double?) 
+    
+    /**
+     * The abort policy of calls to `target`.
+     */
+    func setTargetAbortPolicy(target: UInt32, afterSeconds: Double?) 
+    
+    /**
+     * The calls without an outcome yet, and their targets.
+     */
+    func undecided()  -> [UInt64: UInt32]
+    
+}
+/**
+ * The program's side of its member: the seed's API. Every call that waits blocks the
+ * service thread and throws `CallError.Interrupted` when the program must stop.
+ */
+open class PerpetualGroup: PerpetualGroupProtocol, @unchecked Sendable {
+    fileprivate let handle: UInt64
+
+    /// Used to instantiate a [FFIObject] without an actual handle, for fakes in tests, mostly.
+#if swift(>=5.8)
+    @_documentation(visibility: private)
+#endif
+    public struct NoHandle {
+        public init() {}
+    }
+
+    // TODO: We'd like this to be `private` but for Swifty reasons,
+    // we can't implement `FfiConverter` without making this `required` and we can't
+    // make it `required` without making it `public`.
+#if swift(>=5.8)
+    @_documentation(visibility: private)
+#endif
+    required public init(unsafeFromHandle handle: UInt64) {
+        self.handle = handle
+    }
+
+    // This constructor can be used to instantiate a fake object.
+    // - Parameter noHandle: Placeholder value so we can have a constructor separate from the default empty one that may be implemented for classes extending [FFIObject].
+    //
+    // - Warning:
+    //     Any object instantiated with this constructor cannot be passed to an actual Rust-backed object. Since there isn't a backing handle the FFI lower functions will crash.
+#if swift(>=5.8)
+    @_documentation(visibility: private)
+#endif
+    public init(noHandle: NoHandle) {
+        self.handle = 0
+    }
+
+#if swift(>=5.8)
+    @_documentation(visibility: private)
+#endif
+    public func uniffiCloneHandle() -> UInt64 {
+        return try! rustCall { uniffi_phalanx_swift_fn_clone_perpetualgroup(self.handle, $0) }
+    }
+    // No primary constructor declared for this class.
+
+    deinit {
+        if handle == 0 {
+            // Mock objects have handle=0 don't try to free them
+            return
+        }
+
+        try! rustCall { uniffi_phalanx_swift_fn_free_perpetualgroup(handle, $0) }
+    }
+
+    
+
+    
+    /**
+     * A call made before this program's state was restored (see `undecided`), by id.
+     */
+open func invocation(call: UInt64) -> Invocation  {
+    return try!  FfiConverterTypeInvocation_lift(try! rustCall() {
+        uniffiCallStatus in
+    uniffi_phalanx_swift_fn_method_perpetualgroup_invocation(
+            self.uniffiCloneHandle(),
+        FfiConverterUInt64.lower(call),uniffiCallStatus
+    )
+})
+}
+    
+    /**
+     * Calls group `target` with `op`, under the abort policy set for `target` (or the
+     * group's). Blocks while the member's call window is full, until an outcome frees it.
+     */
+open func invoke(target: UInt32, op: Data)throws  -> Invocation  {
+    return try  FfiConverterTypeInvocation_lift(try rustCallWithError(FfiConverterTypeCallError_lift) {
+        uniffiCallStatus in
+    uniffi_phalanx_swift_fn_method_perpetualgroup_invoke(
+            self.uniffiCloneHandle(),
+        FfiConverterUInt32.lower(target),
+        FfiConverterData.lower(op),uniffiCallStatus
+    )
+})
+}
+    
+    /**
+     * `invoke`, then `get`.
+     */
+open func invokeAndWait(target: UInt32, op: Data)throws  -> Data  {
+    return try  FfiConverterData.lift(try rustCallWithError(FfiConverterTypeCallError_lift) {
+        uniffiCallStatus in
+    uniffi_phalanx_swift_fn_method_perpetualgroup_invoke_and_wait(
+            self.uniffiCloneHandle(),
+        FfiConverterUInt32.lower(target),
+        FfiConverterData.lower(op),uniffiCallStatus
+    )
+})
+}
+    
+    /**
+     * Calls group `target` with `op`, requesting an abort if it has no outcome after
+     * `abortAfterSeconds` (`nil`: never).
+     */
+open func invokeWith(target: UInt32, op: Data, abortAfterSeconds: Double?)throws  -> Invocation  {
+    return try  FfiConverterTypeInvocation_lift(try rustCallWithError(FfiConverterTypeCallError_lift) {
+        uniffiCallStatus in
+    uniffi_phalanx_swift_fn_method_perpetualgroup_invoke_with(
+            self.uniffiCloneHandle(),
+        FfiConverterUInt32.lower(target),
+        FfiConverterData.lower(op),
+        FfiConverterOptionDouble.lower(abortAfterSeconds),uniffiCallStatus
+    )
+})
+}
+    
+    /**
+     * The next agreed request from another group.
+     */
+open func nextRequest()throws  -> IncomingCall  {
+    return try  FfiConverterTypeIncomingCall_lift(try rustCallWithError(FfiConverterTypeCallError_lift) {
+        uniffiCallStatus in
+    uniffi_phalanx_swift_fn_method_perpetualgroup_next_request(
+            self.uniffiCloneHandle(),uniffiCallStatus
+    )
+})
+}
+    
+    /**
+     * The next outcome in agreement order, of any call not taken yet.
+     */
+open func nextResult()throws  -> CallOutcome  {
+    return try  FfiConverterTypeCallOutcome_lift(try rustCallWithError(FfiConverterTypeCallError_lift) {
+        uniffiCallStatus in
+    uniffi_phalanx_swift_fn_method_perpetualgroup_next_result(
+            self.uniffiCloneHandle(),uniffiCallStatus
+    )
+})
+}
+    
+    /**
+     * Answers `request` (any time after `nextRequest` gave it).
+     */
+open func sendResult(request: IncomingCall, result: Data)  {try! rustCall() {
+        uniffiCallStatus in
+    uniffi_phalanx_swift_fn_method_perpetualgroup_send_result(
+            self.uniffiCloneHandle(),
+        FfiConverterTypeIncomingCall_lower(request),
+        FfiConverterData.lower(result),uniffiCallStatus
+    )
+}
+}
+    
+    /**
+     * Request an abort of calls without an outcome `afterSeconds` after they were made
+     * (`nil`: never), for targets without a policy of their own.
+     */
+open func setAbortPolicy(afterSeconds: Double?)  {try! rustCall() {
+        uniffiCallStatus in
+    uniffi_phalanx_swift_fn_method_perpetualgroup_set_abort_policy(
+            self.uniffiCloneHandle(),
+        FfiConverterOptionDouble.lower(afterSeconds),uniffiCallStatus
+    )
+}
+}
+    
+    /**
+     * The abort policy of calls to `target`.
+     */
+open func setTargetAbortPolicy(target: UInt32, afterSeconds: Double?)  {try! rustCall() {
+        uniffiCallStatus in
+    uniffi_phalanx_swift_fn_method_perpetualgroup_set_target_abort_policy(
+            self.uniffiCloneHandle(),
+        FfiConverterUInt32.lower(target),
+        FfiConverterOptionDouble.lower(afterSeconds),uniffiCallStatus
+    )
+}
+}
+    
+    /**
+     * The calls without an outcome yet, and their targets.
+     */
+open func undecided() -> [UInt64: UInt32]  {
+    return try!  FfiConverterDictionaryUInt64UInt32.lift(try! rustCall() {
+        uniffiCallStatus in
+    uniffi_phalanx_swift_fn_method_perpetualgroup_undecided(
+            self.uniffiCloneHandle(),uniffiCallStatus
+    )
+})
+}
+    
+
+    
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public struct FfiConverterTypePerpetualGroup: FfiConverter {
+    typealias FfiType = UInt64
+    typealias SwiftType = PerpetualGroup
+
+    public static func lift(_ handle: UInt64) throws -> PerpetualGroup {
+        return PerpetualGroup(unsafeFromHandle: handle)
+    }
+
+    public static func lower(_ value: PerpetualGroup) -> UInt64 {
+        return value.uniffiCloneHandle()
+    }
+
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> PerpetualGroup {
+        let handle: UInt64 = try readInt(&buf)
+        return try lift(handle)
+    }
+
+    public static func write(_ value: PerpetualGroup, into buf: inout [UInt8]) {
+        writeInt(&buf, lower(value))
+    }
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypePerpetualGroup_lift(_ handle: UInt64) throws -> PerpetualGroup {
+    return try FfiConverterTypePerpetualGroup.lift(handle)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypePerpetualGroup_lower(_ value: PerpetualGroup) -> UInt64 {
+    return FfiConverterTypePerpetualGroup.lower(value)
+}
+
+
+
+
+
+
+/**
+ * A member of a Perpetual group of a cluster file, hosted in this process as `phalanxd
+ * run` hosts one: its network and protocol threads, its write-ahead log in the file's
+ * `data_dir`, and `service` (`nil`: the service the file names for its group, so Swift
+ * and native members can share a group). Stops when `stop` is called or it goes away.
+ */
+public protocol PerpetualMemberProtocol: AnyObject, Sendable {
+    
+    /**
+     * Its group's index in the cluster file.
+     */
+    func group()  -> UInt32
+    
+    func id()  -> UInt32
+    
+    /**
+     * Stops the program (interrupted), the protocol and network threads; the protocol
+     * thread's error, if it failed. Stopping twice does nothing.
+     */
+    func stop() throws 
+    
+}
+/**
+ * A member of a Perpetual group of a cluster file, hosted in this process as `phalanxd
+ * run` hosts one: its network and protocol threads, its write-ahead log in the file's
+ * `data_dir`, and `service` (`nil`: the service the file names for its group, so Swift
+ * and native members can share a group). Stops when `stop` is called or it goes away.
+ */
+open class PerpetualMember: PerpetualMemberProtocol, @unchecked Sendable {
+    fileprivate let handle: UInt64
+
+    /// Used to instantiate a [FFIObject] without an actual handle, for fakes in tests, mostly.
+#if swift(>=5.8)
+    @_documentation(visibility: private)
+#endif
+    public struct NoHandle {
+        public init() {}
+    }
+
+    // TODO: We'd like this to be `private` but for Swifty reasons,
+    // we can't implement `FfiConverter` without making this `required` and we can't
+    // make it `required` without making it `public`.
+#if swift(>=5.8)
+    @_documentation(visibility: private)
+#endif
+    required public init(unsafeFromHandle handle: UInt64) {
+        self.handle = handle
+    }
+
+    // This constructor can be used to instantiate a fake object.
+    // - Parameter noHandle: Placeholder value so we can have a constructor separate from the default empty one that may be implemented for classes extending [FFIObject].
+    //
+    // - Warning:
+    //     Any object instantiated with this constructor cannot be passed to an actual Rust-backed object. Since there isn't a backing handle the FFI lower functions will crash.
+#if swift(>=5.8)
+    @_documentation(visibility: private)
+#endif
+    public init(noHandle: NoHandle) {
+        self.handle = 0
+    }
+
+#if swift(>=5.8)
+    @_documentation(visibility: private)
+#endif
+    public func uniffiCloneHandle() -> UInt64 {
+        return try! rustCall { uniffi_phalanx_swift_fn_clone_perpetualmember(self.handle, $0) }
+    }
+    /**
+     * Starts member `id` of `clusterFile`; a `.config` error names the file and field.
+     */
+public convenience init(clusterFile: String, id: UInt32, service: PerpetualService? = nil)throws  {
+    let handle =
+        try rustCallWithError(FfiConverterTypePhalanxError_lift) {
+        uniffiCallStatus in
+    uniffi_phalanx_swift_fn_constructor_perpetualmember_new(
+        FfiConverterString.lower(clusterFile),
+        FfiConverterUInt32.lower(id),
+        FfiConverterOptionCallbackInterfacePerpetualService.lower(service),uniffiCallStatus
+    )
+}
+    self.init(unsafeFromHandle: handle)
+}
+
+    deinit {
+        if handle == 0 {
+            // Mock objects have handle=0 don't try to free them
+            return
+        }
+
+        try! rustCall { uniffi_phalanx_swift_fn_free_perpetualmember(handle, $0) }
+    }
+
+    
+
+    
+    /**
+     * Its group's index in the cluster file.
+     */
+open func group() -> UInt32  {
+    return try!  FfiConverterUInt32.lift(try! rustCall() {
+        uniffiCallStatus in
+    uniffi_phalanx_swift_fn_method_perpetualmember_group(
+            self.uniffiCloneHandle(),uniffiCallStatus
+    )
+})
+}
+    
+open func id() -> UInt32  {
+    return try!  FfiConverterUInt32.lift(try! rustCall() {
+        uniffiCallStatus in
+    uniffi_phalanx_swift_fn_method_perpetualmember_id(
+            self.uniffiCloneHandle(),uniffiCallStatus
+    )
+})
+}
+    
+    /**
+     * Stops the program (interrupted), the protocol and network threads; the protocol
+     * thread's error, if it failed. Stopping twice does nothing.
+     */
+open func stop()throws   {try rustCallWithError(FfiConverterTypePhalanxError_lift) {
+        uniffiCallStatus in
+    uniffi_phalanx_swift_fn_method_perpetualmember_stop(
+            self.uniffiCloneHandle(),uniffiCallStatus
+    )
+}
+}
+    
+
+    
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public struct FfiConverterTypePerpetualMember: FfiConverter {
+    typealias FfiType = UInt64
+    typealias SwiftType = PerpetualMember
+
+    public static func lift(_ handle: UInt64) throws -> PerpetualMember {
+        return PerpetualMember(unsafeFromHandle: handle)
+    }
+
+    public static func lower(_ value: PerpetualMember) -> UInt64 {
+        return value.uniffiCloneHandle()
+    }
+
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> PerpetualMember {
+        let handle: UInt64 = try readInt(&buf)
+        return try lift(handle)
+    }
+
+    public static func write(_ value: PerpetualMember, into buf: inout [UInt8]) {
+        writeInt(&buf, lower(value))
+    }
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypePerpetualMember_lift(_ handle: UInt64) throws -> PerpetualMember {
+    return try FfiConverterTypePerpetualMember.lift(handle)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypePerpetualMember_lower(_ value: PerpetualMember) -> UInt64 {
+    return FfiConverterTypePerpetualMember.lower(value)
+}
+
+
+
+
+
+
+/**
  * A trace file: the node's configuration and every `(now, input)` it received, with the
  * outputs it answered each with. `Trace(data:)` parses bytes, `Trace.load(path:)` a file.
  */
@@ -2631,6 +3291,63 @@ public func FfiConverterTypeTrace_lower(_ value: Trace) -> UInt64 {
 }
 
 
+
+
+/**
+ * An outcome from `nextResult`: `reply` is `nil` if the group agreed to abort the call.
+ */
+public struct CallOutcome: Equatable, Hashable {
+    public var call: UInt64
+    public var reply: Data?
+
+    // Default memberwise initializers are never public by default, so we
+    // declare one manually.
+    public init(call: UInt64, reply: Data?) {
+        self.call = call
+        self.reply = reply
+    }
+
+    
+
+    
+}
+
+#if compiler(>=6)
+extension CallOutcome: Sendable {}
+#endif
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public struct FfiConverterTypeCallOutcome: FfiConverterRustBuffer {
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> CallOutcome {
+        return
+            try CallOutcome(
+                call: FfiConverterUInt64.read(from: &buf), 
+                reply: FfiConverterOptionData.read(from: &buf)
+        )
+    }
+
+    public static func write(_ value: CallOutcome, into buf: inout [UInt8]) {
+        FfiConverterUInt64.write(value.call, into: &buf)
+        FfiConverterOptionData.write(value.reply, into: &buf)
+    }
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeCallOutcome_lift(_ buf: RustBuffer) throws -> CallOutcome {
+    return try FfiConverterTypeCallOutcome.lift(buf)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeCallOutcome_lower(_ value: CallOutcome) -> RustBuffer {
+    return FfiConverterTypeCallOutcome.lower(value)
+}
 
 
 /**
@@ -2951,6 +3668,67 @@ public func FfiConverterTypeDistillDelivery_lift(_ buf: RustBuffer) throws -> Di
 #endif
 public func FfiConverterTypeDistillDelivery_lower(_ value: DistillDelivery) -> RustBuffer {
     return FfiConverterTypeDistillDelivery.lower(value)
+}
+
+
+/**
+ * A request of another group, agreed by this one.
+ */
+public struct IncomingCall: Equatable, Hashable {
+    public var caller: UInt32
+    public var call: UInt64
+    public var op: Data
+
+    // Default memberwise initializers are never public by default, so we
+    // declare one manually.
+    public init(caller: UInt32, call: UInt64, op: Data) {
+        self.caller = caller
+        self.call = call
+        self.op = op
+    }
+
+    
+
+    
+}
+
+#if compiler(>=6)
+extension IncomingCall: Sendable {}
+#endif
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public struct FfiConverterTypeIncomingCall: FfiConverterRustBuffer {
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> IncomingCall {
+        return
+            try IncomingCall(
+                caller: FfiConverterUInt32.read(from: &buf), 
+                call: FfiConverterUInt64.read(from: &buf), 
+                op: FfiConverterData.read(from: &buf)
+        )
+    }
+
+    public static func write(_ value: IncomingCall, into buf: inout [UInt8]) {
+        FfiConverterUInt32.write(value.caller, into: &buf)
+        FfiConverterUInt64.write(value.call, into: &buf)
+        FfiConverterData.write(value.op, into: &buf)
+    }
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeIncomingCall_lift(_ buf: RustBuffer) throws -> IncomingCall {
+    return try FfiConverterTypeIncomingCall.lift(buf)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeIncomingCall_lower(_ value: IncomingCall) -> RustBuffer {
+    return FfiConverterTypeIncomingCall.lower(value)
 }
 
 
@@ -3929,6 +4707,110 @@ public func FfiConverterTypeApplicationError_lift(_ buf: RustBuffer) throws -> A
 #endif
 public func FfiConverterTypeApplicationError_lower(_ value: ApplicationError) -> RustBuffer {
     return FfiConverterTypeApplicationError.lower(value)
+}
+
+
+/**
+ * Why a blocking call of [`PerpetualGroup`] or [`Invocation`] gave no value.
+ */
+public 
+enum CallError: Swift.Error, Equatable, Hashable, Foundation.LocalizedError {
+
+    
+    
+    /**
+     * The group agreed to abort the call.
+     */
+    case Aborted(call: UInt64
+    )
+    /**
+     * The program's state is being replaced (a restore) or its member stops: let it
+     * propagate out of `run`.
+     */
+    case Interrupted
+    /**
+     * `run` threw something else (uniffi's report of an error it does not know).
+     */
+    case Failed(reason: String
+    )
+
+    
+
+    
+
+    
+    public var errorDescription: String? {
+        String(reflecting: self)
+    }
+    
+}
+
+#if compiler(>=6)
+extension CallError: Sendable {}
+#endif
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public struct FfiConverterTypeCallError: FfiConverterRustBuffer {
+    typealias SwiftType = CallError
+
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> CallError {
+        let variant: Int32 = try readInt(&buf)
+        switch variant {
+
+        
+
+        
+        case 1: return .Aborted(
+            call: try FfiConverterUInt64.read(from: &buf)
+            )
+        case 2: return .Interrupted
+        case 3: return .Failed(
+            reason: try FfiConverterString.read(from: &buf)
+            )
+
+         default: throw UniffiInternalError.unexpectedEnumCase
+        }
+    }
+
+    public static func write(_ value: CallError, into buf: inout [UInt8]) {
+        switch value {
+
+        
+
+        
+        
+        case let .Aborted(call):
+            writeInt(&buf, Int32(1))
+            FfiConverterUInt64.write(call, into: &buf)
+            
+        
+        case .Interrupted:
+            writeInt(&buf, Int32(2))
+        
+        
+        case let .Failed(reason):
+            writeInt(&buf, Int32(3))
+            FfiConverterString.write(reason, into: &buf)
+            
+        }
+    }
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeCallError_lift(_ buf: RustBuffer) throws -> CallError {
+    return try FfiConverterTypeCallError.lift(buf)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterTypeCallError_lower(_ value: CallError) -> RustBuffer {
+    return FfiConverterTypeCallError.lower(value)
 }
 
 
@@ -5588,6 +6470,206 @@ public func FfiConverterCallbackInterfaceApplication_lower(_ v: Application) -> 
     return FfiConverterCallbackInterfaceApplication.lower(v)
 }
 
+
+
+
+/**
+ * A deterministic service a Perpetual group runs, written in Swift; every member runs
+ * its own copy.
+ */
+public protocol PerpetualService: AnyObject, Sendable {
+    
+    /**
+     * The program: runs until its work is done, or rethrows `CallError.Interrupted`.
+     */
+    func run(group: PerpetualGroup) throws 
+    
+    /**
+     * Its state, taken while `run` waits in a `PerpetualGroup` call.
+     */
+    func snapshot()  -> Data
+    
+    /**
+     * Replaces its state with a snapshot (`run` is not running).
+     */
+    func restore(state: Data) throws 
+    
+}
+
+
+// Put the implementation in a struct so we don't pollute the top-level namespace
+fileprivate struct UniffiCallbackInterfacePerpetualService {
+
+    // Create the VTable using a series of closures.
+    // Swift automatically converts these into C callback functions.
+    //
+    // Store the vtable directly.
+    static let vtable: UniffiVTableCallbackInterfacePerpetualService = UniffiVTableCallbackInterfacePerpetualService(
+        uniffiFree: { (uniffiHandle: UInt64) -> () in
+            do {
+                try FfiConverterCallbackInterfacePerpetualService.handleMap.remove(handle: uniffiHandle)
+            } catch {
+                print("Uniffi callback interface PerpetualService: handle missing in uniffiFree")
+            }
+        },
+        uniffiClone: { (uniffiHandle: UInt64) -> UInt64 in
+            do {
+                return try FfiConverterCallbackInterfacePerpetualService.handleMap.clone(handle: uniffiHandle)
+            } catch {
+                fatalError("Uniffi callback interface PerpetualService: handle missing in uniffiClone")
+            }
+        },
+        run: { (
+            uniffiHandle: UInt64,
+            group: UInt64,
+            uniffiOutReturn: UnsafeMutableRawPointer,
+            uniffiCallStatus: UnsafeMutablePointer<RustCallStatus>
+        ) in
+            let makeCall = {
+                () throws -> () in
+                guard let uniffiObj = try? FfiConverterCallbackInterfacePerpetualService.handleMap.get(handle: uniffiHandle) else {
+                    throw UniffiInternalError.unexpectedStaleHandle
+                }
+                return try uniffiObj.run(
+                     group: try FfiConverterTypePerpetualGroup_lift(group)
+                )
+            }
+
+            
+            let writeReturn = { () }
+            uniffiTraitInterfaceCallWithError(
+                callStatus: uniffiCallStatus,
+                makeCall: makeCall,
+                writeReturn: writeReturn,
+                lowerError: FfiConverterTypeCallError_lower
+            )
+        },
+        snapshot: { (
+            uniffiHandle: UInt64,
+            uniffiOutReturn: UnsafeMutablePointer<RustBuffer>,
+            uniffiCallStatus: UnsafeMutablePointer<RustCallStatus>
+        ) in
+            let makeCall = {
+                () throws -> Data in
+                guard let uniffiObj = try? FfiConverterCallbackInterfacePerpetualService.handleMap.get(handle: uniffiHandle) else {
+                    throw UniffiInternalError.unexpectedStaleHandle
+                }
+                return uniffiObj.snapshot(
+                )
+            }
+
+            
+            let writeReturn = { uniffiOutReturn.pointee = FfiConverterData.lower($0) }
+            uniffiTraitInterfaceCall(
+                callStatus: uniffiCallStatus,
+                makeCall: makeCall,
+                writeReturn: writeReturn
+            )
+        },
+        restore: { (
+            uniffiHandle: UInt64,
+            state: RustBuffer,
+            uniffiOutReturn: UnsafeMutableRawPointer,
+            uniffiCallStatus: UnsafeMutablePointer<RustCallStatus>
+        ) in
+            let makeCall = {
+                () throws -> () in
+                guard let uniffiObj = try? FfiConverterCallbackInterfacePerpetualService.handleMap.get(handle: uniffiHandle) else {
+                    throw UniffiInternalError.unexpectedStaleHandle
+                }
+                return try uniffiObj.restore(
+                     state: try FfiConverterData.lift(state)
+                )
+            }
+
+            
+            let writeReturn = { () }
+            uniffiTraitInterfaceCallWithError(
+                callStatus: uniffiCallStatus,
+                makeCall: makeCall,
+                writeReturn: writeReturn,
+                lowerError: FfiConverterTypeApplicationError_lower
+            )
+        }
+    )
+
+    // Rust stores this pointer for future callback invocations, so it must live
+    // for the process lifetime (not just for the init function call).
+    //
+    // `nonisolated(unsafe)` is needed under Swift 6 strict concurrency.
+    // This is safe because the pointee is initialized once during static init
+    // and never mutated by either side of the FFI.  Its fields are C function pointers.
+    nonisolated(unsafe) static let vtablePtr: UnsafePointer<UniffiVTableCallbackInterfacePerpetualService> = {
+        let ptr = UnsafeMutablePointer<UniffiVTableCallbackInterfacePerpetualService>.allocate(capacity: 1)
+        ptr.initialize(to: vtable)
+        return UnsafePointer(ptr)
+    }()
+}
+
+private func uniffiCallbackInitPerpetualService() {
+    uniffi_phalanx_swift_fn_init_callback_vtable_perpetualservice(UniffiCallbackInterfacePerpetualService.vtablePtr)
+}
+
+// FfiConverter protocol for callback interfaces
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+fileprivate struct FfiConverterCallbackInterfacePerpetualService {
+    fileprivate static let handleMap = UniffiHandleMap<PerpetualService>()
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+extension FfiConverterCallbackInterfacePerpetualService : FfiConverter {
+    typealias SwiftType = PerpetualService
+    typealias FfiType = UInt64
+
+#if swift(>=5.8)
+    @_documentation(visibility: private)
+#endif
+    public static func lift(_ handle: UInt64) throws -> SwiftType {
+        try handleMap.get(handle: handle)
+    }
+
+#if swift(>=5.8)
+    @_documentation(visibility: private)
+#endif
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> SwiftType {
+        let handle: UInt64 = try readInt(&buf)
+        return try lift(handle)
+    }
+
+#if swift(>=5.8)
+    @_documentation(visibility: private)
+#endif
+    public static func lower(_ v: SwiftType) -> UInt64 {
+        return handleMap.insert(obj: v)
+    }
+
+#if swift(>=5.8)
+    @_documentation(visibility: private)
+#endif
+    public static func write(_ v: SwiftType, into buf: inout [UInt8]) {
+        writeInt(&buf, lower(v))
+    }
+}
+
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterCallbackInterfacePerpetualService_lift(_ handle: UInt64) throws -> PerpetualService {
+    return try FfiConverterCallbackInterfacePerpetualService.lift(handle)
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+public func FfiConverterCallbackInterfacePerpetualService_lower(_ v: PerpetualService) -> UInt64 {
+    return FfiConverterCallbackInterfacePerpetualService.lower(v)
+}
+
 #if swift(>=5.8)
 @_documentation(visibility: private)
 #endif
@@ -5799,6 +6881,30 @@ fileprivate struct FfiConverterOptionCallbackInterfaceApplication: FfiConverterR
         switch try readInt(&buf) as Int8 {
         case 0: return nil
         case 1: return try FfiConverterCallbackInterfaceApplication.read(from: &buf)
+        default: throw UniffiInternalError.unexpectedOptionalTag
+        }
+    }
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
+fileprivate struct FfiConverterOptionCallbackInterfacePerpetualService: FfiConverterRustBuffer {
+    typealias SwiftType = PerpetualService?
+
+    public static func write(_ value: SwiftType, into buf: inout [UInt8]) {
+        guard let value = value else {
+            writeInt(&buf, Int8(0))
+            return
+        }
+        writeInt(&buf, Int8(1))
+        FfiConverterCallbackInterfacePerpetualService.write(value, into: &buf)
+    }
+
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> SwiftType {
+        switch try readInt(&buf) as Int8 {
+        case 0: return nil
+        case 1: return try FfiConverterCallbackInterfacePerpetualService.read(from: &buf)
         default: throw UniffiInternalError.unexpectedOptionalTag
         }
     }
@@ -6130,6 +7236,32 @@ fileprivate struct FfiConverterSequenceOptionTypeHandleError: FfiConverterRustBu
 #if swift(>=5.8)
 @_documentation(visibility: private)
 #endif
+fileprivate struct FfiConverterDictionaryUInt64UInt32: FfiConverterRustBuffer {
+    public static func write(_ value: [UInt64: UInt32], into buf: inout [UInt8]) {
+        let len = Int32(value.count)
+        writeInt(&buf, len)
+        for (key, value) in value {
+            FfiConverterUInt64.write(key, into: &buf)
+            FfiConverterUInt32.write(value, into: &buf)
+        }
+    }
+
+    public static func read(from buf: inout (data: Data, offset: Data.Index)) throws -> [UInt64: UInt32] {
+        let len: Int32 = try readInt(&buf)
+        var dict = [UInt64: UInt32]()
+        dict.reserveCapacity(Int(len))
+        for _ in 0..<len {
+            let key = try FfiConverterUInt64.read(from: &buf)
+            let value = try FfiConverterUInt32.read(from: &buf)
+            dict[key] = value
+        }
+        return dict
+    }
+}
+
+#if swift(>=5.8)
+@_documentation(visibility: private)
+#endif
 fileprivate struct FfiConverterDictionaryStringUInt64: FfiConverterRustBuffer {
     public static func write(_ value: [String: UInt64], into buf: inout [UInt8]) {
         let len = Int32(value.count)
@@ -6320,6 +7452,26 @@ public func kvPut(key: Data, value: Data) -> Data  {
 })
 }
 /**
+ * Generates a Perpetual cluster file in `dir` (replaced) on loopback ports that are free
+ * now, as `phalanxd keygen --protocol perpetual` does: groups of `groups[i]` members
+ * (n = 3f+1, or 1), group 0 calling group 1. The file names a bank service for group 0
+ * (`ops` increments then as many decrements, `parallel` in flight) and ledgers for the
+ * others, which members started without a service of their own run. Returns the path of
+ * `cluster.toml`.
+ */
+public func keygenPerpetual(dir: String, groups: [UInt32], ops: UInt64 = UInt64(100), parallel: UInt32 = UInt32(1), realCrypto: Bool = false)throws  -> String  {
+    return try  FfiConverterString.lift(try rustCallWithError(FfiConverterTypePhalanxError_lift) {
+        uniffiCallStatus in
+    uniffi_phalanx_swift_fn_func_keygen_perpetual(
+        FfiConverterString.lower(dir),
+        FfiConverterSequenceUInt32.lower(groups),
+        FfiConverterUInt64.lower(ops),
+        FfiConverterUInt32.lower(parallel),
+        FfiConverterBool.lower(realCrypto),uniffiCallStatus
+    )
+})
+}
+/**
  * A delivered batch's entries, in id order.
  */
 public func deliveredEntries(batch: DeliveredBatch) -> [DeliveredEntry]  {
@@ -6404,6 +7556,9 @@ private let initializationResult: InitializationResult = {
         return InitializationResult.apiChecksumMismatch
     }
     if (uniffi_phalanx_swift_checksum_func_kv_put() != 4997) {
+        return InitializationResult.apiChecksumMismatch
+    }
+    if (uniffi_phalanx_swift_checksum_func_keygen_perpetual() != 64123) {
         return InitializationResult.apiChecksumMismatch
     }
     if (uniffi_phalanx_swift_checksum_func_delivered_entries() != 58122) {
@@ -6571,6 +7726,57 @@ private let initializationResult: InitializationResult = {
     if (uniffi_phalanx_swift_checksum_method_node_status() != 31379) {
         return InitializationResult.apiChecksumMismatch
     }
+    if (uniffi_phalanx_swift_checksum_method_invocation_call() != 52458) {
+        return InitializationResult.apiChecksumMismatch
+    }
+    if (uniffi_phalanx_swift_checksum_method_invocation_cancel() != 17100) {
+        return InitializationResult.apiChecksumMismatch
+    }
+    if (uniffi_phalanx_swift_checksum_method_invocation_get() != 38500) {
+        return InitializationResult.apiChecksumMismatch
+    }
+    if (uniffi_phalanx_swift_checksum_method_invocation_get_timeout() != 57385) {
+        return InitializationResult.apiChecksumMismatch
+    }
+    if (uniffi_phalanx_swift_checksum_method_perpetualgroup_invocation() != 60939) {
+        return InitializationResult.apiChecksumMismatch
+    }
+    if (uniffi_phalanx_swift_checksum_method_perpetualgroup_invoke() != 31705) {
+        return InitializationResult.apiChecksumMismatch
+    }
+    if (uniffi_phalanx_swift_checksum_method_perpetualgroup_invoke_and_wait() != 5094) {
+        return InitializationResult.apiChecksumMismatch
+    }
+    if (uniffi_phalanx_swift_checksum_method_perpetualgroup_invoke_with() != 33373) {
+        return InitializationResult.apiChecksumMismatch
+    }
+    if (uniffi_phalanx_swift_checksum_method_perpetualgroup_next_request() != 7533) {
+        return InitializationResult.apiChecksumMismatch
+    }
+    if (uniffi_phalanx_swift_checksum_method_perpetualgroup_next_result() != 15235) {
+        return InitializationResult.apiChecksumMismatch
+    }
+    if (uniffi_phalanx_swift_checksum_method_perpetualgroup_send_result() != 13821) {
+        return InitializationResult.apiChecksumMismatch
+    }
+    if (uniffi_phalanx_swift_checksum_method_perpetualgroup_set_abort_policy() != 50199) {
+        return InitializationResult.apiChecksumMismatch
+    }
+    if (uniffi_phalanx_swift_checksum_method_perpetualgroup_set_target_abort_policy() != 36921) {
+        return InitializationResult.apiChecksumMismatch
+    }
+    if (uniffi_phalanx_swift_checksum_method_perpetualgroup_undecided() != 64307) {
+        return InitializationResult.apiChecksumMismatch
+    }
+    if (uniffi_phalanx_swift_checksum_method_perpetualmember_group() != 33157) {
+        return InitializationResult.apiChecksumMismatch
+    }
+    if (uniffi_phalanx_swift_checksum_method_perpetualmember_id() != 25205) {
+        return InitializationResult.apiChecksumMismatch
+    }
+    if (uniffi_phalanx_swift_checksum_method_perpetualmember_stop() != 22197) {
+        return InitializationResult.apiChecksumMismatch
+    }
     if (uniffi_phalanx_swift_checksum_method_trace_count() != 61179) {
         return InitializationResult.apiChecksumMismatch
     }
@@ -6616,6 +7822,9 @@ private let initializationResult: InitializationResult = {
     if (uniffi_phalanx_swift_checksum_constructor_node_new() != 9335) {
         return InitializationResult.apiChecksumMismatch
     }
+    if (uniffi_phalanx_swift_checksum_constructor_perpetualmember_new() != 62421) {
+        return InitializationResult.apiChecksumMismatch
+    }
     if (uniffi_phalanx_swift_checksum_constructor_trace_load() != 63867) {
         return InitializationResult.apiChecksumMismatch
     }
@@ -6634,8 +7843,18 @@ private let initializationResult: InitializationResult = {
     if (uniffi_phalanx_swift_checksum_method_application_query() != 54079) {
         return InitializationResult.apiChecksumMismatch
     }
+    if (uniffi_phalanx_swift_checksum_method_perpetualservice_run() != 36888) {
+        return InitializationResult.apiChecksumMismatch
+    }
+    if (uniffi_phalanx_swift_checksum_method_perpetualservice_snapshot() != 3733) {
+        return InitializationResult.apiChecksumMismatch
+    }
+    if (uniffi_phalanx_swift_checksum_method_perpetualservice_restore() != 1045) {
+        return InitializationResult.apiChecksumMismatch
+    }
 
     uniffiCallbackInitApplication()
+    uniffiCallbackInitPerpetualService()
     return InitializationResult.ok
 }()
 
