@@ -97,7 +97,8 @@ pub(crate) struct Replica {
     /// Primary: the next sequence number to propose.
     next_seq: u64,
     /// Primary: about as many requests as its recent batches held — the largest, decaying
-    /// by an eighth a batch, so one small batch does not make the next small too.
+    /// by an eighth a batch (rounded up, so small values decay too), so one small batch
+    /// does not make the next small too.
     recent_batch_requests: usize,
     /// The NEW-VIEW that started this view chose the batches up to here; the primary
     /// proposes above.
@@ -549,7 +550,7 @@ impl Replica {
         let seq = self.next_seq;
         self.next_seq += 1;
         let requests: usize = bundles.iter().map(|b| b.ops.len()).sum();
-        self.recent_batch_requests = requests.max(self.recent_batch_requests - self.recent_batch_requests / 8);
+        self.recent_batch_requests = requests.max(self.recent_batch_requests - self.recent_batch_requests.div_ceil(8));
         let batch = EncodedBatch::new(bundles);
         self.vote_for(ctx, seq, &batch);
         ctx.send_encoded_to_replicas(&batch.pre_prepare_body(self.view, seq), &[]);

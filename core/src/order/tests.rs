@@ -319,3 +319,33 @@ fn a_backup_that_lost_the_votes_of_the_last_batch_catches_up_in_an_idle_cluster(
         assert_eq!(net.nodes[r].status().view_changes, 0, "replica {r} changed view");
     }
 }
+
+/// After a burst batched two requests together, an idle primary's estimate of its batch
+/// size decays back to one, so a lone client's request is proposed at once again instead
+/// of waiting out the batch timer every time (the estimate's decay rounded down to
+/// nothing below eight requests, so it never came back).
+#[test]
+fn a_lone_request_after_a_burst_is_soon_proposed_at_once_again() {
+    let params = Params { checkpoint_interval: 64, batch_timeout_ns: 50_000_000, ..params() };
+    let mut net = Net::new(1, 3, params.clone());
+    net.run_timers(2_000_000_000);
+    // The first goes alone; the two that arrive while it is in flight go together.
+    for client in [4, 5, 6] {
+        net.submit(client, b"burst");
+    }
+    net.run();
+    assert_eq!(net.completed.len(), 3);
+    assert_eq!(net.executed[0].iter().map(|(_, ops)| ops.len()).collect::<Vec<_>>(), [1, 2]);
+    let mut waited = 0;
+    for i in 0..5 {
+        let before = net.completed.len();
+        net.submit(4, format!("lone {i}").as_bytes());
+        net.run();
+        if net.completed.len() == before {
+            waited += 1;
+            net.run_timers(net.now + params.batch_timeout_ns);
+        }
+        assert_eq!(net.completed.len(), before + 1, "lone request {i} did not complete");
+    }
+    assert!(waited <= 1, "{waited} of 5 lone requests waited out the batch timer");
+}
