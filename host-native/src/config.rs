@@ -154,6 +154,16 @@ pub enum Durability {
     Replicated,
 }
 
+impl Durability {
+    /// For benchmark headers.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Durability::Sync => "fdatasync per round",
+            Durability::Replicated => "durability replicated, no fdatasync",
+        }
+    }
+}
+
 impl Default for Runtime {
     fn default() -> Self {
         Runtime {

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use phalanx_core::{NodeId, Protocol};
 
+use crate::config::Durability;
 use crate::local_cluster::{LocalCluster, LocalSpec};
 use crate::metrics::value;
 
@@ -21,13 +22,21 @@ struct Deployment {
 }
 
 impl Deployment {
-    fn create(dir: &Path, binary: &Path, n_c: u32, n_t: u32, ops: u64, parallel: u32) -> Result<Self, String> {
+    fn create(
+        dir: &Path,
+        binary: &Path,
+        (n_c, n_t): (u32, u32),
+        ops: u64,
+        parallel: u32,
+        durability: Durability,
+    ) -> Result<Self, String> {
         let spec = LocalSpec {
             protocol: Protocol::Perpetual,
             groups: vec![n_c, n_t],
             ops,
             parallel,
             clients: 0,
+            durability,
             ..LocalSpec::default()
         };
         let cluster = LocalCluster::create(dir, &spec, binary)?;
@@ -73,7 +82,7 @@ fn binary() -> Result<std::path::PathBuf, String> {
 
 /// `demo --perpetual`.
 pub fn demo(dir: &Path, n_c: u32, n_t: u32, ops: u64, keep: bool) -> Result<(), String> {
-    let mut d = Deployment::create(dir, &binary()?, n_c, n_t, ops, 1)?;
+    let mut d = Deployment::create(dir, &binary()?, (n_c, n_t), ops, 1, Durability::Sync)?;
     println!(
         "phalanx demo --perpetual: a bank group of {n_c} calling a ledger group of {n_t}, each member a separate \
          process, real cryptography; the bank makes {ops} increments, then {ops} decrements, one call at a time"
@@ -166,12 +175,17 @@ pub struct PerpetualBenchArgs {
     /// Calls completed before the clock starts (connections, first view).
     #[arg(long, default_value_t = 20)]
     warmup: u64,
+    /// The members' `[runtime] durability`: `sync` puts an fdatasync on every ordering
+    /// round of both groups, `replicated` none.
+    #[arg(long, value_enum, default_value = "sync")]
+    durability: Durability,
 }
 
 /// Calls completed per second from `warmup` completions to the end of the workload.
-fn measure(n_c: u32, n_t: u32, ops: u64, parallel: u32, warmup: u64) -> Result<f64, String> {
-    let dir = scratch(&format!("perpetual-bench-{n_c}x{n_t}"));
-    let mut d = Deployment::create(&dir, &binary()?, n_c, n_t, ops, parallel)?;
+fn measure(groups: (u32, u32), ops: u64, parallel: u32, a: &PerpetualBenchArgs) -> Result<f64, String> {
+    let warmup = a.warmup * u64::from(parallel);
+    let dir = scratch(&format!("perpetual-bench-{}x{}", groups.0, groups.1));
+    let mut d = Deployment::create(&dir, &binary()?, groups, ops, parallel, a.durability)?;
     let result = (|| {
         d.cluster.start_all()?;
         let mut from: Option<(Instant, f64)> = None;
@@ -189,15 +203,16 @@ fn measure(n_c: u32, n_t: u32, ops: u64, parallel: u32, warmup: u64) -> Result<f
 
 /// `phalanxd perpetual-bench`: one table, every run in this process's turn.
 pub fn bench(a: PerpetualBenchArgs) -> Result<(), String> {
+    let durability = a.durability.describe();
     println!(
         "phalanx perpetual-bench: a bank group calling a ledger group, members as processes on loopback, real \
-         cryptography, fdatasync per round; {} increments then {} decrements, one call at a time",
+         cryptography, {durability}; {} increments then {} decrements, one call at a time",
         a.ops, a.ops
     );
     println!("\n{:>12}  {:>10}  {:>12}", "groups", "calls/s", "ms per call");
     let mut latency = std::collections::BTreeMap::new();
     for (n_c, n_t) in [(1, 1), (1, 4), (4, 4), (1, 7), (7, 7)] {
-        let rate = measure(n_c, n_t, a.ops, 1, a.warmup)?;
+        let rate = measure((n_c, n_t), a.ops, 1, &a)?;
         println!("{:>12}  {rate:>10.0}  {:>12.3}", format!("{n_c} → {n_t}"), 1e3 / rate);
         latency.insert((n_c, n_t), 1e3 / rate);
     }
@@ -209,8 +224,8 @@ pub fn bench(a: PerpetualBenchArgs) -> Result<(), String> {
         over((4, 4), (1, 4))
     );
     println!("  replicated caller at n = 7 (7 → 7) over a single caller (1 → 7): {:+.0}%", over((7, 7), (1, 7)));
-    let one = measure(4, 4, a.ops, 1, a.warmup)?;
-    let many = measure(4, 4, a.throughput_ops, a.parallel, a.warmup * a.parallel as u64)?;
+    let one = measure((4, 4), a.ops, 1, &a)?;
+    let many = measure((4, 4), a.throughput_ops, a.parallel, &a)?;
     println!(
         "\nthroughput, 4 → 4: 1 call in flight {one:.0} calls/s; {} in flight {many:.0} calls/s: {:.1}× (target ≥ 5×)",
         a.parallel,

@@ -250,10 +250,7 @@ fn bench(
         None => format!("closed loop, {outstanding} in flight per client"),
     };
     let title = format!("phalanxd bench: {}-byte puts, {} replicas", a.op_size, cluster.replicas.len());
-    let durability = match cluster.runtime.durability {
-        Durability::Sync => "fdatasync per round",
-        Durability::Replicated => "durability replicated, no fdatasync",
-    };
+    let durability = cluster.runtime.durability.describe();
     let setup = format!(
         "{} replicas (f = {}, {crypto}, {durability}), {} clients, {load}",
         cluster.replicas.len(),
