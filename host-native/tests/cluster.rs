@@ -508,3 +508,24 @@ fn many_clients_in_one_event_loop_each_complete_every_request_exactly_once() {
     }
     c.close(false);
 }
+
+/// A request whose `execute` timed out (no quorum) is still ordered once the quorum is
+/// back; its late result is dropped, where it used to wait in the completion queue for
+/// a `next_completion` nobody would call, one entry per such request.
+#[test]
+fn a_timed_out_execute_completes_later_and_its_result_is_not_kept() {
+    let mut c = cluster("late-completion", &[]);
+    let mut cl = client(&c, 0);
+    put(&mut cl, "k", "v0");
+    c.kill(1);
+    c.kill(2);
+    let late = cl.execute(kv::put(b"k", b"v1"), Duration::from_millis(500));
+    assert!(matches!(late, Err(phalanx_host::client::ClientError::Timeout { request: Some(_), .. })), "{late:?}");
+    c.start(1).unwrap();
+    c.start(2).unwrap();
+    // Ordered after the late one, which the core kept retransmitting.
+    assert_eq!(put(&mut cl, "k", "v2").as_deref(), Some(&b"v1"[..]));
+    assert!(cl.next_completion(Duration::from_secs(1)).is_err(), "the late result was kept");
+    assert_eq!(get(&mut cl, "k").as_deref(), Some("v2"));
+    cl.stop().unwrap();
+}

@@ -8,7 +8,7 @@
 pub mod distill;
 pub mod event_loop;
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -58,6 +58,10 @@ pub struct ClusterClient {
     /// What the node's rounds said and nobody has taken yet, by kind.
     submitted: VecDeque<(Range<u64>, Option<HandleError>)>,
     completions: VecDeque<(u64, Vec<u8>)>,
+    /// Requests whose `execute` or `read` timed out: their results are dropped when they
+    /// come, as nobody can take them. At most `client_queue`: each is outstanding in the
+    /// core until then.
+    abandoned: BTreeSet<u64>,
     deliveries: VecDeque<Delivery>,
     refusals: VecDeque<HandleError>,
 }
@@ -94,6 +98,7 @@ impl ClusterClient {
             failed: None,
             submitted: VecDeque::new(),
             completions: VecDeque::new(),
+            abandoned: BTreeSet::new(),
             deliveries: VecDeque::new(),
             refusals: VecDeque::new(),
         })
@@ -135,7 +140,11 @@ impl ClusterClient {
         for e in events {
             match e {
                 AppEvent::Submitted { requests, refused } => self.submitted.push_back((requests, refused)),
-                AppEvent::Completed { request, result } => self.completions.push_back((request, result)),
+                AppEvent::Completed { request, result } => {
+                    if !self.abandoned.remove(&request) {
+                        self.completions.push_back((request, result));
+                    }
+                }
                 AppEvent::Delivered(d) => self.deliveries.push_back(d),
                 AppEvent::Refused(e) => self.refusals.push_back(e),
             }
@@ -203,7 +212,9 @@ impl ClusterClient {
         Ok(self.completions.drain(..).collect())
     }
 
-    /// Orders `op` and returns its result once a quorum of replicas agree.
+    /// Orders `op` and returns its result once a quorum of replicas agree. After a
+    /// `Timeout` the outcome is unknown: the request may still be ordered (the core keeps
+    /// retransmitting it), and its result is then dropped, not kept for `next_completion`.
     pub fn execute(&mut self, op: Vec<u8>, timeout: Duration) -> Result<Vec<u8>, ClientError> {
         self.result_of(Request::Submit { op }, timeout)
     }
@@ -236,6 +247,7 @@ impl ClusterClient {
             }
             match self.receive(deadline) {
                 Err(ClientError::Timeout { .. }) => {
+                    self.abandoned.insert(number);
                     return Err(ClientError::Timeout { request: Some(number), waited: started.elapsed() });
                 }
                 other => other?,
