@@ -5,10 +5,11 @@
 //! decrements of a counter in the target, through the caller group, the final value
 //! checked.
 
-use phalanx_core::Event;
 use phalanx_core::crypto::CryptoMode;
+use phalanx_core::sim::NetConfig;
 use phalanx_core::sim::adversary::Behavior;
 use phalanx_core::sim::perpetual::{Outcome, Scenario, sweep};
+use phalanx_core::{Event, Params};
 
 const MS: u64 = 1_000_000;
 const SIZES: [u32; 3] = [1, 4, 7];
@@ -285,4 +286,38 @@ fn debug_seed() {
     }
     println!("{:?}", out.status);
     println!("{:#?}\n{:?}\n{:?}", out.violations, out.log.rejected_requests, out.log.accusations);
+}
+
+/// With every link taking the same time L, a call costs exactly the protocol's message
+/// delays and waits on no timer (a batch timer or a lost proposal would show as more):
+/// from one agreed reply to the next, 6 L with a single caller (the copy to the target's
+/// primary, PRE-PREPARE, PREPARE, COMMIT, the result to the responder, the bundle to the
+/// caller) and 10 L with a replicated one (the bundle forwarded to the caller's primary,
+/// then its own three phases), whatever the groups' sizes.
+#[test]
+fn a_call_costs_the_protocols_message_delays_and_no_timer() {
+    const L: u64 = 200_000;
+    for (n_c, n_t, delays) in [(1, 1, 2), (1, 4, 6), (4, 4, 10), (1, 7, 6), (7, 7, 10), (4, 1, 6)] {
+        let mut s = Scenario::new(n_c, n_t, 1);
+        s.ops = 40;
+        s.params = Params { call_window: 16, ..Params::default() };
+        s.net = NetConfig { min_latency: L, max_latency: L, ..NetConfig::default() };
+        let out = run(s);
+        let replies: Vec<u64> = out
+            .log
+            .perpetual
+            .events
+            .iter()
+            .filter(|e| e.node == 0 && matches!(e.event, Event::Reply { .. }))
+            .map(|e| e.at)
+            .collect();
+        assert_eq!(replies.len(), 80, "n_c={n_c} n_t={n_t}");
+        // After the first calls (connections, the first batches).
+        let gaps: Vec<u64> = replies.windows(2).skip(4).map(|w| w[1] - w[0]).collect();
+        assert!(
+            gaps.iter().all(|&g| g == delays * L),
+            "n_c={n_c} n_t={n_t}: gaps in L {:?}",
+            gaps.iter().map(|g| g / L).collect::<Vec<_>>()
+        );
+    }
 }
