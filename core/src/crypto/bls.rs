@@ -7,7 +7,7 @@
 //! which hands the work to a process-wide thread pool: the core stays single-threaded.
 
 use blst::min_pk::{AggregatePublicKey, AggregateSignature, PublicKey, SecretKey, Signature};
-use blst::{BLST_ERROR, Pairing, blst_p1_affine, blst_p2_affine};
+use blst::{BLST_ERROR, Pairing, blst_p1, blst_p1_affine, blst_p2_affine};
 
 use super::CryptoMode;
 
@@ -179,9 +179,7 @@ impl BlsShare {
     pub fn parse(mode: CryptoMode, bytes: &[u8]) -> Option<BlsShare> {
         match mode {
             CryptoMode::Real => Signature::deserialize(bytes).ok().map(|sig| BlsShare(ShareRepr::Real(sig))),
-            CryptoMode::InsecureTest => {
-                Some(BlsShare(ShareRepr::InsecureTest(BlsSignature(bytes.try_into().ok()?))))
-            }
+            CryptoMode::InsecureTest => Some(BlsShare(ShareRepr::InsecureTest(BlsSignature(bytes.try_into().ok()?)))),
         }
     }
 }
@@ -307,15 +305,14 @@ pub fn verify_multi<'a>(
     let Some(first) = keys.next() else { return false };
     match (mode, &first.point) {
         (CryptoMode::Real, Some(p)) => {
-            let mut acc = AggregatePublicKey::from_public_key(p);
+            let mut points: Vec<*const blst_p1_affine> = Vec::with_capacity(keys.size_hint().0 + 1);
+            points.push(<&blst_p1_affine>::from(p));
             for k in keys {
                 let Some(p) = &k.point else { return false };
-                if acc.add_public_key(p, false).is_err() {
-                    return false;
-                }
+                points.push(<&blst_p1_affine>::from(p));
             }
             let Ok(sig) = Signature::uncompress(&sig.0) else { return false };
-            pairing_check(&acc.to_public_key(), &sig, SIG.dst, msg)
+            pairing_check(&sum_points(&points).to_public_key(), &sig, SIG.dst, msg)
         }
         (CryptoMode::Real, None) => false,
         (CryptoMode::InsecureTest, _) => {
@@ -324,6 +321,19 @@ pub fn verify_multi<'a>(
             expected == *sig
         }
     }
+}
+
+/// The sum of affine G1 points, by `blst`'s bulk addition: affine additions with one
+/// batched inversion per round (about 5M+1S a point against 8M+5S for adding them one by
+/// one), single-threaded. The verifying server of a distilled batch sums one key per
+/// entry; this is most of its time.
+fn sum_points(points: &[*const blst_p1_affine]) -> AggregatePublicKey {
+    let mut sum = blst_p1::default();
+    // SAFETY: every pointer comes from a live `&blst_p1_affine` borrowed for the caller's
+    // whole call, none is null (null means "the next point in memory" to blst), and
+    // `points.len()` is their number. blst writes `sum` only and reads the points only.
+    unsafe { blst::blst_p1s_add(&mut sum, points.as_ptr(), points.len()) };
+    AggregatePublicKey::from(sum)
 }
 
 /// e(pk, H(msg)) == e(g1, sig), with `pk` checked to be in G1 and not the identity, and
