@@ -270,18 +270,27 @@ impl Batch {
         seqs
     }
 
-    /// Leaf hashes over the entries, entry i written by `entry(i, out)`.
+    /// Leaf hashes over the entries, entry i written by `entry(i, out)`: a group of
+    /// leaves at a time, hashed side by side.
     pub fn leaf_hashes(&self, per_leaf: usize, mut entry: impl FnMut(usize, &mut Vec<u8>)) -> Vec<Digest> {
+        /// Leaves written before they are hashed together (a multiple of SIMD lanes).
+        const GROUP: usize = 32;
         let mut leaves = Vec::with_capacity(merkle::leaf_count(self.len(), per_leaf));
-        let mut buf = Vec::with_capacity(1 + per_leaf * (merkle::ENTRY_HEADER + 16));
+        let mut buf = Vec::with_capacity(GROUP * (1 + per_leaf * (merkle::ENTRY_HEADER + 16)));
+        let mut ends = Vec::with_capacity(GROUP);
         for start in (0..self.len()).step_by(per_leaf) {
-            buf.clear();
             buf.push(0);
             for i in start..(start + per_leaf).min(self.len()) {
                 entry(i, &mut buf);
             }
-            leaves.push(merkle::prefixed_leaf_hash(&buf));
+            ends.push(buf.len());
+            if ends.len() == GROUP {
+                merkle::hash_each(&buf, &ends, &mut leaves);
+                buf.clear();
+                ends.clear();
+            }
         }
+        merkle::hash_each(&buf, &ends, &mut leaves);
         leaves
     }
 

@@ -51,6 +51,80 @@ pub fn prefixed_leaf_hash(prefixed: &[u8]) -> Digest {
     *blake3::hash(prefixed).as_bytes()
 }
 
+/// BLAKE3 (spec §2.1 of BLAKE3): the IV and the flags of a chunk's blocks.
+const IV: [u32; 8] = [0x6A09E667, 0xBB67AE85, 0x3C6EF372, 0xA54FF53A, 0x510E527F, 0x9B05688C, 0x1F83D9AB, 0x5BE0CD19];
+const CHUNK_START: u8 = 1;
+const CHUNK_END: u8 = 2;
+const ROOT: u8 = 8;
+const BLOCK: usize = 64;
+const CHUNK: usize = 1024;
+
+/// BLAKE3 of every input in `buf` (input i ends at `ends[i]`, the next starts there),
+/// appended to `out`: what `blake3::hash` gives one input at a time. Inputs of one chunk
+/// at most (a leaf of a few dozen entries, a node) are hashed side by side where
+/// neighbours have as many blocks: the blocks before their last in BLAKE3's SIMD lanes
+/// (`hash_many`, as BLAKE3 hashes the chunks of one long input), each last block alone.
+pub fn hash_each(buf: &[u8], ends: &[usize], out: &mut Vec<Digest>) {
+    // Whole blocks before the last one; `None` for what goes to `blake3::hash` as it is.
+    let lead = |len: usize| (1..=CHUNK).contains(&len).then(|| (len - 1) / BLOCK).filter(|&k| k > 0);
+    let platform = blake3::platform::Platform::detect();
+    let mut cvs = Vec::new();
+    let mut inputs: Vec<&[u8]> = Vec::new();
+    let mut i = 0;
+    while i < ends.len() {
+        let input = |j: usize| &buf[if j == 0 { 0 } else { ends[j - 1] }..ends[j]];
+        let Some(k) = lead(input(i).len()) else {
+            out.push(*blake3::hash(input(i)).as_bytes());
+            i += 1;
+            continue;
+        };
+        inputs.clear();
+        while i < ends.len() && lead(input(i).len()) == Some(k) {
+            inputs.push(input(i));
+            i += 1;
+        }
+        cvs.clear();
+        cvs.resize(inputs.len() * 32, 0);
+        lead_blocks(&platform, k, &inputs, &mut cvs);
+        for (input, cv) in inputs.iter().zip(cvs.chunks_exact(32)) {
+            let mut cv = blake3::platform::words_from_le_bytes_32(cv.try_into().expect("32 bytes"));
+            let last = &input[k * BLOCK..];
+            let mut block = [0u8; BLOCK];
+            block[..last.len()].copy_from_slice(last);
+            platform.compress_in_place(&mut cv, &block, last.len() as u8, 0, CHUNK_END | ROOT);
+            out.push(blake3::platform::le_bytes_from_words_32(&cv));
+        }
+    }
+}
+
+/// The chaining values of `inputs` after their first `k` blocks (1 ≤ k < 16), as a
+/// chunk's first blocks, side by side.
+fn lead_blocks(platform: &blake3::platform::Platform, k: usize, inputs: &[&[u8]], cvs: &mut [u8]) {
+    fn lanes<const N: usize>(platform: &blake3::platform::Platform, inputs: &[&[u8]], cvs: &mut [u8]) {
+        let blocks: Vec<&[u8; N]> = inputs.iter().map(|i| i[..N].try_into().expect("N bytes")).collect();
+        let no = blake3::IncrementCounter::No;
+        platform.hash_many(&blocks, &IV, 0, no, 0, CHUNK_START, 0, cvs);
+    }
+    match k {
+        1 => lanes::<64>(platform, inputs, cvs),
+        2 => lanes::<128>(platform, inputs, cvs),
+        3 => lanes::<192>(platform, inputs, cvs),
+        4 => lanes::<256>(platform, inputs, cvs),
+        5 => lanes::<320>(platform, inputs, cvs),
+        6 => lanes::<384>(platform, inputs, cvs),
+        7 => lanes::<448>(platform, inputs, cvs),
+        8 => lanes::<512>(platform, inputs, cvs),
+        9 => lanes::<576>(platform, inputs, cvs),
+        10 => lanes::<640>(platform, inputs, cvs),
+        11 => lanes::<704>(platform, inputs, cvs),
+        12 => lanes::<768>(platform, inputs, cvs),
+        13 => lanes::<832>(platform, inputs, cvs),
+        14 => lanes::<896>(platform, inputs, cvs),
+        15 => lanes::<960>(platform, inputs, cvs),
+        _ => unreachable!("an input of one chunk has 1 to 15 blocks before its last"),
+    }
+}
+
 pub fn leaf_hash(leaf: &[u8]) -> Digest {
     let mut h = blake3::Hasher::new();
     h.update(&[0]);
@@ -68,10 +142,25 @@ pub fn node_hash(left: &Digest, right: &Digest) -> Digest {
 
 /// The root over leaf hashes, reusing `level` as the working row. `None` for no leaves.
 pub fn root_in_place(level: &mut Vec<Digest>) -> Option<Digest> {
+    /// Pairs written before they are hashed together.
+    const GROUP: usize = 64;
+    let mut buf = Vec::with_capacity(GROUP * 65);
+    let mut ends = Vec::with_capacity(GROUP);
+    let mut up = Vec::with_capacity(GROUP);
     while level.len() > 1 {
         let pairs = level.len() / 2;
-        for i in 0..pairs {
-            level[i] = node_hash(&level[2 * i], &level[2 * i + 1]);
+        for first in (0..pairs).step_by(GROUP) {
+            buf.clear();
+            ends.clear();
+            up.clear();
+            for i in first..pairs.min(first + GROUP) {
+                buf.push(1);
+                buf.extend_from_slice(&level[2 * i]);
+                buf.extend_from_slice(&level[2 * i + 1]);
+                ends.push(buf.len());
+            }
+            hash_each(&buf, &ends, &mut up);
+            level[first..first + up.len()].copy_from_slice(&up);
         }
         if level.len() % 2 == 1 {
             level[pairs] = level[level.len() - 1];
@@ -189,6 +278,31 @@ mod tests {
             }
             assert_eq!(fold(ls[0], n, n, &[]), None);
         }
+    }
+
+    #[test]
+    fn hashing_side_by_side_is_blake3() {
+        // Every length from empty to past one chunk, in runs of equal lengths and alone.
+        let data: Vec<u8> = (0..40_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+        let mut lens: Vec<usize> = (0..=1100).collect();
+        lens.extend([465; 37]);
+        lens.extend([64; 9]);
+        lens.extend([1024; 5]);
+        lens.extend([65, 65, 128, 129, 129, 2048]);
+        let mut ends = Vec::new();
+        let mut at = 0;
+        let mut expected = Vec::new();
+        let mut buf = Vec::new();
+        for (n, &len) in lens.iter().enumerate() {
+            let input = &data[n % 1000..n % 1000 + len];
+            buf.extend_from_slice(input);
+            at += len;
+            ends.push(at);
+            expected.push(*blake3::hash(input).as_bytes());
+        }
+        let mut got = Vec::new();
+        hash_each(&buf, &ends, &mut got);
+        assert_eq!(got, expected);
     }
 
     #[test]
