@@ -62,6 +62,14 @@ impl PackedIds {
         Some(ids)
     }
 
+    /// Whether these are what [`PackedIds::pack`] makes of `ids`, the sorted ids they
+    /// unpack to: the width of the largest, and no bit set past the last id.
+    fn packs_sorted(&self, ids: &[u64]) -> bool {
+        let used = ids.len() * self.bits as usize;
+        self.bits == width(ids.last().copied().unwrap_or(0))
+            && (used.is_multiple_of(8) || self.packed.last().is_some_and(|&b| b >> (used % 8) == 0))
+    }
+
     pub fn to_pb(&self) -> pb::PackedIds {
         pb::PackedIds { bits: self.bits, count: self.count, packed: self.packed.clone() }
     }
@@ -99,6 +107,16 @@ impl Messages {
             }
         }
         Messages { shared_len: shared, ends, bytes }
+    }
+
+    /// What [`Messages::collect`] makes of the `count` messages these hold: a copy,
+    /// unless they have their own lengths that are all equal (then one shared length).
+    pub fn collected(&self, count: usize) -> Messages {
+        let own_lengths_differ = || (1..count).any(|i| self.get(i).len() != self.get(0).len());
+        if count > 0 && (self.shared_len.is_some() || own_lengths_differ()) {
+            return self.clone();
+        }
+        Messages::collect((0..count).map(|i| self.get(i)))
     }
 
     pub fn get(&self, i: usize) -> &[u8] {
@@ -190,6 +208,18 @@ impl Batch {
         aggregate: Option<BlsSignature>,
         stragglers: Vec<Straggler>,
     ) -> Option<Batch> {
+        Batch::with_packing(ids, None, msgs, raise, aggregate, stragglers)
+    }
+
+    /// As [`Batch::new`], with `packed` the packing of `ids` if it is known already.
+    fn with_packing(
+        ids: Vec<u64>,
+        packed: Option<PackedIds>,
+        msgs: Messages,
+        raise: u64,
+        aggregate: Option<BlsSignature>,
+        stragglers: Vec<Straggler>,
+    ) -> Option<Batch> {
         if ids.is_empty() || !ids.windows(2).all(|w| w[0] < w[1]) {
             return None;
         }
@@ -207,7 +237,7 @@ impl Batch {
             straggler_at.push(at);
             from = at + 1;
         }
-        let packed = PackedIds::pack(&ids);
+        let packed = packed.unwrap_or_else(|| PackedIds::pack(&ids));
         Some(Batch { ids, packed, msgs, raise, aggregate, stragglers, straggler_at })
     }
 
@@ -258,7 +288,9 @@ impl Batch {
             .into_iter()
             .map(|s| Some(Straggler { id: s.id, seq: s.seq, signature: EdSignature(s.signature.try_into().ok()?) }))
             .collect::<Option<Vec<_>>>()?;
-        Batch::new(ids, msgs, p.raise, aggregate, stragglers)
+        // The received packing, unless another one packs these ids (then ours, as always).
+        let packed = packed.packs_sorted(&ids).then_some(packed);
+        Batch::with_packing(ids, packed, msgs, p.raise, aggregate, stragglers)
     }
 
     /// The seq of each entry in T2: `raise`, or a straggler's own.

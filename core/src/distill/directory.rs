@@ -23,14 +23,20 @@ pub struct Directory {
     mode: CryptoMode,
     seed: u64,
     generated: u64,
-    /// Generated entries derived so far.
-    derived: BTreeMap<u64, Arc<Keys>>,
+    /// Generated entries derived so far, by id: pages of [`PAGE`] ids, each allocated
+    /// when an id in it is first derived (a verifying server looks up one key an entry).
+    derived: Vec<Option<Box<Page>>>,
     /// Ids from `generated` on, in order.
     signed_up: Vec<Arc<Keys>>,
     by_ed: BTreeMap<EdPublicKey, u64>,
     /// A broker's: signed-up entries it learned from their certificates, in any order.
     learned: BTreeMap<u64, Arc<Keys>>,
 }
+
+/// Ids a page of derived entries holds.
+const PAGE: usize = 1024;
+
+type Page = [Option<Arc<Keys>>; PAGE];
 
 /// The BLS key material of generated client `id`.
 pub fn generated_material(seed: u64, id: u64) -> [u8; 32] {
@@ -57,7 +63,7 @@ impl Directory {
             mode,
             seed,
             generated,
-            derived: BTreeMap::new(),
+            derived: Vec::new(),
             signed_up: Vec::new(),
             by_ed: BTreeMap::new(),
             learned: BTreeMap::new(),
@@ -80,16 +86,46 @@ impl Directory {
     /// `id`'s keys, if it exists.
     pub fn get(&mut self, id: u64) -> Option<Arc<Keys>> {
         if id < self.generated {
-            let (mode, seed) = (self.mode, self.seed);
-            let keys = self.derived.entry(id).or_insert_with(|| {
-                let (ed, bls) = generated_secrets(mode, seed, id);
-                let bls = BlsKey::parse(mode, &bls.public_key()).expect("a generated key is valid");
-                Arc::new(Keys { ed: ed.public_key(), bls })
-            });
-            return Some(keys.clone());
+            return Some(self.derive(id).clone());
+        }
+        self.peek(id).cloned()
+    }
+
+    /// Derives generated entry `id` (below `generated()`) unless it was already.
+    fn derive(&mut self, id: u64) -> &Arc<Keys> {
+        let (page, at) = ((id / PAGE as u64) as usize, (id % PAGE as u64) as usize);
+        if page >= self.derived.len() {
+            self.derived.resize_with(page + 1, || None);
+        }
+        let (mode, seed) = (self.mode, self.seed);
+        self.derived[page].get_or_insert_with(|| Box::new([const { None }; PAGE]))[at].get_or_insert_with(|| {
+            let (ed, bls) = generated_secrets(mode, seed, id);
+            let bls = BlsKey::parse(mode, &bls.public_key()).expect("a generated key is valid");
+            Arc::new(Keys { ed: ed.public_key(), bls })
+        })
+    }
+
+    /// Whether every one of `ids` exists, deriving the generated ones not derived yet, so
+    /// that [`Directory::peek`] finds them all.
+    pub fn prepare(&mut self, ids: &[u64]) -> bool {
+        ids.iter().all(|&id| {
+            if id < self.generated {
+                self.derive(id);
+                true
+            } else {
+                self.peek(id).is_some()
+            }
+        })
+    }
+
+    /// `id`'s keys if it exists and, when generated, was derived already.
+    pub fn peek(&self, id: u64) -> Option<&Arc<Keys>> {
+        if id < self.generated {
+            let (page, at) = ((id / PAGE as u64) as usize, (id % PAGE as u64) as usize);
+            return self.derived.get(page)?.as_ref()?[at].as_ref();
         }
         let signed_up = usize::try_from(id - self.generated).ok().and_then(|i| self.signed_up.get(i));
-        signed_up.or_else(|| self.learned.get(&id)).cloned()
+        signed_up.or_else(|| self.learned.get(&id))
     }
 
     /// The id of a signed-up client with this Ed25519 key.
