@@ -79,6 +79,9 @@ enum Command {
         /// Submissions the broker distills.
         #[arg(long, default_value_t = 4096)]
         broker_batch: u32,
+        /// The straggler percentages the servers are measured at, one run each.
+        #[arg(long, value_delimiter = ',', default_values_t = [0u64, 1, 10])]
+        stragglers: Vec<u64>,
     },
 }
 
@@ -100,8 +103,8 @@ fn main() -> ExitCode {
         Command::Demo { publications } => demo::run(publications),
         Command::Seeds { protocol, f, from, count, real_every } => seeds(&protocol, f, from, count, real_every),
         Command::Trace { command } => trace(command),
-        Command::DistillBench { batches, entries, directory_bits, broker_batch } => {
-            distill_bench::run(batches, entries, directory_bits, broker_batch);
+        Command::DistillBench { batches, entries, directory_bits, broker_batch, stragglers } => {
+            distill_bench::run(batches, entries, directory_bits, broker_batch, &stragglers);
             ExitCode::SUCCESS
         }
         Command::Bench { count, only, batches } => {
