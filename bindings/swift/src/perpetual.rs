@@ -11,14 +11,14 @@
 //! with its member's agreed events (`phalanx_host::perpetual`'s "Determinism"), so it must
 //! not wait on anything else — a Swift `Task`, a queue, a lock held across a call.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use phalanx_core::Protocol;
 use phalanx_core::crypto::CryptoMode;
-use phalanx_host::config::{ClusterFile, KeygenOptions, Runtime, keygen};
-use phalanx_host::local_cluster::free_ports;
+use phalanx_host::config::ClusterFile;
+use phalanx_host::local_cluster::{LocalCluster, LocalSpec};
 use phalanx_host::perpetual::{self, AbortPolicy, Group, Interrupted, Outcome};
 use phalanx_host::runtime::{Running, ServiceOverride, StartOptions, start};
 
@@ -308,30 +308,21 @@ pub fn keygen_perpetual(
     real_crypto: bool,
 ) -> Result<String, PhalanxError> {
     let members: u32 = groups.iter().sum();
-    let count = u16::try_from(members)
-        .ok()
-        .filter(|&n| n > 0)
-        .ok_or_else(|| PhalanxError::config(format!("groups {groups:?}: between 1 and 65535 members in all")))?;
-    let (base_port, held) = free_ports(count).map_err(PhalanxError::io)?;
-    drop(held);
-    let opts = KeygenOptions {
-        dir: PathBuf::from(dir),
+    if !(1..=u32::from(u16::MAX)).contains(&members) {
+        return Err(PhalanxError::config(format!("groups {groups:?}: between 1 and 65535 members in all")));
+    }
+    let spec = LocalSpec {
         protocol: Protocol::Perpetual,
-        f: 0,
-        replicas: None,
-        clients: 0,
-        subscribers: 0,
         groups,
         ops,
         parallel,
-        brokers: 0,
+        clients: 0,
         crypto: if real_crypto { CryptoMode::Real } else { CryptoMode::InsecureTest },
-        host: "127.0.0.1".into(),
-        base_port,
-        metrics_base_port: None,
-        params: phalanx_core::Params::default(),
-        runtime: Runtime { pin_threads: false, ..Runtime::default() },
-        force: true,
+        metrics: false,
+        ..LocalSpec::default()
     };
-    Ok(keygen(&opts).map_err(PhalanxError::config)?.display().to_string())
+    // The cluster's processes are never started here (hence no phalanxd), and its ports
+    // are let go when it is dropped, for the members to bind.
+    let cluster = LocalCluster::create(Path::new(&dir), &spec, Path::new("phalanxd")).map_err(PhalanxError::io)?;
+    Ok(cluster.config_path().display().to_string())
 }
