@@ -14,7 +14,7 @@ pub use bls::{
     BlsKey, BlsPublicKey, BlsSecretKey, BlsShare, BlsSignature, aggregate, fast_aggregate_verify, sum_secret_keys,
     sum_shares, verify_multi,
 };
-pub use ed25519::{EdPublicKey, EdSecretKey, EdSignature};
+pub use ed25519::{EdKey, EdPublicKey, EdSecretKey, EdSignature};
 pub use mac::{MAC_LEN, MacKey, MacTag};
 
 /// Which implementation backs MACs and signatures.

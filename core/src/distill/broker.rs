@@ -39,10 +39,21 @@ struct Pooled {
     signature: EdSignature,
 }
 
+/// A client's reduction share (M3), parsed.
+struct Reduced {
+    from: NodeId,
+    share: BlsShare,
+    raw: Vec<u8>,
+    auth: EdSignature,
+    /// Whether `auth` verified (see [`Broker::take_reductions`]).
+    checked: bool,
+}
+
 /// Where a batch is.
 enum Stage {
-    /// Waiting for clients' reductions on R1.
-    Reducing { deadline: Nanos, shares: BTreeMap<u64, BlsShare> },
+    /// Waiting for clients' reductions on R1 (`eager`: check each share's auth on
+    /// arrival, once unchecked ones spoiled an aggregate).
+    Reducing { deadline: Nanos, shares: BTreeMap<u64, Reduced>, eager: bool },
     /// Offered; waiting for f+1 witness shards.
     Witnessing { deadline: Nanos, pending: Vec<NodeId>, shards: BTreeMap<usize, BlsSignature> },
     /// Witnessed; waiting for f+1 matching delivery shards (the witness goes out again
@@ -296,16 +307,23 @@ impl Broker {
         }
         let deadline = now + p.reduction_timeout_ns;
         let lane_seq = self.lanes[lane].0;
-        let stage = Stage::Reducing { deadline, shares: BTreeMap::new() };
+        let stage = Stage::Reducing { deadline, shares: BTreeMap::new(), eager: false };
         self.lanes[lane].1 = Some(InFlight { lane_seq, entries, r1, batch: Arc::new(batch), r2: [0; 32], stage });
     }
 
-    /// M3s, a burst at a time: a share counts once its auth verifies (so nobody can
-    /// spoil a client's share with an earlier one), one per id for the current R1, and
-    /// the batch is aggregated once every client's is in.
+    /// M3s, a burst at a time, one per id for the current R1: the first whose auth
+    /// verifies, so nobody can spoil a client's share with an earlier one. A share's
+    /// auth is checked when it matters, not on arrival: when another share for its id
+    /// arrives, when the aggregate fails (the sum of valid shares verifies, and only the
+    /// client can make a valid share), and for every share after that (`eager`). The
+    /// batch is aggregated once every client's is in.
     fn take_reductions(&mut self, ctx: &mut Ctx, now: Nanos) {
+        let mode = self.servers.mode;
         let burst = std::mem::take(&mut self.reductions);
-        let mut candidates = Vec::with_capacity(burst.len());
+        // Shares whose auth is checked now: new ones, and stored ones another contests.
+        let mut arrived: Vec<(usize, u64, Reduced)> = Vec::with_capacity(burst.len());
+        let mut contested: Vec<(usize, u64)> = Vec::new();
+        let mut touched = Vec::new();
         for (from, r) in burst {
             let Ok(auth) = <[u8; 64]>::try_from(r.auth.as_slice()) else {
                 ctx.fault(from, FaultKind::Malformed);
@@ -318,48 +336,136 @@ impl Broker {
                 ctx.stats.stale += 1;
                 continue;
             };
-            let b = self.lanes[lane].1.as_ref().expect("found");
-            if b.entries.binary_search_by_key(&r.id, |(id, _)| *id).is_err() {
+            let b = self.lanes[lane].1.as_mut().expect("found");
+            if b.entries.binary_search_by_key(&r.id, |(id, _)| *id).is_err() || self.dir.peek(r.id).is_none() {
                 ctx.fault(from, FaultKind::Unexpected);
                 continue;
             }
-            let Some(keys) = self.dir.get(r.id) else { continue };
-            let msg = reduction_auth_statement(&self.servers.system_id, r.id, &b.r1, &r.share);
-            candidates.push((from, lane, r.id, r.share, EdSignature(auth), keys, msg));
-        }
-        let items: Vec<EdItem> =
-            candidates.iter().map(|(_, _, _, _, auth, keys, msg)| EdItem { key: &keys.ed, msg, sig: auth }).collect();
-        let (ok, checks) = verify_each(self.servers.mode, &items);
-        ctx.counters.signatures_verified += checks;
-        let mut complete = Vec::new();
-        for ((from, lane, id, share, _, _, _), ok) in candidates.into_iter().zip(ok) {
-            if !ok {
-                ctx.fault(from, FaultKind::BadSignature);
-                continue;
-            }
-            let b = self.lanes[lane].1.as_mut().expect("found");
-            let Stage::Reducing { shares, .. } = &mut b.stage else { continue };
-            if shares.contains_key(&id) {
-                continue;
-            }
-            // Parsed once, after its auth: sums and the bisection then cost additions.
-            let Some(share) = BlsShare::parse(self.servers.mode, &share) else {
+            // Parsed once: sums and the bisection then cost additions.
+            let Some(share) = BlsShare::parse(mode, &r.share) else {
                 ctx.fault(from, FaultKind::Malformed);
                 continue;
             };
-            shares.insert(id, share);
-            if shares.len() == b.entries.len() && !complete.contains(&lane) {
-                complete.push(lane);
+            let Stage::Reducing { shares, eager, .. } = &mut b.stage else { continue };
+            let new = Reduced { from, share, raw: r.share, auth: EdSignature(auth), checked: false };
+            match shares.get(&r.id) {
+                Some(s) if s.checked || s.raw == new.raw => continue,
+                Some(_) => {
+                    contested.push((lane, r.id));
+                    arrived.push((lane, r.id, new));
+                }
+                None if *eager => arrived.push((lane, r.id, new)),
+                None => {
+                    shares.insert(r.id, new);
+                    touched.push(lane);
+                }
             }
         }
-        for lane in complete {
-            self.aggregate(ctx, now, lane);
+        if !arrived.is_empty() {
+            contested.sort_unstable();
+            contested.dedup();
+            let stored: Vec<(usize, u64, Reduced)> = contested
+                .into_iter()
+                .filter_map(|(lane, id)| {
+                    let Some(Stage::Reducing { shares, .. }) = self.lanes[lane].1.as_mut().map(|b| &mut b.stage) else {
+                        return None;
+                    };
+                    Some((lane, id, shares.remove(&id)?))
+                })
+                .collect();
+            // The stored share first: of two with valid auths, the earlier stands.
+            for (lane, id, share) in self.authenticated(ctx, stored.into_iter().chain(arrived)) {
+                let Some(Stage::Reducing { shares, .. }) = self.lanes[lane].1.as_mut().map(|b| &mut b.stage) else {
+                    continue;
+                };
+                shares.entry(id).or_insert(share);
+                touched.push(lane);
+            }
+        }
+        touched.sort_unstable();
+        touched.dedup();
+        for lane in touched {
+            let b = self.lanes[lane].1.as_ref().expect("a batch in the lane");
+            if matches!(&b.stage, Stage::Reducing { shares, .. } if shares.len() == b.entries.len()) {
+                self.aggregate(ctx, now, lane);
+            }
         }
     }
 
-    /// Step 5: aggregates the authenticated shares, finds bad ones by bisection;
-    /// the silent and the bad straggle. Then step 6: offers the batch.
+    /// The shares whose auth verifies (one batch verification), marked checked; the
+    /// others' senders are faulted.
+    fn authenticated(
+        &mut self,
+        ctx: &mut Ctx,
+        shares: impl Iterator<Item = (usize, u64, Reduced)>,
+    ) -> Vec<(usize, u64, Reduced)> {
+        let shares: Vec<(usize, u64, Reduced)> = shares.collect();
+        let keys: Vec<Arc<super::directory::Keys>> =
+            shares.iter().map(|(_, id, _)| self.dir.peek(*id).expect("checked on arrival").clone()).collect();
+        let msgs: Vec<Vec<u8>> = shares
+            .iter()
+            .map(|(lane, id, s)| {
+                let r1 = &self.lanes[*lane].1.as_ref().expect("a batch in the lane").r1;
+                reduction_auth_statement(&self.servers.system_id, *id, r1, &s.raw)
+            })
+            .collect();
+        let items: Vec<EdItem> = shares
+            .iter()
+            .zip(&keys)
+            .zip(&msgs)
+            .map(|(((_, _, s), k), msg)| EdItem { key: &k.ed, msg, sig: &s.auth })
+            .collect();
+        let (ok, checks) = verify_each(self.servers.mode, &items);
+        ctx.counters.signatures_verified += checks;
+        let mut good = Vec::with_capacity(shares.len());
+        for ((lane, id, mut s), ok) in shares.into_iter().zip(ok) {
+            if ok {
+                s.checked = true;
+                good.push((lane, id, s));
+            } else {
+                ctx.fault(s.from, FaultKind::BadSignature);
+            }
+        }
+        good
+    }
+
+    /// Step 5: aggregates the shares, finds bad ones by bisection; the silent and the
+    /// bad straggle. Then step 6: offers the batch. If the aggregate fails and shares
+    /// whose auth was not checked yet fail it, they are dropped and, before the
+    /// deadline, the batch waits for their clients' own shares, checking every share
+    /// from then on (so this happens once a batch).
     fn aggregate(&mut self, ctx: &mut Ctx, now: Nanos, lane: usize) {
+        let msg = reduction_statement(&self.servers.system_id, &self.lanes[lane].1.as_ref().expect("a batch").r1);
+        let Some(Stage::Reducing { deadline, shares, .. }) = self.lanes[lane].1.as_ref().map(|b| &b.stage) else {
+            return;
+        };
+        let deadline = *deadline;
+        let mut whole: Vec<(u64, BlsShare)> = shares.iter().map(|(id, s)| (*id, s.share)).collect();
+        let unchecked: Vec<u64> = shares.iter().filter(|(_, s)| !s.checked).map(|(id, _)| *id).collect();
+        let keys: BTreeMap<u64, _> = whole.iter().filter_map(|&(id, _)| Some((id, self.dir.get(id)?))).collect();
+        // Whether `whole` verifies, while known.
+        let mut verified = Some(verifies(ctx, &self.servers, &keys, &msg, &whole));
+        if verified == Some(false) && !unchecked.is_empty() {
+            let Some(Stage::Reducing { shares, .. }) = self.lanes[lane].1.as_mut().map(|b| &mut b.stage) else {
+                return;
+            };
+            let taken: Vec<(usize, u64, Reduced)> =
+                unchecked.iter().map(|id| (lane, *id, shares.remove(id).expect("listed"))).collect();
+            let kept = self.authenticated(ctx, taken.into_iter());
+            let dropped = kept.len() < unchecked.len();
+            let Some(Stage::Reducing { shares, eager, .. }) = self.lanes[lane].1.as_mut().map(|b| &mut b.stage) else {
+                return;
+            };
+            shares.extend(kept.into_iter().map(|(_, id, s)| (id, s)));
+            if dropped {
+                *eager = true;
+                if now < deadline {
+                    return;
+                }
+                whole = shares.iter().map(|(id, s)| (*id, s.share)).collect();
+                verified = None;
+            }
+        }
         let b = self.lanes[lane].1.as_mut().expect("a batch in the lane");
         let Stage::Reducing { shares, .. } = std::mem::replace(
             &mut b.stage,
@@ -367,19 +473,18 @@ impl Broker {
         ) else {
             return;
         };
-        let servers = &self.servers;
-        let keys: BTreeMap<u64, _> = shares.keys().filter_map(|&id| Some((id, self.dir.get(id)?))).collect();
-        let msg = reduction_statement(&servers.system_id, &b.r1);
-        let mut good = Vec::new();
-        let all: Vec<(u64, BlsShare)> = shares.iter().map(|(id, s)| (*id, *s)).collect();
-        bisect(ctx, servers, &keys, &msg, &all, &mut good);
+        let mut good: Vec<u64> = Vec::new();
+        match verified {
+            Some(true) => good.extend(whole.iter().map(|(id, _)| *id)),
+            _ => bisect(ctx, &self.servers, &keys, &msg, &whole, verified == Some(false), &mut good),
+        }
         good.sort_unstable();
-        for (id, e) in &b.entries {
-            if shares.contains_key(id) && good.binary_search(id).is_err() {
-                ctx.fault(e.from, FaultKind::BadSignature);
+        for (id, s) in &shares {
+            if good.binary_search(id).is_err() {
+                ctx.fault(s.from, FaultKind::BadSignature);
             }
         }
-        let agg = sum_shares(good.iter().map(|id| &shares[id]));
+        let agg = sum_shares(good.iter().map(|id| &shares[id].share));
         let stragglers: Vec<Straggler> = b
             .entries
             .iter()
@@ -571,30 +676,45 @@ impl Broker {
     }
 }
 
+/// Whether the sum of `shares` verifies under the sum of their clients' keys.
+fn verifies(
+    ctx: &mut Ctx,
+    servers: &Servers,
+    keys: &BTreeMap<u64, Arc<super::directory::Keys>>,
+    msg: &[u8],
+    shares: &[(u64, BlsShare)],
+) -> bool {
+    let Some(agg) = sum_shares(shares.iter().map(|(_, s)| s)) else { return false };
+    ctx.counters.signatures_verified += 1;
+    verify_multi(servers.mode, shares.iter().map(|(id, _)| &keys[id].bls), msg, &agg)
+}
+
 /// Aggregate-then-bisect: the ids in `shares` whose shares verify, found with one
-/// verification for a set that is all good and a split for one that is not.
+/// verification for a set that is all good and a split for one that is not. `failed`:
+/// the set is known not to verify, without checking it (a sum of valid shares is valid,
+/// so a failed set whose first half verifies has a second half that does not).
 fn bisect(
     ctx: &mut Ctx,
     servers: &Servers,
     keys: &BTreeMap<u64, Arc<super::directory::Keys>>,
     msg: &[u8],
     shares: &[(u64, BlsShare)],
+    failed: bool,
     good: &mut Vec<u64>,
 ) {
     if shares.is_empty() {
         return;
     }
-    if let Some(agg) = sum_shares(shares.iter().map(|(_, s)| s)) {
-        ctx.counters.signatures_verified += 1;
-        if verify_multi(servers.mode, shares.iter().map(|(id, _)| &keys[id].bls), msg, &agg) {
-            good.extend(shares.iter().map(|(id, _)| *id));
-            return;
-        }
+    if !failed && verifies(ctx, servers, keys, msg, shares) {
+        good.extend(shares.iter().map(|(id, _)| *id));
+        return;
     }
     if shares.len() > 1 {
         let (a, b) = shares.split_at(shares.len() / 2);
-        bisect(ctx, servers, keys, msg, a, good);
-        bisect(ctx, servers, keys, msg, b, good);
+        let before = good.len();
+        bisect(ctx, servers, keys, msg, a, false, good);
+        let a_verified = good.len() - before == a.len();
+        bisect(ctx, servers, keys, msg, b, a_verified, good);
     }
 }
 
@@ -647,5 +767,155 @@ impl RoleMachine for Broker {
             + self.burst.len()
             + self.reductions.len()
             + self.lanes.iter().filter(|(_, b)| b.is_some()).count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use prost::Message;
+
+    use super::*;
+    use crate::config::FIRST_BROKER;
+    use crate::crypto::{BlsSecretKey, CryptoMode};
+    use crate::distill::{CLIENT_ADDRESS_BASE, generated_secrets, system_id};
+    use crate::{DistillSpec, Input, Node, Output, Params, generate_distill};
+
+    const CLIENTS: u64 = 4;
+    const REDUCTION_TIMEOUT: Nanos = 1_000_000;
+
+    /// A broker with a batch of `CLIENTS` submissions (real crypto) that waits for their
+    /// reductions, and what it takes to reduce.
+    struct Reducing {
+        node: Node,
+        sys: Digest,
+        keys: Vec<(EdSecretKey, BlsSecretKey)>,
+        root: Vec<u8>,
+    }
+
+    fn frame(kind: Frame) -> Vec<u8> {
+        pb::DistillFrame { kind: Some(kind) }.encode_to_vec()
+    }
+
+    fn drive(node: &mut Node, now: Nanos, input: Input) -> Vec<Output> {
+        let _ = node.handle(now, input);
+        std::iter::from_fn(|| node.poll()).collect()
+    }
+
+    impl Reducing {
+        fn new() -> Reducing {
+            let params = Params {
+                distill_batch_size: CLIENTS as u32,
+                max_payload: 8,
+                directory_size: CLIENTS,
+                directory_seed: 4,
+                reduction_timeout_ns: REDUCTION_TIMEOUT,
+                ..Params::default()
+            };
+            let spec = DistillSpec { params, crypto: CryptoMode::Real, ..DistillSpec::new(1, 1, 0) };
+            let cfg = generate_distill(&spec, [6; 32]).unwrap().into_iter().find(|c| c.id == FIRST_BROKER).unwrap();
+            let sys = system_id(&cfg.cluster);
+            let mut node = Node::new(cfg).unwrap();
+            drive(&mut node, 1, Input::Timeout);
+            for server in 0..3 {
+                let lanes = frame(Frame::Lanes(pb::LaneStatus { next: vec![0; 64] }));
+                drive(&mut node, 1, Input::Message { from: server, bytes: lanes });
+            }
+            let keys: Vec<_> = (0..CLIENTS).map(|id| generated_secrets(CryptoMode::Real, 4, id)).collect();
+            let mut root = vec![];
+            for (id, (ed, _)) in keys.iter().enumerate() {
+                let (id, msg) = (id as u64, vec![id as u8]);
+                let signature = ed.sign(&broadcast_statement(&sys, id, 0, &msg)).0.to_vec();
+                let submit = frame(Frame::Submit(pb::Submit { id, seq: 0, msg, signature, ..Default::default() }));
+                for o in drive(&mut node, 1, Input::Message { from: CLIENT_ADDRESS_BASE + id as u32, bytes: submit }) {
+                    if let Output::Send { bytes, .. } = o
+                        && let Some(Frame::Inclusion(inc)) = pb::DistillFrame::decode(bytes.as_slice()).unwrap().kind
+                    {
+                        root = inc.root;
+                    }
+                }
+            }
+            assert_eq!(root.len(), 32, "the batch was made");
+            Reducing { node, sys, keys, root }
+        }
+
+        /// Client `id`'s reduction, sent from `sender`'s address with `sender`'s share and
+        /// auth (a spoof when they differ), or with a share on other bytes (`poisoned`).
+        fn reduce(&mut self, id: u64, sender: u64, poisoned: bool) -> Vec<Output> {
+            let (ed, bls) = &self.keys[sender as usize];
+            let root: Digest = self.root.clone().try_into().unwrap();
+            let signed = if poisoned { b"not the root".to_vec() } else { reduction_statement(&self.sys, &root) };
+            let share = bls.sign(&signed).share_bytes(CryptoMode::Real);
+            let auth = ed.sign(&reduction_auth_statement(&self.sys, id, &root, &share)).0.to_vec();
+            let r = frame(Frame::Reduction(pb::Reduction { id, root: self.root.clone(), share, auth }));
+            drive(&mut self.node, 2, Input::Message { from: CLIENT_ADDRESS_BASE + sender as u32, bytes: r })
+        }
+
+        fn verifications(&self) -> u64 {
+            self.node.status().signatures_verified
+        }
+    }
+
+    /// The stragglers of the batch offered to the servers in `outs`, if one was.
+    fn offered_stragglers(outs: &[Output]) -> Option<Vec<u64>> {
+        outs.iter().find_map(|o| match o {
+            Output::Send { to, bytes } if *to < 4 => match pb::DistillFrame::decode(bytes.as_slice()).unwrap().kind {
+                Some(Frame::Offer(o)) => Some(o.batch.unwrap().stragglers.iter().map(|s| s.id).collect()),
+                _ => None,
+            },
+            _ => None,
+        })
+    }
+
+    #[test]
+    fn shares_that_all_verify_are_aggregated_without_checking_their_auths() {
+        let mut b = Reducing::new();
+        let before = b.verifications();
+        let outs: Vec<Output> = (0..CLIENTS).flat_map(|id| b.reduce(id, id, false)).collect();
+        assert_eq!(offered_stragglers(&outs), Some(vec![]));
+        assert_eq!(b.verifications() - before, 1, "one multi-signature, no auth");
+    }
+
+    #[test]
+    fn a_spoofed_share_before_the_clients_own_does_not_make_it_straggle() {
+        let mut b = Reducing::new();
+        assert_eq!(offered_stragglers(&b.reduce(1, 0, false)), None);
+        let outs: Vec<Output> = (0..CLIENTS).flat_map(|id| b.reduce(id, id, false)).collect();
+        assert_eq!(offered_stragglers(&outs), Some(vec![]));
+    }
+
+    #[test]
+    fn a_spoofed_share_for_a_silent_client_is_dropped_and_its_own_awaited() {
+        let mut b = Reducing::new();
+        let mut outs = b.reduce(1, 0, false);
+        for id in [0, 2, 3] {
+            outs.extend(b.reduce(id, id, false));
+        }
+        // Every id has a share, the aggregate fails, the spoof's auth does too.
+        assert_eq!(offered_stragglers(&outs), None);
+        let before = b.verifications();
+        // Checked on arrival from now on: one auth, one multi-signature.
+        assert_eq!(offered_stragglers(&b.reduce(1, 1, false)), Some(vec![]));
+        assert_eq!(b.verifications() - before, 2);
+    }
+
+    #[test]
+    fn at_the_deadline_a_client_whose_share_was_spoofed_straggles() {
+        let mut b = Reducing::new();
+        for (id, sender) in [(0, 0), (1, 0), (2, 2), (3, 3)] {
+            assert_eq!(offered_stragglers(&b.reduce(id, sender, false)), None);
+        }
+        let outs = drive(&mut b.node, 2 + REDUCTION_TIMEOUT, Input::Timeout);
+        assert_eq!(offered_stragglers(&outs), Some(vec![1]));
+    }
+
+    #[test]
+    fn a_bad_share_is_found_without_checking_the_sibling_of_a_good_half() {
+        let mut b = Reducing::new();
+        let before = b.verifications();
+        let outs: Vec<Output> = (0..CLIENTS).flat_map(|id| b.reduce(id, id, id == 3)).collect();
+        assert_eq!(offered_stragglers(&outs), Some(vec![3]));
+        // All four (fails), the auths (one batch, all good), {0, 1} (verifies), {2}
+        // (verifies): {2, 3} and {3} fail without a check.
+        assert_eq!(b.verifications() - before, 4);
     }
 }

@@ -6,15 +6,17 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::crypto::{BlsKey, BlsPublicKey, BlsSecretKey, CryptoMode, EdPublicKey, EdSecretKey, derive_key_material};
+use crate::crypto::{
+    BlsKey, BlsPublicKey, BlsSecretKey, CryptoMode, EdKey, EdPublicKey, EdSecretKey, derive_key_material,
+};
 
 /// The purpose a node's Ed25519 key material is derived for from its BLS key material.
 pub const ED25519_PURPOSE: &str = "phalanx v1 distill ed25519 key";
 
-/// A client's keys.
+/// A client's keys, both parsed once.
 #[derive(Clone, Debug)]
 pub struct Keys {
-    pub ed: EdPublicKey,
+    pub ed: EdKey,
     pub bls: BlsKey,
 }
 
@@ -101,7 +103,8 @@ impl Directory {
         self.derived[page].get_or_insert_with(|| Box::new([const { None }; PAGE]))[at].get_or_insert_with(|| {
             let (ed, bls) = generated_secrets(mode, seed, id);
             let bls = BlsKey::parse(mode, &bls.public_key()).expect("a generated key is valid");
-            Arc::new(Keys { ed: ed.public_key(), bls })
+            let ed = EdKey::parse(mode, &ed.public_key()).expect("a generated key is valid");
+            Arc::new(Keys { ed, bls })
         })
     }
 
@@ -134,14 +137,15 @@ impl Directory {
     }
 
     /// Adds a signed-up client (its proofs of possession checked) under the next id, or
-    /// returns the id it has. `None` if the BLS key is not a valid key.
+    /// returns the id it has. `None` if either key is not a valid key.
     pub fn sign_up(&mut self, ed: EdPublicKey, bls: &BlsPublicKey) -> Option<u64> {
         if let Some(id) = self.id_of(&ed) {
             return Some(id);
         }
         let bls = BlsKey::parse(self.mode, bls)?;
+        let ed_key = EdKey::parse(self.mode, &ed)?;
         let id = self.len();
-        self.signed_up.push(Arc::new(Keys { ed, bls }));
+        self.signed_up.push(Arc::new(Keys { ed: ed_key, bls }));
         self.by_ed.insert(ed, id);
         Some(id)
     }
@@ -163,7 +167,9 @@ impl Directory {
         if id < self.generated || self.learned.len() >= max {
             return false;
         }
-        let Some(bls) = BlsKey::parse(self.mode, bls) else { return false };
+        let (Some(bls), Some(ed)) = (BlsKey::parse(self.mode, bls), EdKey::parse(self.mode, &ed)) else {
+            return false;
+        };
         self.learned.insert(id, Arc::new(Keys { ed, bls }));
         true
     }
@@ -179,12 +185,12 @@ mod tests {
             let mut d = Directory::new(mode, 7, 3);
             let (ed, bls) = generated_secrets(mode, 7, 2);
             let k = d.get(2).unwrap();
-            assert_eq!((k.ed, k.bls.bytes), (ed.public_key(), bls.public_key()));
+            assert_eq!((k.ed.bytes, k.bls.bytes), (ed.public_key(), bls.public_key()));
             assert!(d.get(3).is_none());
             let (ed, bls) = generated_secrets(mode, 8, 0);
             assert_eq!(d.sign_up(ed.public_key(), &bls.public_key()), Some(3));
             assert_eq!(d.sign_up(ed.public_key(), &bls.public_key()), Some(3));
-            assert_eq!(d.get(3).unwrap().ed, ed.public_key());
+            assert_eq!(d.get(3).unwrap().ed.bytes, ed.public_key());
             assert_eq!(d.len(), 4);
         }
     }

@@ -14,7 +14,7 @@ use bytes::Bytes;
 use prost::Message;
 
 use super::batch::{Batch, DeliveredBatch, Fate, Messages, PackedIds};
-use super::directory::Directory;
+use super::directory::{Directory, Keys};
 use super::{
     MAX_SESSIONS, Servers, assign_statement, broadcast_statement, delivery_statement, hello_statement, msg_digest,
     open_frame, reduction_statement, send_frame, sign_up_statement, witness_statement,
@@ -260,16 +260,16 @@ impl Server {
             return false;
         }
         let s = &self.servers;
-        let signed: Vec<(EdPublicKey, Vec<u8>, EdSignature)> = batch
+        let signed: Vec<(Arc<Keys>, Vec<u8>, EdSignature)> = batch
             .stragglers
             .iter()
             .zip(&batch.straggler_at)
             .map(|(st, &at)| {
-                let key = self.dir.get(st.id).expect("ids checked").ed;
-                (key, broadcast_statement(&s.system_id, st.id, st.seq, batch.msgs.get(at)), st.signature)
+                let keys = self.dir.get(st.id).expect("ids checked");
+                (keys, broadcast_statement(&s.system_id, st.id, st.seq, batch.msgs.get(at)), st.signature)
             })
             .collect();
-        let items: Vec<EdItem> = signed.iter().map(|(k, m, sig)| EdItem { key: k, msg: m, sig }).collect();
+        let items: Vec<EdItem> = signed.iter().map(|(k, m, sig)| EdItem { key: &k.ed, msg: m, sig }).collect();
         let (ok, checks) = verify_each(s.mode, &items);
         ctx.counters.signatures_verified += checks;
         if ok.iter().any(|o| !o) {
@@ -622,7 +622,11 @@ impl Server {
             signed_up: self
                 .dir
                 .signed_up()
-                .map(|k| pb::SignUp { ed_key: k.ed.0.to_vec(), bls_key: k.bls.bytes.0.to_vec(), ..Default::default() })
+                .map(|k| pb::SignUp {
+                    ed_key: k.ed.bytes.0.to_vec(),
+                    bls_key: k.bls.bytes.0.to_vec(),
+                    ..Default::default()
+                })
                 .collect(),
         }
         .encode_to_vec()
