@@ -4,7 +4,7 @@
 //! ones by aggregate-then-bisect; silent and bad clients straggle with their own
 //! signatures), gets the batch witnessed, and certifies its delivery to each client.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use super::batch::{Batch, Fate, Messages, Straggler};
@@ -29,6 +29,9 @@ const MAX_BURST: usize = 4096;
 
 /// Signed-up clients a broker learns the keys of, at most.
 const MAX_LEARNED: usize = 1 << 20;
+
+/// Clients remembered for a bad share, at most (the lowest ids are forgotten first).
+const MAX_SUSPECTS: usize = 1 << 16;
 
 /// A submission that passed the filter, and where to answer its client.
 #[derive(Clone)]
@@ -84,6 +87,9 @@ pub(crate) struct Broker {
     burst: Vec<(NodeId, Nanos, pb::Submit)>,
     reductions: Vec<(NodeId, pb::Reduction)>,
     pool: BTreeMap<u64, Pooled>,
+    /// Clients who sent a bad share with a valid auth: their shares are verified on
+    /// their own on arrival, so that each costs bisection once, not once a batch.
+    suspects: BTreeSet<u64>,
     pool_since: Option<Nanos>,
     pool_timeout: Nanos,
     /// Per lane: the next lane seq, and the batch in it.
@@ -109,6 +115,7 @@ impl Broker {
             burst: Vec::new(),
             reductions: Vec::new(),
             pool: BTreeMap::new(),
+            suspects: BTreeSet::new(),
             pool_since: None,
             pool_timeout: p.pool_timeout_ns,
             lanes: (0..p.lanes).map(|_| (0, None)).collect(),
@@ -347,7 +354,20 @@ impl Broker {
                 continue;
             };
             let Stage::Reducing { shares, eager, .. } = &mut b.stage else { continue };
-            let new = Reduced { from, share, raw: r.share, auth: EdSignature(auth), checked: false };
+            let mut new = Reduced { from, share, raw: r.share, auth: EdSignature(auth), checked: false };
+            if self.suspects.contains(&r.id) {
+                // A valid share is its client's own, whatever came before it.
+                let keys = BTreeMap::from([(r.id, self.dir.peek(r.id).expect("checked above").clone())]);
+                let msg = reduction_statement(&self.servers.system_id, &b.r1);
+                if !verifies(ctx, &self.servers, &keys, &msg, &[(r.id, new.share)]) {
+                    ctx.fault(from, FaultKind::BadSignature);
+                    continue;
+                }
+                new.checked = true;
+                shares.insert(r.id, new);
+                touched.push(lane);
+                continue;
+            }
             match shares.get(&r.id) {
                 Some(s) if s.checked || s.raw == new.raw => continue,
                 Some(_) => {
@@ -481,7 +501,12 @@ impl Broker {
         good.sort_unstable();
         for (id, s) in &shares {
             if good.binary_search(id).is_err() {
+                // Its auth verified: the client itself signed something else.
                 ctx.fault(s.from, FaultKind::BadSignature);
+                self.suspects.insert(*id);
+                if self.suspects.len() > MAX_SUSPECTS {
+                    self.suspects.pop_first();
+                }
             }
         }
         let agg = sum_shares(good.iter().map(|id| &shares[id].share));
@@ -789,6 +814,7 @@ mod tests {
         node: Node,
         sys: Digest,
         keys: Vec<(EdSecretKey, BlsSecretKey)>,
+        servers: Vec<BlsSecretKey>,
         root: Vec<u8>,
     }
 
@@ -812,7 +838,9 @@ mod tests {
                 ..Params::default()
             };
             let spec = DistillSpec { params, crypto: CryptoMode::Real, ..DistillSpec::new(1, 1, 0) };
-            let cfg = generate_distill(&spec, [6; 32]).unwrap().into_iter().find(|c| c.id == FIRST_BROKER).unwrap();
+            let configs = generate_distill(&spec, [6; 32]).unwrap();
+            let servers = configs.iter().filter(|c| c.id < 4).map(|c| c.bls_secret.clone()).collect();
+            let cfg = configs.into_iter().find(|c| c.id == FIRST_BROKER).unwrap();
             let sys = system_id(&cfg.cluster);
             let mut node = Node::new(cfg).unwrap();
             drive(&mut node, 1, Input::Timeout);
@@ -821,21 +849,52 @@ mod tests {
                 drive(&mut node, 1, Input::Message { from: server, bytes: lanes });
             }
             let keys: Vec<_> = (0..CLIENTS).map(|id| generated_secrets(CryptoMode::Real, 4, id)).collect();
-            let mut root = vec![];
-            for (id, (ed, _)) in keys.iter().enumerate() {
-                let (id, msg) = (id as u64, vec![id as u8]);
-                let signature = ed.sign(&broadcast_statement(&sys, id, 0, &msg)).0.to_vec();
-                let submit = frame(Frame::Submit(pb::Submit { id, seq: 0, msg, signature, ..Default::default() }));
-                for o in drive(&mut node, 1, Input::Message { from: CLIENT_ADDRESS_BASE + id as u32, bytes: submit }) {
+            let mut b = Reducing { node, sys, keys, servers, root: vec![] };
+            b.submit(0);
+            b
+        }
+
+        /// Every client submits at `seq`; the broker batches them and sends the root.
+        fn submit(&mut self, seq: u64) {
+            for (id, (ed, _)) in self.keys.iter().enumerate() {
+                let (id, msg) = (id as u64, vec![id as u8, seq as u8]);
+                let signature = ed.sign(&broadcast_statement(&self.sys, id, seq, &msg)).0.to_vec();
+                let submit = frame(Frame::Submit(pb::Submit { id, seq, msg, signature, ..Default::default() }));
+                let from = CLIENT_ADDRESS_BASE + id as u32;
+                for o in drive(&mut self.node, 1, Input::Message { from, bytes: submit }) {
                     if let Output::Send { bytes, .. } = o
                         && let Some(Frame::Inclusion(inc)) = pb::DistillFrame::decode(bytes.as_slice()).unwrap().kind
                     {
-                        root = inc.root;
+                        self.root = inc.root;
                     }
                 }
             }
-            assert_eq!(root.len(), 32, "the batch was made");
-            Reducing { node, sys, keys, root }
+        }
+
+        /// f+1 servers certify the offered batch at `height` (as if witnessed and ordered),
+        /// which frees its lane and lets clients go on to the next seq.
+        fn deliver(&mut self, outs: &[Output], height: u64) {
+            let offer = outs
+                .iter()
+                .find_map(|o| match o {
+                    Output::Send { bytes, .. } => match pb::DistillFrame::decode(bytes.as_slice()).unwrap().kind {
+                        Some(Frame::Offer(o)) => Some(o),
+                        _ => None,
+                    },
+                    _ => None,
+                })
+                .expect("an offer");
+            for server in 0..2 {
+                let msg = delivery_statement(&self.sys, height, &offer.root);
+                let d = pb::DeliveryShard {
+                    lane: offer.lane,
+                    lane_seq: offer.lane_seq,
+                    height,
+                    amendments: vec![],
+                    signature: self.servers[server as usize].sign(&msg).0.to_vec(),
+                };
+                drive(&mut self.node, 3, Input::Message { from: server, bytes: frame(Frame::DeliveryShard(d)) });
+            }
         }
 
         /// Client `id`'s reduction, sent from `sender`'s address with `sender`'s share and
@@ -917,5 +976,31 @@ mod tests {
         // All four (fails), the auths (one batch, all good), {0, 1} (verifies), {2}
         // (verifies): {2, 3} and {3} fail without a check.
         assert_eq!(b.verifications() - before, 4);
+    }
+
+    #[test]
+    fn a_client_that_sent_a_bad_share_has_its_next_ones_verified_on_their_own() {
+        let mut b = Reducing::new();
+        let outs: Vec<Output> = (0..CLIENTS).flat_map(|id| b.reduce(id, id, id == 3)).collect();
+        assert_eq!(offered_stragglers(&outs), Some(vec![3]));
+        b.deliver(&outs, 1);
+        b.submit(1);
+        let before = b.verifications();
+        // Client 3's share alone (bad: it waits, as for a silent client), then the others'.
+        let mut outs = b.reduce(3, 3, true);
+        assert_eq!(b.verifications() - before, 1);
+        outs.extend((0..3).flat_map(|id| b.reduce(id, id, false)));
+        assert_eq!(offered_stragglers(&outs), None);
+        let outs = drive(&mut b.node, 2 + REDUCTION_TIMEOUT, Input::Timeout);
+        assert_eq!(offered_stragglers(&outs), Some(vec![3]));
+        // And the three others' aggregate: no auth, no bisection.
+        assert_eq!(b.verifications() - before, 2);
+        // A good share from it counts again, verified on its own.
+        b.deliver(&outs, 2);
+        b.submit(2);
+        let before = b.verifications();
+        let outs: Vec<Output> = (0..CLIENTS).flat_map(|id| b.reduce(id, id, false)).collect();
+        assert_eq!(offered_stragglers(&outs), Some(vec![]));
+        assert_eq!(b.verifications() - before, 2);
     }
 }
