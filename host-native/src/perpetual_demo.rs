@@ -181,9 +181,24 @@ pub struct PerpetualBenchArgs {
     durability: Durability,
 }
 
+/// The calls a run skips before its clock starts: `--warmup` per call in flight, fewer
+/// than the run makes.
+fn warmup_calls(a: &PerpetualBenchArgs, ops: u64, parallel: u32) -> Result<u64, String> {
+    let warmup = a.warmup * u64::from(parallel);
+    if warmup >= 2 * ops {
+        return Err(format!(
+            "--warmup {} with {parallel} calls in flight skips {warmup} calls, all of the {} a run makes: \
+             raise --ops or --throughput-ops, or lower --warmup",
+            a.warmup,
+            2 * ops
+        ));
+    }
+    Ok(warmup)
+}
+
 /// Calls completed per second from `warmup` completions to the end of the workload.
 fn measure(groups: (u32, u32), ops: u64, parallel: u32, a: &PerpetualBenchArgs) -> Result<f64, String> {
-    let warmup = a.warmup * u64::from(parallel);
+    let warmup = warmup_calls(a, ops, parallel)?;
     let dir = scratch(&format!("perpetual-bench-{}x{}", groups.0, groups.1));
     let mut d = Deployment::create(&dir, &binary()?, groups, ops, parallel, a.durability)?;
     let result = (|| {
@@ -203,6 +218,8 @@ fn measure(groups: (u32, u32), ops: u64, parallel: u32, a: &PerpetualBenchArgs) 
 
 /// `phalanxd perpetual-bench`: one table, every run in this process's turn.
 pub fn bench(a: PerpetualBenchArgs) -> Result<(), String> {
+    warmup_calls(&a, a.ops, 1)?;
+    warmup_calls(&a, a.throughput_ops, a.parallel)?;
     let durability = a.durability.describe();
     println!(
         "phalanx perpetual-bench: a bank group calling a ledger group, members as processes on loopback, real \
