@@ -78,6 +78,16 @@ struct InFlight {
     stage: Stage,
 }
 
+impl InFlight {
+    /// The shares so far and whether auths are checked on arrival, while reducing.
+    fn reducing(&mut self) -> Option<(&mut BTreeMap<u64, Reduced>, &mut bool)> {
+        match &mut self.stage {
+            Stage::Reducing { shares, eager, .. } => Some((shares, eager)),
+            _ => None,
+        }
+    }
+}
+
 pub(crate) struct Broker {
     servers: Servers,
     identity: EdSecretKey,
@@ -129,6 +139,11 @@ impl Broker {
 
     fn per_leaf(ctx: &Ctx) -> usize {
         ctx.cfg.cluster.params.leaf_entries as usize
+    }
+
+    /// Lane `lane`'s batch's shares and `eager` flag, while it is reducing.
+    fn reducing(&mut self, lane: usize) -> Option<(&mut BTreeMap<u64, Reduced>, &mut bool)> {
+        self.lanes[lane].1.as_mut()?.reducing()
     }
 
     /// Opens (again) a session with every server.
@@ -353,13 +368,12 @@ impl Broker {
                 ctx.fault(from, FaultKind::Malformed);
                 continue;
             };
-            let Stage::Reducing { shares, eager, .. } = &mut b.stage else { continue };
+            let msg = self.suspects.contains(&r.id).then(|| reduction_statement(&self.servers.system_id, &b.r1));
+            let Some((shares, eager)) = b.reducing() else { continue };
             let mut new = Reduced { from, share, raw: r.share, auth: EdSignature(auth), checked: false };
-            if self.suspects.contains(&r.id) {
-                // A valid share is its client's own, whatever came before it.
-                let keys = BTreeMap::from([(r.id, self.dir.peek(r.id).expect("checked above").clone())]);
-                let msg = reduction_statement(&self.servers.system_id, &b.r1);
-                if !verifies(ctx, &self.servers, &keys, &msg, &[(r.id, new.share)]) {
+            if let Some(msg) = msg {
+                // A suspect's: a valid share is its client's own, whatever came before it.
+                if !verifies(ctx, &self.servers, &self.dir, &msg, &[(r.id, new.share)]) {
                     ctx.fault(from, FaultKind::BadSignature);
                     continue;
                 }
@@ -386,20 +400,14 @@ impl Broker {
             contested.dedup();
             let stored: Vec<(usize, u64, Reduced)> = contested
                 .into_iter()
-                .filter_map(|(lane, id)| {
-                    let Some(Stage::Reducing { shares, .. }) = self.lanes[lane].1.as_mut().map(|b| &mut b.stage) else {
-                        return None;
-                    };
-                    Some((lane, id, shares.remove(&id)?))
-                })
+                .filter_map(|(lane, id)| Some((lane, id, self.reducing(lane)?.0.remove(&id)?)))
                 .collect();
             // The stored share first: of two with valid auths, the earlier stands.
             for (lane, id, share) in self.authenticated(ctx, stored.into_iter().chain(arrived)) {
-                let Some(Stage::Reducing { shares, .. }) = self.lanes[lane].1.as_mut().map(|b| &mut b.stage) else {
-                    continue;
-                };
-                shares.entry(id).or_insert(share);
-                touched.push(lane);
+                if let Some((shares, _)) = self.reducing(lane) {
+                    shares.entry(id).or_insert(share);
+                    touched.push(lane);
+                }
             }
         }
         touched.sort_unstable();
@@ -415,13 +423,11 @@ impl Broker {
     /// The shares whose auth verifies (one batch verification), marked checked; the
     /// others' senders are faulted.
     fn authenticated(
-        &mut self,
+        &self,
         ctx: &mut Ctx,
         shares: impl Iterator<Item = (usize, u64, Reduced)>,
     ) -> Vec<(usize, u64, Reduced)> {
         let shares: Vec<(usize, u64, Reduced)> = shares.collect();
-        let keys: Vec<Arc<super::directory::Keys>> =
-            shares.iter().map(|(_, id, _)| self.dir.peek(*id).expect("checked on arrival").clone()).collect();
         let msgs: Vec<Vec<u8>> = shares
             .iter()
             .map(|(lane, id, s)| {
@@ -431,9 +437,12 @@ impl Broker {
             .collect();
         let items: Vec<EdItem> = shares
             .iter()
-            .zip(&keys)
             .zip(&msgs)
-            .map(|(((_, _, s), k), msg)| EdItem { key: &k.ed, msg, sig: &s.auth })
+            .map(|((_, id, s), msg)| EdItem {
+                key: &self.dir.peek(*id).expect("checked on arrival").ed,
+                msg,
+                sig: &s.auth,
+            })
             .collect();
         let (ok, checks) = verify_each(self.servers.mode, &items);
         ctx.counters.signatures_verified += checks;
@@ -462,20 +471,15 @@ impl Broker {
         let deadline = *deadline;
         let mut whole: Vec<(u64, BlsShare)> = shares.iter().map(|(id, s)| (*id, s.share)).collect();
         let unchecked: Vec<u64> = shares.iter().filter(|(_, s)| !s.checked).map(|(id, _)| *id).collect();
-        let keys: BTreeMap<u64, _> = whole.iter().filter_map(|&(id, _)| Some((id, self.dir.get(id)?))).collect();
         // Whether `whole` verifies, while known.
-        let mut verified = Some(verifies(ctx, &self.servers, &keys, &msg, &whole));
+        let mut verified = Some(verifies(ctx, &self.servers, &self.dir, &msg, &whole));
         if verified == Some(false) && !unchecked.is_empty() {
-            let Some(Stage::Reducing { shares, .. }) = self.lanes[lane].1.as_mut().map(|b| &mut b.stage) else {
-                return;
-            };
+            let Some((shares, _)) = self.reducing(lane) else { return };
             let taken: Vec<(usize, u64, Reduced)> =
                 unchecked.iter().map(|id| (lane, *id, shares.remove(id).expect("listed"))).collect();
             let kept = self.authenticated(ctx, taken.into_iter());
             let dropped = kept.len() < unchecked.len();
-            let Some(Stage::Reducing { shares, eager, .. }) = self.lanes[lane].1.as_mut().map(|b| &mut b.stage) else {
-                return;
-            };
+            let Some((shares, eager)) = self.reducing(lane) else { return };
             shares.extend(kept.into_iter().map(|(_, id, s)| (id, s)));
             if dropped {
                 *eager = true;
@@ -496,7 +500,7 @@ impl Broker {
         let mut good: Vec<u64> = Vec::new();
         match verified {
             Some(true) => good.extend(whole.iter().map(|(id, _)| *id)),
-            _ => bisect(ctx, &self.servers, &keys, &msg, &whole, verified == Some(false), &mut good),
+            _ => bisect(ctx, &self.servers, &self.dir, &msg, &whole, verified == Some(false), &mut good),
         }
         good.sort_unstable();
         for (id, s) in &shares {
@@ -701,17 +705,13 @@ impl Broker {
     }
 }
 
-/// Whether the sum of `shares` verifies under the sum of their clients' keys.
-fn verifies(
-    ctx: &mut Ctx,
-    servers: &Servers,
-    keys: &BTreeMap<u64, Arc<super::directory::Keys>>,
-    msg: &[u8],
-    shares: &[(u64, BlsShare)],
-) -> bool {
+/// Whether the sum of `shares` verifies under the sum of their clients' keys (every id
+/// is in `dir`: checked when its share arrived).
+fn verifies(ctx: &mut Ctx, servers: &Servers, dir: &Directory, msg: &[u8], shares: &[(u64, BlsShare)]) -> bool {
     let Some(agg) = sum_shares(shares.iter().map(|(_, s)| s)) else { return false };
     ctx.counters.signatures_verified += 1;
-    verify_multi(servers.mode, shares.iter().map(|(id, _)| &keys[id].bls), msg, &agg)
+    let keys = shares.iter().map(|(id, _)| &dir.peek(*id).expect("checked on arrival").bls);
+    verify_multi(servers.mode, keys, msg, &agg)
 }
 
 /// Aggregate-then-bisect: the ids in `shares` whose shares verify, found with one
@@ -721,7 +721,7 @@ fn verifies(
 fn bisect(
     ctx: &mut Ctx,
     servers: &Servers,
-    keys: &BTreeMap<u64, Arc<super::directory::Keys>>,
+    dir: &Directory,
     msg: &[u8],
     shares: &[(u64, BlsShare)],
     failed: bool,
@@ -730,16 +730,16 @@ fn bisect(
     if shares.is_empty() {
         return;
     }
-    if !failed && verifies(ctx, servers, keys, msg, shares) {
+    if !failed && verifies(ctx, servers, dir, msg, shares) {
         good.extend(shares.iter().map(|(id, _)| *id));
         return;
     }
     if shares.len() > 1 {
         let (a, b) = shares.split_at(shares.len() / 2);
         let before = good.len();
-        bisect(ctx, servers, keys, msg, a, false, good);
+        bisect(ctx, servers, dir, msg, a, false, good);
         let a_verified = good.len() - before == a.len();
-        bisect(ctx, servers, keys, msg, b, a_verified, good);
+        bisect(ctx, servers, dir, msg, b, a_verified, good);
     }
 }
 
