@@ -189,12 +189,15 @@ impl Replica {
                 self.failed_views += 1;
                 self.start_view_change(ctx, now, self.view.saturating_add(1));
             }
-            Some(c) if c.deadline.is_some_and(|d| d <= now) => {
-                let next = c.target.saturating_add(1);
+            Some(c) if c.deadline.is_some_and(|d| d <= now) && c.target < u64::MAX => {
+                let next = c.target + 1;
                 self.failed_views += 1;
                 self.start_view_change(ctx, now, next);
             }
             Some(c) => {
+                // No view after the last: its deadline passed for good (faulty replicas
+                // led this one there), only the retries remain.
+                c.deadline = c.deadline.filter(|&d| d > now);
                 c.retries += 1;
                 c.retry_at = now.saturating_add(timeout.saturating_mul(1 << c.retries.min(16)));
                 let me = ctx.me();
