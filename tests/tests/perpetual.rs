@@ -321,3 +321,21 @@ fn a_call_costs_the_protocols_message_delays_and_no_timer() {
         );
     }
 }
+
+/// Calls in flight (within the call window), fault-free: every call completes, and no
+/// group changes view — a copy or vote left queued for ordering that nobody needs any
+/// more (its call settled elsewhere, or by a state transfer) would make a backup
+/// suspect its correct primary.
+#[test]
+fn calls_in_flight_complete_without_a_view_change() {
+    for (n_c, n_t) in [(4, 4), (7, 4), (4, 7)] {
+        let s = Scenario { parallel: 12, ops: 200, ..Scenario::new(n_c, n_t, 1) };
+        let out = run(s);
+        for c in 0..n_c as usize {
+            assert_eq!(out.executors[&c].completed, 400, "n_c={n_c} n_t={n_t} caller {c}");
+        }
+        for (host, status) in &out.status {
+            assert_eq!(status.view_changes, 0, "n_c={n_c} n_t={n_t} host {host}: {status:?}");
+        }
+    }
+}

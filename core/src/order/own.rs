@@ -5,7 +5,7 @@
 use bytes::Bytes;
 use prost::Message;
 
-use super::Replica;
+use super::{Bundle, Replica};
 use crate::Nanos;
 use crate::node::Ctx;
 use crate::wire::pb;
@@ -46,13 +46,22 @@ impl OwnNumbers {
     /// faulty member may have had its own ordered up to the last: then none is left, and
     /// `op` is refused rather than numbered past `u64::MAX`.
     pub(crate) fn submit(&mut self, ctx: &mut Ctx, now: Nanos, replica: &mut Replica, op: Bytes) {
+        if let Some(bundle) = self.send(ctx, replica, op) {
+            replica.take_together(ctx, now, vec![bundle]);
+        }
+    }
+
+    /// Numbers `op` as [`Self::submit`] does and sends it to the group's other replicas;
+    /// the bundle is for this replica to take when its application lets it through.
+    pub(crate) fn send(&mut self, ctx: &mut Ctx, replica: &Replica, op: Bytes) -> Option<Bundle> {
         if !std::mem::replace(&mut self.raised, true) {
             self.next = self.next.max(replica.own_executed(ctx).saturating_add(2 * LEASE));
         }
         let Some(first) = self.take(ctx) else {
-            return ctx.stats.refused += 1;
+            ctx.stats.refused += 1;
+            return None;
         };
-        replica.submit_own(ctx, now, first, vec![op]);
+        replica.send_own(ctx, first, vec![op])
     }
 
     /// The next number, a new lease persisted first when the last one is used up; none

@@ -319,16 +319,36 @@ impl Replica {
     }
 
     /// Requests of this replica's own, numbered from `first` (with an application in the
-    /// core): sent to the other replicas like a client's, with its authenticator, and
-    /// queued here.
-    pub fn submit_own(&mut self, ctx: &mut Ctx, now: Nanos, first: u64, ops: Vec<Bytes>) {
+    /// core): sent to the other replicas like a client's, with its authenticator; the
+    /// bundle is for [`Self::take_together`] when the application lets it through.
+    pub fn send_own(&self, ctx: &mut Ctx, first: u64, ops: Vec<Bytes>) -> Option<Bundle> {
         debug_assert!(self.embedded.is_some());
         let r = Bundle::seal(&ctx.keys, &self.replicas, first, ops);
         ctx.send_to_replicas(pb::body::Kind::Requests(r.clone()), &[]);
-        if let Some(bundle) = Bundle::parse(r) {
-            self.take_requests(ctx, now, bundle);
+        Bundle::parse(r)
+    }
+
+    /// Bundles the application in the core authenticated (their submitter's frame MAC)
+    /// and let through at once: queued, then proposed together, so they go in one batch
+    /// (a Perpetual member's f+1 matching copies of a call, or its group's votes on one).
+    pub fn take_together(&mut self, ctx: &mut Ctx, now: Nanos, bundles: Vec<Bundle>) {
+        debug_assert!(self.embedded.is_some());
+        for bundle in bundles {
+            self.queue_requests(ctx, now, bundle);
         }
+        self.unpark(ctx, now);
+        self.propose(ctx, now);
         self.rearm(ctx);
+    }
+
+    /// Requests the application in the core let through that it no longer needs ordered
+    /// (a Perpetual call they are copies of, or votes on, was decided): dropped if no
+    /// batch holds them yet, so no request timer waits for them.
+    pub fn withdraw(&mut self, ctx: &Ctx, client: NodeId, first: u64) {
+        if self.queues.get(&client).is_some_and(|c| c.unproposed.contains(&first)) {
+            self.forget_pending(client, first);
+            self.rearm(ctx);
+        }
     }
 
     fn is_primary(&self, ctx: &Ctx) -> bool {
@@ -402,35 +422,43 @@ impl Replica {
         } else if bundle.client != from {
             return ctx.fault(from, FaultKind::Unexpected);
         }
-        self.take_requests(ctx, now, bundle);
+        if self.queue_requests(ctx, now, bundle) {
+            self.unpark(ctx, now);
+            self.propose(ctx, now);
+        }
     }
 
     /// Requests a client sent: executed ones are answered from the reply cache; new ones
-    /// wait for a batch, within `client_queue`.
-    fn take_requests(&mut self, ctx: &mut Ctx, now: Nanos, bundle: Bundle) {
+    /// wait for a batch, within `client_queue`. Whether they were queued.
+    fn queue_requests(&mut self, ctx: &mut Ctx, now: Nanos, bundle: Bundle) -> bool {
         let from = bundle.client;
         let p = &ctx.cfg.cluster.params;
         let (cap, count) = (p.client_queue as usize, bundle.count());
         // The client's rule: requests sent together fit one batch.
         if count > p.batch_max_count as u64 || bundle.op_bytes > p.batch_max_bytes as usize {
-            return ctx.fault(from, FaultKind::Oversized);
+            ctx.fault(from, FaultKind::Oversized);
+            return false;
         }
         if let Some(executed) = self.table.get(&from) {
             if let Some(results) = executed.results(bundle.first, count).filter(|_| self.replies_to(ctx, from)) {
                 // A retransmission of executed requests: the cached reply, nothing re-executed.
                 let reply = pb::Reply { view: self.view, first: bundle.first, results: results.clone() };
-                return ctx.send(pb::body::Kind::Reply(reply), [from]);
+                ctx.send(pb::body::Kind::Reply(reply), [from]);
+                return false;
             }
             if executed.done(bundle.first, bundle.last()) {
-                return ctx.stats.stale += 1;
+                ctx.stats.stale += 1;
+                return false;
             }
         }
         let client = self.queues.entry(from).or_default();
         if client.pending_overlaps(bundle.first, bundle.last()) {
-            return ctx.stats.stale += 1;
+            ctx.stats.stale += 1;
+            return false;
         }
         if client.unproposed_requests + count as usize > cap {
-            return ctx.stats.refused += 1;
+            ctx.stats.refused += 1;
+            return false;
         }
         let first = bundle.first;
         client.pending.insert(first, Waiting { bundle: Arc::new(bundle), arrived: now, failed: 0 });
@@ -439,8 +467,7 @@ impl Replica {
             self.progress_at = now;
         }
         self.waiting += count as usize;
-        self.unpark(ctx, now);
-        self.propose(ctx, now);
+        true
     }
 
     /// A client's read-only request: the host answers it from the application's state,

@@ -20,12 +20,13 @@
 //! 1. Calling. Each caller member sends its copy of the call to t's primary (as it last
 //!    heard of it) as a PBFT client of t would: a `Requests` whose client is the member,
 //!    request number the call id, op a [`pb::PerpetualCall`], with an authenticator entry
-//!    for every target member (so a backup checks a copy the primary relays). t orders
-//!    the copies ([`Replica::admit_outside_submitters`]); a copy is counted when it
-//!    *executes*, and the call becomes an `Event::Request` at the execution of the
-//!    (f_c+1)-th matching copy from distinct caller members. Counting at execution keeps
-//!    it deterministic across t's members, and f_c+1 copies mean a correct caller member
-//!    asked for it.
+//!    for every target member (so a backup checks a copy the primary relays). A target
+//!    member holds copies back until f_c+1 from distinct caller members match ([`gate`]),
+//!    then t orders them together, in one batch
+//!    ([`Replica::admit_outside_submitters`]); a copy is counted when it *executes*, and
+//!    the call becomes an `Event::Request` at the execution of the (f_c+1)-th matching
+//!    copy. Counting at execution keeps it deterministic across t's members (whatever a
+//!    faulty primary orders), and f_c+1 copies mean a correct caller member asked for it.
 //! 2. Replying. Each target member's executor responds; the member MACs the result for
 //!    every caller member ([`crate::wire::Keyring::result_mac_to`]) and sends it to the
 //!    call's responder, t's member at index `call mod n_t`. The responder, once f_t+1
@@ -33,17 +34,20 @@
 //!    f_t+1 MACs meant for it (a [`pb::PerpetualResult`]).
 //! 3. Vouching. A caller member that holds f_t+1 valid MACs from distinct target members
 //!    on one result (so a correct target member computed it) vouches for it to its own
-//!    group: a [`pb::PerpetualVouch`] it submits to its group's PBFT. When the vouches and
-//!    abort requests of a call execute, the first outcome to gather f_c+1 from distinct
-//!    caller members wins: f_c+1 vouches for one result make `Event::Reply`, f_c+1 abort
-//!    requests `Event::Aborted`. Decided in execution order, the outcome is the same at
-//!    every correct caller member, even if a compromised target sent different,
-//!    validly-quorumed results to different caller members.
+//!    group: a [`pb::PerpetualVouch`] it sends every fellow member, and each holds it
+//!    until f_c+1 members' vouches (or abort requests) agree, which its group's PBFT then
+//!    orders together. When the vouches and abort requests of a call execute, the first
+//!    outcome to gather f_c+1 from distinct caller members wins: f_c+1 vouches for one
+//!    result make `Event::Reply`, f_c+1 abort requests `Event::Aborted`. Decided in
+//!    execution order, the outcome is the same at every correct caller member, even if a
+//!    compromised target sent different, validly-quorumed results to different caller
+//!    members.
 //! 4. Timeout. A caller member that has not vouched `client_retry_ns` after sending a
 //!    call sends its copy to every target member, again every `client_retry_ns`: backups
-//!    hold it, forward it to their primary and, if it is not ordered, change view (a
-//!    faulty primary); and a target member that gets a copy while not primary sends its
-//!    result straight to that caller member, bypassing the responder (a faulty one).
+//!    hold it (until f_c+1 match, as above), forward it to their primary and, if it is
+//!    not ordered, change view (a faulty primary); and a target member that gets a copy
+//!    while not primary sends its result straight to that caller member, bypassing the
+//!    responder (a faulty one).
 //!
 //! # Who checks what
 //!
@@ -79,9 +83,12 @@
 //! the same point of the event sequence at every member, so the results a checkpoint
 //! holds agree.
 
+mod gate;
+
 use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::Bytes;
+use gate::{CallKey, Gate};
 use prost::Message;
 
 use crate::crypto::{Digest, digest};
@@ -118,6 +125,15 @@ pub(crate) fn result_statement(target: u32, caller: u32, call: u64, result: &[u8
     m.extend_from_slice(&call.to_le_bytes());
     m.extend_from_slice(&digest(result));
     m
+}
+
+/// Which of a member's gates.
+#[derive(Clone, Copy)]
+enum Side {
+    /// Copies of calls from caller groups (target side).
+    Copies,
+    /// Votes on this group's calls (caller side).
+    Votes,
 }
 
 /// One of this member's executor's calls, issued and not decided.
@@ -215,6 +231,11 @@ pub(crate) struct Member {
     awaiting: Option<AwaitingSnapshot>,
     /// Numbers of its own requests (vouches and aborts).
     own: OwnNumbers,
+    /// Target side: copies of calls not yet ordered, held until f_c+1 match.
+    copies_held: Gate,
+    /// Caller side: fellow members' vouches and abort requests not yet ordered, held
+    /// until f_c+1 agree.
+    votes_held: Gate,
     /// Caller members that resent a call to this member: they get its result directly.
     direct: BTreeMap<(u32, u64), BTreeSet<NodeId>>,
     /// As a responder: results per call, by target member.
@@ -255,6 +276,8 @@ impl Member {
             copies_of: BTreeMap::new(),
             awaiting: None,
             own: OwnNumbers::new(),
+            copies_held: Gate::default(),
+            votes_held: Gate::default(),
             responded: BTreeMap::new(),
             direct: BTreeMap::new(),
             collecting: BTreeMap::new(),
@@ -371,25 +394,45 @@ impl Member {
         ctx.send(pb::body::Kind::PerpetualResult(pb::PerpetualResult { macs, view, ..msg.clone() }), [to]);
     }
 
-    /// Orders `op` through this group's PBFT as a request of this member's own.
+    /// Sends the group a vote of this member's own (a vouch or an abort request), to be
+    /// ordered through its PBFT once f_c+1 members' agree.
     fn submit(&mut self, ctx: &mut Ctx, now: Nanos, op: Op) {
         let op = Bytes::from(pb::PerpetualOp { kind: Some(op) }.encode_to_vec());
-        self.own.submit(ctx, now, &mut self.replica, op);
+        if let Some(bundle) = self.own.send(ctx, &self.replica, op) {
+            self.hold_vote(ctx, now, ctx.me(), bundle);
+        }
+    }
+
+    /// A member's request sent to its group (its own, straight from it: the frame MAC
+    /// authenticated it): a vote, held until f_c+1 members' agree.
+    fn hold_vote(&mut self, ctx: &mut Ctx, now: Nanos, member: NodeId, bundle: Bundle) {
+        let Some((call, abort, value)) = single_op(&bundle).as_ref().and_then(vote_of) else {
+            return ctx.fault(member, FaultKind::Unexpected);
+        };
+        if self.is_decided(call) || call > self.decided_floor + 2 * self.window {
+            return ctx.stats.stale += 1;
+        }
+        let (f, cap) = (self.me().f, 2 * self.window as usize);
+        let ready = self.votes_held.hold((self.group, call), member, abort, value, bundle, f, cap);
+        if !ready.is_empty() {
+            self.replica.take_together(ctx, now, ready);
+        }
     }
 
     // ------------------------------------------------------------ messages
 
-    /// A copy of a call from a caller member, before PBFT takes it: a copy that reaches
-    /// this member while it is not primary, or of a call it already took, is a resend
-    /// (the caller timed out, or restarted and lost the result), whose sender gets this
-    /// member's result directly.
-    fn on_copy(&mut self, ctx: &mut Ctx, from: NodeId, r: &pb::Requests) {
-        let Some(caller) = self.caller_group(from) else { return };
-        // Decoded whole: `header` reads no client 0, which protobuf leaves out.
-        let Some((client, call)) =
-            pb::RequestsBody::decode(r.body.clone()).ok().map(|b| (b.client, b.first)).filter(|(c, _)| *c == from)
-        else {
-            return;
+    /// A copy of a call straight from a caller member: held until f_c+1 copies match,
+    /// then they go to PBFT together. A copy that reaches this member while it is not
+    /// primary, or of a call it already took, is a resend (the caller timed out, or
+    /// restarted and lost the result), whose sender gets this member's result directly.
+    fn on_copy(&mut self, ctx: &mut Ctx, now: Nanos, bundle: Bundle) {
+        let (client, call) = (bundle.client, bundle.first);
+        let Some(caller) = self.caller_group(client) else {
+            return ctx.fault(client, FaultKind::Unexpected);
+        };
+        let op = match single_op(&bundle) {
+            Some(Op::Call(c)) if c.target == self.group => c.op,
+            _ => return ctx.fault(client, FaultKind::Unexpected),
         };
         if let Some(result) = self.responded.get(&(caller, call)) {
             let statement = result_statement(self.group, caller, call, result);
@@ -399,12 +442,19 @@ impl Member {
         }
         // The primary gets every first copy: only one of a call it already took is a resend.
         let delivered = self.delivered.get(&caller).is_some_and(|d| d.contains(call));
-        if self.replica.primary_now(ctx) && !delivered {
-            return;
+        if !self.replica.primary_now(ctx) || delivered {
+            self.direct.entry((caller, call)).or_default().insert(client);
+            while self.direct.len() > self.local_cap() {
+                self.direct.pop_first();
+            }
         }
-        self.direct.entry((caller, call)).or_default().insert(client);
-        while self.direct.len() > self.local_cap() {
-            self.direct.pop_first();
+        if delivered {
+            return ctx.stats.stale += 1;
+        }
+        let (f, cap) = (self.groups[caller as usize].f, 2 * self.window as usize);
+        let ready = self.copies_held.hold((caller, call), client, false, op, bundle, f, cap);
+        if !ready.is_empty() {
+            self.replica.take_together(ctx, now, ready);
         }
     }
 
@@ -536,13 +586,12 @@ impl Member {
     /// member's copy of a call. Anything else (a faulty submitter's) does nothing.
     fn execute(&mut self, ctx: &mut Ctx, o: &Operation) {
         let Some(kind) = pb::PerpetualOp::decode(o.op.as_slice()).ok().and_then(|op| op.kind) else { return };
+        if ctx.is_replica(o.client)
+            && let Some((call, abort, value)) = vote_of(&kind)
+        {
+            return self.vote(ctx, o.client, call, abort, value);
+        }
         match kind {
-            Op::Vouch(v) if ctx.is_replica(o.client) => {
-                let mut value = v.target.to_le_bytes().to_vec();
-                value.extend_from_slice(&v.result);
-                self.vote(ctx, o.client, v.call, false, value.into());
-            }
-            Op::Abort(call) if ctx.is_replica(o.client) => self.vote(ctx, o.client, call, true, Bytes::new()),
             Op::Call(c) if c.target == self.group => {
                 if let Some(caller) = self.caller_group(o.client) {
                     self.copy(ctx, caller, o.client, o.request, c.op);
@@ -563,6 +612,7 @@ impl Member {
             return;
         }
         self.outcomes.remove(&call);
+        self.settled(ctx, Side::Votes, (self.group, call));
         self.decided.insert(call);
         while self.decided.remove(&(self.decided_floor + 1)) {
             self.decided_floor += 1;
@@ -592,6 +642,7 @@ impl Member {
                 }
             }
             self.delivered.entry(caller).or_default().insert(call, cap);
+            self.settled(ctx, Side::Copies, key);
             ctx.push(Output::Event(Event::Request { caller, call, op: op.to_vec() }));
             return;
         }
@@ -605,6 +656,18 @@ impl Member {
                     self.incoming.remove(&oldest);
                 }
             }
+        }
+    }
+
+    /// A call delivered here (its copies) or decided (its votes): what the gate held for
+    /// it goes, and what it let through that no batch holds yet.
+    fn settled(&mut self, ctx: &Ctx, side: Side, key: CallKey) {
+        let gate = match side {
+            Side::Copies => &mut self.copies_held,
+            Side::Votes => &mut self.votes_held,
+        };
+        for (member, first) in gate.forget(key) {
+            self.replica.withdraw(ctx, member, first);
         }
     }
 
@@ -713,6 +776,17 @@ impl Member {
             .map(|d| (d.group, Delivered { floor: d.floor, calls: d.calls.into_iter().collect() }))
             .collect();
         self.responded = s.responded.into_iter().map(|r| ((r.group, r.call), r.result.into())).collect();
+        // What the restored state settled needs no ordering here any more.
+        let decided: Vec<CallKey> = self.votes_held.calls().filter(|&(_, call)| self.is_decided(call)).collect();
+        let delivered: Vec<CallKey> = (self.copies_held.calls())
+            .filter(|(caller, call)| self.delivered.get(caller).is_some_and(|d| d.contains(*call)))
+            .collect();
+        for key in decided {
+            self.settled(ctx, Side::Votes, key);
+        }
+        for key in delivered {
+            self.settled(ctx, Side::Copies, key);
+        }
         ctx.push(Output::Event(Event::Restore { seq, state: s.executor }));
     }
 
@@ -734,10 +808,13 @@ impl RoleMachine for Member {
         let from = msg.sender;
         match msg.body {
             pb::body::Kind::PerpetualResult(r) => self.on_result(ctx, now, from, r),
-            pb::body::Kind::Requests(ref r) if !ctx.is_replica(from) => {
-                self.on_copy(ctx, from, r);
-                self.replica.on_message(ctx, now, msg);
-            }
+            // Straight from its submitter: a caller member's copy, or a fellow's vote.
+            pb::body::Kind::Requests(ref r) => match Bundle::parse(r.clone()) {
+                Some(b) if b.client == from && !ctx.is_replica(from) => self.on_copy(ctx, now, b),
+                Some(b) if b.client == from => self.hold_vote(ctx, now, from, b),
+                // Forwarded by a fellow, or malformed: PBFT's rules.
+                _ => self.replica.on_message(ctx, now, msg),
+            },
             _ => self.replica.on_message(ctx, now, msg),
         }
         self.run(ctx, now);
@@ -789,6 +866,8 @@ impl RoleMachine for Member {
             + self.outstanding.len()
             + self.outcomes.len()
             + self.incoming.len()
+            + self.copies_held.len()
+            + self.votes_held.len()
             + self.responded.len()
             + self.direct.len()
             + self.collecting.len()
@@ -796,5 +875,25 @@ impl RoleMachine for Member {
 
     fn next_request(&self) -> Option<u64> {
         Some(self.next_call)
+    }
+}
+
+/// The one operation of a bundle, decoded; `None` for any other shape.
+fn single_op(bundle: &Bundle) -> Option<Op> {
+    let [op] = bundle.ops.as_slice() else { return None };
+    pb::PerpetualOp::decode(op.clone()).ok()?.kind
+}
+
+/// A vote on a call's outcome: (call, abort, value), the value of a vouch being the
+/// target group and the result.
+fn vote_of(op: &Op) -> Option<(u64, bool, Bytes)> {
+    match op {
+        Op::Vouch(v) => {
+            let mut value = v.target.to_le_bytes().to_vec();
+            value.extend_from_slice(&v.result);
+            Some((v.call, false, value.into()))
+        }
+        Op::Abort(call) => Some((*call, true, Bytes::new())),
+        Op::Call(_) => None,
     }
 }

@@ -1,0 +1,110 @@
+//! What a member lets through to its group's PBFT: requests whose count matters only at
+//! f+1 — a caller group's copies of a call at a target, a member's fellows' votes on a
+//! call's outcome at the caller — are held until f+1 members' agree, then queued
+//! together, so the primary orders them in one batch (one round, where ordering each as
+//! it came took two: the first alone, the rest behind it) and a backup times the primary
+//! only for what it should order. Fewer than f+1 never go on: no correct member needs
+//! them, and a faulty one cannot make a backup suspect a correct primary with them.
+//!
+//! Local to the member and only a matter of when: what executes still counts at
+//! execution ([`super::Member`]), so a faulty primary that orders copies one by one, or
+//! a faulty member that sends its copy to the primary alone, changes nothing agreed.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use bytes::Bytes;
+
+use super::Tally;
+use crate::NodeId;
+use crate::order::Bundle;
+
+/// A call: (group, call id).
+pub(super) type CallKey = (u32, u64);
+
+#[derive(Default)]
+pub(super) struct Gate {
+    held: BTreeMap<CallKey, Held>,
+    /// The calls each member has a vote held on: at most the cap, the oldest go.
+    of_member: BTreeMap<NodeId, BTreeSet<CallKey>>,
+}
+
+#[derive(Default)]
+struct Held {
+    tally: Tally,
+    /// The request of each vote in `tally`, by (member, abort), until let through.
+    bundles: BTreeMap<(NodeId, bool), Bundle>,
+    /// Let through once, these (submitter, request number): later votes are only
+    /// counted, as this member's PBFT holds f+1 agreeing requests until they execute.
+    released: Option<Vec<(NodeId, u64)>>,
+}
+
+impl Gate {
+    /// `member`'s request `bundle`, its vote on `key` (an abort request, or `value`): the
+    /// requests of f+1 agreeing votes once there are (this one among them), to be ordered
+    /// together; none before, nor again for the same call. A member's first vote of each
+    /// kind counts; at most `cap` calls are held per member.
+    pub fn hold(&mut self, key: CallKey, member: NodeId, abort: bool, value: Bytes, bundle: Bundle, f: usize, cap: usize) -> Vec<Bundle> {
+        let held = self.held.entry(key).or_default();
+        let count = held.tally.add(member, abort, value.clone());
+        if count == 0 {
+            return vec![];
+        }
+        let mut out = vec![];
+        if held.released.is_none() && count <= f {
+            held.bundles.insert((member, abort), bundle);
+        } else if held.released.is_none() {
+            let mut bundles = std::mem::take(&mut held.bundles);
+            let agreeing = held.tally.votes.iter().filter(|v| v.abort == abort && (abort || v.value == value));
+            out = agreeing.filter_map(|v| bundles.remove(&(v.member, v.abort))).collect();
+            out.push(bundle);
+            held.released = Some(out.iter().map(|b| (b.client, b.first)).collect());
+        }
+        self.count_in(key, member, cap);
+        out
+    }
+
+    /// The call was decided (or delivered): nothing held for it matters any more. The
+    /// requests let through for it, as (submitter, request number): some may not have
+    /// been ordered, and need not be.
+    pub fn forget(&mut self, key: CallKey) -> Vec<(NodeId, u64)> {
+        let Some(held) = self.held.remove(&key) else { return vec![] };
+        for v in held.tally.votes {
+            if let Some(calls) = self.of_member.get_mut(&v.member) {
+                calls.remove(&key);
+                if calls.is_empty() {
+                    self.of_member.remove(&v.member);
+                }
+            }
+        }
+        held.released.unwrap_or_default()
+    }
+
+    /// Notes `member`'s vote on `key`; over the cap, its vote on its oldest call goes.
+    fn count_in(&mut self, key: CallKey, member: NodeId, cap: usize) {
+        let calls = self.of_member.entry(member).or_default();
+        calls.insert(key);
+        if calls.len() > cap {
+            let oldest = calls.pop_first().expect("over the cap");
+            self.drop_votes(oldest, member);
+        }
+    }
+
+    fn drop_votes(&mut self, key: CallKey, member: NodeId) {
+        let Some(held) = self.held.get_mut(&key) else { return };
+        held.tally.votes.retain(|v| v.member != member);
+        held.bundles.retain(|&(m, _), _| m != member);
+        if held.tally.votes.is_empty() {
+            self.held.remove(&key);
+        }
+    }
+
+    /// The calls with votes held or counted.
+    pub fn calls(&self) -> impl Iterator<Item = CallKey> + '_ {
+        self.held.keys().copied()
+    }
+
+    /// Calls with votes held.
+    pub fn len(&self) -> usize {
+        self.held.len()
+    }
+}
