@@ -349,3 +349,31 @@ fn a_lone_request_after_a_burst_is_soon_proposed_at_once_again() {
     }
     assert!(waited <= 1, "{waited} of 5 lone requests waited out the batch timer");
 }
+
+/// Two colluding replicas (f+1 at n = 4) that change to the last view there is lead a
+/// correct replica there; its view-change deadline then lapses, where it used to stay
+/// in the past and have the host time the replica out at one instant forever.
+#[test]
+fn a_replica_led_to_the_last_view_stops_timing_out() {
+    use crate::sim::keyed::Coalition;
+    use crate::wire::{self, pb};
+    let spec = ClusterSpec { crypto: CryptoMode::InsecureTest, params: params(), ..ClusterSpec::pbft(1, 1) };
+    let cfgs = generate_cluster(&spec, [5; 32]).unwrap();
+    let coalition = Coalition::new([&cfgs[2], &cfgs[3]], (0..cfgs.len() as NodeId).collect());
+    let mut net = Net::new(1, 1, params());
+    for from in [2, 3] {
+        let mut vc = pb::ViewChange { view: u64::MAX, ..Default::default() };
+        coalition.sign_view_change(from, &mut vc);
+        let bytes = coalition.seal(from, 0, &wire::encode_body(pb::body::Kind::ViewChange(Box::new(vc))), vec![]);
+        net.input(0, Input::Message { from, bytes });
+    }
+    assert!(net.nodes[0].status().changing_view, "f+1 VIEW-CHANGEs lead the replica on");
+    // Retries until the deadline, and past it.
+    for round in 0..8 {
+        let deadline = net.nodes[0].poll_timeout().expect("a view change under way has a deadline");
+        net.now = net.now.max(deadline);
+        net.input(0, Input::Timeout);
+        let next = net.nodes[0].poll_timeout();
+        assert!(next.is_some_and(|d| d > net.now), "round {round}: next deadline {next:?} at {}", net.now);
+    }
+}
