@@ -21,8 +21,17 @@ use crate::order::Bundle;
 /// A call: (group, call id).
 pub(super) type CallKey = (u32, u64);
 
-#[derive(Default)]
+/// A member's vote on a call: an abort request, or a value (a copy's op, a vouch's
+/// target and result).
+pub(super) struct Vote {
+    pub member: NodeId,
+    pub abort: bool,
+    pub value: Bytes,
+}
+
 pub(super) struct Gate {
+    /// Calls held per member at most.
+    cap: usize,
     held: BTreeMap<CallKey, Held>,
     /// The calls each member has a vote held on: at most the cap, the oldest go.
     of_member: BTreeMap<NodeId, BTreeSet<CallKey>>,
@@ -39,11 +48,15 @@ struct Held {
 }
 
 impl Gate {
-    /// `member`'s request `bundle`, its vote on `key` (an abort request, or `value`): the
-    /// requests of f+1 agreeing votes once there are (this one among them), to be ordered
-    /// together; none before, nor again for the same call. A member's first vote of each
-    /// kind counts; at most `cap` calls are held per member.
-    pub fn hold(&mut self, key: CallKey, member: NodeId, abort: bool, value: Bytes, bundle: Bundle, f: usize, cap: usize) -> Vec<Bundle> {
+    pub fn new(cap: usize) -> Self {
+        Gate { cap, held: BTreeMap::new(), of_member: BTreeMap::new() }
+    }
+
+    /// The request `bundle` of `vote` on `key`: the requests of f+1 agreeing votes once
+    /// there are (this one among them), to be ordered together; none before, nor again
+    /// for the same call. A member's first vote of each kind counts.
+    pub fn hold(&mut self, key: CallKey, vote: Vote, bundle: Bundle, f: usize) -> Vec<Bundle> {
+        let Vote { member, abort, value } = vote;
         let held = self.held.entry(key).or_default();
         let count = held.tally.add(member, abort, value.clone());
         if count == 0 {
@@ -59,7 +72,7 @@ impl Gate {
             out.push(bundle);
             held.released = Some(out.iter().map(|b| (b.client, b.first)).collect());
         }
-        self.count_in(key, member, cap);
+        self.count_in(key, member);
         out
     }
 
@@ -80,10 +93,10 @@ impl Gate {
     }
 
     /// Notes `member`'s vote on `key`; over the cap, its vote on its oldest call goes.
-    fn count_in(&mut self, key: CallKey, member: NodeId, cap: usize) {
+    fn count_in(&mut self, key: CallKey, member: NodeId) {
         let calls = self.of_member.entry(member).or_default();
         calls.insert(key);
-        if calls.len() > cap {
+        if calls.len() > self.cap {
             let oldest = calls.pop_first().expect("over the cap");
             self.drop_votes(oldest, member);
         }

@@ -88,7 +88,7 @@ mod gate;
 use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::Bytes;
-use gate::{CallKey, Gate};
+use gate::{CallKey, Gate, Vote};
 use prost::Message;
 
 use crate::crypto::{Digest, digest};
@@ -276,8 +276,8 @@ impl Member {
             copies_of: BTreeMap::new(),
             awaiting: None,
             own: OwnNumbers::new(),
-            copies_held: Gate::default(),
-            votes_held: Gate::default(),
+            copies_held: Gate::new(2 * cluster.params.call_window as usize),
+            votes_held: Gate::new(2 * cluster.params.call_window as usize),
             responded: BTreeMap::new(),
             direct: BTreeMap::new(),
             collecting: BTreeMap::new(),
@@ -412,8 +412,8 @@ impl Member {
         if self.is_decided(call) || call > self.decided_floor + 2 * self.window {
             return ctx.stats.stale += 1;
         }
-        let (f, cap) = (self.me().f, 2 * self.window as usize);
-        let ready = self.votes_held.hold((self.group, call), member, abort, value, bundle, f, cap);
+        let (f, vote) = (self.me().f, Vote { member, abort, value });
+        let ready = self.votes_held.hold((self.group, call), vote, bundle, f);
         if !ready.is_empty() {
             self.replica.take_together(ctx, now, ready);
         }
@@ -451,8 +451,8 @@ impl Member {
         if delivered {
             return ctx.stats.stale += 1;
         }
-        let (f, cap) = (self.groups[caller as usize].f, 2 * self.window as usize);
-        let ready = self.copies_held.hold((caller, call), client, false, op, bundle, f, cap);
+        let (f, vote) = (self.groups[caller as usize].f, Vote { member: client, abort: false, value: op });
+        let ready = self.copies_held.hold((caller, call), vote, bundle, f);
         if !ready.is_empty() {
             self.replica.take_together(ctx, now, ready);
         }
