@@ -99,8 +99,9 @@ impl PerpetualLog {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Work {
     /// `ops` increments then `ops` decrements of the counter of group `target`,
-    /// `parallel` calls in flight.
-    Caller { target: u32, ops: u32, parallel: u32 },
+    /// `parallel` calls in flight, within its member's call window (`window` call ids
+    /// from the oldest undecided to the newest, as phalanxd's `Group::invoke` keeps them).
+    Caller { target: u32, ops: u32, parallel: u32, window: u64 },
     /// Keeps a counter: each request's op is a delta (i64 LE); the result is the new value.
     Counter,
 }
@@ -210,12 +211,14 @@ impl Executor {
         self.more()
     }
 
-    /// Calls while fewer than `parallel` are in flight and the workload has more.
+    /// Calls while fewer than `parallel` are in flight, the window has room and the
+    /// workload has more.
     fn more(&mut self) -> Vec<Request> {
-        let Work::Caller { target, ops, parallel } = self.work else { return vec![] };
+        let Work::Caller { target, ops, parallel, window } = self.work else { return vec![] };
         let mut calls = Vec::new();
         let s = &mut self.state;
-        while s.in_flight.len() < parallel as usize && (!s.retry.is_empty() || s.next_op < 2 * ops as u64) {
+        let room = |s: &State| s.next_call - s.in_flight.keys().next().copied().unwrap_or(s.next_call) < window;
+        while s.in_flight.len() < parallel as usize && room(s) && (!s.retry.is_empty() || s.next_op < 2 * ops as u64) {
             let op = match s.retry.pop() {
                 Some(op) => op,
                 None => {
@@ -438,7 +441,12 @@ impl Scenario {
             let record = self.record.contains(&id).then_some(label.as_str());
             let host = sim.add(cfg.clone(), self.behavior(id).clone(), record);
             let work = if id < self.n_c {
-                Work::Caller { target: TARGET, ops: self.ops, parallel: self.parallel }
+                Work::Caller {
+                    target: TARGET,
+                    ops: self.ops,
+                    parallel: self.parallel,
+                    window: self.params.call_window.into(),
+                }
             } else {
                 Work::Counter
             };
