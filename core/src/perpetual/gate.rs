@@ -16,7 +16,8 @@ use bytes::Bytes;
 
 use super::Tally;
 use crate::NodeId;
-use crate::order::Bundle;
+use crate::node::Ctx;
+use crate::order::{Bundle, Replica};
 
 /// A call: (group, call id).
 pub(super) type CallKey = (u32, u64);
@@ -76,11 +77,10 @@ impl Gate {
         out
     }
 
-    /// The call was decided (or delivered): nothing held for it matters any more. The
-    /// requests let through for it, as (submitter, request number): some may not have
-    /// been ordered, and need not be.
-    pub fn forget(&mut self, key: CallKey) -> Vec<(NodeId, u64)> {
-        let Some(held) = self.held.remove(&key) else { return vec![] };
+    /// The call was decided (or delivered): nothing held for it matters any more, nor
+    /// what was let through for it and is in no batch of `replica` yet.
+    pub fn settle(&mut self, key: CallKey, replica: &mut Replica, ctx: &Ctx) {
+        let Some(held) = self.held.remove(&key) else { return };
         for v in held.tally.votes {
             if let Some(calls) = self.of_member.get_mut(&v.member) {
                 calls.remove(&key);
@@ -89,7 +89,9 @@ impl Gate {
                 }
             }
         }
-        held.released.unwrap_or_default()
+        for (member, first) in held.released.unwrap_or_default() {
+            replica.withdraw(ctx, member, first);
+        }
     }
 
     /// Notes `member`'s vote on `key`; over the cap, its vote on its oldest call goes.

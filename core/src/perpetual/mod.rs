@@ -127,15 +127,6 @@ pub(crate) fn result_statement(target: u32, caller: u32, call: u64, result: &[u8
     m
 }
 
-/// Which of a member's gates.
-#[derive(Clone, Copy)]
-enum Side {
-    /// Copies of calls from caller groups (target side).
-    Copies,
-    /// Votes on this group's calls (caller side).
-    Votes,
-}
-
 /// One of this member's executor's calls, issued and not decided.
 struct Outstanding {
     // Agreed (in checkpoints).
@@ -612,7 +603,7 @@ impl Member {
             return;
         }
         self.outcomes.remove(&call);
-        self.settled(ctx, Side::Votes, (self.group, call));
+        self.votes_held.settle((self.group, call), &mut self.replica, ctx);
         self.decided.insert(call);
         while self.decided.remove(&(self.decided_floor + 1)) {
             self.decided_floor += 1;
@@ -642,7 +633,7 @@ impl Member {
                 }
             }
             self.delivered.entry(caller).or_default().insert(call, cap);
-            self.settled(ctx, Side::Copies, key);
+            self.copies_held.settle(key, &mut self.replica, ctx);
             ctx.push(Output::Event(Event::Request { caller, call, op: op.to_vec() }));
             return;
         }
@@ -656,18 +647,6 @@ impl Member {
                     self.incoming.remove(&oldest);
                 }
             }
-        }
-    }
-
-    /// A call delivered here (its copies) or decided (its votes): what the gate held for
-    /// it goes, and what it let through that no batch holds yet.
-    fn settled(&mut self, ctx: &Ctx, side: Side, key: CallKey) {
-        let gate = match side {
-            Side::Copies => &mut self.copies_held,
-            Side::Votes => &mut self.votes_held,
-        };
-        for (member, first) in gate.forget(key) {
-            self.replica.withdraw(ctx, member, first);
         }
     }
 
@@ -782,10 +761,10 @@ impl Member {
             .filter(|(caller, call)| self.delivered.get(caller).is_some_and(|d| d.contains(*call)))
             .collect();
         for key in decided {
-            self.settled(ctx, Side::Votes, key);
+            self.votes_held.settle(key, &mut self.replica, ctx);
         }
         for key in delivered {
-            self.settled(ctx, Side::Copies, key);
+            self.copies_held.settle(key, &mut self.replica, ctx);
         }
         ctx.push(Output::Event(Event::Restore { seq, state: s.executor }));
     }
