@@ -281,6 +281,7 @@ fn run_one(
         send_queue_bytes: 1 << 30,
         reconnect_min: Duration::from_millis(50),
         reconnect_max: Duration::from_millis(500),
+        shared: false,
     };
     let (tx, rx) = mpsc::channel::<Received>();
     let (network, outbox) = Network::new(net_cfg, Arc::new(Metrics::new(BROKER, &ids)), move |f| tx.send(f).is_ok())

@@ -9,6 +9,18 @@
 //! (clients) on every connection that said hello with that id, so a stranger claiming a
 //! client's id cannot cut the client off.
 //!
+//! A process hosting many clients ([`crate::client::event_loop`]) shares one connection
+//! per replica among them: its hello is `PHXM` and a node id (ignored), and each frame
+//! on it carries, after the length, a client's id (u32 LE): the sender's on the way to
+//! the replica, the recipient's on the way back. So the requests and replies of many
+//! clients leave in one `writev` and arrive in one read. A replica learns which clients
+//! a shared connection carries from the frames that arrive on it (the MACs still decide
+//! who sent them), and from an empty frame naming each client, sent after the hello and
+//! when a client joins (as untrusted as a hello: a subscriber is sent to before it sends
+//! anything). It reaches a client on at most [`MAX_PER_ID`] connections, newest
+//! first; a claim evicted from a shared connection only drops that route, so nobody can
+//! close a connection other clients share by claiming ids on connections of its own.
+//!
 //! Bounds: a frame longer than `max_frame` closes the connection (the stream cannot be
 //! trusted past a lying length); each peer's send queue holds at most
 //! `send_queue_bytes`, beyond which frames are dropped and counted (the protocols
@@ -31,6 +43,8 @@ use phalanx_core::NodeId;
 use crate::metrics::{DropReason, Metrics};
 
 pub const HELLO_MAGIC: [u8; 4] = *b"PHX1";
+/// The hello of a connection that many clients share.
+pub const SHARED_MAGIC: [u8; 4] = *b"PHXM";
 pub const MAX_CONNECTIONS: usize = 1024;
 pub const MAX_PER_ID: usize = 4;
 const WRITEV_FRAMES: usize = 64;
@@ -55,6 +69,8 @@ pub struct NetConfig {
     pub send_queue_bytes: usize,
     pub reconnect_min: Duration,
     pub reconnect_max: Duration,
+    /// Dial shared connections, whose frames name their client ([`Links::queue`]).
+    pub shared: bool,
 }
 
 /// Another transport that carries frames to some peers (distillation's client ↔ broker
@@ -110,30 +126,33 @@ struct SendQueue {
     offset: usize,
 }
 
-/// A frame as queued: its header (a data frame's length prefix, or the whole hello) and
-/// its body, written as separate `writev` slices so the core's bytes are never copied.
+/// A frame as queued: its header (a data frame's length prefix and, on a shared
+/// connection, its client's id; or the whole hello) and its body, written as separate
+/// `writev` slices so the core's bytes are never copied.
 struct Queued {
     header: [u8; 8],
     header_len: usize,
+    /// The client a frame on a shared connection names.
+    client: Option<NodeId>,
+    hello: bool,
     body: Vec<u8>,
 }
 
 impl Queued {
-    fn data(body: Vec<u8>) -> Self {
+    fn data(body: Vec<u8>, client: Option<NodeId>) -> Self {
         let mut header = [0; 8];
         header[..4].copy_from_slice(&(body.len() as u32).to_le_bytes());
-        Queued { header, header_len: 4, body }
+        if let Some(id) = client {
+            header[4..].copy_from_slice(&id.to_le_bytes());
+        }
+        Queued { header, header_len: if client.is_some() { 8 } else { 4 }, client, hello: false, body }
     }
 
-    fn hello(me: NodeId) -> Self {
+    fn hello(magic: [u8; 4], me: NodeId) -> Self {
         let mut header = [0; 8];
-        header[..4].copy_from_slice(&HELLO_MAGIC);
+        header[..4].copy_from_slice(&magic);
         header[4..].copy_from_slice(&me.to_le_bytes());
-        Queued { header, header_len: 8, body: Vec::new() }
-    }
-
-    fn is_hello(&self) -> bool {
-        self.header_len == 8
+        Queued { header, header_len: 8, client: None, hello: true, body: Vec::new() }
     }
 
     fn len(&self) -> usize {
@@ -156,8 +175,9 @@ impl SendQueue {
         self.frames.push_back(frame);
     }
 
-    /// Writes as much as the socket takes; `Ok(true)` when the queue emptied.
-    fn flush(&mut self, stream: &mut TcpStream, peer: Option<NodeId>, metrics: &Metrics) -> io::Result<bool> {
+    /// Writes as much as the socket takes, `sent` told of each whole frame; `Ok(true)`
+    /// when the queue emptied.
+    fn flush(&mut self, stream: &mut TcpStream, sent: &mut dyn FnMut(&Queued)) -> io::Result<bool> {
         while !self.frames.is_empty() {
             let slices: Vec<IoSlice> = self
                 .frames
@@ -181,10 +201,7 @@ impl SendQueue {
                 if written >= left {
                     written -= left;
                     self.bytes -= front.len();
-                    // Counted per whole frame sent (the hello included).
-                    if let Some(p) = peer {
-                        metrics.bytes_out(p, front.len() as u64);
-                    }
+                    sent(front);
                     self.frames.pop_front();
                     self.offset = 0;
                 } else {
@@ -203,10 +220,20 @@ impl SendQueue {
     }
 }
 
+/// Who is at the other end of a connection.
+enum Peer {
+    /// An accepted connection before its hello.
+    Unknown,
+    /// The id its hello claimed, or the replica we dialed.
+    Node(NodeId),
+    /// An accepted shared connection: the clients reached through it (as their frames
+    /// arrived on it, and not evicted since).
+    Clients(BTreeSet<NodeId>),
+}
+
 struct Conn {
     stream: TcpStream,
-    /// The id its hello claimed (or the replica we dialed).
-    peer: Option<NodeId>,
+    peer: Peer,
     /// Set on connections this node dialed: until the connect completes, nothing is sent.
     dialed: Option<NodeId>,
     connected: bool,
@@ -231,6 +258,10 @@ struct Dialer {
 /// Frames received, each with the peer it came from.
 pub type Received = Vec<(NodeId, Vec<u8>)>;
 
+/// Takes the frames read for one recipient (the node itself, or a client of a shared
+/// connection); false when their consumer is gone.
+pub type Deliver<'a> = dyn FnMut(NodeId, Received) -> bool + 'a;
+
 /// One node's links to its peers: the connections it dialed and accepted, the replicas it
 /// dials with their back-off, and the frames read but not yet handed on. It owns no
 /// poll: whoever runs the event loop passes its registry, so one loop can serve many
@@ -242,11 +273,17 @@ pub struct Links {
     next_token: usize,
     token_step: usize,
     dialers: BTreeMap<NodeId, Dialer>,
-    /// Connections that said hello with an id, oldest first (clients reached this way).
+    /// Connections that said hello with an id, or carried its frames shared, oldest
+    /// first (clients reached this way).
     by_id: BTreeMap<NodeId, Vec<usize>>,
     metrics: Arc<Metrics>,
-    /// Frames read in this turn of the loop, not yet delivered.
-    received: Received,
+    /// Shared links: the metrics of each client whose frames they carry.
+    clients: BTreeMap<NodeId, Arc<Metrics>>,
+    /// Connections with frames queued since they were last written.
+    touched: BTreeSet<usize>,
+    /// Frames read in this turn of the loop, not yet delivered, by recipient.
+    received: BTreeMap<NodeId, Received>,
+    received_count: usize,
     /// Set once `deliver` refused frames: whoever consumes them is gone.
     receiver_gone: bool,
 }
@@ -276,13 +313,38 @@ impl Links {
             dialers,
             by_id: BTreeMap::new(),
             metrics,
-            received: Vec::new(),
+            clients: BTreeMap::new(),
+            touched: BTreeSet::new(),
+            received: BTreeMap::new(),
+            received_count: 0,
             receiver_gone: false,
         }
     }
 
     pub fn me(&self) -> NodeId {
         self.cfg.me
+    }
+
+    /// Shared links: carries `client`'s frames from now on, counted in `metrics`, and
+    /// announces it on every connection.
+    pub fn join(&mut self, client: NodeId, metrics: Arc<Metrics>) {
+        self.clients.insert(client, metrics);
+        for t in self.dialers.values().filter_map(|d| d.conn) {
+            if let Some(c) = self.conns.get_mut(&t) {
+                c.queue.push(Queued::data(Vec::new(), Some(client)), self.cfg.send_queue_bytes, &self.metrics);
+                self.touched.insert(t);
+            }
+        }
+    }
+
+    /// Shared links: stops counting `client`'s frames.
+    pub fn leave(&mut self, client: NodeId) {
+        self.clients.remove(&client);
+    }
+
+    /// The metrics a frame naming `client` counts in.
+    fn metrics_of(&self, client: Option<NodeId>) -> &Metrics {
+        client.and_then(|c| self.clients.get(&c)).unwrap_or(&self.metrics)
     }
 
     /// Whether `deliver` refused frames (its consumer went away).
@@ -296,7 +358,7 @@ impl Links {
     }
 
     /// Handles a readiness event of one of this node's connections.
-    pub fn ready(&mut self, registry: &Registry, event: &Event, deliver: &mut dyn FnMut(Received) -> bool) {
+    pub fn ready(&mut self, registry: &Registry, event: &Event, deliver: &mut Deliver) {
         let t = event.token().0;
         let mut alive = true;
         if event.is_writable() || event.is_error() {
@@ -317,7 +379,7 @@ impl Links {
         let _ = stream.set_nodelay(true);
         let conn = Conn {
             stream,
-            peer: dialed,
+            peer: dialed.map_or(Peer::Unknown, Peer::Node),
             dialed,
             connected: dialed.is_none(),
             rbuf: Vec::new(),
@@ -353,8 +415,14 @@ impl Links {
                     let d = self.dialers.get_mut(&id).expect("listed");
                     d.conn = Some(token);
                     let conn = self.conns.get_mut(&token).expect("registered");
-                    conn.queue.frames.push_back(Queued::hello(self.cfg.me));
+                    let magic = if self.cfg.shared { SHARED_MAGIC } else { HELLO_MAGIC };
+                    conn.queue.frames.push_back(Queued::hello(magic, self.cfg.me));
                     conn.queue.bytes += 8;
+                    // A shared connection's clients announce themselves after the hello.
+                    let cap = self.cfg.send_queue_bytes;
+                    for &client in self.clients.keys().filter(|_| self.cfg.shared) {
+                        conn.queue.push(Queued::data(Vec::new(), Some(client)), cap, &self.metrics);
+                    }
                 }
                 Err(e) => tracing::debug!("connecting to replica {id} at {addr}: {e}"),
             }
@@ -363,34 +431,47 @@ impl Links {
 
     /// Queues frames to their peers and writes what the sockets take now.
     pub fn route(&mut self, registry: &Registry, frames: impl IntoIterator<Item = (NodeId, Vec<u8>)>) {
-        let mut touched = BTreeSet::new();
+        self.queue(self.cfg.me, frames);
+        self.flush(registry);
+    }
+
+    /// Queues frames from `from` (this node, or a client of shared links) to their
+    /// peers, to be written by the next [`Links::flush`].
+    pub fn queue(&mut self, from: NodeId, frames: impl IntoIterator<Item = (NodeId, Vec<u8>)>) {
+        let cap = self.cfg.send_queue_bytes;
+        let tag = self.cfg.shared.then_some(from);
         for (to, bytes) in frames {
+            let metrics = tag.and_then(|c| self.clients.get(&c)).unwrap_or(&self.metrics);
             if bytes.len() > self.cfg.max_frame {
-                self.metrics.dropped(DropReason::Oversized);
+                metrics.dropped(DropReason::Oversized);
                 continue;
             }
-            let cap = self.cfg.send_queue_bytes;
             if let Some(d) = self.dialers.get_mut(&to) {
                 match d.conn.and_then(|t| self.conns.get_mut(&t)) {
                     Some(c) => {
-                        c.queue.push(Queued::data(bytes), cap, &self.metrics);
-                        touched.insert(d.conn.expect("connected"));
+                        c.queue.push(Queued::data(bytes, tag), cap, metrics);
+                        self.touched.insert(d.conn.expect("connected"));
                     }
-                    None => d.pending.push(Queued::data(bytes), cap, &self.metrics),
+                    None => d.pending.push(Queued::data(bytes, tag), cap, metrics),
                 }
             } else if let Some(tokens) = self.by_id.get(&to) {
                 for t in tokens {
                     if let Some(c) = self.conns.get_mut(t) {
-                        c.queue.push(Queued::data(bytes.clone()), cap, &self.metrics);
-                        touched.insert(*t);
+                        let client = matches!(c.peer, Peer::Clients(_)).then_some(to);
+                        c.queue.push(Queued::data(bytes.clone(), client), cap, metrics);
+                        self.touched.insert(*t);
                     }
                 }
             } else {
                 // A client that is not connected: it retransmits, and gets the reply then.
-                self.metrics.dropped(DropReason::UnknownPeer);
+                metrics.dropped(DropReason::UnknownPeer);
             }
         }
-        for t in touched {
+    }
+
+    /// Writes what was queued since the last flush, as far as the sockets take it.
+    pub fn flush(&mut self, registry: &Registry) {
+        for t in std::mem::take(&mut self.touched) {
             if !self.on_writable(t) {
                 self.close(registry, t);
             }
@@ -419,11 +500,19 @@ impl Links {
             c.queue.frames.extend(pending.frames);
             tracing::info!("node {}: connected to replica {id}", self.cfg.me);
         }
-        c.queue.flush(&mut c.stream, c.peer, &self.metrics).is_ok()
+        let (metrics, clients) = (&self.metrics, &self.clients);
+        let metrics_of = |client: Option<NodeId>| client.and_then(|c| clients.get(&c)).unwrap_or(metrics);
+        // Counted per whole frame sent, to the peer it went to (the hello included).
+        let mut sent = |f: &Queued| match &c.peer {
+            Peer::Node(p) => metrics_of(f.client).bytes_out(*p, f.len() as u64),
+            Peer::Clients(_) => metrics.bytes_out(f.client.expect("a shared frame names its client"), f.len() as u64),
+            Peer::Unknown => {}
+        };
+        c.queue.flush(&mut c.stream, &mut sent).is_ok()
     }
 
     /// Reads what arrived and delivers whole frames; false if the connection is done.
-    fn on_readable(&mut self, registry: &Registry, t: usize, deliver: &mut dyn FnMut(Received) -> bool) -> bool {
+    fn on_readable(&mut self, registry: &Registry, t: usize, deliver: &mut Deliver) -> bool {
         loop {
             let Some(c) = self.conns.get_mut(&t) else { return false };
             // Room for a chunk: the unparsed bytes move to the front, or the buffer grows
@@ -454,24 +543,28 @@ impl Links {
     }
 
     /// Takes the hello and whole frames off the read buffer; false closes the connection.
-    fn parse(&mut self, registry: &Registry, t: usize, deliver: &mut dyn FnMut(Received) -> bool) -> bool {
+    fn parse(&mut self, registry: &Registry, t: usize, deliver: &mut Deliver) -> bool {
         let max = self.cfg.max_frame;
         loop {
             let c = self.conns.get_mut(&t).expect("parsing a live connection");
             let buf = &c.rbuf[c.rstart..c.rend];
-            if c.peer.is_none() {
+            if matches!(c.peer, Peer::Unknown) {
                 if buf.len() < 8 {
                     break;
                 }
+                let magic: [u8; 4] = buf[..4].try_into().expect("4 bytes");
+                c.rstart += 8;
+                if magic == SHARED_MAGIC {
+                    c.peer = Peer::Clients(BTreeSet::new());
+                    continue;
+                }
                 let id = NodeId::from_le_bytes(buf[4..8].try_into().expect("4 bytes"));
-                if buf[..4] != HELLO_MAGIC || !self.cfg.known.contains(&id) || id == self.cfg.me {
-                    let reason =
-                        if buf[..4] != HELLO_MAGIC { DropReason::BadHandshake } else { DropReason::UnknownPeer };
+                if magic != HELLO_MAGIC || !self.cfg.known.contains(&id) || id == self.cfg.me {
+                    let reason = if magic != HELLO_MAGIC { DropReason::BadHandshake } else { DropReason::UnknownPeer };
                     self.metrics.dropped(reason);
                     return false;
                 }
-                c.peer = Some(id);
-                c.rstart += 8;
+                c.peer = Peer::Node(id);
                 // A replica that dials us is up: dial it back now, not when our back-off
                 // runs out (up to `reconnect_max`), or after a restart it hears nothing
                 // from us meanwhile while we hear it. Once per hello, so a peer claiming
@@ -479,16 +572,12 @@ impl Links {
                 if let Some(d) = self.dialers.get_mut(&id).filter(|d| d.conn.is_none()) {
                     d.next_attempt = Instant::now();
                 }
-                let ids = self.by_id.entry(id).or_default();
-                ids.push(t);
-                // The newest connections claiming an id win; the oldest beyond the cap go.
-                if ids.len() > MAX_PER_ID {
-                    let oldest = ids.remove(0);
-                    self.close(registry, oldest);
-                }
+                self.reach(registry, id, t);
                 continue;
             }
-            if buf.len() < 4 {
+            let shared = self.cfg.shared || matches!(c.peer, Peer::Clients(_));
+            let head = if shared { 8 } else { 4 };
+            if buf.len() < head {
                 break;
             }
             let len = u32::from_le_bytes(buf[..4].try_into().expect("4 bytes")) as usize;
@@ -496,17 +585,37 @@ impl Links {
                 self.metrics.dropped(DropReason::Oversized);
                 return false;
             }
-            if buf.len() < 4 + len {
+            if buf.len() < head + len {
                 break;
             }
-            let bytes = buf[4..4 + len].to_vec();
-            let from = c.peer.expect("after the hello");
-            c.rstart += 4 + len;
-            self.metrics.bytes_in(Some(from), 4 + len as u64);
-            self.received.push((from, bytes));
+            let client = if shared { NodeId::from_le_bytes(buf[4..8].try_into().expect("4 bytes")) } else { 0 };
+            let bytes = buf[head..head + len].to_vec();
+            c.rstart += head + len;
+            let (to, from) = match &mut c.peer {
+                // Our shared connection to a replica: the frame is for `client`.
+                Peer::Node(p) if shared => (client, *p),
+                Peer::Node(p) => (self.cfg.me, *p),
+                Peer::Clients(carried) => {
+                    if !self.cfg.known.contains(&client) || client == self.cfg.me {
+                        self.metrics.dropped(DropReason::UnknownPeer);
+                        continue;
+                    }
+                    if carried.insert(client) {
+                        self.reach(registry, client, t);
+                    }
+                    if len == 0 {
+                        continue; // an announcement
+                    }
+                    (self.cfg.me, client)
+                }
+                Peer::Unknown => unreachable!("the hello came first"),
+            };
+            self.metrics_of(self.cfg.shared.then_some(to)).bytes_in(Some(from), (head + len) as u64);
+            self.received.entry(to).or_default().push((from, bytes));
+            self.received_count += 1;
             // A peer that keeps the socket full is delivered in parts, as the channel
             // takes them.
-            if self.received.len() >= DELIVER_FRAMES && !self.deliver_received(deliver) {
+            if self.received_count >= DELIVER_FRAMES && !self.deliver_received(deliver) {
                 return false;
             }
         }
@@ -517,11 +626,28 @@ impl Links {
         true
     }
 
-    /// Hands what was read on; false (and [`Links::receiver_gone`] from now on) if its
-    /// consumer is gone.
-    pub fn deliver_received(&mut self, deliver: &mut dyn FnMut(Received) -> bool) -> bool {
-        if !self.received.is_empty() && !deliver(std::mem::take(&mut self.received)) {
-            self.receiver_gone = true;
+    /// Reaches `id` through connection `t` from now on. The newest connections win; the
+    /// oldest beyond [`MAX_PER_ID`] go (a shared one only stops carrying `id`).
+    fn reach(&mut self, registry: &Registry, id: NodeId, t: usize) {
+        let ids = self.by_id.entry(id).or_default();
+        ids.push(t);
+        if ids.len() > MAX_PER_ID {
+            let oldest = ids.remove(0);
+            match self.conns.get_mut(&oldest).map(|c| &mut c.peer) {
+                Some(Peer::Clients(carried)) => drop(carried.remove(&id)),
+                _ => self.close(registry, oldest),
+            }
+        }
+    }
+
+    /// Hands what was read on, each recipient's frames together; false (and
+    /// [`Links::receiver_gone`] from now on) if a consumer is gone.
+    pub fn deliver_received(&mut self, deliver: &mut Deliver) -> bool {
+        self.received_count = 0;
+        for (to, frames) in std::mem::take(&mut self.received) {
+            if !self.receiver_gone && !deliver(to, frames) {
+                self.receiver_gone = true;
+            }
         }
         !self.receiver_gone
     }
@@ -538,12 +664,17 @@ impl Links {
         let Some(mut c) = self.conns.remove(&t) else { return };
         let _ = registry.deregister(&mut c.stream);
         self.metrics.connections(-1);
-        if let Some(id) = c.peer
-            && let Some(ids) = self.by_id.get_mut(&id)
-        {
-            ids.retain(|&x| x != t);
-            if ids.is_empty() {
-                self.by_id.remove(&id);
+        let reached = match &c.peer {
+            Peer::Node(id) => vec![*id],
+            Peer::Clients(carried) => carried.iter().copied().collect(),
+            Peer::Unknown => Vec::new(),
+        };
+        for id in reached {
+            if let Some(ids) = self.by_id.get_mut(&id) {
+                ids.retain(|&x| x != t);
+                if ids.is_empty() {
+                    self.by_id.remove(&id);
+                }
             }
         }
         if let Some(id) = c.dialed
@@ -553,7 +684,7 @@ impl Links {
             d.conn = None;
             // Unsent frames wait for the next connection; the hello is resent with it.
             let mut left = c.queue.take();
-            if left.frames.front().is_some_and(Queued::is_hello) {
+            if left.frames.front().is_some_and(|f| f.hello) {
                 left.bytes -= 8;
                 left.frames.pop_front();
             }
@@ -628,10 +759,10 @@ impl<D: FnMut(Received) -> bool> Network<D> {
                         let frames = std::mem::take(&mut *self.outbox.frames.lock().expect("outbox lock"));
                         self.links.route(self.poll.registry(), frames);
                     }
-                    _ => self.links.ready(self.poll.registry(), event, &mut self.deliver),
+                    _ => self.links.ready(self.poll.registry(), event, &mut |_, frames| (self.deliver)(frames)),
                 }
             }
-            if !self.links.deliver_received(&mut self.deliver) || self.stopped() {
+            if !self.links.deliver_received(&mut |_, frames| (self.deliver)(frames)) || self.stopped() {
                 return Ok(());
             }
         }
@@ -685,11 +816,86 @@ mod tests {
             send_queue_bytes: 1 << 20,
             reconnect_min: hour,
             reconnect_max: hour,
+            shared: false,
         };
         let (tx, rx) = mpsc::channel();
         let metrics = Arc::new(Metrics::new(me, &[me, peer]));
         let (net, outbox) = Network::new(cfg, metrics, move |frames| tx.send(frames).is_ok()).expect("binds");
         (outbox, rx, thread::spawn(move || net.run()))
+    }
+
+    /// A process hosting many clients shares one connection to a replica among them: the
+    /// replica hears each client's frames as that client's, reaches a client that only
+    /// announced itself, and tells apart the clients it answers by the id each frame
+    /// names. Strangers claiming a client's id on connections of their own take that
+    /// client's route (as they would from a connection of its own) but cannot close the
+    /// shared connection: its other clients are still reached through it.
+    #[test]
+    fn a_shared_connection_carries_many_clients_and_survives_claims_on_them() {
+        use std::net::TcpStream as StdStream;
+
+        let (port, held) = free_ports(1).expect("a free loopback port");
+        drop(held);
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let cfg = NetConfig {
+            me: 0,
+            listen: Some(addr),
+            dial: Vec::new(),
+            known: [0, 5, 6].into(),
+            max_frame: 1024,
+            send_queue_bytes: 1 << 20,
+            reconnect_min: Duration::from_secs(1),
+            reconnect_max: Duration::from_secs(1),
+            shared: false,
+        };
+        let (tx, rx) = mpsc::channel();
+        let metrics = Arc::new(Metrics::new(0, &[0, 5, 6]));
+        let (net, outbox) = Network::new(cfg, metrics, move |frames| tx.send(frames).is_ok()).expect("binds");
+        let run = thread::spawn(move || net.run());
+        let frame = |len: u32, id: u32, body: &[u8]| [&len.to_le_bytes()[..], &id.to_le_bytes(), body].concat();
+        let received = || {
+            let mut got = Vec::new();
+            while let Ok(frames) = rx.recv_timeout(Duration::from_millis(500)) {
+                got.extend(frames);
+            }
+            got
+        };
+        let read_frames = |s: &mut StdStream, n: usize| -> Vec<(u32, Vec<u8>)> {
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            (0..n)
+                .map(|_| {
+                    let mut head = [0; 8];
+                    s.read_exact(&mut head).unwrap();
+                    let mut body = vec![0; u32::from_le_bytes(head[..4].try_into().unwrap()) as usize];
+                    s.read_exact(&mut body).unwrap();
+                    (u32::from_le_bytes(head[4..].try_into().unwrap()), body)
+                })
+                .collect()
+        };
+
+        let mut shared = StdStream::connect(addr).unwrap();
+        let hello = [&SHARED_MAGIC[..], &0u32.to_le_bytes()].concat();
+        // Client 5 only announces itself; client 6 sends a frame; id 9 is no client here.
+        shared.write_all(&[hello, frame(0, 5, b""), frame(3, 6, b"abc"), frame(3, 9, b"xyz")].concat()).unwrap();
+        assert_eq!(received(), vec![(6, b"abc".to_vec())]);
+        outbox.send(&mut vec![(5, b"hi".to_vec()), (6, b"yo".to_vec())]);
+        assert_eq!(read_frames(&mut shared, 2), vec![(5, b"hi".to_vec()), (6, b"yo".to_vec())]);
+
+        // Four connections of its own claiming client 5 push the shared one off its route.
+        let mut claims: Vec<StdStream> = (0..MAX_PER_ID).map(|_| StdStream::connect(addr).unwrap()).collect();
+        for c in &mut claims {
+            c.write_all(&[&HELLO_MAGIC[..], &5u32.to_le_bytes(), &frame(1, 0, b"")[..4], b"!"].concat()).unwrap();
+        }
+        assert_eq!(received().len(), MAX_PER_ID);
+        outbox.send(&mut vec![(5, b"to 5".to_vec()), (6, b"to 6".to_vec())]);
+        assert_eq!(read_frames(&mut shared, 1), vec![(6, b"to 6".to_vec())], "client 6 is still reached");
+        // The shared connection is open: client 5 speaking on it again wins its route back.
+        shared.write_all(&frame(2, 5, b"ok")).unwrap();
+        assert_eq!(received(), vec![(5, b"ok".to_vec())]);
+        outbox.send(&mut vec![(5, b"back".to_vec())]);
+        assert_eq!(read_frames(&mut shared, 1), vec![(5, b"back".to_vec())]);
+        outbox.shutdown();
+        run.join().expect("network thread").expect("network ran");
     }
 
     /// A replica that restarts dials its peers at once; a peer whose own dial to it failed

@@ -255,6 +255,7 @@ pub fn prepare(cluster: &ClusterFile, id: NodeId, opts: &StartOptions) -> Result
         send_queue_bytes: cluster.runtime.send_queue_bytes,
         reconnect_min: Duration::from_millis(cluster.runtime.reconnect_min_ms),
         reconnect_max: Duration::from_millis(cluster.runtime.reconnect_max_ms),
+        shared: false,
     };
     let parts = DriverParts { node, storage, app: MeteredKv::new(metrics.clone()), trace, metrics: metrics.clone() };
     Ok(Prepared { id, driver: Driver::new(parts), net, metrics })

@@ -1,10 +1,11 @@
 //! One event loop — one thread, one mio poll — hosting any number of client nodes.
 //!
 //! Each hosted node is a whole client identity as a replica sees it: its own core (its
-//! own keys and MACs), its own request-number storage, and its own TCP connections to
-//! the replicas ([`Links`], with the same framing, hello and back-off as a replica's
-//! network thread). Its protocol rounds are [`Driver`]'s, so storage is synced before
-//! anything that depends on it is sent, as on a replica.
+//! own keys and MACs) and its own request-number storage. The nodes that dial the same
+//! replicas share one connection to each ([`Links`] with `shared` set: each frame names
+//! its client), so a round of many clients' requests leaves in one write per replica
+//! and their replies arrive in one read. Each node's protocol rounds are [`Driver`]'s,
+//! so storage is synced before anything that depends on it is sent, as on a replica.
 //!
 //! Callers hand events (submissions, requests) over through a channel and wake the loop
 //! only when it is not already due to look (one wake-up takes every command queued by
@@ -14,24 +15,28 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Weak};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use mio::{Events, Poll, Registry, Token, Waker};
+use mio::{Events, Poll, Token, Waker};
 use phalanx_core::NodeId;
 
 use crate::driver::{AppEvent, Driver, Event};
 use crate::metrics::Metrics;
-use crate::net::{Divert, Links, Received};
+use crate::net::{Divert, Links, NetConfig, Received};
 use crate::runtime::Prepared;
 
 const WAKER: Token = Token(0);
-/// A connection's token carries its node's slot in its low bits (slot 0 is the waker's).
+/// A connection's token carries its shared links' slot in its low bits (slot 0 is the
+/// waker's). Nodes number their commands with slots below [`SHARED_SLOTS`], shared links
+/// take theirs from there up.
 const SLOT_BITS: u32 = 24;
 const SLOT_MASK: usize = (1 << SLOT_BITS) - 1;
+const SHARED_SLOTS: usize = 1 << (SLOT_BITS - 1);
 /// Longest the loop sleeps with nothing due (nodes' timers and dials wake it sooner).
 const IDLE: Duration = Duration::from_secs(1);
 
@@ -69,8 +74,14 @@ impl ClientLoop {
         let (tx, rx) = mpsc::channel();
         let woken = Arc::new(AtomicBool::new(false));
         let stop = Arc::new(AtomicBool::new(false));
-        let mut event_loop =
-            EventLoop { poll, commands: rx, woken: woken.clone(), stop: stop.clone(), nodes: BTreeMap::new() };
+        let mut event_loop = EventLoop {
+            poll,
+            commands: rx,
+            woken: woken.clone(),
+            stop: stop.clone(),
+            nodes: BTreeMap::new(),
+            shared: BTreeMap::new(),
+        };
         let thread = thread::Builder::new().name(name.into()).spawn(move || {
             if let Err(e) = event_loop.run() {
                 tracing::error!("the client event loop failed: {e}");
@@ -89,8 +100,8 @@ impl ClientLoop {
     /// Hosts `node` in the loop; its rounds' news go to `news`.
     pub fn add(self: &Arc<Self>, node: Prepared, news: Sender<News>) -> Result<Hosted, String> {
         let slot = self.next_slot.fetch_add(1, Ordering::Relaxed);
-        if slot > SLOT_MASK {
-            return Err(format!("a client event loop hosts at most {SLOT_MASK} nodes over its life"));
+        if slot >= SHARED_SLOTS {
+            return Err(format!("a client event loop hosts at most {} nodes over its life", SHARED_SLOTS - 1));
         }
         let (id, metrics) = (node.id, node.metrics.clone());
         self.command(Command::Add { slot, node: Box::new(node), news })?;
@@ -154,8 +165,8 @@ impl Hosted {
         Inlet { event_loop: Arc::downgrade(&self.event_loop), slot: self.slot }
     }
 
-    /// Takes the node out of the loop (closing its connections and storage) once the
-    /// loop handled everything sent before.
+    /// Takes the node out of the loop (closing its storage, and the shared connections
+    /// once no node uses them) once the loop handled everything sent before.
     pub fn remove(mut self) -> Result<(), String> {
         self.removed = true;
         let (done, removed) = mpsc::channel();
@@ -188,54 +199,49 @@ impl Inlet {
     }
 }
 
-/// A hosted node: its connections, its protocol rounds, and where its news goes.
+/// A hosted node: its protocol rounds, the shared links it sends on, and where its
+/// news goes.
 struct Node {
-    links: Links,
+    id: NodeId,
+    shared: usize,
     divert: Option<Arc<dyn Divert>>,
     driver: Driver,
     news: Sender<News>,
 }
 
-/// Sends `frames` through `divert` (what it carries) and `links` (the rest).
-fn route(
-    links: &mut Links,
-    divert: &Option<Arc<dyn Divert>>,
-    registry: &Registry,
-    frames: &mut Vec<(NodeId, Vec<u8>)>,
-) {
-    if let Some(d) = divert {
-        d.take(frames);
-    }
-    links.route(registry, frames.drain(..));
+/// The connections that the nodes dialing the same replicas share, and those nodes.
+struct Shared {
+    links: Links,
+    dial: Vec<(NodeId, SocketAddr)>,
+    /// Each node's slot, by id.
+    nodes: BTreeMap<NodeId, usize>,
 }
 
 impl Node {
-    /// Ends the node's round: settles it (sending on its links) and tells its news. False
-    /// if the node failed and must leave.
-    fn end_round(&mut self, registry: &Registry) -> bool {
-        let Node { links, divert, driver, news } = self;
+    /// Ends the node's round: settles it (queueing on its shared links, through its
+    /// divert first) and tells its news. False if the node failed and must leave.
+    fn end_round(&mut self, links: &mut Links) -> bool {
+        let Node { id, divert, driver, news, .. } = self;
         let now = driver.now();
-        let mut send = |frames: &mut Vec<(NodeId, Vec<u8>)>| route(links, divert, registry, frames);
+        let mut send = |frames: &mut Vec<(NodeId, Vec<u8>)>| {
+            if let Some(d) = divert {
+                d.take(frames);
+            }
+            links.queue(*id, frames.drain(..));
+        };
         match driver.end_round(now, &mut send) {
             Ok(events) => {
                 // A caller that went away leaves the node running until it is removed.
                 if !events.is_empty() {
-                    let _ = news.send(News { id: links.me(), events: Ok(events) });
+                    let _ = news.send(News { id: *id, events: Ok(events) });
                 }
                 true
             }
             Err(e) => {
-                let _ = news.send(News { id: links.me(), events: Err(e.to_string()) });
+                let _ = news.send(News { id: *id, events: Err(e.to_string()) });
                 false
             }
         }
-    }
-
-    /// Feeds the frames its links read to its driver.
-    fn deliver(&mut self) {
-        let Node { links, driver, .. } = self;
-        let now = driver.now();
-        links.deliver_received(&mut |frames| driver.take(now, Event::Messages(frames)));
     }
 }
 
@@ -245,6 +251,7 @@ struct EventLoop {
     woken: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
     nodes: BTreeMap<usize, Node>,
+    shared: BTreeMap<usize, Shared>,
 }
 
 impl EventLoop {
@@ -254,10 +261,14 @@ impl EventLoop {
         while !self.stop.load(Ordering::SeqCst) {
             let now = Instant::now();
             let mut timeout = IDLE;
+            for shared in self.shared.values_mut() {
+                shared.links.dial_due(self.poll.registry(), now);
+                timeout = timeout.min(shared.links.next_dial(now).unwrap_or(IDLE));
+            }
             for node in self.nodes.values_mut() {
-                node.links.dial_due(self.poll.registry(), now);
-                let timer = node.driver.deadline().map(|at| Duration::from_nanos(at.saturating_sub(node.driver.now())));
-                timeout = [Some(timeout), node.links.next_dial(now), timer].into_iter().flatten().min().unwrap_or(IDLE);
+                if let Some(at) = node.driver.deadline() {
+                    timeout = timeout.min(Duration::from_nanos(at.saturating_sub(node.driver.now())));
+                }
             }
             if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
                 if e.kind() == io::ErrorKind::Interrupted {
@@ -271,11 +282,20 @@ impl EventLoop {
                     self.take_commands(&mut busy);
                     continue;
                 }
-                let slot = event.token().0 & SLOT_MASK;
-                let Some(Node { links, driver, .. }) = self.nodes.get_mut(&slot) else { continue };
-                let now = driver.now();
-                links.ready(self.poll.registry(), event, &mut |frames| driver.take(now, Event::Messages(frames)));
-                busy.insert(slot);
+                let Some(shared) = self.shared.get_mut(&(event.token().0 & SLOT_MASK)) else { continue };
+                let nodes = &mut self.nodes;
+                let mut deliver = |to: NodeId, frames| {
+                    // Frames for a node that left are dropped with it.
+                    if let Some(&slot) = shared.nodes.get(&to)
+                        && let Some(node) = nodes.get_mut(&slot)
+                    {
+                        node.driver.take(node.driver.now(), Event::Messages(frames));
+                        busy.insert(slot);
+                    }
+                    true
+                };
+                shared.links.ready(self.poll.registry(), event, &mut deliver);
+                shared.links.deliver_received(&mut deliver);
             }
             // Every node whose timer is due has a round too.
             for (&slot, node) in &mut self.nodes {
@@ -284,11 +304,11 @@ impl EventLoop {
                 }
             }
             for slot in std::mem::take(&mut busy) {
-                let Some(node) = self.nodes.get_mut(&slot) else { continue };
-                node.deliver();
-                if !node.end_round(self.poll.registry()) {
-                    self.leave(slot);
-                }
+                self.end_round(slot);
+            }
+            // One write per connection for every round of this turn.
+            for shared in self.shared.values_mut() {
+                shared.links.flush(self.poll.registry());
             }
         }
         for slot in self.nodes.keys().copied().collect::<Vec<_>>() {
@@ -297,24 +317,51 @@ impl EventLoop {
         Ok(())
     }
 
+    /// Ends node `slot`'s round; a node that failed leaves.
+    fn end_round(&mut self, slot: usize) {
+        let Some(node) = self.nodes.get_mut(&slot) else { return };
+        let links = &mut self.shared.get_mut(&node.shared).expect("a node's shared links outlive it").links;
+        if !node.end_round(links) {
+            self.leave(slot);
+        }
+    }
+
+    /// The slot of the shared links to `dial`, made (with `net`'s settings) if none is.
+    fn shared_links(&mut self, net: NetConfig, metrics: Arc<Metrics>) -> usize {
+        if let Some((&slot, _)) = self.shared.iter().find(|(_, s)| s.dial == net.dial) {
+            return slot;
+        }
+        let slot = (SHARED_SLOTS..).find(|s| !self.shared.contains_key(s)).expect("fewer shared links than slots");
+        let dial = net.dial.clone();
+        let links = Links::new(NetConfig { shared: true, ..net }, metrics, slot, 1 << SLOT_BITS);
+        self.shared.insert(slot, Shared { links, dial, nodes: BTreeMap::new() });
+        slot
+    }
+
     /// Takes every command queued so far; the nodes they gave events to are `busy`.
     fn take_commands(&mut self, busy: &mut BTreeSet<usize>) {
         while let Ok(command) = self.commands.try_recv() {
             match command {
                 Command::Add { slot, node, news } => {
-                    let Prepared { driver, net, metrics, .. } = *node;
-                    let links = Links::new(net, metrics, slot, 1 << SLOT_BITS);
-                    let mut node = Node { links, divert: None, driver, news };
-                    let Node { links, divert, driver, news } = &mut node;
-                    let registry = self.poll.registry();
-                    let mut send = |frames: &mut Vec<(NodeId, Vec<u8>)>| route(links, divert, registry, frames);
-                    let recovered = driver.recover(&mut send).map_err(|e| e.to_string());
+                    let Prepared { id, mut driver, net, metrics } = *node;
+                    let shared = self.shared_links(net, metrics.clone());
+                    let links = &mut self.shared.get_mut(&shared).expect("made").links;
+                    links.join(id, metrics);
+                    let recovered = driver
+                        .recover(&mut |frames: &mut Vec<(NodeId, Vec<u8>)>| links.queue(id, frames.drain(..)))
+                        .map_err(|e| e.to_string());
                     let failed = recovered.is_err();
                     if !recovered.as_ref().is_ok_and(Vec::is_empty) {
-                        let _ = news.send(News { id: links.me(), events: recovered });
+                        let _ = news.send(News { id, events: recovered });
                     }
-                    if !failed {
-                        self.nodes.insert(slot, node);
+                    let node = Node { id, shared, divert: None, driver, news };
+                    // The same identity hosted twice: the newer one gets its frames.
+                    if self.shared.get_mut(&shared).expect("made").nodes.insert(id, slot).is_some() {
+                        tracing::warn!("client {id} is hosted twice in one event loop; the older stops hearing");
+                    }
+                    self.nodes.insert(slot, node);
+                    if failed {
+                        self.leave(slot);
                     }
                 }
                 Command::Event { slot, event } => {
@@ -331,10 +378,8 @@ impl EventLoop {
                 }
                 Command::Remove { slot, done } => {
                     // What the node was given before leaves first.
-                    if busy.remove(&slot)
-                        && let Some(node) = self.nodes.get_mut(&slot)
-                    {
-                        node.end_round(self.poll.registry());
+                    if busy.remove(&slot) {
+                        self.end_round(slot);
                     }
                     self.leave(slot);
                     let _ = done.send(());
@@ -343,12 +388,22 @@ impl EventLoop {
         }
     }
 
+    /// Takes node `slot` out; its shared links close (sending what they can first) once
+    /// no node uses them.
     fn leave(&mut self, slot: usize) {
-        if let Some(mut node) = self.nodes.remove(&slot) {
-            node.links.close_all(self.poll.registry());
-            if let Some(d) = node.divert {
-                d.shutdown();
-            }
+        let Some(node) = self.nodes.remove(&slot) else { return };
+        if let Some(d) = node.divert {
+            d.shutdown();
+        }
+        let Some(shared) = self.shared.get_mut(&node.shared) else { return };
+        if shared.nodes.get(&node.id) == Some(&slot) {
+            shared.nodes.remove(&node.id);
+        }
+        shared.links.leave(node.id);
+        if shared.nodes.is_empty() {
+            shared.links.flush(self.poll.registry());
+            shared.links.close_all(self.poll.registry());
+            self.shared.remove(&node.shared);
         }
     }
 }
