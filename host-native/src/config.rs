@@ -15,6 +15,7 @@
 //!
 //! [runtime]                  # optional: host settings
 //! pin_threads = true
+//! threads = "auto"          # or "one", "two": see `Threads`
 //! wasm_host_crypto = true    # `run --engine wasm`: BLS run natively by the host
 //! durability = "sync"        # or "replicated": see `Durability` for what each promises
 //!
@@ -111,6 +112,8 @@ impl std::error::Error for ConfigError {}
 pub struct Runtime {
     /// Pin the network and protocol threads to separate cores when there are enough.
     pub pin_threads: bool,
+    /// Whether a node's network and protocol run on threads of their own.
+    pub threads: Threads,
     /// First core to pin to (replicas on one machine spread themselves out with it).
     pub first_core: usize,
     /// Bytes queued for one peer before further frames to it are dropped.
@@ -136,6 +139,34 @@ pub struct Runtime {
     pub client_datagrams_per_s: u64,
     /// Distillation brokers: datagrams one client address may send at once.
     pub client_datagram_burst: u64,
+}
+
+/// `[runtime] threads`: how a node spreads its network and protocol work.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Threads {
+    /// One thread when the process may run on at most two cores (on a two-core machine
+    /// one thread was as fast or faster for every workload shape `phalanxd bench`
+    /// measured, and twice as fast pinned to one core), two otherwise.
+    #[default]
+    Auto,
+    /// The network and the protocol in one event loop: no hand-off between threads in a
+    /// round, but a round's `fdatasync` holds up the network.
+    One,
+    /// A network thread and a protocol thread (pinned to separate cores with
+    /// `pin_threads` when there are enough): reading and writing go on during a sync.
+    Two,
+}
+
+impl Threads {
+    /// Whether to run a node on one thread.
+    pub fn one(self) -> bool {
+        match self {
+            Threads::One => true,
+            Threads::Two => false,
+            Threads::Auto => std::thread::available_parallelism().is_ok_and(|n| n.get() <= 2),
+        }
+    }
 }
 
 /// `[runtime] durability`: when a node's log records are synced to disk.
@@ -168,6 +199,7 @@ impl Default for Runtime {
     fn default() -> Self {
         Runtime {
             pin_threads: true,
+            threads: Threads::Auto,
             first_core: 0,
             send_queue_bytes: 64 << 20,
             event_queue: 65_536,

@@ -284,9 +284,9 @@ fn run_one(
         shared: false,
     };
     let (tx, rx) = mpsc::channel::<Received>();
-    let (network, outbox) = Network::new(net_cfg, Arc::new(Metrics::new(BROKER, &ids)), move |f| tx.send(f).is_ok())
+    let (network, outbox) = Network::new(net_cfg, Arc::new(Metrics::new(BROKER, &ids)))
         .map_err(|e| format!("the load broker's network: {e}"))?;
-    let net = thread::spawn(move || network.run());
+    let net = thread::spawn(move || network.run(move |f| tx.send(f).is_ok()));
     let send = |frames: &mut Vec<(NodeId, Vec<u8>)>| outbox.send(frames);
     let frame = |kind: Frame| pb::DistillFrame { kind: Some(kind) }.encode_to_vec();
 

@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
 
+use mio::Events;
 use phalanx_core::host::{Application, HostError, HostLoop, Storage};
 use phalanx_core::kv::Kv;
 use phalanx_core::{Delivery, FaultKind, HandleError, Input, Nanos, NodeId, Operation, Output, Request};
@@ -29,7 +30,7 @@ use crate::perpetual::Executor;
 
 use crate::engine::Engine;
 use crate::metrics::Metrics;
-use crate::net::Outbox;
+use crate::net::{Network, Outbox, Received};
 
 /// Most events taken in one round before outputs are settled.
 pub const ROUND_EVENTS: usize = 4096;
@@ -185,6 +186,8 @@ pub enum DriverError {
     /// snapshot, or the engine failed (a wasm guest trapped, ran out of time or memory).
     Host(HostError),
     Trace(std::io::Error),
+    /// The event loop failed (when the protocol thread runs the network too).
+    Network(std::io::Error),
 }
 
 impl std::fmt::Display for DriverError {
@@ -192,6 +195,7 @@ impl std::fmt::Display for DriverError {
         match self {
             DriverError::Host(e) => write!(f, "{e}"),
             DriverError::Trace(e) => write!(f, "writing the trace: {e}"),
+            DriverError::Network(e) => write!(f, "the event loop: {e}"),
         }
     }
 }
@@ -291,6 +295,37 @@ impl Driver {
             }
             let told = self.end_round(now, &mut send)?;
             tell(&mut app_events, told);
+            if stop {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Serves like [`Driver::run`], turning the node's network in this thread too
+    /// (`[runtime] threads = "one"`): each turn reads what arrived, takes the events
+    /// other threads queued (they wake the loop through the outbox), ends the round and
+    /// writes what it sent, with no hand-off between threads.
+    pub fn run_with_network(
+        mut self,
+        mut network: Network,
+        inbox: Receiver<Event>,
+        mut app_events: Option<Sender<Vec<AppEvent>>>,
+    ) -> Result<(), DriverError> {
+        let told = self.recover(&mut |frames| network.send(frames))?;
+        network.flush();
+        tell(&mut app_events, told);
+        let mut events = Events::with_capacity(1024);
+        loop {
+            let wait = self.wait();
+            let deliver = &mut |_: NodeId, frames: Received| self.take(self.now(), Event::Messages(frames));
+            let mut stop = !network.turn(&mut events, Some(wait), deliver).map_err(DriverError::Network)?;
+            let now = self.now();
+            for ev in inbox.try_iter().take(ROUND_EVENTS) {
+                stop |= !self.take(now, ev);
+            }
+            let told = self.end_round(now, &mut |frames| network.send(frames))?;
+            tell(&mut app_events, told);
+            network.flush();
             if stop {
                 return Ok(());
             }

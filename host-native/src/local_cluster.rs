@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use phalanx_core::crypto::CryptoMode;
 use phalanx_core::{NodeId, Params, Protocol};
 
-use crate::config::{ClusterFile, Durability, KeygenOptions, Runtime, keygen};
+use crate::config::{ClusterFile, Durability, KeygenOptions, Runtime, Threads, keygen};
 use crate::metrics::{scrape, value};
 
 /// `phalanxd run`'s exit status when its listen or metrics address is taken.
@@ -70,6 +70,8 @@ pub struct LocalSpec {
     pub base_port: Option<u16>,
     /// `[runtime] durability` of the cluster file.
     pub durability: Durability,
+    /// `[runtime] threads` of the cluster file.
+    pub threads: Threads,
     /// Perpetual: the groups' sizes (a bank calling a ledger, then ledgers; `f` unused),
     /// and the bank's workload.
     pub groups: Vec<u32>,
@@ -90,6 +92,7 @@ impl Default for LocalSpec {
             metrics: true,
             base_port: None,
             durability: Durability::Sync,
+            threads: Threads::Auto,
             groups: vec![],
             ops: 1000,
             parallel: 1,
@@ -175,7 +178,12 @@ impl LocalCluster {
             ops: spec.ops,
             parallel: spec.parallel,
             // All replicas share this machine: pinning each to "its" cores would stack them.
-            runtime: Runtime { pin_threads: false, durability: spec.durability, ..Runtime::default() },
+            runtime: Runtime {
+                pin_threads: false,
+                durability: spec.durability,
+                threads: spec.threads,
+                ..Runtime::default()
+            },
             force: true,
         };
         let ports = if held.is_empty() { vec![] } else { (base..base + count).collect() };

@@ -108,6 +108,11 @@ impl Outbox {
         let _ = self.waker.wake();
     }
 
+    /// Wakes the loop (another thread queued it an event).
+    pub fn wake(&self) {
+        let _ = self.waker.wake();
+    }
+
     /// Asks the network thread to close everything and return.
     pub fn shutdown(&self) {
         if let Some(d) = self.divert.get() {
@@ -698,22 +703,20 @@ impl Links {
     }
 }
 
-/// The network thread of one node: its [`Links`] in a mio loop of their own, with the
-/// listener (replicas) and the [`Outbox`] waker. `deliver(frames)` hands the frames read
-/// in one turn of the loop to the protocol thread at once, waking it once rather than
-/// per frame (blocking when it is behind, which pushes back on the senders through
-/// TCP); it returns false when the protocol thread is gone.
-pub struct Network<D: FnMut(Received) -> bool> {
+/// The network of one node: its [`Links`] in a mio loop of their own, with the listener
+/// (replicas) and the [`Outbox`] waker. Run on a thread of its own ([`Network::run`]),
+/// it hands the frames read in one turn of the loop to the protocol thread at once; or
+/// the protocol thread turns it itself ([`crate::driver::Driver::run_with_network`]).
+pub struct Network {
     poll: Poll,
     outbox: Arc<Outbox>,
     listener: Option<TcpListener>,
     links: Links,
-    deliver: D,
 }
 
-impl<D: FnMut(Received) -> bool> Network<D> {
+impl Network {
     /// Binds the listener (so a bad address fails here, in the caller's thread).
-    pub fn new(cfg: NetConfig, metrics: Arc<Metrics>, deliver: D) -> io::Result<(Self, Arc<Outbox>)> {
+    pub fn new(cfg: NetConfig, metrics: Arc<Metrics>) -> io::Result<(Self, Arc<Outbox>)> {
         let poll = Poll::new()?;
         let waker = Waker::new(poll.registry(), WAKER)?;
         let outbox = Arc::new(Outbox {
@@ -730,42 +733,60 @@ impl<D: FnMut(Received) -> bool> Network<D> {
             poll.registry().register(l, LISTENER, Interest::READABLE)?;
         }
         let links = Links::new(cfg, metrics, FIRST_CONN, 1);
-        Ok((Network { poll, outbox: outbox.clone(), listener, links, deliver }, outbox))
+        Ok((Network { poll, outbox: outbox.clone(), listener, links }, outbox))
     }
 
     pub fn local_addr(&self) -> Option<SocketAddr> {
         self.listener.as_ref().and_then(|l| l.local_addr().ok())
     }
 
-    /// Runs until [`Outbox::shutdown`] or the protocol thread goes away.
-    pub fn run(mut self) -> io::Result<()> {
+    /// Runs until [`Outbox::shutdown`] or `deliver` refuses frames: `deliver(frames)`
+    /// takes the frames read in one turn of the loop together, waking the protocol thread
+    /// once rather than per frame (blocking when it is behind, which pushes back on the
+    /// senders through TCP).
+    pub fn run(mut self, mut deliver: impl FnMut(Received) -> bool) -> io::Result<()> {
         let mut events = Events::with_capacity(1024);
-        loop {
-            let now = Instant::now();
-            self.links.dial_due(self.poll.registry(), now);
-            if let Err(e) = self.poll.poll(&mut events, self.links.next_dial(now)) {
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
+        while self.turn(&mut events, None, &mut |_, frames| deliver(frames))? {}
+        Ok(())
+    }
+
+    /// One turn of the loop: waits for readiness at most `timeout` (or until a dial is
+    /// due), accepts, reads and delivers, and sends what the outbox holds. False once
+    /// stopped.
+    pub fn turn(&mut self, events: &mut Events, timeout: Option<Duration>, deliver: &mut Deliver) -> io::Result<bool> {
+        let now = Instant::now();
+        self.links.dial_due(self.poll.registry(), now);
+        let timeout = [timeout, self.links.next_dial(now)].into_iter().flatten().min();
+        match self.poll.poll(events, timeout) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(true),
+            Err(e) => return Err(e),
+        }
+        for event in events.iter() {
+            match event.token() {
+                LISTENER => self.accept()?,
+                WAKER => {
+                    let frames = std::mem::take(&mut *self.outbox.frames.lock().expect("outbox lock"));
+                    self.links.route(self.poll.registry(), frames);
                 }
-                return Err(e);
-            }
-            for event in events.iter() {
-                match event.token() {
-                    LISTENER => self.accept()?,
-                    WAKER => {
-                        if self.stopped() {
-                            return Ok(());
-                        }
-                        let frames = std::mem::take(&mut *self.outbox.frames.lock().expect("outbox lock"));
-                        self.links.route(self.poll.registry(), frames);
-                    }
-                    _ => self.links.ready(self.poll.registry(), event, &mut |_, frames| (self.deliver)(frames)),
-                }
-            }
-            if !self.links.deliver_received(&mut |_, frames| (self.deliver)(frames)) || self.stopped() {
-                return Ok(());
+                _ => self.links.ready(self.poll.registry(), event, deliver),
             }
         }
+        Ok(self.links.deliver_received(deliver) && !self.stopped())
+    }
+
+    /// Queues a round's frames (through the outbox's divert first), to be written by
+    /// [`Network::flush`].
+    pub fn send(&mut self, frames: &mut Vec<(NodeId, Vec<u8>)>) {
+        if let Some(d) = self.outbox.divert.get() {
+            d.take(frames);
+        }
+        self.links.queue(self.links.me(), frames.drain(..));
+    }
+
+    /// Writes what [`Network::send`] queued, as far as the sockets take it.
+    pub fn flush(&mut self) {
+        self.links.flush(self.poll.registry());
     }
 
     fn stopped(&self) -> bool {
@@ -820,8 +841,8 @@ mod tests {
         };
         let (tx, rx) = mpsc::channel();
         let metrics = Arc::new(Metrics::new(me, &[me, peer]));
-        let (net, outbox) = Network::new(cfg, metrics, move |frames| tx.send(frames).is_ok()).expect("binds");
-        (outbox, rx, thread::spawn(move || net.run()))
+        let (net, outbox) = Network::new(cfg, metrics).expect("binds");
+        (outbox, rx, thread::spawn(move || net.run(move |frames| tx.send(frames).is_ok())))
     }
 
     /// A process hosting many clients shares one connection to a replica among them: the
@@ -850,8 +871,8 @@ mod tests {
         };
         let (tx, rx) = mpsc::channel();
         let metrics = Arc::new(Metrics::new(0, &[0, 5, 6]));
-        let (net, outbox) = Network::new(cfg, metrics, move |frames| tx.send(frames).is_ok()).expect("binds");
-        let run = thread::spawn(move || net.run());
+        let (net, outbox) = Network::new(cfg, metrics).expect("binds");
+        let run = thread::spawn(move || net.run(move |frames| tx.send(frames).is_ok()));
         let frame = |len: u32, id: u32, body: &[u8]| [&len.to_le_bytes()[..], &id.to_le_bytes(), body].concat();
         let received = || {
             let mut got = Vec::new();

@@ -101,7 +101,8 @@ pub struct Running {
     pub metrics: Arc<Metrics>,
     pub metrics_addr: Option<SocketAddr>,
     outbox: Arc<Outbox>,
-    net: JoinHandle<std::io::Result<()>>,
+    /// The network thread, unless the protocol thread runs the network too.
+    net: Option<JoinHandle<std::io::Result<()>>>,
     driver: JoinHandle<Result<(), DriverError>>,
 }
 
@@ -109,6 +110,7 @@ impl Running {
     /// Stops both threads; the protocol thread's error, if it failed.
     pub fn stop(self) -> Result<(), String> {
         let _ = self.events.send(Event::Stop);
+        self.outbox.wake();
         self.wait()
     }
 
@@ -116,7 +118,9 @@ impl Running {
     pub fn wait(self) -> Result<(), String> {
         let driver = self.driver.join();
         self.outbox.shutdown();
-        let _ = self.net.join();
+        if let Some(net) = self.net {
+            let _ = net.join();
+        }
         match driver {
             Ok(r) => r.map_err(|e| e.to_string()),
             Err(_) => Err("the protocol thread panicked".into()),
@@ -261,30 +265,43 @@ pub fn prepare(cluster: &ClusterFile, id: NodeId, opts: &StartOptions) -> Result
     Ok(Prepared { id, driver: Driver::new(parts), net, metrics })
 }
 
-/// Starts node `id` on a network thread and a protocol thread of its own.
+/// Starts node `id` on a network thread and a protocol thread of its own, or on one
+/// thread for both (`[runtime] threads`).
 pub fn start(cluster: &ClusterFile, id: NodeId, opts: &StartOptions) -> Result<Running, StartError> {
     let Prepared { id, mut driver, net: net_cfg, metrics } = prepare(cluster, id, opts)?;
     let (events_tx, events_rx) = mpsc::sync_channel::<Event>(cluster.runtime.event_queue);
+    let listening = net_cfg.listen.map_or_else(|| "connecting".to_string(), |a| format!("listening on {a}"));
+    let (network, outbox) = Network::new(net_cfg, metrics.clone()).map_err(io(format!("node {id}: {listening}")))?;
+    let one_thread = cluster.runtime.threads.one();
+    // With one thread, whoever queues the protocol an event wakes the event loop too.
+    let wake_loop = one_thread.then(|| outbox.clone());
+    let queue = move |to_driver: &SyncSender<Event>, event: Event| {
+        let queued = to_driver.send(event).is_ok();
+        if let Some(outbox) = &wake_loop {
+            outbox.wake();
+        }
+        queued
+    };
     if let Some((_, group)) = cluster.group_of(id) {
         let service = match &opts.service {
             Some(ServiceOverride(service)) => service.clone(),
             None => crate::perpetual::service(&group.service, metrics.clone()),
         };
-        let to_driver = events_tx.clone();
+        let (to_driver, wake_loop) = (events_tx.clone(), one_thread.then(|| outbox.clone()));
         // A full queue wakes the protocol thread anyway.
-        let wake = Box::new(move || drop(to_driver.try_send(Event::Service)));
+        let wake = Box::new(move || {
+            drop(to_driver.try_send(Event::Service));
+            if let Some(outbox) = &wake_loop {
+                outbox.wake();
+            }
+        });
         driver.serve_with(crate::perpetual::Executor::new(service, cluster.params.call_window.into(), wake));
     }
-    let to_driver = events_tx.clone();
-    let deliver = move |frames| to_driver.send(Event::Messages(frames)).is_ok();
-    let listening = net_cfg.listen.map_or_else(|| "connecting".to_string(), |a| format!("listening on {a}"));
-    let (network, outbox) =
-        Network::new(net_cfg, metrics.clone(), deliver).map_err(io(format!("node {id}: {listening}")))?;
     let pins = cores(cluster);
     let mut listen = network.local_addr();
     if let Some((udp, carries)) = crate::distill::udp_config(cluster, id, opts.listen, opts.datagram_loss) {
-        let to_driver = events_tx.clone();
-        let deliver = move |frames| to_driver.send(Event::Messages(frames)).is_ok();
+        let (to_driver, queue) = (events_tx.clone(), queue.clone());
+        let deliver = move |frames| queue(&to_driver, Event::Messages(frames));
         let bind = udp.bind;
         let core = pins.map(|(net, _)| net);
         let (addr, divert) = crate::udp::spawn(udp, carries, metrics.clone(), deliver, core)
@@ -298,15 +315,31 @@ pub fn start(cluster: &ClusterFile, id: NodeId, opts: &StartOptions) -> Result<R
         None => None,
     };
     let (app_tx, app_rx): (Sender<Vec<AppEvent>>, Receiver<Vec<AppEvent>>) = mpsc::channel();
+    if one_thread {
+        let driver = thread::Builder::new()
+            .name(format!("node-{id}"))
+            .spawn(move || {
+                if let Some((_, core)) = pins {
+                    core_affinity::set_for_current(core);
+                }
+                driver.run_with_network(network, events_rx, Some(app_tx))
+            })
+            .map_err(io("spawning the node's thread"))?;
+        let (events, app_events) = (events_tx, app_rx);
+        return Ok(Running { id, events, app_events, listen, metrics, metrics_addr, outbox, net: None, driver });
+    }
+    let to_driver = events_tx.clone();
+    let deliver = move |frames| queue(&to_driver, Event::Messages(frames));
     let net = thread::Builder::new()
         .name(format!("net-{id}"))
         .spawn(move || {
             if let Some((core, _)) = pins {
                 core_affinity::set_for_current(core);
             }
-            network.run()
+            network.run(deliver)
         })
         .map_err(io("spawning the network thread"))?;
+    let net = Some(net);
     let to_net = outbox.clone();
     let driver = thread::Builder::new()
         .name(format!("protocol-{id}"))

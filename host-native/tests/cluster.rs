@@ -12,6 +12,7 @@ use phalanx_core::kv::{self, Reply};
 use phalanx_core::trace::{Trace, replay};
 use phalanx_core::{Input, Node, NodeId, Output, Params, Request};
 use phalanx_host::client::ClusterClient;
+use phalanx_host::config::Threads;
 use phalanx_host::local_cluster::{LocalCluster, LocalSpec, free_ports};
 use phalanx_host::metrics::{scrape, value};
 use phalanx_host::net::HELLO_MAGIC;
@@ -26,13 +27,19 @@ fn test_dir(name: &str) -> PathBuf {
 /// A 4-replica cluster with quick timeouts, so view changes and retransmissions happen
 /// within a test's patience.
 fn cluster(name: &str, run_args: &[&str]) -> LocalCluster {
+    cluster_with(name, run_args, Threads::Auto)
+}
+
+/// [`cluster`], its replicas on `threads` (a two-core machine picks one for `auto`, so
+/// tests that kill replicas and change views ask for two as well).
+fn cluster_with(name: &str, run_args: &[&str], threads: Threads) -> LocalCluster {
     let params = Params {
         request_timeout_ns: 300_000_000,
         client_retry_ns: 100_000_000,
         checkpoint_interval: 16,
         ..Params::default()
     };
-    let spec = LocalSpec { crypto: CryptoMode::InsecureTest, params, ..LocalSpec::default() };
+    let spec = LocalSpec { crypto: CryptoMode::InsecureTest, params, threads, ..LocalSpec::default() };
     let mut c = LocalCluster::create(&test_dir(name), &spec, Path::new(BINARY)).unwrap().with_run_args(run_args);
     c.start_all().unwrap();
     c
@@ -88,7 +95,7 @@ fn check_reads(client: &mut ClusterClient, upto: u32) {
 
 #[test]
 fn a_backup_killed_and_restarted_catches_up_and_nothing_acknowledged_is_lost() {
-    let mut c = cluster("backup", &[]);
+    let mut c = cluster_with("backup", &[], Threads::Two);
     let mut cl = client(&c, 0);
     writes(&mut cl, 0, 100);
     c.kill(2);
@@ -137,7 +144,7 @@ fn reads_are_answered_without_ordering() {
 
 #[test]
 fn killing_the_primary_changes_the_view_and_the_workload_continues() {
-    let mut c = cluster("primary", &[]);
+    let mut c = cluster_with("primary", &[], Threads::Two);
     let mut cl = client(&c, 0);
     writes(&mut cl, 0, 50);
     assert_eq!(metric(&c, 0, "phalanx_leader"), 1.0);
@@ -341,8 +348,10 @@ fn bad_configuration_is_a_clear_error_and_a_nonzero_exit() {
     assert!(err.contains("cluster.toml") && err.contains("replica[1].address"), "{err}");
     let err = run(&good.replace("f = 1", "f = 2"));
     assert!(err.contains("n >= 3f+1"), "{err}");
-    let err = run(&good.replace("[runtime]", "[runtime]\nthreads = 3"));
-    assert!(err.contains("unknown field") && err.contains("threads"), "{err}");
+    let err = run(&good.replace("[runtime]", "[runtime]\nworkers = 3"));
+    assert!(err.contains("unknown field") && err.contains("workers"), "{err}");
+    let err = run(&good.replace("threads = \"auto\"", "threads = \"many\""));
+    assert!(err.contains("cluster.toml") && err.contains("threads") && err.contains("many"), "{err}");
     std::fs::write(&path, &good).unwrap();
     std::fs::write(c.cluster.key_file(0), "id = 0\n").unwrap();
     let out = Command::new(BINARY).args(["run", "--config"]).arg(&path).args(["--id", "0"]).output().unwrap();

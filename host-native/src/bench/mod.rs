@@ -30,7 +30,7 @@ use phalanx_core::crypto::CryptoMode;
 use phalanx_core::kv;
 use phalanx_core::{Params, Protocol};
 
-use crate::config::{ClusterFile, Durability};
+use crate::config::{ClusterFile, Durability, Threads};
 use crate::local_cluster::{LocalCluster, LocalSpec};
 use load::{Plan, connect, measure};
 pub(crate) use series::Second;
@@ -87,6 +87,10 @@ pub struct BenchArgs {
     /// Fresh cluster: the replicas' `[runtime] durability`.
     #[arg(long, value_enum, default_value = "sync", conflicts_with = "config")]
     durability: Durability,
+    /// Fresh cluster: the replicas' `[runtime] threads` (auto: one thread for a replica
+    /// that may use one core only).
+    #[arg(long, value_enum, default_value = "auto", conflicts_with = "config")]
+    threads: Threads,
     /// Print the CPU time (user, system) of the load generator and, for a fresh cluster,
     /// of each replica process over the measured window.
     #[arg(long)]
@@ -177,6 +181,7 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
                 crypto,
                 params,
                 durability: a.durability,
+                threads: a.threads,
                 ..LocalSpec::default()
             };
             let local = LocalCluster::create(&dir, &spec, &binary)?;
