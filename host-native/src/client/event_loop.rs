@@ -81,6 +81,7 @@ impl ClientLoop {
             stop: stop.clone(),
             nodes: BTreeMap::new(),
             shared: BTreeMap::new(),
+            told: Vec::new(),
         };
         let thread = thread::Builder::new().name(name.into()).spawn(move || {
             if let Err(e) = event_loop.run() {
@@ -219,8 +220,9 @@ struct Shared {
 
 impl Node {
     /// Ends the node's round: settles it (queueing on its shared links, through its
-    /// divert first) and tells its news. False if the node failed and must leave.
-    fn end_round(&mut self, links: &mut Links) -> bool {
+    /// divert first) and queues its news in `told`. False if the node failed and must
+    /// leave.
+    fn end_round(&mut self, links: &mut Links, told: &mut Vec<(Sender<News>, News)>) -> bool {
         let Node { id, divert, driver, news, .. } = self;
         let now = driver.now();
         let mut send = |frames: &mut Vec<(NodeId, Vec<u8>)>| {
@@ -231,14 +233,13 @@ impl Node {
         };
         match driver.end_round(now, &mut send) {
             Ok(events) => {
-                // A caller that went away leaves the node running until it is removed.
                 if !events.is_empty() {
-                    let _ = news.send(News { id: *id, events: Ok(events) });
+                    told.push((news.clone(), News { id: *id, events: Ok(events) }));
                 }
                 true
             }
             Err(e) => {
-                let _ = news.send(News { id: *id, events: Err(e.to_string()) });
+                told.push((news.clone(), News { id: *id, events: Err(e.to_string()) }));
                 false
             }
         }
@@ -252,6 +253,9 @@ struct EventLoop {
     stop: Arc<AtomicBool>,
     nodes: BTreeMap<usize, Node>,
     shared: BTreeMap<usize, Shared>,
+    /// The turn's news, told once its frames are written: a consumer woken by the first
+    /// would otherwise run (on a shared core) before the rest are sent, once per node.
+    told: Vec<(Sender<News>, News)>,
 }
 
 impl EventLoop {
@@ -310,6 +314,7 @@ impl EventLoop {
             for shared in self.shared.values_mut() {
                 shared.links.flush(self.poll.registry());
             }
+            self.tell();
         }
         for slot in self.nodes.keys().copied().collect::<Vec<_>>() {
             self.leave(slot);
@@ -321,8 +326,15 @@ impl EventLoop {
     fn end_round(&mut self, slot: usize) {
         let Some(node) = self.nodes.get_mut(&slot) else { return };
         let links = &mut self.shared.get_mut(&node.shared).expect("a node's shared links outlive it").links;
-        if !node.end_round(links) {
+        if !node.end_round(links, &mut self.told) {
             self.leave(slot);
+        }
+    }
+
+    fn tell(&mut self) {
+        for (news, told) in self.told.drain(..) {
+            // A caller that went away leaves the node running until it is removed.
+            let _ = news.send(told);
         }
     }
 
@@ -382,6 +394,7 @@ impl EventLoop {
                         self.end_round(slot);
                     }
                     self.leave(slot);
+                    self.tell();
                     let _ = done.send(());
                 }
             }
