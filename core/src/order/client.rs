@@ -174,7 +174,10 @@ impl Client {
     /// for their replies.
     fn send_requests(&mut self, ctx: &mut Ctx, sent_at: Nanos, first: u64, ops: Vec<Bytes>) {
         let count = ops.len() as u64;
-        let requests = Bundle::seal(&ctx.keys, &ctx.replicas, first, ops);
+        // The oldest request still waiting (ordered, or read and perhaps ordered later).
+        let waiting = [self.pending.keys().next(), self.reads.keys().next(), Some(&first)];
+        let completed_below = waiting.into_iter().flatten().copied().min().expect("first");
+        let requests = Bundle::seal(&ctx.keys, &ctx.replicas, first, completed_below, ops);
         let encoded = wire::encode_body(pb::body::Kind::Requests(requests));
         ctx.send_encoded_to_replicas(&encoded, &[]);
         self.pending.insert(first, Pending { encoded, count, sent_at, replies: Votes::default() });
@@ -470,7 +473,7 @@ mod tests {
         let fault = |node, kind| vec![Output::Fault { node, kind }];
         assert_eq!(fx.reply(OUTSIDER, 1, &[b"ok"]), fault(OUTSIDER, FaultKind::Unexpected));
         let keys = Keyring::new(CryptoMode::InsecureTest, CLIENT, fx.cfgs[CLIENT as usize].mac_keys.clone());
-        let requests = Bundle::seal(&keys, &[0, 1, 2, 3], 1, ops(&[b"op"]));
+        let requests = Bundle::seal(&keys, &[0, 1, 2, 3], 1, 1, ops(&[b"op"]));
         assert_eq!(fx.from(0, pb::body::Kind::Requests(requests)), fault(0, FaultKind::Unexpected));
         assert_eq!(fx.reply(0, 1, &[b"ok", b"extra"]), fault(0, FaultKind::Malformed));
         // Never sent: nothing to count it for.

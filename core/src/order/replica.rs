@@ -323,7 +323,7 @@ impl Replica {
     /// bundle is for [`Self::take_together`] when the application lets it through.
     pub fn send_own(&self, ctx: &mut Ctx, first: u64, ops: Vec<Bytes>) -> Option<Bundle> {
         debug_assert!(self.embedded.is_some());
-        let r = Bundle::seal(&ctx.keys, &self.replicas, first, ops);
+        let r = Bundle::seal(&ctx.keys, &self.replicas, first, 0, ops);
         ctx.send_to_replicas(pb::body::Kind::Requests(r.clone()), &[]);
         Bundle::parse(r)
     }
@@ -901,7 +901,7 @@ impl Replica {
                     continue;
                 }
                 // From now on they count as executed, so later bundles skip them.
-                client.start(b.first, b.count(), cap);
+                client.start(b.first, b.count(), b.completed_below, cap);
                 running.push((b.client, b.first, b.count()));
                 ops.extend(b.operations());
             }

@@ -13,6 +13,8 @@ use crate::{NodeId, Operation};
 pub(crate) struct Bundle {
     pub client: NodeId,
     pub first: u64,
+    /// Every request of the client below it has completed there (at most `first`).
+    pub completed_below: u64,
     /// Slices of `body`.
     pub ops: Vec<Bytes>,
     /// The sum of the ops' lengths: what batches are capped by.
@@ -23,9 +25,16 @@ pub(crate) struct Bundle {
 }
 
 impl Bundle {
-    /// The client's side: numbers `ops` from `first` and MACs the body for every replica.
-    pub fn seal(keys: &Keyring, replicas: &[NodeId], first: u64, ops: Vec<Bytes>) -> pb::Requests {
-        let body = Bytes::from(pb::RequestsBody { client: keys.me, first, ops }.encode_to_vec());
+    /// The client's side: numbers `ops` from `first`, says every request below
+    /// `completed_below` completed, and MACs the body for every replica.
+    pub fn seal(
+        keys: &Keyring,
+        replicas: &[NodeId],
+        first: u64,
+        completed_below: u64,
+        ops: Vec<Bytes>,
+    ) -> pb::Requests {
+        let body = Bytes::from(pb::RequestsBody { client: keys.me, first, ops, completed_below }.encode_to_vec());
         let authenticator = replicas.iter().filter_map(|&r| keys.request_mac_to(r, &body)).collect();
         pb::Requests { body, authenticator }
     }
@@ -42,6 +51,7 @@ impl Bundle {
         Some(Bundle {
             client: b.client,
             first: b.first,
+            completed_below: b.completed_below.min(b.first),
             ops: b.ops,
             op_bytes,
             body: r.body,
@@ -97,7 +107,8 @@ mod tests {
     #[test]
     fn sealed_requests_parse_number_and_authenticate_at_each_replica_only() {
         let ops: Vec<Bytes> = [&b"a"[..], b"bc", b""].iter().map(|o| Bytes::copy_from_slice(o)).collect();
-        let b = Bundle::parse(Bundle::seal(&keyring(4), &[0, 1, 2, 3], 7, ops)).unwrap();
+        let b = Bundle::parse(Bundle::seal(&keyring(4), &[0, 1, 2, 3], 7, 9, ops)).unwrap();
+        assert_eq!(b.completed_below, 7, "a client says no more than that its earlier requests completed");
         assert_eq!((b.client, b.first, b.last(), b.op_bytes), (4, 7, 9, 3));
         assert_eq!(header(&b.body), Some((4, 7)));
         let requests: Vec<u64> = b.operations().map(|o| o.request).collect();
@@ -109,14 +120,18 @@ mod tests {
         assert!(!b.authentic(&keyring(5)));
         assert!(!keyring(0).verify_from(4, &b.body, &b.authenticator));
         let mut other = Bundle::parse(b.to_pb()).unwrap();
-        other.body = Bytes::from(pb::RequestsBody { client: 4, first: 8, ops: other.ops.clone() }.encode_to_vec());
+        other.body = Bytes::from(
+            pb::RequestsBody { client: 4, first: 8, ops: other.ops.clone(), completed_below: 0 }.encode_to_vec(),
+        );
         assert!(!other.authentic(&keyring(0)));
     }
 
     #[test]
     fn bodies_without_requests_or_with_overflowing_numbers_do_not_parse() {
         let body = |first, ops: usize| pb::Requests {
-            body: pb::RequestsBody { client: 4, first, ops: vec![Bytes::new(); ops] }.encode_to_vec().into(),
+            body: pb::RequestsBody { client: 4, first, ops: vec![Bytes::new(); ops], completed_below: 0 }
+                .encode_to_vec()
+                .into(),
             authenticator: vec![],
         };
         assert!(Bundle::parse(body(1, 1)).is_some());

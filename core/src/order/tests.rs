@@ -238,7 +238,7 @@ fn a_replica_holds_at_most_client_queue_unbatched_requests_per_client() {
     let keys = |id: NodeId| Keyring::new(CryptoMode::InsecureTest, id, cfgs[id as usize].mac_keys.clone());
     let (client, primary) = (keys(4), keys(0));
     let mut backup = Node::new(cfgs[1].clone()).unwrap();
-    let request = |r: u64| Bundle::seal(&client, &[0, 1, 2, 3], r, vec![Bytes::from(format!("op{r}"))]);
+    let request = |r: u64| Bundle::seal(&client, &[0, 1, 2, 3], r, 0, vec![Bytes::from(format!("op{r}"))]);
     // Delivers a body to the backup, acknowledging what it persists as a host would, and
     // counts the requests it refused.
     let mut deliver = |from: &Keyring, body: pb::body::Kind, now: Nanos| -> usize {

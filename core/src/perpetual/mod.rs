@@ -324,7 +324,7 @@ impl Member {
             return Ok(());
         }
         let targets = &self.groups[target as usize];
-        let copy = Bundle::seal(&ctx.keys, &targets.members, call, vec![body]);
+        let copy = Bundle::seal(&ctx.keys, &targets.members, call, 0, vec![body]);
         if self.slow_responders.contains(&targets.responder(call)) {
             ctx.send(pb::body::Kind::Requests(copy.clone()), targets.members.clone());
         } else {
@@ -724,7 +724,7 @@ impl Member {
             let body = pb::PerpetualOp {
                 kind: Some(Op::Call(pb::PerpetualCall { target: o.target, op: o.op.clone().into() })),
             };
-            let copy = Bundle::seal(&ctx.keys, &members, o.call, vec![body.encode_to_vec().into()]);
+            let copy = Bundle::seal(&ctx.keys, &members, o.call, 0, vec![body.encode_to_vec().into()]);
             let entry = Outstanding {
                 target: o.target,
                 op: o.op.into(),

@@ -454,7 +454,9 @@ impl Forge<'_> {
         let client = if self.rng.chance(700_000) { self.coalition.pick(self.rng) } else { self.node() };
         let first = self.number();
         let ops = (0..self.rng.below(3)).map(|_| self.bytes()).collect();
-        let body = Bytes::from(pb::RequestsBody { client, first, ops }.encode_to_vec());
+        // A lie about its own completed requests harms only the client: it may say any.
+        let completed_below = if self.rng.chance(500_000) { self.number() } else { 0 };
+        let body = Bytes::from(pb::RequestsBody { client, first, ops, completed_below }.encode_to_vec());
         let replicas = self.coalition.everyone.clone();
         let authenticator = match self.coalition.members.get(&client) {
             Some(m) => replicas.iter().filter_map(|&to| m.keys.request_mac_to(to, &body)).collect(),

@@ -318,7 +318,7 @@ fn dump_shows_pbft_messages() {
     let cfgs = pbft_cluster();
     let keys = Keyring::new(cfgs[4].cluster.crypto, 4, cfgs[4].mac_keys.clone());
     let ops: Vec<bytes::Bytes> = [&b"abc"[..], b"de"].iter().map(|o| bytes::Bytes::copy_from_slice(o)).collect();
-    let requests = crate::order::Bundle::seal(&keys, &[0, 1, 2, 3], 1, ops);
+    let requests = crate::order::Bundle::seal(&keys, &[0, 1, 2, 3], 1, 1, ops);
     let batch = bytes::Bytes::from(pb::Batch { requests: vec![requests.clone()] }.encode_to_vec());
     let d = crate::crypto::digest(&batch);
     let hex: String = d[..4].iter().map(|b| format!("{b:02x}")).collect();

@@ -99,12 +99,17 @@ impl Executed {
         self.kept.get(&first).filter(|k| k.count == count)?.results.as_ref()
     }
 
-    /// Requests handed to the host: from now on they count as executed, and the oldest
-    /// beyond `cap` requests are forgotten below the floor.
-    pub fn start(&mut self, first: u64, count: u64, cap: usize) {
+    /// Requests handed to the host: from now on they count as executed, and those the
+    /// client completed (below `completed_below`, which came with them, so every correct
+    /// replica forgets the same) and the oldest beyond `cap` requests are forgotten below
+    /// the floor. A request a client completed executed before any it sent afterwards.
+    pub fn start(&mut self, first: u64, count: u64, completed_below: u64, cap: usize) {
         self.kept.insert(first, Kept { count, results: None });
         self.kept_requests += count as usize;
-        while self.kept_requests > cap && self.kept.len() > 1 {
+        let completed = |kept: &BTreeMap<u64, Kept>| {
+            kept.first_key_value().is_some_and(|(&oldest, k)| oldest + k.count <= completed_below)
+        };
+        while (self.kept_requests > cap || completed(&self.kept)) && self.kept.len() > 1 {
             let (oldest, k) = self.kept.pop_first().expect("more than one kept");
             self.kept_requests -= k.count as usize;
             self.floor = self.floor.max(oldest + k.count - 1);
@@ -177,18 +182,40 @@ mod tests {
 
     use super::*;
 
+    /// A client with one request in flight at a time says its earlier ones completed, so
+    /// the table keeps one result for it, not `client_queue`; what it says of requests it
+    /// has not sent yet counts for nothing.
+    #[test]
+    fn results_a_client_completed_are_forgotten_as_its_next_requests_execute() {
+        let mut executed = Executed::default();
+        for r in 1..=5 {
+            executed.start(r, 1, r, 256);
+            executed.finish(r, vec![Bytes::from(format!("result {r}"))]);
+            assert_eq!(executed.kept.len(), 1);
+            assert_eq!(executed.floor, r - 1);
+        }
+        assert!(executed.done(3, 3) && executed.done(5, 5) && !executed.done(6, 6));
+        assert_eq!(executed.results(5, 1), Some(&vec![Bytes::from("result 5")]));
+        // Pipelined: 7 executes before 6, and 8 says nothing new.
+        executed.start(7, 1, 6, 256);
+        executed.start(6, 1, 6, 256);
+        executed.start(8, 1, 6, 256);
+        assert_eq!(executed.kept.keys().copied().collect::<Vec<_>>(), vec![6, 7, 8]);
+        assert_eq!(executed.floor, 5);
+    }
+
     /// A checkpoint's client records are written by hand for speed; they must be exactly
     /// what prost writes, or replicas' digests and recorded traces would change.
     #[test]
     fn a_record_is_encoded_exactly_as_prost_encodes_it() {
         let mut rows = vec![(0, Executed::default()), (7, Executed::default())];
         let executed = &mut rows[1].1;
-        executed.start(0, 1, 10);
+        executed.start(0, 1, 0, 10);
         executed.finish(0, vec![Bytes::from_static(b"")]);
-        executed.start(1, 2, 10);
+        executed.start(1, 2, 0, 10);
         executed.finish(1, vec![Bytes::from_static(b"a"), Bytes::from(vec![9; 300])]);
-        executed.start(3, 9, 10); // evicts the first two: the floor moves
-        executed.start(12, 1, 10); // no results yet
+        executed.start(3, 9, 0, 10); // evicts the first two: the floor moves
+        executed.start(12, 1, 0, 10); // no results yet
         assert!(executed.floor > 0);
         for (client, row) in &rows {
             let expected = pb::ClientRecord {
