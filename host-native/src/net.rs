@@ -69,7 +69,7 @@ pub struct NetConfig {
     pub send_queue_bytes: usize,
     pub reconnect_min: Duration,
     pub reconnect_max: Duration,
-    /// Dial shared connections, whose frames name their client ([`Links::queue`]).
+    /// Dial shared connections, whose frames name their client ([`Links::send`]).
     pub shared: bool,
 }
 
@@ -136,7 +136,6 @@ struct SendQueue {
 /// `writev` slices so the core's bytes are never copied.
 struct Queued {
     header: [u8; 8],
-    header_len: usize,
     /// The client a frame on a shared connection names.
     client: Option<NodeId>,
     hello: bool,
@@ -150,23 +149,36 @@ impl Queued {
         if let Some(id) = client {
             header[4..].copy_from_slice(&id.to_le_bytes());
         }
-        Queued { header, header_len: if client.is_some() { 8 } else { 4 }, client, hello: false, body }
+        Queued { header, client, hello: false, body }
+    }
+
+    /// A client of a shared connection announcing itself: an empty frame naming it.
+    fn announce(client: NodeId) -> Self {
+        Queued::data(Vec::new(), Some(client))
+    }
+
+    fn is_announcement(&self) -> bool {
+        self.client.is_some() && self.body.is_empty()
+    }
+
+    fn header_len(&self) -> usize {
+        if self.hello || self.client.is_some() { 8 } else { 4 }
     }
 
     fn hello(magic: [u8; 4], me: NodeId) -> Self {
         let mut header = [0; 8];
         header[..4].copy_from_slice(&magic);
         header[4..].copy_from_slice(&me.to_le_bytes());
-        Queued { header, header_len: 8, client: None, hello: true, body: Vec::new() }
+        Queued { header, client: None, hello: true, body: Vec::new() }
     }
 
     fn len(&self) -> usize {
-        self.header_len + self.body.len()
+        self.header_len() + self.body.len()
     }
 
     /// What is left to write after `offset` bytes, as (header, body) slices.
     fn unwritten(&self, offset: usize) -> [&[u8]; 2] {
-        let header = &self.header[..self.header_len];
+        let header = &self.header[..self.header_len()];
         [&header[offset.min(header.len())..], &self.body[offset.saturating_sub(header.len())..]]
     }
 }
@@ -260,6 +272,16 @@ struct Dialer {
     pending: SendQueue,
 }
 
+/// The metrics a frame naming `client` counts in: that client's on shared links, else
+/// the node's own.
+fn metrics_of<'a>(
+    clients: &'a BTreeMap<NodeId, Arc<Metrics>>,
+    own: &'a Metrics,
+    client: Option<NodeId>,
+) -> &'a Metrics {
+    client.and_then(|c| clients.get(&c)).map_or(own, |m| m)
+}
+
 /// Frames received, each with the peer it came from.
 pub type Received = Vec<(NodeId, Vec<u8>)>;
 
@@ -336,7 +358,7 @@ impl Links {
         self.clients.insert(client, metrics);
         for t in self.dialers.values().filter_map(|d| d.conn) {
             if let Some(c) = self.conns.get_mut(&t) {
-                c.queue.push(Queued::data(Vec::new(), Some(client)), self.cfg.send_queue_bytes, &self.metrics);
+                c.queue.push(Queued::announce(client), self.cfg.send_queue_bytes, &self.metrics);
                 self.touched.insert(t);
             }
         }
@@ -345,11 +367,6 @@ impl Links {
     /// Shared links: stops counting `client`'s frames.
     pub fn leave(&mut self, client: NodeId) {
         self.clients.remove(&client);
-    }
-
-    /// The metrics a frame naming `client` counts in.
-    fn metrics_of(&self, client: Option<NodeId>) -> &Metrics {
-        client.and_then(|c| self.clients.get(&c)).unwrap_or(&self.metrics)
     }
 
     /// Whether `deliver` refused frames (its consumer went away).
@@ -426,7 +443,7 @@ impl Links {
                     // A shared connection's clients announce themselves after the hello.
                     let cap = self.cfg.send_queue_bytes;
                     for &client in self.clients.keys().filter(|_| self.cfg.shared) {
-                        conn.queue.push(Queued::data(Vec::new(), Some(client)), cap, &self.metrics);
+                        conn.queue.push(Queued::announce(client), cap, &self.metrics);
                     }
                 }
                 Err(e) => tracing::debug!("connecting to replica {id} at {addr}: {e}"),
@@ -442,11 +459,11 @@ impl Links {
 
     /// Queues frames from `from` (this node, or a client of shared links) to their
     /// peers, to be written by the next [`Links::flush`].
-    pub fn queue(&mut self, from: NodeId, frames: impl IntoIterator<Item = (NodeId, Vec<u8>)>) {
+    fn queue(&mut self, from: NodeId, frames: impl IntoIterator<Item = (NodeId, Vec<u8>)>) {
         let cap = self.cfg.send_queue_bytes;
         let tag = self.cfg.shared.then_some(from);
         for (to, bytes) in frames {
-            let metrics = tag.and_then(|c| self.clients.get(&c)).unwrap_or(&self.metrics);
+            let metrics = metrics_of(&self.clients, &self.metrics, tag);
             if bytes.len() > self.cfg.max_frame {
                 metrics.dropped(DropReason::Oversized);
                 continue;
@@ -472,6 +489,20 @@ impl Links {
                 metrics.dropped(DropReason::UnknownPeer);
             }
         }
+    }
+
+    /// Queues a round's frames from `from`: through `divert` what it carries (it takes
+    /// them out of `frames`), the rest on these links.
+    pub fn send(&mut self, from: NodeId, divert: Option<&Arc<dyn Divert>>, frames: &mut Vec<(NodeId, Vec<u8>)>) {
+        if let Some(d) = divert {
+            d.take(frames);
+        }
+        self.queue(from, frames.drain(..));
+    }
+
+    /// The replicas these links dial.
+    pub fn dials(&self) -> &[(NodeId, SocketAddr)] {
+        &self.cfg.dial
     }
 
     /// Writes what was queued since the last flush, as far as the sockets take it.
@@ -506,10 +537,9 @@ impl Links {
             tracing::info!("node {}: connected to replica {id}", self.cfg.me);
         }
         let (metrics, clients) = (&self.metrics, &self.clients);
-        let metrics_of = |client: Option<NodeId>| client.and_then(|c| clients.get(&c)).unwrap_or(metrics);
         // Counted per whole frame sent, to the peer it went to (the hello included).
         let mut sent = |f: &Queued| match &c.peer {
-            Peer::Node(p) => metrics_of(f.client).bytes_out(*p, f.len() as u64),
+            Peer::Node(p) => metrics_of(clients, metrics, f.client).bytes_out(*p, f.len() as u64),
             Peer::Clients(_) => metrics.bytes_out(f.client.expect("a shared frame names its client"), f.len() as u64),
             Peer::Unknown => {}
         };
@@ -593,14 +623,14 @@ impl Links {
             if buf.len() < head + len {
                 break;
             }
-            let client = if shared { NodeId::from_le_bytes(buf[4..8].try_into().expect("4 bytes")) } else { 0 };
+            let client = shared.then(|| NodeId::from_le_bytes(buf[4..8].try_into().expect("4 bytes")));
             let bytes = buf[head..head + len].to_vec();
             c.rstart += head + len;
             let (to, from) = match &mut c.peer {
-                // Our shared connection to a replica: the frame is for `client`.
-                Peer::Node(p) if shared => (client, *p),
-                Peer::Node(p) => (self.cfg.me, *p),
+                // On our shared connection to a replica, the frame is for `client`.
+                Peer::Node(p) => (client.unwrap_or(self.cfg.me), *p),
                 Peer::Clients(carried) => {
+                    let client = client.expect("a shared connection's frames name their client");
                     if !self.cfg.known.contains(&client) || client == self.cfg.me {
                         self.metrics.dropped(DropReason::UnknownPeer);
                         continue;
@@ -615,7 +645,8 @@ impl Links {
                 }
                 Peer::Unknown => unreachable!("the hello came first"),
             };
-            self.metrics_of(self.cfg.shared.then_some(to)).bytes_in(Some(from), (head + len) as u64);
+            metrics_of(&self.clients, &self.metrics, self.cfg.shared.then_some(to))
+                .bytes_in(Some(from), (head + len) as u64);
             self.received.entry(to).or_default().push((from, bytes));
             self.received_count += 1;
             // A peer that keeps the socket full is delivered in parts, as the channel
@@ -687,12 +718,11 @@ impl Links {
             && d.conn == Some(t)
         {
             d.conn = None;
-            // Unsent frames wait for the next connection; the hello is resent with it.
+            // Unsent frames wait for the next connection; the hello (and a shared one's
+            // announcements) are sent afresh with it.
             let mut left = c.queue.take();
-            if left.frames.front().is_some_and(|f| f.hello) {
-                left.bytes -= 8;
-                left.frames.pop_front();
-            }
+            left.frames.retain(|f| !f.hello && !f.is_announcement());
+            left.bytes = left.frames.iter().map(Queued::len).sum();
             left.frames.extend(d.pending.frames.drain(..));
             left.bytes += d.pending.bytes;
             d.pending = left;
@@ -778,10 +808,7 @@ impl Network {
     /// Queues a round's frames (through the outbox's divert first), to be written by
     /// [`Network::flush`].
     pub fn send(&mut self, frames: &mut Vec<(NodeId, Vec<u8>)>) {
-        if let Some(d) = self.outbox.divert.get() {
-            d.take(frames);
-        }
-        self.links.queue(self.links.me(), frames.drain(..));
+        self.links.send(self.links.me(), self.outbox.divert.get(), frames);
     }
 
     /// Writes what [`Network::send`] queued, as far as the sockets take it.

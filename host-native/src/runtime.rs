@@ -274,26 +274,28 @@ pub fn start(cluster: &ClusterFile, id: NodeId, opts: &StartOptions) -> Result<R
     let (network, outbox) = Network::new(net_cfg, metrics.clone()).map_err(io(format!("node {id}: {listening}")))?;
     let one_thread = cluster.runtime.threads.one();
     // With one thread, whoever queues the protocol an event wakes the event loop too.
-    let wake_loop = one_thread.then(|| outbox.clone());
-    let queue = move |to_driver: &SyncSender<Event>, event: Event| {
-        let queued = to_driver.send(event).is_ok();
-        if let Some(outbox) = &wake_loop {
-            outbox.wake();
+    let wake_loop = {
+        let outbox = one_thread.then(|| outbox.clone());
+        move || outbox.iter().for_each(|o| o.wake())
+    };
+    let queue = {
+        let wake_loop = wake_loop.clone();
+        move |to_driver: &SyncSender<Event>, event: Event| {
+            let queued = to_driver.send(event).is_ok();
+            wake_loop();
+            queued
         }
-        queued
     };
     if let Some((_, group)) = cluster.group_of(id) {
         let service = match &opts.service {
             Some(ServiceOverride(service)) => service.clone(),
             None => crate::perpetual::service(&group.service, metrics.clone()),
         };
-        let (to_driver, wake_loop) = (events_tx.clone(), one_thread.then(|| outbox.clone()));
+        let (to_driver, wake_loop) = (events_tx.clone(), wake_loop.clone());
         // A full queue wakes the protocol thread anyway.
         let wake = Box::new(move || {
             drop(to_driver.try_send(Event::Service));
-            if let Some(outbox) = &wake_loop {
-                outbox.wake();
-            }
+            wake_loop();
         });
         driver.serve_with(crate::perpetual::Executor::new(service, cluster.params.call_window.into(), wake));
     }

@@ -15,7 +15,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Weak};
@@ -213,7 +212,6 @@ struct Node {
 /// The connections that the nodes dialing the same replicas share, and those nodes.
 struct Shared {
     links: Links,
-    dial: Vec<(NodeId, SocketAddr)>,
     /// Each node's slot, by id.
     nodes: BTreeMap<NodeId, usize>,
 }
@@ -225,12 +223,7 @@ impl Node {
     fn end_round(&mut self, links: &mut Links, told: &mut Vec<(Sender<News>, News)>) -> bool {
         let Node { id, divert, driver, news, .. } = self;
         let now = driver.now();
-        let mut send = |frames: &mut Vec<(NodeId, Vec<u8>)>| {
-            if let Some(d) = divert {
-                d.take(frames);
-            }
-            links.queue(*id, frames.drain(..));
-        };
+        let mut send = |frames: &mut Vec<(NodeId, Vec<u8>)>| links.send(*id, divert.as_ref(), frames);
         match driver.end_round(now, &mut send) {
             Ok(events) => {
                 if !events.is_empty() {
@@ -340,13 +333,12 @@ impl EventLoop {
 
     /// The slot of the shared links to `dial`, made (with `net`'s settings) if none is.
     fn shared_links(&mut self, net: NetConfig, metrics: Arc<Metrics>) -> usize {
-        if let Some((&slot, _)) = self.shared.iter().find(|(_, s)| s.dial == net.dial) {
+        if let Some((&slot, _)) = self.shared.iter().find(|(_, s)| s.links.dials() == net.dial) {
             return slot;
         }
         let slot = (SHARED_SLOTS..).find(|s| !self.shared.contains_key(s)).expect("fewer shared links than slots");
-        let dial = net.dial.clone();
         let links = Links::new(NetConfig { shared: true, ..net }, metrics, slot, 1 << SLOT_BITS);
-        self.shared.insert(slot, Shared { links, dial, nodes: BTreeMap::new() });
+        self.shared.insert(slot, Shared { links, nodes: BTreeMap::new() });
         slot
     }
 
@@ -357,20 +349,19 @@ impl EventLoop {
                 Command::Add { slot, node, news } => {
                     let Prepared { id, mut driver, net, metrics } = *node;
                     let shared = self.shared_links(net, metrics.clone());
-                    let links = &mut self.shared.get_mut(&shared).expect("made").links;
+                    let Shared { links, nodes } = self.shared.get_mut(&shared).expect("made");
                     links.join(id, metrics);
-                    let recovered = driver
-                        .recover(&mut |frames: &mut Vec<(NodeId, Vec<u8>)>| links.queue(id, frames.drain(..)))
-                        .map_err(|e| e.to_string());
+                    let recovered =
+                        driver.recover(&mut |frames| links.send(id, None, frames)).map_err(|e| e.to_string());
                     let failed = recovered.is_err();
                     if !recovered.as_ref().is_ok_and(Vec::is_empty) {
-                        let _ = news.send(News { id, events: recovered });
+                        self.told.push((news.clone(), News { id, events: recovered }));
                     }
-                    let node = Node { id, shared, divert: None, driver, news };
                     // The same identity hosted twice: the newer one gets its frames.
-                    if self.shared.get_mut(&shared).expect("made").nodes.insert(id, slot).is_some() {
+                    if nodes.insert(id, slot).is_some() {
                         tracing::warn!("client {id} is hosted twice in one event loop; the older stops hearing");
                     }
+                    let node = Node { id, shared, divert: None, driver, news };
                     self.nodes.insert(slot, node);
                     if failed {
                         self.leave(slot);
