@@ -57,10 +57,13 @@ fn per_sec(n: f64, d: Duration) -> f64 {
     n / d.as_secs_f64()
 }
 
-pub fn run(batches: u32, entries: u32, directory_bits: u32, broker_batch: u32, stragglers: &[u64]) {
+pub fn run(batches: u32, entries: u32, directory_bits: u32, broker_batch: u32, stragglers: &[u64], fresh: bool) {
     machine();
     for &pct in stragglers {
-        servers(batches, entries, directory_bits, pct);
+        servers(batches, entries, directory_bits, pct, Signers::Same);
+    }
+    if fresh {
+        servers(batches, entries, directory_bits, 0, Signers::Fresh);
     }
     broker(broker_batch, 0, Straggle::Silent);
     for pct in [1, 10] {
@@ -184,7 +187,17 @@ impl Servers {
     }
 }
 
-fn servers(batches: u32, entries: u32, directory_bits: u32, straggler_pct: u64) {
+/// Who signs a broker's batches, one after the other.
+#[derive(Clone, Copy, PartialEq)]
+enum Signers {
+    /// The same clients every batch, as a broker's clients stay with it: a verifying
+    /// server sums only the keys that differ from the broker's last batch.
+    Same,
+    /// Two disjoint sets of clients in turn: every batch's keys are summed afresh.
+    Fresh,
+}
+
+fn servers(batches: u32, entries: u32, directory_bits: u32, straggler_pct: u64, signers: Signers) {
     let params = Params {
         distill_batch_size: entries,
         max_payload: 8,
@@ -215,21 +228,26 @@ fn servers(batches: u32, entries: u32, directory_bits: u32, straggler_pct: u64) 
     }
     s.pump();
     // The clients: ids spread over the directory; their keys, and the sum of the
-    // non-stragglers' secret keys.
+    // non-stragglers' secret keys. Fresh signers: a second set, each id one above.
     let stride = (1u64 << directory_bits) / entries as u64;
-    let ids: Vec<u64> = (0..entries as u64).map(|i| i * stride + (i * 7) % stride.max(1)).collect();
+    let sets = if signers == Signers::Fresh && stride > 1 { 2 } else { 1 };
     let t = Instant::now();
-    let clients =
-        LoadClients::new(CryptoMode::Real, sys, params.leaf_entries, 3, ids, straggler_pct).expect("real keys");
-    eprintln!("  ({} client keys made in {:.1?})", entries, t.elapsed());
+    let clients: Vec<LoadClients> = (0..sets)
+        .map(|set| {
+            let ids = (0..entries as u64).map(|i| i * stride + (i * 7 + set) % stride.max(1)).collect();
+            LoadClients::new(CryptoMode::Real, sys, params.leaf_entries, 3, ids, straggler_pct).expect("real keys")
+        })
+        .collect();
+    eprintln!("  ({} client keys made in {:.1?})", sets * entries as u64, t.elapsed());
     let mut warm = None;
-    for b in 0..=batches as u64 {
-        if b == 1 {
-            // The first batch warms the servers' directory caches: not measured.
+    let warm_up = clients.len() as u64;
+    for b in 0..warm_up + batches as u64 {
+        if b == warm_up {
+            // The first batch of each set warms the servers' directory caches: not measured.
             warm = Some((s.cpu.clone(), s.ingress.clone(), s.delivered.clone(), status(&s)));
         }
         let msgs = load::messages(b, entries as usize);
-        let (batch, r2) = clients.batch(b, msgs).expect("batch");
+        let (batch, r2) = clients[b as usize % clients.len()].batch(b, msgs).expect("batch");
         let (lane, lane_seq) = ((b % 4) as u32, b / 4);
         let encoded = batch.to_pb();
         for server in 0..4usize {
@@ -254,8 +272,12 @@ fn servers(batches: u32, entries: u32, directory_bits: u32, straggler_pct: u64) 
     }
     let (cpu0, in0, del0, st0) = warm.expect("at least two batches");
     let st = status(&s);
+    let who = match signers {
+        Signers::Same => "the same signers each batch",
+        Signers::Fresh => "fresh signers each batch",
+    };
     println!(
-        "servers, {entries}-entry batches of 8-byte messages, directory 2^{directory_bits}, {straggler_pct}% stragglers, {batches} batches:"
+        "servers, {entries}-entry batches of 8-byte messages, directory 2^{directory_bits}, {straggler_pct}% stragglers, {who}, {batches} batches:"
     );
     for (i, role) in [(0, "verifying"), (3, "idle")] {
         let cpu = s.cpu[i] - cpu0[i];

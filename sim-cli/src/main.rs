@@ -68,7 +68,7 @@ enum Command {
     /// Distillation's server path (verifying and idle servers) and broker path, with real
     /// crypto, beside BLAKE3 and the BLS and Ed25519 verification times.
     DistillBench {
-        /// Measured batches per straggler fraction (after one to warm up).
+        /// Measured batches per straggler fraction (after one per set of signers to warm up).
         #[arg(long, default_value_t = 8)]
         batches: u32,
         #[arg(long, default_value_t = 65_536)]
@@ -82,6 +82,10 @@ enum Command {
         /// The straggler percentages the servers are measured at, one run each.
         #[arg(long, value_delimiter = ',', default_values_t = [0u64, 1, 10])]
         stragglers: Vec<u64>,
+        /// Also measure the servers with fresh signers each batch (no stragglers), every
+        /// key summed afresh, beside the same signers each batch.
+        #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+        fresh_signers: bool,
     },
 }
 
@@ -103,8 +107,8 @@ fn main() -> ExitCode {
         Command::Demo { publications } => demo::run(publications),
         Command::Seeds { protocol, f, from, count, real_every } => seeds(&protocol, f, from, count, real_every),
         Command::Trace { command } => trace(command),
-        Command::DistillBench { batches, entries, directory_bits, broker_batch, stragglers } => {
-            distill_bench::run(batches, entries, directory_bits, broker_batch, &stragglers);
+        Command::DistillBench { batches, entries, directory_bits, broker_batch, stragglers, fresh_signers } => {
+            distill_bench::run(batches, entries, directory_bits, broker_batch, &stragglers, fresh_signers);
             ExitCode::SUCCESS
         }
         Command::Bench { count, only, batches } => {

@@ -11,8 +11,8 @@ pub mod ed25519;
 mod mac;
 
 pub use bls::{
-    BlsKey, BlsPublicKey, BlsSecretKey, BlsShare, BlsSignature, aggregate, fast_aggregate_verify, sum_secret_keys,
-    sum_shares, verify_multi,
+    BlsKey, BlsPublicKey, BlsSecretKey, BlsShare, BlsSignature, KeySum, aggregate, fast_aggregate_verify,
+    sum_secret_keys, sum_shares, verify_multi,
 };
 pub use ed25519::{EdKey, EdPublicKey, EdSecretKey, EdSignature};
 pub use mac::{MAC_LEN, MacKey, MacTag};

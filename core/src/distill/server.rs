@@ -20,7 +20,7 @@ use super::{
     open_frame, reduction_statement, send_frame, sign_up_statement, witness_statement,
 };
 use crate::crypto::ed25519::{EdItem, verify_each};
-use crate::crypto::{BlsPublicKey, BlsSignature, Digest, EdPublicKey, EdSignature, verify_multi};
+use crate::crypto::{BlsKey, BlsPublicKey, BlsSignature, Digest, EdPublicKey, EdSignature, KeySum, verify_multi};
 use crate::node::{Ctx, HandleError, Output, Status};
 use crate::order::{OwnNumbers, Replica};
 use crate::role::RoleMachine;
@@ -37,6 +37,19 @@ const TOUCH_AHEAD: usize = 48;
 
 /// Sign-ups waiting for their answer at once.
 const MAX_SIGN_UPS_WAITING: usize = 1024;
+
+/// Brokers whose last verified signers this server keeps ([`Signers`]).
+const KEPT_SIGNERS: usize = 8;
+
+/// The signers of the last batch verified from a broker and the sum of their keys: a
+/// broker's clients stay with it, so its next batch has mostly the same signers, and
+/// their sum costs one addition per signer that differs instead of one per signer.
+struct Signers {
+    ids: Vec<u64>,
+    sum: KeySum,
+    /// When it was last used, to forget the least recent beyond [`KEPT_SIGNERS`].
+    used: u64,
+}
 
 /// An offer this server holds for a lane: the batch it expects next there.
 struct Offered {
@@ -93,6 +106,8 @@ pub(crate) struct Server {
     fetch_at: Option<Nanos>,
     own: OwnNumbers,
     sign_ups: BTreeMap<EdPublicKey, NodeId>,
+    signers: BTreeMap<EdPublicKey, Signers>,
+    verified: u64,
     last_now: Nanos,
 }
 
@@ -117,6 +132,8 @@ impl Server {
             fetch_at: None,
             own: OwnNumbers::new(),
             sign_ups: BTreeMap::new(),
+            signers: BTreeMap::new(),
+            verified: 0,
             last_now: 0,
         }
     }
@@ -203,7 +220,7 @@ impl Server {
         let Some(batch) = Batch::from_pb(batch, p.distill_batch_size, p.max_payload) else {
             return ctx.fault(from, FaultKind::Malformed);
         };
-        let verified = o.verify && self.verify_batch(ctx, &batch, &root);
+        let verified = o.verify && self.verify_batch(ctx, broker, &batch, &root);
         if o.verify && !verified {
             return ctx.fault(from, FaultKind::BadSignature);
         }
@@ -232,7 +249,7 @@ impl Server {
             return ctx.stats.stale += 1;
         };
         let (batch, root, was) = (held.batch.clone(), held.root, held.verified);
-        if !was && !self.verify_batch(ctx, &batch, &root) {
+        if !was && !self.verify_batch(ctx, broker, &batch, &root) {
             self.offers.remove(&key);
             return ctx.fault(from, FaultKind::BadSignature);
         }
@@ -255,7 +272,7 @@ impl Server {
     /// The full check of an offer at a verifier (step 7): every id in the directory,
     /// the stragglers' signatures (one batch verification), the multi-signature of the
     /// others on R1 against the sum of their keys, and R2.
-    fn verify_batch(&mut self, ctx: &mut Ctx, batch: &Batch, r2: &Digest) -> bool {
+    fn verify_batch(&mut self, ctx: &mut Ctx, broker: EdPublicKey, batch: &Batch, r2: &Digest) -> bool {
         if batch.ids.last().is_none_or(|&last| last >= self.dir.len()) {
             return false;
         }
@@ -283,17 +300,26 @@ impl Server {
             t1 = Some(r1);
             let ready = self.dir.prepare(&batch.ids);
             debug_assert!(ready, "ids checked");
-            let dir = &self.dir;
             let mut stragglers = batch.straggler_at.iter().peekable();
-            let keys = batch
+            let ids: Vec<u64> = batch
                 .ids
                 .iter()
                 .enumerate()
                 .filter(|(i, _)| stragglers.next_if_eq(&i).is_none())
-                .map(|(_, &id)| &dir.peek(id).expect("ids checked and derived").bls);
+                .map(|(_, &id)| id)
+                .collect();
             ctx.counters.signatures_verified += 1;
             let msg = reduction_statement(&self.servers.system_id, &r1);
-            if !verify_multi(self.servers.mode, keys, &msg, &agg) {
+            let verified = match self.key_sum(broker, &ids) {
+                Some(sum) if sum.verifies(&msg, &agg) => {
+                    self.keep_signers(broker, ids, sum);
+                    true
+                }
+                Some(_) => false,
+                // Keys without points (the insecure test crypto): no sum to keep.
+                None => verify_multi(self.servers.mode, ids.iter().filter_map(|&id| self.key(id)), &msg, &agg),
+            };
+            if !verified {
                 return false;
             }
         } else if batch.aggregate.is_some() {
@@ -305,6 +331,33 @@ impl Server {
             _ => batch.root_t2(per_leaf),
         };
         t2 == *r2
+    }
+
+    /// The BLS key of `id`, in the directory and derived.
+    fn key(&self, id: u64) -> Option<&BlsKey> {
+        self.dir.peek(id).map(|k| &k.bls)
+    }
+
+    /// The sum of the keys of `ids` (sorted, in the directory and derived): from the sum
+    /// kept for `broker`'s last signers when fewer keys differ than there are ids.
+    fn key_sum(&self, broker: EdPublicKey, ids: &[u64]) -> Option<KeySum> {
+        let keys = |ids: &[u64]| ids.iter().map(|&id| self.key(id)).collect::<Option<Vec<_>>>();
+        if let Some(last) = self.signers.get(&broker)
+            && let Some((added, removed)) = differences(&last.ids, ids, ids.len())
+            && let (Some(added), Some(removed)) = (keys(&added), keys(&removed))
+        {
+            return last.sum.moved(added.into_iter(), removed.into_iter());
+        }
+        KeySum::of(keys(ids)?.into_iter())
+    }
+
+    fn keep_signers(&mut self, broker: EdPublicKey, ids: Vec<u64>, sum: KeySum) {
+        self.verified += 1;
+        if !self.signers.contains_key(&broker) && self.signers.len() >= KEPT_SIGNERS {
+            let oldest = self.signers.iter().min_by_key(|(_, s)| s.used).map(|(b, _)| *b);
+            oldest.map(|b| self.signers.remove(&b));
+        }
+        self.signers.insert(broker, Signers { ids, sum, used: self.verified });
     }
 
     /// M6: a witness certificate; submitted to the TOB unless stale.
@@ -657,6 +710,7 @@ impl Server {
             self.dedup[slot] = Some(Logged { seq: r.seq, digest });
         }
         self.dir.clear_sign_ups();
+        self.signers.clear();
         for k in s.signed_up {
             if let (Ok(ed), Ok(bls)) =
                 (<[u8; 32]>::try_from(k.ed_key.as_slice()), <[u8; 48]>::try_from(k.bls_key.as_slice()))
@@ -665,6 +719,37 @@ impl Server {
             }
         }
         self.offers.retain(|key, o| o.lane_seq >= self.lanes.get(key).copied().unwrap_or(0));
+    }
+}
+
+/// The ids of `new` not in `old` and those of `old` not in `new` (both sorted), unless
+/// they number `limit` or more.
+fn differences(old: &[u64], new: &[u64], limit: usize) -> Option<(Vec<u64>, Vec<u64>)> {
+    let (mut added, mut removed) = (Vec::new(), Vec::new());
+    let (mut i, mut j) = (0, 0);
+    loop {
+        match (old.get(i), new.get(j)) {
+            (None, None) => return Some((added, removed)),
+            (Some(a), Some(b)) if a == b => {
+                (i, j) = (i + 1, j + 1);
+                continue;
+            }
+            (Some(&a), Some(&b)) if a > b => {
+                added.push(b);
+                j += 1;
+            }
+            (None, Some(&b)) => {
+                added.push(b);
+                j += 1;
+            }
+            (Some(&a), _) => {
+                removed.push(a);
+                i += 1;
+            }
+        }
+        if added.len() + removed.len() >= limit {
+            return None;
+        }
     }
 }
 
@@ -786,5 +871,56 @@ mod tests {
             })
             .collect();
         assert_eq!((sizes.len(), sizes.iter().sum::<usize>()), (3, 3 + 1));
+    }
+
+    #[test]
+    fn differences_are_found_by_merging_and_given_up_at_the_limit() {
+        assert_eq!(differences(&[1, 2, 4, 9], &[2, 3, 4, 10, 11], 9), Some((vec![3, 10, 11], vec![1, 9])));
+        assert_eq!(differences(&[], &[5], 9), Some((vec![5], vec![])));
+        assert_eq!(differences(&[5], &[5], 1), Some((vec![], vec![])));
+        assert_eq!(differences(&[1, 2], &[3, 4], 4), None);
+    }
+
+    /// Verifying a broker's batches one after another: each sum of signer keys comes from
+    /// the last one's where few keys differ, and it is the true sum — an aggregate by the
+    /// claimed signers verifies, one that leaves out a claimed signer does not.
+    #[test]
+    fn a_brokers_signer_sums_move_from_its_last_and_stay_exact() {
+        use crate::crypto::{CryptoMode, sum_secret_keys};
+        use crate::distill::{generated_secrets, system_id};
+        let spec = DistillSpec { crypto: CryptoMode::Real, ..DistillSpec::new(1, 1, 64) };
+        let cfg = generate_distill(&spec, [0; 32]).expect("configs").remove(0);
+        let (seed, sys) = (cfg.cluster.params.directory_seed, system_id(&cfg.cluster));
+        let mut node = Node::new(cfg).expect("a server");
+        let ctx = node.ctx_mut();
+        let mut server = Server::new(ctx);
+        let per_leaf = Server::per_leaf(ctx);
+        let broker = EdPublicKey([1; 32]);
+        // A batch of `ids` whose aggregate on R1 is by `signers`.
+        let signed = |ids: &[u64], signers: &[u64]| {
+            let msgs = Messages::collect(ids.iter().map(|_| &b"m"[..]));
+            let unsigned = Batch::new(ids.to_vec(), msgs.clone(), 1, None, vec![]).expect("a batch");
+            let secrets: Vec<_> = signers.iter().map(|&id| generated_secrets(CryptoMode::Real, seed, id).1).collect();
+            let agg = sum_secret_keys(&secrets)
+                .expect("real keys")
+                .sign(&reduction_statement(&sys, &unsigned.root_t1(per_leaf)));
+            let batch = Batch::new(ids.to_vec(), msgs, 1, Some(agg), vec![]).expect("a batch");
+            let r2 = batch.root_t2(per_leaf);
+            (batch, r2)
+        };
+        let sets: [Vec<u64>; 4] = [
+            (0..20).collect(),
+            (0..20).filter(|i| ![3, 7].contains(i)).chain([25, 26]).collect(),
+            (30..40).collect(),
+            (30..41).collect(),
+        ];
+        for (k, ids) in sets.iter().enumerate() {
+            let (batch, r2) = signed(ids, ids);
+            assert!(server.verify_batch(ctx, broker, &batch, &r2), "set {k}");
+            assert_eq!(server.signers[&broker].ids, *ids);
+            let short = &ids[1..];
+            let (batch, r2) = signed(ids, short);
+            assert!(!server.verify_batch(ctx, broker, &batch, &r2), "set {k} without its first signer");
+        }
     }
 }
