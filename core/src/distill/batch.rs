@@ -340,8 +340,11 @@ impl Batch {
         self.root_of(per_leaf, |_| Fate::Seq(raise))
     }
 
-    /// R2: stragglers at their own seq.
+    /// R2: stragglers at their own seq (R1 without stragglers).
     pub fn root_t2(&self, per_leaf: usize) -> Digest {
+        if self.stragglers.is_empty() {
+            return self.root_t1(per_leaf);
+        }
         let seqs = self.seqs();
         self.root_of(per_leaf, |i| Fate::Seq(seqs[i]))
     }

@@ -564,7 +564,8 @@ impl Server {
         // The amended tree's entries, made only once an amendment is needed.
         let mut amended: Option<Vec<Fate>> = None;
         let mut amendments = Vec::new();
-        let mut delivered: Vec<usize> = Vec::with_capacity(batch.len());
+        // Entries not delivered, in order (usually none).
+        let mut held_back: Vec<usize> = Vec::new();
         let known = self.dir.len();
         // Ids are sorted: the log grows once, to the largest id in the directory.
         let top = batch.ids.iter().rev().find_map(|&id| usize::try_from(id).ok().filter(|_| id < known));
@@ -578,12 +579,16 @@ impl Server {
                 self.touch_logs(ahead(i + TOUCH_AHEAD), known);
             }
             // Not in the directory at this point of the order: never delivered.
-            let Some(slot) = usize::try_from(id).ok().filter(|_| id < known) else { continue };
+            let Some(slot) = usize::try_from(id).ok().filter(|_| id < known) else {
+                held_back.push(i);
+                continue;
+            };
             let d = msg_digest(batch.msgs.get(i));
             let amendment = match &self.dedup[slot] {
                 None => None,
                 Some(log) if log.digest == d && log.seq == seq => {
                     ctx.distill.dedup_ignored += 1;
+                    held_back.push(i);
                     continue; // the same again: kept in the tree, re-certified
                 }
                 Some(log) if log.digest == d => Some((pb::Amendment { id, nudge: Some(log.seq) }, Fate::Seq(log.seq))),
@@ -591,11 +596,9 @@ impl Server {
                 Some(_) => Some((pb::Amendment { id, nudge: None }, Fate::Dropped)),
             };
             match amendment {
-                None => {
-                    self.dedup[slot] = Some(Logged { seq, digest: d });
-                    delivered.push(i);
-                }
+                None => self.dedup[slot] = Some(Logged { seq, digest: d }),
                 Some((a, fate)) => {
+                    held_back.push(i);
                     match fate {
                         Fate::Seq(_) => ctx.distill.dedup_nudged += 1,
                         Fate::Dropped => ctx.distill.dedup_dropped += 1,
@@ -613,10 +616,12 @@ impl Server {
         let height = self.next_height;
         self.next_height += 1;
         ctx.distill.stragglers += batch.stragglers.len() as u64;
-        let out = if delivered.len() == batch.len() {
+        let out = if held_back.is_empty() {
             // All of it (the usual case): the batch's own packing and messages.
             DeliveredBatch { height, ids: batch.packed.clone(), seqs, msgs: batch.msgs.collected(batch.len()) }
         } else {
+            let mut held_back = held_back.into_iter().peekable();
+            let delivered: Vec<usize> = (0..batch.len()).filter(|i| held_back.next_if_eq(i).is_none()).collect();
             let ids: Vec<u64> = delivered.iter().map(|&i| batch.ids[i]).collect();
             DeliveredBatch {
                 height,
