@@ -47,7 +47,7 @@ const KEPT_SIGNERS: usize = 8;
 struct Signers {
     ids: Vec<u64>,
     sum: KeySum,
-    /// When it was last used, to forget the least recent beyond [`KEPT_SIGNERS`].
+    /// When it was last kept, to forget the least recent beyond [`KEPT_SIGNERS`].
     used: u64,
 }
 
@@ -107,7 +107,8 @@ pub(crate) struct Server {
     own: OwnNumbers,
     sign_ups: BTreeMap<EdPublicKey, NodeId>,
     signers: BTreeMap<EdPublicKey, Signers>,
-    verified: u64,
+    /// Signers kept so far: [`Signers::used`]'s clock.
+    signers_kept: u64,
     last_now: Nanos,
 }
 
@@ -133,7 +134,7 @@ impl Server {
             own: OwnNumbers::new(),
             sign_ups: BTreeMap::new(),
             signers: BTreeMap::new(),
-            verified: 0,
+            signers_kept: 0,
             last_now: 0,
         }
     }
@@ -317,7 +318,10 @@ impl Server {
                 }
                 Some(_) => false,
                 // Keys without points (the insecure test crypto): no sum to keep.
-                None => verify_multi(self.servers.mode, ids.iter().filter_map(|&id| self.key(id)), &msg, &agg),
+                None => {
+                    let keys = ids.iter().map(|&id| self.key(id).expect("ids checked and derived"));
+                    verify_multi(self.servers.mode, keys, &msg, &agg)
+                }
             };
             if !verified {
                 return false;
@@ -352,12 +356,14 @@ impl Server {
     }
 
     fn keep_signers(&mut self, broker: EdPublicKey, ids: Vec<u64>, sum: KeySum) {
-        self.verified += 1;
-        if !self.signers.contains_key(&broker) && self.signers.len() >= KEPT_SIGNERS {
-            let oldest = self.signers.iter().min_by_key(|(_, s)| s.used).map(|(b, _)| *b);
-            oldest.map(|b| self.signers.remove(&b));
+        self.signers_kept += 1;
+        if !self.signers.contains_key(&broker)
+            && self.signers.len() >= KEPT_SIGNERS
+            && let Some(oldest) = self.signers.iter().min_by_key(|(_, s)| s.used).map(|(b, _)| *b)
+        {
+            self.signers.remove(&oldest);
         }
-        self.signers.insert(broker, Signers { ids, sum, used: self.verified });
+        self.signers.insert(broker, Signers { ids, sum, used: self.signers_kept });
     }
 
     /// M6: a witness certificate; submitted to the TOB unless stale.
@@ -927,5 +933,12 @@ mod tests {
             let (batch, r2) = signed(ids, short);
             assert!(!server.verify_batch(ctx, broker, &batch, &r2), "set {k} without its first signer");
         }
+        // Eight other brokers later, the first broker's signers are forgotten.
+        let (batch, r2) = signed(&sets[0], &sets[0]);
+        for b in 2..2 + KEPT_SIGNERS as u8 {
+            assert!(server.verify_batch(ctx, EdPublicKey([b; 32]), &batch, &r2));
+        }
+        assert_eq!(server.signers.len(), KEPT_SIGNERS);
+        assert!(!server.signers.contains_key(&broker));
     }
 }
