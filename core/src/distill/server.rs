@@ -318,10 +318,7 @@ impl Server {
                 }
                 Some(_) => false,
                 // Keys without points (the insecure test crypto): no sum to keep.
-                None => {
-                    let keys = ids.iter().map(|&id| self.key(id).expect("ids checked and derived"));
-                    verify_multi(self.servers.mode, keys, &msg, &agg)
-                }
+                None => verify_multi(self.servers.mode, self.keys(&ids), &msg, &agg),
             };
             if !verified {
                 return false;
@@ -337,22 +334,20 @@ impl Server {
         t2 == *r2
     }
 
-    /// The BLS key of `id`, in the directory and derived.
-    fn key(&self, id: u64) -> Option<&BlsKey> {
-        self.dir.peek(id).map(|k| &k.bls)
+    /// The BLS keys of `ids`, each in the directory and derived (checked and prepared).
+    fn keys<'a>(&'a self, ids: &'a [u64]) -> impl Iterator<Item = &'a BlsKey> {
+        ids.iter().map(|&id| &self.dir.peek(id).expect("ids checked and derived").bls)
     }
 
-    /// The sum of the keys of `ids` (sorted, in the directory and derived): from the sum
-    /// kept for `broker`'s last signers when fewer keys differ than there are ids.
+    /// The sum of the keys of `ids` (sorted, checked and prepared): from the sum kept for
+    /// `broker`'s last signers when fewer keys differ than there are ids.
     fn key_sum(&self, broker: EdPublicKey, ids: &[u64]) -> Option<KeySum> {
-        let keys = |ids: &[u64]| ids.iter().map(|&id| self.key(id)).collect::<Option<Vec<_>>>();
         if let Some(last) = self.signers.get(&broker)
             && let Some((added, removed)) = differences(&last.ids, ids, ids.len())
-            && let (Some(added), Some(removed)) = (keys(&added), keys(&removed))
         {
-            return last.sum.moved(added.into_iter(), removed.into_iter());
+            return last.sum.moved(self.keys(&added), self.keys(&removed));
         }
-        KeySum::of(keys(ids)?.into_iter())
+        KeySum::of(self.keys(ids))
     }
 
     fn keep_signers(&mut self, broker: EdPublicKey, ids: Vec<u64>, sum: KeySum) {
