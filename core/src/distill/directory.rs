@@ -28,6 +28,9 @@ pub struct Directory {
     /// Generated entries derived so far, by id: pages of [`PAGE`] ids, each allocated
     /// when an id in it is first derived (a verifying server looks up one key an entry).
     derived: Vec<Option<Box<Page>>>,
+    /// One bit per generated id, set once it is derived: [`Directory::prepare`] walks a
+    /// batch's ids through these 128 KiB (for 2^20 ids) rather than through the pages.
+    is_derived: Vec<u64>,
     /// Ids from `generated` on, in order.
     signed_up: Vec<Arc<Keys>>,
     by_ed: BTreeMap<EdPublicKey, u64>,
@@ -66,6 +69,7 @@ impl Directory {
             seed,
             generated,
             derived: Vec::new(),
+            is_derived: Vec::new(),
             signed_up: Vec::new(),
             by_ed: BTreeMap::new(),
             learned: BTreeMap::new(),
@@ -99,6 +103,11 @@ impl Directory {
         if page >= self.derived.len() {
             self.derived.resize_with(page + 1, || None);
         }
+        let (word, bit) = ((id / 64) as usize, 1 << (id % 64));
+        if word >= self.is_derived.len() {
+            self.is_derived.resize(word + 1, 0);
+        }
+        self.is_derived[word] |= bit;
         let (mode, seed) = (self.mode, self.seed);
         self.derived[page].get_or_insert_with(|| Box::new([const { None }; PAGE]))[at].get_or_insert_with(|| {
             let (ed, bls) = generated_secrets(mode, seed, id);
@@ -113,7 +122,10 @@ impl Directory {
     pub fn prepare(&mut self, ids: &[u64]) -> bool {
         ids.iter().all(|&id| {
             if id < self.generated {
-                self.derive(id);
+                let derived = self.is_derived.get((id / 64) as usize).is_some_and(|w| w & (1 << (id % 64)) != 0);
+                if !derived {
+                    self.derive(id);
+                }
                 true
             } else {
                 self.peek(id).is_some()
@@ -193,5 +205,17 @@ mod tests {
             assert_eq!(d.get(3).unwrap().ed.bytes, ed.public_key());
             assert_eq!(d.len(), 4);
         }
+    }
+
+    #[test]
+    fn prepare_derives_each_generated_id_once_and_refuses_unknown_ones() {
+        let mut d = Directory::new(CryptoMode::InsecureTest, 7, 200);
+        assert!(d.peek(130).is_none());
+        assert!(d.prepare(&[3, 64, 130]));
+        let first = d.peek(130).cloned().expect("derived");
+        assert!(d.prepare(&[130, 199]));
+        assert!(Arc::ptr_eq(&first, d.peek(130).expect("kept")), "derived again");
+        assert!(d.peek(4).is_none() && d.peek(199).is_some());
+        assert!(!d.prepare(&[5, 200]));
     }
 }
