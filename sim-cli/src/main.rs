@@ -69,18 +69,18 @@ enum Command {
     /// crypto, beside BLAKE3 and the BLS and Ed25519 verification times.
     DistillBench {
         /// Measured batches per straggler fraction (after one per set of signers to warm up).
-        #[arg(long, default_value_t = 8)]
+        #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
         batches: u32,
-        #[arg(long, default_value_t = 65_536)]
+        #[arg(long, default_value_t = 65_536, value_parser = clap::value_parser!(u32).range(1..))]
         entries: u32,
         /// The directory holds 2^bits clients (the width of a packed id).
-        #[arg(long, default_value_t = 20)]
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=40))]
         directory_bits: u32,
         /// Submissions the broker distills.
-        #[arg(long, default_value_t = 4096)]
+        #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..))]
         broker_batch: u32,
         /// The straggler percentages the servers are measured at, one run each.
-        #[arg(long, value_delimiter = ',', default_values_t = [0u64, 1, 10])]
+        #[arg(long, value_delimiter = ',', default_values_t = [0u64, 1, 10], value_parser = clap::value_parser!(u64).range(..=100))]
         stragglers: Vec<u64>,
         /// Also measure the servers with fresh signers each batch (no stragglers), every
         /// key summed afresh, beside the same signers each batch.
@@ -108,6 +108,10 @@ fn main() -> ExitCode {
         Command::Seeds { protocol, f, from, count, real_every } => seeds(&protocol, f, from, count, real_every),
         Command::Trace { command } => trace(command),
         Command::DistillBench { batches, entries, directory_bits, broker_batch, stragglers, fresh_signers } => {
+            if u64::from(entries) > 1 << directory_bits {
+                eprintln!("--entries {entries}: more than the 2^{directory_bits} clients of --directory-bits");
+                return ExitCode::from(2);
+            }
             distill_bench::run(batches, entries, directory_bits, broker_batch, &stragglers, fresh_signers);
             ExitCode::SUCCESS
         }
