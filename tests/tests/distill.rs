@@ -152,6 +152,15 @@ fn lost_delivery_shards_are_asked_for_again() {
 }
 
 #[test]
+fn a_restarted_primary_does_not_propose_into_a_slot_it_caught_up() {
+    // Found by the offline sweep: server 0, view 0's primary, restarted in view 0 after the
+    // others had moved on, adopted seq 32 through catch-up while seq 31 was still on its
+    // way, proposed its own batch at 32 (its view's next seq) over the committed one, and
+    // executed that: it delivered height 33 unlike the others.
+    Scenario::random(15687, 1).run().unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
 fn seeds() {
     let seeds: u64 = std::env::var("PHALANX_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(1000);
     let start: u64 = std::env::var("PHALANX_SEED_START").ok().and_then(|s| s.parse().ok()).unwrap_or(0);

@@ -512,6 +512,11 @@ impl Replica {
         // Catch-up or state transfer may have taken this replica past its own proposals.
         self.next_seq = self.next_seq.max(self.delivered + 1);
         loop {
+            // A slot committed through catch-up (f+1 replicas offered it) is decided: a
+            // primary that restarted in a view the others left must not propose there.
+            while self.log.get(&self.next_seq).is_some_and(|s| s.committed) {
+                self.next_seq += 1;
+            }
             let in_flight = self.next_seq - 1 - self.delivered;
             if in_flight >= pipeline || !self.can_propose(ctx, self.next_seq) || self.unproposed.is_empty() {
                 return;
@@ -681,6 +686,12 @@ impl Replica {
         }
         for seq in ready {
             let Parked { seen_at, view, encoded, digest, requests } = self.parked.remove(&seq).expect("parked");
+            // Committed meanwhile through catch-up: decided, and no vote goes elsewhere (a
+            // primary that restarted into a view the others left proposes there unaware).
+            if self.log.get(&seq).is_some_and(|s| s.committed) {
+                ctx.stats.stale += 1;
+                continue;
+            }
             let bundles: Vec<Arc<Bundle>> = requests.into_iter().map(|r| r.unwrap_or_else(Arc::new)).collect();
             if !cuttable(&ctx.cfg.cluster.params, &bundles) {
                 ctx.fault(primary, FaultKind::Unexpected);
@@ -719,6 +730,10 @@ impl Replica {
         }
         let me = ctx.me();
         let Some(slot) = self.slot(seq) else { return };
+        // A committed slot's batch is decided; nothing replaces it before it executes.
+        if slot.committed && slot.proposal.as_ref().is_some_and(|p| p.digest != batch.digest) {
+            return ctx.stats.stale += 1;
+        }
         // This replica's own vote: its PREPARE, or its PRE-PREPARE as primary.
         let _ = add_vote(&mut slot.prepares, me, batch.digest);
         slot.proposal = Some(batch);
