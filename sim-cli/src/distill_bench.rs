@@ -284,11 +284,10 @@ fn servers(batches: u32, entries: u32, directory_bits: u32, straggler_pct: u64, 
         let delivered = (s.delivered[i] - del0[i]) as f64;
         // A verifier checks each straggler's own signature, in one Ed25519 batch per
         // offer that counts as one verification.
-        let stragglers = match role {
-            "verifying" if straggler_pct > 0 => {
-                format!(" (and {:.4} straggler signatures in them)", (st[i].1 - st0[i].1) as f64 / delivered)
-            }
-            _ => String::new(),
+        let stragglers = if i == 0 && straggler_pct > 0 {
+            format!(" (and {:.4} straggler signatures in them)", (st[i].1 - st0[i].1) as f64 / delivered)
+        } else {
+            String::new()
         };
         println!(
             "  {role:9} server {i}: {:>12.0} messages/s per core; {:.6} verifications{stragglers} and {:.2} ingress bytes per delivered message",

@@ -62,6 +62,11 @@ pub fn generated_secrets(mode: CryptoMode, seed: u64, id: u64) -> (EdSecretKey, 
     (ed_key(mode, &material), BlsSecretKey::from_key_material(mode, &material))
 }
 
+/// The word and bit of `id` in [`Directory`]'s `is_derived` bitmap.
+fn derived_bit(id: u64) -> (usize, u64) {
+    ((id / 64) as usize, 1 << (id % 64))
+}
+
 impl Directory {
     pub fn new(mode: CryptoMode, seed: u64, generated: u64) -> Self {
         Directory {
@@ -103,7 +108,7 @@ impl Directory {
         if page >= self.derived.len() {
             self.derived.resize_with(page + 1, || None);
         }
-        let (word, bit) = ((id / 64) as usize, 1 << (id % 64));
+        let (word, bit) = derived_bit(id);
         if word >= self.is_derived.len() {
             self.is_derived.resize(word + 1, 0);
         }
@@ -122,8 +127,8 @@ impl Directory {
     pub fn prepare(&mut self, ids: &[u64]) -> bool {
         ids.iter().all(|&id| {
             if id < self.generated {
-                let derived = self.is_derived.get((id / 64) as usize).is_some_and(|w| w & (1 << (id % 64)) != 0);
-                if !derived {
+                let (word, bit) = derived_bit(id);
+                if self.is_derived.get(word).is_none_or(|w| w & bit == 0) {
                     self.derive(id);
                 }
                 true

@@ -514,7 +514,7 @@ impl Replica {
         loop {
             // A slot committed through catch-up (f+1 replicas offered it) is decided: a
             // primary that restarted in a view the others left must not propose there.
-            while self.log.get(&self.next_seq).is_some_and(|s| s.committed) {
+            while self.decided(self.next_seq) {
                 self.next_seq += 1;
             }
             let in_flight = self.next_seq - 1 - self.delivered;
@@ -587,6 +587,12 @@ impl Replica {
         self.vote_for(ctx, seq, &batch);
         ctx.send_encoded_to_replicas(&batch.pre_prepare_body(self.view, seq), &[]);
         self.accept(ctx, now, now, seq, batch);
+    }
+
+    /// Whether `seq` is committed here (perhaps through catch-up, from f+1 offers): a
+    /// decided slot takes no vote for any batch.
+    fn decided(&self, seq: u64) -> bool {
+        self.log.get(&seq).is_some_and(|s| s.committed)
     }
 
     /// Records this replica's vote for `batch` at `seq` in the current view, durably
@@ -686,9 +692,8 @@ impl Replica {
         }
         for seq in ready {
             let Parked { seen_at, view, encoded, digest, requests } = self.parked.remove(&seq).expect("parked");
-            // Committed meanwhile through catch-up: decided, and no vote goes elsewhere (a
-            // primary that restarted into a view the others left proposes there unaware).
-            if self.log.get(&seq).is_some_and(|s| s.committed) {
+            // A primary that restarted into a view the others left proposes unaware.
+            if self.decided(seq) {
                 ctx.stats.stale += 1;
                 continue;
             }
