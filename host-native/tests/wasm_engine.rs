@@ -1,7 +1,8 @@
 //! The wasm engine: every recorded trace replays through the component exactly as
 //! through the native core, every input, output and refusal crosses the boundary
 //! unchanged, the guest asks for no capability, and a guest that traps, runs past its time
-//! bound or outgrows its memory is a named failure that sticks.
+//! bound or outgrows its memory is a named failure that sticks; compiled code is cached
+//! beside the component, and only whole, fitting code is read back.
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -294,4 +295,46 @@ fn bad_configuration_and_a_missing_component_are_named_errors() {
         Err(EngineFailure::Load(why)) => assert!(why.contains("/nonexistent/phalanx_wasm.wasm"), "{why}"),
         other => panic!("{:?}", other.map(|_| ())),
     }
+}
+
+#[test]
+fn compiled_code_is_cached_beside_the_component_and_a_damaged_or_stale_cache_is_compiled_again() {
+    let dir = std::env::temp_dir().join(format!("phalanx-wasm-cache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let component = dir.join("phalanx_wasm.wasm");
+    std::fs::copy(common::component(), &component).unwrap();
+    let cache = dir.join("phalanx_wasm.cwasm");
+    let works = |rt: &WasmRuntime| {
+        let cfg = cluster(Protocol::Pbft, CryptoMode::InsecureTest, Params::default()).remove(0);
+        let mut node = rt.instantiate(&cfg.encode()).unwrap();
+        node.poll_timeout(); // a round in the guest
+        assert_eq!(node.failure(), None);
+    };
+
+    let first = runtime(options(&component));
+    assert!(!first.cached() && cache.is_file(), "the first load compiles and writes the cache");
+    works(&first);
+    let second = runtime(options(&component));
+    assert!(second.cached(), "the second load reads it");
+    works(&second);
+
+    // A flipped byte in the code: its digest no longer matches.
+    let mut file = std::fs::read(&cache).unwrap();
+    let last = file.len() - 1;
+    file[last] ^= 1;
+    std::fs::write(&cache, &file).unwrap();
+    let damaged = runtime(options(&component));
+    assert!(!damaged.cached(), "damaged code is compiled again");
+    works(&damaged);
+    assert!(runtime(options(&component)).cached(), "and the cache is whole again");
+
+    // Another component under the same name: the key no longer matches.
+    let mut other = std::fs::read(common::component()).unwrap();
+    other.extend_from_slice(&[0, 5, 4, b'n', b'o', b't', b'e']); // a custom section, "note"
+    std::fs::write(&component, &other).unwrap();
+    let rebuilt = runtime(options(&component));
+    assert!(!rebuilt.cached(), "a changed component is compiled afresh");
+    works(&rebuilt);
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -11,15 +11,23 @@
 //! guest that never returns stops between `ms_per_call` and one tick later (checked at
 //! every function entry and loop back-edge). Fuel, which bounds instructions instead,
 //! counts in every basic block and made the guest markedly slower.
+//!
+//! Compiled code is cached beside the component (`phalanx_wasm.cwasm`), so a start
+//! after the first reads it instead of compiling for seconds.
 
 use std::collections::VecDeque;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use phalanx_core::boundary::{self, Round};
-use phalanx_core::crypto::{BlsPublicKey, BlsSecretKey, BlsSignature, CryptoMode, aggregate, fast_aggregate_verify};
+use phalanx_core::crypto::{
+    BlsPublicKey, BlsSecretKey, BlsSignature, CryptoMode, Digest, aggregate, digest, fast_aggregate_verify,
+};
 use phalanx_core::{HandleError, Input, Machine, Nanos, Output, Stats, Status};
-use wasmtime::component::{HasSelf, Linker, ResourceAny};
+use wasmtime::component::{Component, HasSelf, Linker, ResourceAny};
 use wasmtime::{Config, ResourceLimiter, Store, Trap};
 
 use super::{CryptoBackend, Engine, EngineFailure, EngineInfo, EngineKind, WasmOptions};
@@ -50,6 +58,54 @@ const NO_DEADLINE: u64 = u64::MAX / 2;
 /// whole ticks, since the epoch may advance right after the deadline is set.
 fn ticks(micros: u64) -> u64 {
     (micros / EPOCH_TICK.as_micros() as u64).saturating_add(1).min(NO_DEADLINE)
+}
+
+/// Compiled code kept beside its component (`phalanx_wasm.wasm` → `phalanx_wasm.cwasm`):
+/// compiling the component takes seconds at every start, reading it back milliseconds.
+/// The file opens with the digest of the component and of the engine's settings (what
+/// makes compiled code fit an engine), then the digest of the code that follows; any
+/// mismatch, or a directory that cannot be written, means compiling as if it were absent.
+struct CompiledCache {
+    path: PathBuf,
+    key: Digest,
+}
+
+/// Temporary files of concurrent writers in one process stay apart.
+static CACHE_WRITES: AtomicU64 = AtomicU64::new(0);
+
+impl CompiledCache {
+    fn beside(component: &Path, engine: &wasmtime::Engine, bytes: &[u8]) -> CompiledCache {
+        let mut settings = DefaultHasher::new();
+        engine.precompile_compatibility_hash().hash(&mut settings);
+        let key = digest(&[digest(bytes).as_slice(), &settings.finish().to_le_bytes()].concat());
+        CompiledCache { path: component.with_extension("cwasm"), key }
+    }
+
+    fn read(&self, engine: &wasmtime::Engine) -> Option<Component> {
+        let file = std::fs::read(&self.path).ok()?;
+        let (key, rest) = file.split_at_checked(32)?;
+        let (sum, code) = rest.split_at_checked(32)?;
+        if key != self.key || sum != digest(code) {
+            return None;
+        }
+        // SAFETY: wasmtime runs these bytes as machine code. They are what `write`
+        // serialized for this very component and engine (the key), intact (the digest),
+        // from beside the component: whoever could plant them could replace the
+        // component itself. wasmtime also refuses code of another version or settings.
+        unsafe { Component::deserialize(engine, code) }.ok()
+    }
+
+    /// Written whole under a temporary name, then renamed into place.
+    fn write(&self, component: &Component) -> Result<(), String> {
+        let code = component.serialize().map_err(|e| e.to_string())?;
+        let n = CACHE_WRITES.fetch_add(1, Ordering::Relaxed);
+        let tmp = self.path.with_extension(format!("cwasm.{}.{n}", std::process::id()));
+        let file = [self.key.as_slice(), &digest(&code), &code].concat();
+        std::fs::write(&tmp, file).and_then(|()| std::fs::rename(&tmp, &self.path)).map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            e.to_string()
+        })
+    }
 }
 
 /// What a store holds: the host-crypto switch and the memory limiter's state.
@@ -124,6 +180,8 @@ pub struct WasmRuntime {
     pre: Arc<PhalanxPre<HostState>>,
     engine: wasmtime::Engine,
     options: WasmOptions,
+    /// The compiled code came from the [`CompiledCache`], not from compiling.
+    cached: bool,
 }
 
 impl WasmRuntime {
@@ -139,7 +197,23 @@ impl WasmRuntime {
         }
         let engine = wasmtime::Engine::new(&config).map_err(|e| load("configuring wasmtime", e))?;
         let bytes = std::fs::read(&options.component).map_err(|e| EngineFailure::Load(format!("{path}: {e}")))?;
-        let component = wasmtime::component::Component::new(&engine, &bytes).map_err(|e| load("compiling", e))?;
+        let cache = CompiledCache::beside(&options.component, &engine, &bytes);
+        let (component, cached) = match cache.read(&engine) {
+            Some(component) => {
+                tracing::info!("wasm engine: {path}: compiled code read from {}", cache.path.display());
+                (component, true)
+            }
+            None => {
+                let component = Component::new(&engine, &bytes).map_err(|e| load("compiling", e))?;
+                match cache.write(&component) {
+                    Ok(()) => tracing::info!("wasm engine: {path}: compiled, and cached in {}", cache.path.display()),
+                    Err(e) => {
+                        tracing::info!("wasm engine: {path}: compiled; not cached ({}: {e})", cache.path.display())
+                    }
+                }
+                (component, false)
+            }
+        };
         let mut linker = Linker::new(&engine);
         phalanx::node::host_crypto::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)
             .map_err(|e| load("linking host-crypto", e))?;
@@ -157,7 +231,12 @@ impl WasmRuntime {
                 }
             })
             .map_err(|e| EngineFailure::Load(format!("starting the epoch thread: {e}")))?;
-        Ok(WasmRuntime { pre: Arc::new(pre), engine, options: options.clone() })
+        Ok(WasmRuntime { pre: Arc::new(pre), engine, options: options.clone(), cached })
+    }
+
+    /// Whether the component's compiled code was read from the cache beside it.
+    pub fn cached(&self) -> bool {
+        self.cached
     }
 
     /// The component's imports, by name.
