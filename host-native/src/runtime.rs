@@ -167,10 +167,7 @@ impl VerifiedKeys {
         let mut lines: Vec<&str> = text.lines().filter(|l| *l != self.digest).collect();
         lines.drain(..lines.len().saturating_sub(VERIFIED_KEPT - 1));
         lines.push(&self.digest);
-        let temp = self.path.with_extension(format!("verified-keys.{}", std::process::id()));
-        let written = fs::write(&temp, lines.join("\n") + "\n").and_then(|()| fs::rename(&temp, &self.path));
-        if let Err(e) = written {
-            let _ = fs::remove_file(&temp);
+        if let Err(e) = crate::storage::replace_file(&self.path, (lines.join("\n") + "\n").as_bytes()) {
             tracing::debug!("not remembering the verified keys in {}: {e}", self.path.display());
         }
     }

@@ -343,6 +343,20 @@ fn install(dir: &Path, content: &[u8]) -> Result<File, StorageError> {
     Ok(file)
 }
 
+/// Replaces the file at `path` with `contents` (no sync): written whole under a name of
+/// this writer's own, then renamed over it, so concurrent readers and writers of a cache
+/// file (other processes, other threads) see one whole version or another.
+pub fn replace_file(path: &Path, contents: &[u8]) -> io::Result<()> {
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(format!(".{}.{n}.tmp", std::process::id()));
+    let tmp = path.with_file_name(name);
+    fs::write(&tmp, contents).and_then(|()| fs::rename(&tmp, path)).inspect_err(|_| {
+        let _ = fs::remove_file(&tmp);
+    })
+}
+
 /// A rename or file creation is durable only once the directory entry is.
 fn sync_dir(dir: &Path) -> Result<(), StorageError> {
     File::open(dir).and_then(|d| d.sync_all()).map_err(io_err(dir, "sync directory"))

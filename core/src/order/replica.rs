@@ -512,11 +512,6 @@ impl Replica {
         // Catch-up or state transfer may have taken this replica past its own proposals.
         self.next_seq = self.next_seq.max(self.delivered + 1);
         loop {
-            // A slot committed through catch-up (f+1 replicas offered it) is decided: a
-            // primary that restarted in a view the others left must not propose there.
-            while self.decided(self.next_seq) {
-                self.next_seq += 1;
-            }
             let in_flight = self.next_seq - 1 - self.delivered;
             if in_flight >= pipeline || !self.can_propose(ctx, self.next_seq) || self.unproposed.is_empty() {
                 return;
@@ -582,24 +577,35 @@ impl Replica {
         let seq = self.next_seq;
         self.next_seq += 1;
         let requests: usize = bundles.iter().map(|b| b.ops.len()).sum();
-        self.recent_batch_requests = requests.max(self.recent_batch_requests - self.recent_batch_requests.div_ceil(8));
         let batch = EncodedBatch::new(bundles);
-        self.vote_for(ctx, seq, &batch);
+        // A slot catch-up committed is passed by; its bundles wait for the next one.
+        if !self.vote_for(ctx, seq, &batch) {
+            return;
+        }
+        self.recent_batch_requests = requests.max(self.recent_batch_requests - self.recent_batch_requests.div_ceil(8));
         ctx.send_encoded_to_replicas(&batch.pre_prepare_body(self.view, seq), &[]);
         self.accept(ctx, now, now, seq, batch);
     }
 
-    /// Whether `seq` is committed here (perhaps through catch-up, from f+1 offers): a
-    /// decided slot takes no vote for any batch.
+    /// Whether `seq` is committed here (perhaps through catch-up, from f+1 offers).
     fn decided(&self, seq: u64) -> bool {
         self.log.get(&seq).is_some_and(|s| s.committed)
     }
 
     /// Records this replica's vote for `batch` at `seq` in the current view, durably
-    /// before the vote leaves.
-    fn vote_for(&mut self, ctx: &mut Ctx, seq: u64, batch: &Arc<EncodedBatch>) {
+    /// before the vote leaves; or, for a decided slot, nothing: it takes no vote for any
+    /// batch (a primary that restarted into a view the others left proposes unaware, and
+    /// a fetched NEW-VIEW batch may arrive after catch-up committed its slot). Returns
+    /// whether it voted; the caller sends the vote only then.
+    #[must_use]
+    fn vote_for(&mut self, ctx: &mut Ctx, seq: u64, batch: &Arc<EncodedBatch>) -> bool {
+        if self.decided(seq) {
+            ctx.stats.stale += 1;
+            return false;
+        }
         ctx.persist(batch.accepted_record(self.view, seq));
         self.note_voted(seq, self.view, batch.clone());
+        true
     }
 
     /// Adds a vote to `voted`: a later view for the same digest replaces the earlier, and
@@ -692,18 +698,15 @@ impl Replica {
         }
         for seq in ready {
             let Parked { seen_at, view, encoded, digest, requests } = self.parked.remove(&seq).expect("parked");
-            // A primary that restarted into a view the others left proposes unaware.
-            if self.decided(seq) {
-                ctx.stats.stale += 1;
-                continue;
-            }
             let bundles: Vec<Arc<Bundle>> = requests.into_iter().map(|r| r.unwrap_or_else(Arc::new)).collect();
             if !cuttable(&ctx.cfg.cluster.params, &bundles) {
                 ctx.fault(primary, FaultKind::Unexpected);
                 continue;
             }
             let batch = EncodedBatch::received(encoded, digest, bundles);
-            self.vote_for(ctx, seq, &batch);
+            if !self.vote_for(ctx, seq, &batch) {
+                continue;
+            }
             let vote = pb::Vote { view, seq, digest: digest.to_vec() };
             ctx.send_to_replicas(pb::body::Kind::Prepare(vote), &[]);
             if let Some(slot) = self.slot(seq) {

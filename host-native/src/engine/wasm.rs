@@ -19,7 +19,6 @@ use std::collections::VecDeque;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use phalanx_core::boundary::{self, Round};
@@ -70,9 +69,6 @@ struct CompiledCache {
     key: Digest,
 }
 
-/// Temporary files of concurrent writers in one process stay apart.
-static CACHE_WRITES: AtomicU64 = AtomicU64::new(0);
-
 impl CompiledCache {
     fn beside(component: &Path, engine: &wasmtime::Engine, bytes: &[u8]) -> CompiledCache {
         let mut settings = DefaultHasher::new();
@@ -95,16 +91,10 @@ impl CompiledCache {
         unsafe { Component::deserialize(engine, code) }.ok()
     }
 
-    /// Written whole under a temporary name, then renamed into place.
     fn write(&self, component: &Component) -> Result<(), String> {
         let code = component.serialize().map_err(|e| e.to_string())?;
-        let n = CACHE_WRITES.fetch_add(1, Ordering::Relaxed);
-        let tmp = self.path.with_extension(format!("cwasm.{}.{n}", std::process::id()));
         let file = [self.key.as_slice(), &digest(&code), &code].concat();
-        std::fs::write(&tmp, file).and_then(|()| std::fs::rename(&tmp, &self.path)).map_err(|e| {
-            let _ = std::fs::remove_file(&tmp);
-            e.to_string()
-        })
+        crate::storage::replace_file(&self.path, &file).map_err(|e| e.to_string())
     }
 }
 

@@ -489,10 +489,9 @@ impl Replica {
 
     /// A batch chosen by the NEW-VIEW: voted for in this view like a PRE-PREPARE.
     fn repropose(&mut self, ctx: &mut Ctx, now: Nanos, seq: u64, batch: Arc<EncodedBatch>) {
-        if self.decided(seq) {
-            return ctx.stats.stale += 1;
+        if !self.vote_for(ctx, seq, &batch) {
+            return;
         }
-        self.vote_for(ctx, seq, &batch);
         let vote = pb::Vote { view: self.view, seq, digest: batch.digest.to_vec() };
         ctx.send_to_replicas(pb::body::Kind::Prepare(vote), &[]);
         self.accept(ctx, now, now, seq, batch);
