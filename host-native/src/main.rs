@@ -17,6 +17,10 @@ use phalanx_host::engine::{self, EngineChoice, WasmOptions};
 use phalanx_host::runtime::{self, StartOptions};
 use phalanx_host::{bench, demo, distill, distill_bench, faults, local_cluster, perpetual_demo};
 
+/// See host-native/Cargo.toml for why.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(name = "phalanxd", version, about = "Phalanx replica daemon: PBFT key-value store or BFT publish/subscribe")]
 struct Cli {
