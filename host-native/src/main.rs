@@ -18,6 +18,7 @@ use phalanx_host::runtime::{self, StartOptions};
 use phalanx_host::{bench, demo, distill, distill_bench, faults, local_cluster, perpetual_demo};
 
 /// See host-native/Cargo.toml for why.
+#[cfg(feature = "mimalloc")]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
