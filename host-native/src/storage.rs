@@ -30,6 +30,15 @@
 //! an intact record after a torn one; `Strict` cannot tell that from damage and reports
 //! it, and `Repair` then discards only unacknowledged records.
 //!
+//! # Room ahead
+//!
+//! The file is longer than its records: zeros follow them (room reserved with
+//! `fallocate`: as much again as they hold, 8 MiB at most), so appending writes inside the file and a
+//! sync need not also commit a new file size to the filesystem's journal: on ext4, four
+//! processes syncing 300-byte appends at once took 0.23 ms a sync instead of 0.28, and
+//! `phalanxd bench --clients 1 --outstanding 1` (pinned) went from a p50 of 1.28–1.36 ms
+//! to 1.14–1.23. Zeros after the last intact record are the end of the log, not damage.
+//!
 //! After a failed write or sync the file's contents are unknown (the kernel may have
 //! dropped the dirty pages), so the [`Wal`] refuses further use: reopen it to recover.
 
@@ -53,6 +62,9 @@ const TMP_NAME: &str = "wal.log.tmp";
 /// rarely have plausible lengths, so this is only reached by adversarial contents; past
 /// it the damage is treated as corruption, the safe side.
 const SCAN_BUDGET: u64 = 256 << 20;
+/// Room reserved past the end of the records: as much again as they hold, between these.
+const PREALLOCATE_MIN: u64 = 64 << 10;
+const PREALLOCATE_MAX: u64 = 8 << 20;
 
 /// A storage failure, naming the file involved.
 #[derive(Debug)]
@@ -98,8 +110,10 @@ pub struct Wal {
     path: PathBuf,
     /// Positioned at the end of the written data.
     file: File,
-    /// Bytes in the file (header included).
+    /// Bytes of the log in the file (header included); zeros follow, up to `allocated`.
     written: u64,
+    /// The file's length.
+    allocated: u64,
     /// Where each record starts: in the file below `written`, in `pending` above it.
     starts: Vec<u64>,
     /// Encoded records appended since the last sync.
@@ -125,12 +139,12 @@ impl Wal {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 // Created under the temp name and renamed, so the log never lacks its header.
-                let file = install(dir, &MAGIC)?;
+                let (file, allocated) = install(dir, &MAGIC)?;
                 sync_dir(dir)?;
                 // `dir` itself may be new: its entry must outlast a crash too.
                 let parent = dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
                 sync_dir(parent)?;
-                return Ok((Wal::with_file(dir, file, MAGIC.len() as u64, Vec::new()), Vec::new()));
+                return Ok((Wal::with_file(dir, file, MAGIC.len() as u64, allocated, Vec::new()), Vec::new()));
             }
             Err(e) => return Err(io_err(&path, "open")(e)),
         };
@@ -140,12 +154,14 @@ impl Wal {
             // Never left by this code (logs are created with their header), and holds nothing.
             file.write_all(&MAGIC).map_err(io_err(&path, "write"))?;
             file.sync_data().map_err(io_err(&path, "sync"))?;
-            return Ok((Wal::with_file(dir, file, MAGIC.len() as u64, Vec::new()), Vec::new()));
+            return Ok((Wal::with_file(dir, file, MAGIC.len() as u64, MAGIC.len() as u64, Vec::new()), Vec::new()));
         }
         let (intact, off, damage) = intact_records(&path, &data)?;
         let starts = intact.iter().map(|&(start, _)| start as u64).collect();
         let records = intact.into_iter().map(|(_, rec)| rec.to_vec()).collect();
-        if let Some(reason) = damage {
+        let mut allocated = data.len() as u64;
+        // Zeros after the records are the room reserved ahead (see the module docs).
+        if let Some(reason) = damage.filter(|_| data[off..].iter().any(|&b| b != 0)) {
             let discarded = data.len() - off;
             match intact_after(&data, off) {
                 Some(false) => tracing::warn!(
@@ -172,17 +188,19 @@ impl Wal {
             }
             file.set_len(off as u64).map_err(io_err(&path, "truncate"))?;
             file.sync_all().map_err(io_err(&path, "sync"))?;
+            allocated = off as u64;
         }
         file.seek(SeekFrom::Start(off as u64)).map_err(io_err(&path, "seek"))?;
-        Ok((Wal::with_file(dir, file, off as u64, starts), records))
+        Ok((Wal::with_file(dir, file, off as u64, allocated, starts), records))
     }
 
-    fn with_file(dir: &Path, file: File, written: u64, starts: Vec<u64>) -> Wal {
+    fn with_file(dir: &Path, file: File, written: u64, allocated: u64, starts: Vec<u64>) -> Wal {
         Wal {
             dir: dir.to_path_buf(),
             path: dir.join(LOG_NAME),
             file,
             written,
+            allocated,
             starts,
             pending: Vec::new(),
             poisoned: false,
@@ -214,6 +232,10 @@ impl Wal {
         self.check("sync")?;
         if self.pending.is_empty() {
             return Ok(());
+        }
+        let end = self.written + self.pending.len() as u64;
+        if end > self.allocated {
+            self.allocated = reserve(&self.file, self.allocated, end).max(end);
         }
         self.poisoned = true;
         self.file.write_all(&self.pending).map_err(io_err(&self.path, "write"))?;
@@ -287,9 +309,10 @@ impl Wal {
     /// Installs `content` (header and encoded records starting at `starts`) as the log.
     fn replace(&mut self, content: Vec<u8>, starts: Vec<u64>) -> Result<(), StorageError> {
         // A failed rename leaves the old log in place (and the temp file for `open` to remove).
-        let file = install(&self.dir, &content)?;
+        let (file, allocated) = install(&self.dir, &content)?;
         self.file = file;
         self.written = content.len() as u64;
+        self.allocated = allocated;
         self.starts = starts;
         self.pending.clear();
         // Until the directory is synced a crash may bring back either log.
@@ -318,20 +341,20 @@ impl Wal {
     }
 }
 
-/// Writes `content` to the temp file, syncs it and renames it over the log (the caller
-/// syncs the directory). Returns the new log's file, positioned at its end. On error
-/// before the rename the old log is untouched.
-fn install(dir: &Path, content: &[u8]) -> Result<File, StorageError> {
+/// Writes `content` to the temp file, reserves room after it, syncs it and renames it
+/// over the log (the caller syncs the directory). Returns the new log's file, positioned
+/// at the end of `content`, and its length. On error before the rename the old log is
+/// untouched.
+fn install(dir: &Path, content: &[u8]) -> Result<(File, u64), StorageError> {
     let tmp = dir.join(TMP_NAME);
-    let written = File::options()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&tmp)
-        .and_then(|mut f| f.write_all(content).and_then(|()| f.sync_all()).map(|()| f));
-    let file = match written {
-        Ok(f) => f,
+    let written = File::options().read(true).write(true).create(true).truncate(true).open(&tmp).and_then(|mut f| {
+        f.write_all(content)?;
+        let allocated = reserve(&f, content.len() as u64, content.len() as u64);
+        f.sync_all()?;
+        Ok((f, allocated))
+    });
+    let installed = match written {
+        Ok(installed) => installed,
         Err(e) => {
             // Best effort: `open` removes a leftover temp file anyway.
             let _ = fs::remove_file(&tmp);
@@ -340,7 +363,26 @@ fn install(dir: &Path, content: &[u8]) -> Result<File, StorageError> {
     };
     let path = dir.join(LOG_NAME);
     fs::rename(&tmp, &path).map_err(io_err(&path, "rename"))?;
-    Ok(file)
+    Ok(installed)
+}
+
+/// Extends `file` from its length `from` with zeros, room for appending past `end` (as
+/// much again as `end`, within [`PREALLOCATE_MIN`] and [`PREALLOCATE_MAX`]), without
+/// moving its position; returns its new length. Where the filesystem cannot, it stays
+/// as it is and appends extend it.
+fn reserve(file: &File, from: u64, end: u64) -> u64 {
+    let target = end + end.clamp(PREALLOCATE_MIN, PREALLOCATE_MAX);
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        // SAFETY: a plain system call on a file descriptor this `File` owns.
+        let done = unsafe { libc::fallocate(file.as_raw_fd(), 0, from as libc::off_t, (target - from) as libc::off_t) };
+        if done == 0 {
+            return target;
+        }
+    }
+    let _ = file;
+    from
 }
 
 /// Replaces the file at `path` with `contents` (no sync): written whole under a name of
@@ -494,8 +536,9 @@ fn intact_after(data: &[u8], off: usize) -> Option<bool> {
     let mut hashed = 0u64;
     for p in off + 1..data.len().saturating_sub(HEADER - 1) {
         let len = u32::from_le_bytes(data[p..p + 4].try_into().unwrap_or_default()) as usize;
-        // Only plausible headers cost a hash; garbage mostly has lengths past the end.
-        if len > MAX_RECORD || p + HEADER + len > data.len() {
+        // Only plausible headers cost a hash; garbage mostly has lengths past the end, and
+        // a zero checksum is reserved room (a real one is zero once in 2^64).
+        if len > MAX_RECORD || p + HEADER + len > data.len() || data[p + 4..p + HEADER] == [0; 8] {
             continue;
         }
         hashed += (4 + len) as u64;
@@ -556,6 +599,14 @@ mod tests {
         (MAGIC.len() + records[..i].iter().map(|r| HEADER + r.len()).sum::<usize>()) as u64
     }
 
+    /// Asserts that the log at `path` ends at `len`: the file holds at least that, and
+    /// only the zeros of reserved room after it.
+    fn assert_ends_at(path: &Path, len: u64) {
+        let data = fs::read(path).unwrap();
+        assert!(data.len() as u64 >= len, "{} bytes, the log holds {len}", data.len());
+        assert!(data[len as usize..].iter().all(|&b| b == 0), "bytes after the log's end at {len}");
+    }
+
     #[test]
     fn round_trip_and_reopen() {
         let d = TempDir::new("roundtrip");
@@ -569,7 +620,7 @@ mod tests {
         assert_eq!(wal.records(), 21);
         wal.sync().unwrap();
         let len = wal.len_bytes();
-        assert_eq!(len, fs::metadata(d.log()).unwrap().len());
+        assert_ends_at(&d.log(), len);
         drop(wal);
 
         let mut want = records[..10].to_vec();
@@ -610,7 +661,8 @@ mod tests {
         wal.append(b"one").unwrap();
         wal.write(Durability::Replicated).unwrap();
         // Written to the operating system: a process crash after this loses nothing.
-        assert_eq!(fs::metadata(d.log()).unwrap().len(), wal.len_bytes());
+        assert!(fs::read(d.log()).unwrap()[..wal.len_bytes() as usize].ends_with(b"one"));
+        assert_ends_at(&d.log(), wal.len_bytes());
         drop(wal);
         assert_eq!(Wal::open(&d.0, Recovery::Strict).unwrap().1, vec![b"one".to_vec()]);
     }
@@ -620,7 +672,7 @@ mod tests {
         let d = TempDir::new("torn");
         let records = recs(5);
         drop(write(&d.0, &records));
-        let full = fs::metadata(d.log()).unwrap().len();
+        let full = offset_of(&records, 5);
         // Cut into the last record, then into the last record's header.
         for cut in [3, records[4].len() as u64 + 5] {
             let f = File::options().write(true).open(d.log()).unwrap();
@@ -636,6 +688,33 @@ mod tests {
             wal.append(&records[4]).unwrap();
             wal.sync().unwrap();
         }
+    }
+
+    #[test]
+    fn reserved_room_is_the_end_of_the_log_and_a_torn_write_in_it_is_truncated() {
+        let d = TempDir::new("room");
+        let records = recs(5);
+        drop(write(&d.0, &records[..4]));
+        let (end, length) = (offset_of(&records, 4), fs::metadata(d.log()).unwrap().len());
+        assert_ends_at(&d.log(), end);
+        // Reopening finds the end where the records stop, and keeps the room.
+        let (wal, got) = Wal::open(&d.0, Recovery::Strict).unwrap();
+        assert_eq!((got, wal.len_bytes()), (records[..4].to_vec(), end));
+        assert_eq!(fs::metadata(d.log()).unwrap().len(), length);
+        drop(wal);
+        // A crash while writing the next record leaves part of it in the room.
+        let mut torn = Vec::new();
+        encode(&mut torn, &records[4]);
+        let f = File::options().write(true).open(d.log()).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&f, &torn[..torn.len() - 2], end).unwrap();
+        drop(f);
+        let (mut wal, got) = Wal::open(&d.0, Recovery::Strict).unwrap();
+        assert_eq!((got, wal.len_bytes()), (records[..4].to_vec(), end));
+        wal.append(&records[4]).unwrap();
+        wal.sync().unwrap();
+        drop(wal);
+        assert_eq!(Wal::open(&d.0, Recovery::Strict).unwrap().1, records);
+        assert_ends_at(&d.log(), offset_of(&records, 5));
     }
 
     #[test]
@@ -737,7 +816,7 @@ mod tests {
         wal.append(b"dropped by the rewrite").unwrap();
         wal.rewrite(records[5..].iter().map(|r| &r[..])).unwrap();
         assert_eq!(wal.records(), 3);
-        assert_eq!(wal.len_bytes(), fs::metadata(d.log()).unwrap().len());
+        assert_ends_at(&d.log(), wal.len_bytes());
         assert!(!d.0.join(TMP_NAME).exists());
         // The log continues after the rewritten content.
         wal.append(b"after").unwrap();
@@ -772,14 +851,15 @@ mod tests {
         }
         // Nothing to drop: the log is untouched and the pending records stay pending.
         wal.compact_before(0).unwrap();
-        assert_eq!((wal.records(), fs::metadata(d.log()).unwrap().len()), (10, offset_of(&records, 6)));
+        assert_eq!(wal.records(), 10);
+        assert_ends_at(&d.log(), offset_of(&records, 6));
         // The cut falls in the synced part; the unsynced records survive and become durable.
         wal.compact_before(4).unwrap();
         assert_eq!(wal.records(), 6);
         drop(wal);
         let (mut wal, got) = Wal::open(&d.0, Recovery::Strict).unwrap();
         assert_eq!(got, records[4..]);
-        assert_eq!(wal.len_bytes(), fs::metadata(d.log()).unwrap().len());
+        assert_ends_at(&d.log(), wal.len_bytes());
 
         // Positions count from the new start, and may fall among unsynced records.
         wal.append(b"x").unwrap();
