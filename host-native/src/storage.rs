@@ -718,6 +718,40 @@ mod tests {
     }
 
     #[test]
+    fn any_tail_after_the_records_recovers_them_and_the_log_continues() {
+        let d = TempDir::new("tails");
+        let records = recs(6);
+        drop(write(&d.0, &records));
+        let log = fs::read(d.log()).unwrap();
+        let end = offset_of(&records, 6) as usize;
+        let mut torn = Vec::new();
+        encode(&mut torn, b"a record cut short");
+        let noise: Vec<u8> = (0..3000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8).collect();
+        let tails: Vec<Vec<u8>> = vec![
+            vec![0; 1],
+            vec![0; HEADER - 1],
+            vec![0; 70_000],
+            [&torn[..torn.len() - 1], &[0; 5000][..]].concat(),
+            [&[0; 5000][..], &torn[..7]].concat(),
+            [&noise[..], &[0; 9000][..]].concat(),
+            [&[0; 100][..], &noise[..], &[0; 100][..]].concat(),
+        ];
+        for (i, tail) in tails.iter().enumerate() {
+            for recovery in [Recovery::Strict, Recovery::Repair] {
+                fs::write(d.log(), [&log[..end], &tail[..]].concat()).unwrap();
+                let (mut wal, got) = Wal::open(&d.0, recovery).unwrap_or_else(|e| panic!("tail {i}: {e}"));
+                assert_eq!((got, wal.len_bytes()), (records.clone(), end as u64), "tail {i}");
+                wal.append(b"after").unwrap();
+                wal.sync().unwrap();
+                drop(wal);
+                let (_, got) = Wal::open(&d.0, Recovery::Strict).unwrap();
+                assert_eq!(got.last().map(Vec::as_slice), Some(&b"after"[..]), "tail {i}");
+                assert_eq!(got[..6], records, "tail {i}");
+            }
+        }
+    }
+
+    #[test]
     fn garbage_tail_is_truncated() {
         let d = TempDir::new("garbage");
         let records = recs(5);
