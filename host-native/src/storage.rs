@@ -32,12 +32,13 @@
 //!
 //! # Room ahead
 //!
-//! The file is longer than its records: zeros follow them (room reserved with
-//! `fallocate`: as much again as they hold, 8 MiB at most), so appending writes inside the file and a
-//! sync need not also commit a new file size to the filesystem's journal: on ext4, four
-//! processes syncing 300-byte appends at once took 0.23 ms a sync instead of 0.28, and
-//! `phalanxd bench --clients 1 --outstanding 1` (pinned) went from a p50 of 1.28–1.36 ms
-//! to 1.14–1.23. Zeros after the last intact record are the end of the log, not damage.
+//! The file is longer than its records: zeros follow them, room reserved with
+//! `fallocate` (as much again as they hold, 8 MiB at most). Appending then writes inside
+//! the file, and a sync need not also commit a new file size to the filesystem's
+//! journal: on ext4, four processes syncing 300-byte appends at once took 0.23 ms a sync
+//! instead of 0.28, and `phalanxd bench --clients 1 --outstanding 1` (pinned) went from a
+//! p50 of 1.28–1.36 ms to 1.14–1.23. Zeros after the last intact record are the end of
+//! the log, not damage.
 //!
 //! After a failed write or sync the file's contents are unknown (the kernel may have
 //! dropped the dirty pages), so the [`Wal`] refuses further use: reopen it to recover.
