@@ -161,8 +161,7 @@ impl Wal {
         let starts = intact.iter().map(|&(start, _)| start as u64).collect();
         let records = intact.into_iter().map(|(_, rec)| rec.to_vec()).collect();
         let mut allocated = data.len() as u64;
-        // Zeros after the records are the room reserved ahead (see the module docs).
-        if let Some(reason) = damage.filter(|_| data[off..].iter().any(|&b| b != 0)) {
+        if let Some(reason) = damage {
             let discarded = data.len() - off;
             match intact_after(&data, off) {
                 Some(false) => tracing::warn!(
@@ -489,7 +488,8 @@ fn checksum(len: [u8; 4], record: &[u8]) -> [u8; 8] {
 
 /// The intact records of `data`, the bytes of the log at `path`, each with its offset,
 /// from the header to the end or the first damage: where they end, and why if before the
-/// end.
+/// end. Zeros from there on are the room reserved ahead (see the module docs): the end,
+/// not damage.
 fn intact_records<'a>(
     path: &Path,
     data: &'a [u8],
@@ -505,6 +505,7 @@ fn intact_records<'a>(
                 intact.push((off, rec));
                 off += HEADER + rec.len();
             }
+            Err(_) if data[off..].iter().all(|&b| b == 0) => break,
             Err(reason) => return Ok((intact, off, Some(reason))),
         }
     }
