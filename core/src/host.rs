@@ -34,7 +34,9 @@ pub trait Storage {
     fn append(&mut self, record: &[u8]) -> Result<u64, String>;
     /// Makes every record appended so far durable.
     fn sync(&mut self) -> Result<(), String>;
-    /// Drops every record before `position`, which stays.
+    /// The records before `position` are obsolete (it stays): the storage drops them, now
+    /// or later (recovery from a log that still holds them ends in the same state, as
+    /// after a crash before they were dropped).
     fn compact(&mut self, position: u64) -> Result<(), String>;
     /// The records that survived earlier runs, in order, each with its position.
     fn recovered(&mut self) -> Result<Vec<(u64, Vec<u8>)>, String>;
