@@ -83,9 +83,8 @@ impl Replica {
         while votes.len() > CHECKPOINT_VOTES_KEPT {
             votes.pop_first();
         }
-        if self.votes_for(c.seq, d).count() >= ctx.quorums.intersecting()
-            && self.quorum_checkpoint.is_none_or(|(s, _, _)| s < c.seq)
-        {
+        let matching = self.checkpoint_votes.values().filter(|v| v.get(&c.seq).is_some_and(|(x, _)| *x == d)).count();
+        if matching >= ctx.quorums.intersecting() && self.quorum_checkpoint.is_none_or(|(s, _, _)| s < c.seq) {
             // The primary first: its watermark is the one that holds proposals back.
             let n = self.replicas.len() as u64;
             let me = self.replicas.iter().position(|&r| r == ctx.me()).unwrap_or(0) as u64;
@@ -108,17 +107,14 @@ impl Replica {
         if seq <= self.low {
             return;
         }
-        let matching: Vec<(NodeId, Vec<u8>)> = self.votes_for(seq, d).map(|(r, s)| (r, s.clone())).collect();
+        let matching: Vec<(NodeId, Vec<u8>)> = self
+            .checkpoint_votes
+            .iter()
+            .filter_map(|(r, v)| v.get(&seq).filter(|(x, _)| *x == d).map(|(_, s)| (*r, s.clone())))
+            .collect();
         self.make_stable(ctx, seq, d, &matching);
         // The watermark window moved: the primary may have batches waiting for it.
         self.propose(ctx, now);
-    }
-
-    /// Each replica's vote for checkpoint `seq` with digest `d`: its signature.
-    fn votes_for(&self, seq: u64, d: Digest) -> impl Iterator<Item = (NodeId, &Vec<u8>)> {
-        self.checkpoint_votes
-            .iter()
-            .filter_map(move |(r, v)| v.get(&seq).filter(|(x, _)| *x == d).map(|(_, s)| (*r, s)))
     }
 
     /// 2f+1 replicas signed checkpoint (seq, digest): verifies and aggregates their
