@@ -4,6 +4,8 @@
 //! `checkpoint`, the view change in `view_change`.
 
 mod checkpoint;
+#[cfg(test)]
+pub(crate) use checkpoint::CERTIFY_TURN_NS;
 mod clients;
 mod view_change;
 
@@ -131,6 +133,9 @@ pub(crate) struct Replica {
     snapshots: BTreeMap<u64, (Digest, Vec<u8>)>,
     /// Checkpoint votes: per replica, its latest few (seq → digest, signature).
     checkpoint_votes: BTreeMap<NodeId, BTreeMap<u64, (Digest, Vec<u8>)>>,
+    /// A checkpoint a quorum voted for, and when this replica's turn to certify it comes
+    /// (see `checkpoint::CERTIFY_TURN_NS`).
+    quorum_checkpoint: Option<checkpoint::QuorumCheckpoint>,
     batch_deadline: Option<Nanos>,
     /// Requests pending (received, not executed): the request timer runs while any are.
     waiting: usize,
@@ -235,6 +240,7 @@ impl Replica {
             executing: BTreeMap::new(),
             snapshots: BTreeMap::new(),
             checkpoint_votes: BTreeMap::new(),
+            quorum_checkpoint: None,
             batch_deadline: None,
             waiting: 0,
             progress_at: 0,
@@ -1006,6 +1012,7 @@ impl Replica {
             self.take_checkpoint(ctx, now, seq, app);
             self.execute_ready(ctx);
         }
+        self.certify_if_due(ctx, now);
         self.propose(ctx, now);
         self.rearm(ctx);
         Ok(())
@@ -1169,6 +1176,7 @@ impl RoleMachine for Replica {
         self.last_now = now;
         self.resume(ctx);
         self.dispatch(ctx, now, msg);
+        self.certify_if_due(ctx, now);
         self.rearm(ctx);
     }
 
@@ -1191,11 +1199,19 @@ impl RoleMachine for Replica {
         if self.suspect.is_some_and(|d| d <= now) {
             self.on_view_timer(ctx, now);
         }
+        self.certify_if_due(ctx, now);
         self.rearm(ctx);
     }
 
     fn next_deadline(&self) -> Option<Nanos> {
-        self.batch_deadline.into_iter().chain(self.forward_at).chain(self.suspect).chain(self.fetch_at).min()
+        let certify = self.quorum_checkpoint.as_ref().map(|q| q.turn);
+        self.batch_deadline
+            .into_iter()
+            .chain(self.forward_at)
+            .chain(self.suspect)
+            .chain(self.fetch_at)
+            .chain(certify)
+            .min()
     }
 
     fn status(&self, ctx: &Ctx) -> Status {

@@ -130,6 +130,9 @@ fn params() -> Params {
     Params { checkpoint_interval: 4, pipeline: 4, batch_max_count: 3, batch_timeout_ns: 1_000, ..Params::default() }
 }
 
+/// Past every replica's turn to certify a checkpoint, and before any request timer.
+const SETTLED: u64 = 100_000_000;
+
 #[test]
 fn every_replica_executes_the_same_batches_and_clients_complete() {
     for f in [1, 2] {
@@ -138,7 +141,7 @@ fn every_replica_executes_the_same_batches_and_clients_complete() {
         for i in 0..30u32 {
             net.submit(n + i % 2, format!("op{i}").as_bytes());
         }
-        net.run_timers(1_000_000);
+        net.run_timers(SETTLED);
         assert_eq!(net.completed.len(), 30, "f={f}");
         for (client, request, result) in &net.completed {
             let i = (request - 1) * 2 + (*client - n) as u64;
@@ -156,6 +159,30 @@ fn every_replica_executes_the_same_batches_and_clients_complete() {
     }
 }
 
+/// The replicas certify a checkpoint in turn, the primary at once and each next replica
+/// `CERTIFY_TURN_NS` later, not all at the same moment.
+#[test]
+fn replicas_certify_a_checkpoint_in_turn_the_primary_first() {
+    use crate::order::replica::CERTIFY_TURN_NS;
+    let mut net = Net::new(1, 1, params());
+    // One request at a time, so one batch each: the fourth is checkpoint 4.
+    for i in 0..4u32 {
+        net.submit(4, format!("op{i}").as_bytes());
+        net.run_timers(net.now + 1_000_000);
+    }
+    assert_eq!(net.executed.iter().map(Vec::len).collect::<Vec<_>>(), [4, 4, 4, 4, 0]);
+    let stable = |net: &Net| (0..4).map(|r| net.nodes[r].status().stable).collect::<Vec<_>>();
+    // The quorum formed in the last millisecond.
+    let quorum = net.now;
+    assert_eq!(stable(&net), [4, 0, 0, 0]);
+    for place in 1..4 {
+        net.run_timers(quorum + place * CERTIFY_TURN_NS - 1_500_000);
+        assert_eq!(stable(&net).iter().filter(|&&s| s == 4).count() as u64, place, "before turn {place}");
+        net.run_timers(quorum + place * CERTIFY_TURN_NS + 500_000);
+        assert_eq!(stable(&net)[place as usize], 4, "after turn {place}");
+    }
+}
+
 /// Every frame's hop MAC is counted; a replica also checks a client's authenticator when
 /// its requests reach it inside a batch before they come from the client, and BLS
 /// signatures (checkpoints).
@@ -165,7 +192,7 @@ fn status_counts_every_mac_and_signature_check() {
     for i in 0..12u32 {
         net.submit(4, format!("op{i}").as_bytes());
     }
-    net.run_timers(1_000_000);
+    net.run_timers(SETTLED);
     assert_eq!(net.completed.len(), 12);
     let client = net.nodes[4].status();
     assert_eq!(client.macs_verified, net.received[4]);
