@@ -214,7 +214,9 @@ fn a_lying_caller_primary_does_not_stall_its_group() {
 /// the votes of the last batch stayed a batch behind once the caller went idle (1x7 seed
 /// 2102, 4x4 seed 8672); a faulty caller member that had its own request numbered
 /// u64::MAX - 1 ordered panicked numbering its next one past u64::MAX (4x4 seed 6201, and
-/// a 7x4 seed in 2500..5000; found by the sweep built with overflow checks).
+/// a 7x4 seed in 2500..5000; found by the sweep built with overflow checks); a target
+/// member whose turn to certify a checkpoint came found a faulty member's vote in the
+/// quorum invalid, and certified nothing until the next checkpoint (1x7 seed 21928).
 #[test]
 fn seeds_found_by_the_sweep() {
     let seeds = [
@@ -231,6 +233,7 @@ fn seeds_found_by_the_sweep() {
         (1, 7, 2102),
         (4, 4, 8672),
         (4, 4, 6201),
+        (1, 7, 21928),
     ];
     for (n_c, n_t, seed) in seeds {
         run(Scenario::adversarial(n_c, n_t, seed));

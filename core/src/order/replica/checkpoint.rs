@@ -10,7 +10,7 @@
 //! that it cannot commit itself, and, a few times, when it starts: none of these needs
 //! new requests, so it also catches up in an idle cluster.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use prost::Message;
 
@@ -120,7 +120,13 @@ impl Replica {
         });
         let Some(q) = self.quorum_checkpoint.take_if(|_| due) else { return };
         if q.seq > self.low {
-            self.make_stable(ctx, q.seq, q.digest, &q.votes);
+            // The quorum's votes, and those that came since: if a vote in the quorum
+            // proves invalid, the later ones may still make one, and no vote may come again.
+            let mut votes: BTreeMap<NodeId, Vec<u8>> = q.votes.into_iter().collect();
+            for (r, s) in self.votes_for(q.seq, q.digest) {
+                votes.entry(r).or_insert_with(|| s.clone());
+            }
+            self.make_stable(ctx, q.seq, q.digest, &votes.into_iter().collect::<Vec<_>>());
         }
         // The watermark window moved: the primary may have batches waiting for it.
         self.propose(ctx, now);
