@@ -28,12 +28,12 @@ const CHECKPOINT_VOTES_KEPT: usize = 4;
 
 /// How long after a quorum voted for a checkpoint a replica waits, per place after the
 /// primary in the group, to certify it (at most until half an interval more executed, so
-/// its window never lags). Certifying costs an aggregate BLS check, persisting the state
-/// and compacting the log. While one replica pays that the others still make a quorum;
-/// all at once, they stalled every slot meanwhile: with 4 replicas on one core,
-/// `phalanxd bench --clients 50 --outstanding 1` saw the slot after each checkpoint take
-/// 5-25 ms instead of 1-2, and a p99 latency 5-7 times the median. Longer than one
-/// certification takes (about 2 ms of CPU here).
+/// its window never lags). Certifying costs an aggregate BLS check and persisting the
+/// state (and, now and then, compacting the log). While one replica pays that the others
+/// still make a quorum; all at once, they stalled every slot meanwhile: with 4 replicas
+/// on one core, `phalanxd bench --clients 50 --outstanding 1` saw the slot after each
+/// checkpoint take 5-25 ms instead of 1-2, and a p99 latency 5-7 times the median.
+/// Longer than one certification takes (about 2 ms of CPU here).
 pub(crate) const CERTIFY_TURN_NS: Nanos = 10_000_000;
 
 /// A checkpoint a quorum voted for, waiting for this replica's turn to certify it.
