@@ -2,6 +2,7 @@
 //! records as phalanxd does (`Replica` and `Client` use it through the host loop).
 
 use napi_derive::napi;
+use phalanx_host::config::Durability;
 use phalanx_host::storage::{Recovery, Wal as HostWal};
 
 use crate::convert::Bytes;
@@ -51,7 +52,7 @@ impl Wal {
     /// Drops the first `n` records (the node declared them obsolete with `compact`).
     #[napi]
     pub fn compact_before(&mut self, n: u32) -> Result<()> {
-        self.wal.compact_before(n.into()).map_err(storage_error)
+        self.wal.compact_before(n.into(), Durability::Sync).map_err(storage_error)
     }
 
     /// Records in the log, appended ones included.
