@@ -571,7 +571,9 @@ fn current_slot(header: &[u8]) -> Option<(u64, u64)> {
             let bytes: [u8; SLOT] = header.get(at..at + SLOT)?.try_into().ok()?;
             let generation = u64::from_le_bytes(bytes[..8].try_into().ok()?);
             let start = u64::from_le_bytes(bytes[8..16].try_into().ok()?);
-            (generation > 0 && start >= BLOCK && slot(generation, start) == bytes).then_some((generation, start))
+            // Compaction only ever moves the start within these bounds.
+            let plausible = generation > 0 && (BLOCK..REWRITE_AT).contains(&start);
+            (plausible && slot(generation, start) == bytes).then_some((generation, start))
         })
         .max()
 }
