@@ -145,8 +145,6 @@ pub struct Wal {
     path: PathBuf,
     /// Positioned at the end of the written data.
     file: File,
-    /// Where the records start (the header's start): what was before is compacted away.
-    start: u64,
     /// The generation of the header's current start slot.
     generation: u64,
     /// End of the log in the file: records start below it; zeros follow, up to `allocated`.
@@ -187,7 +185,7 @@ impl Wal {
                 // `dir` itself may be new: its entry must outlast a crash too.
                 let parent = dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
                 sync_dir(parent)?;
-                return Ok((Wal::with_file(dir, file, (1, BLOCK), BLOCK, allocated, Vec::new()), Vec::new()));
+                return Ok((Wal::with_file(dir, file, 1, BLOCK, allocated, Vec::new()), Vec::new()));
             }
             Err(e) => return Err(io_err(&path, "open")(e)),
         };
@@ -196,7 +194,7 @@ impl Wal {
             let header = header_block();
             file.write_all(&header).map_err(io_err(&path, "write"))?;
             file.sync_data().map_err(io_err(&path, "sync"))?;
-            return Ok((Wal::with_file(dir, file, (1, BLOCK), BLOCK, BLOCK, Vec::new()), Vec::new()));
+            return Ok((Wal::with_file(dir, file, 1, BLOCK, BLOCK, Vec::new()), Vec::new()));
         };
         let (intact, off, damage) = intact_records(&data);
         let starts = intact.iter().map(|&(at, _)| start + at as u64).collect();
@@ -233,7 +231,7 @@ impl Wal {
             allocated = end;
         }
         file.seek(SeekFrom::Start(end)).map_err(io_err(&path, "seek"))?;
-        let mut wal = Wal::with_file(dir, file, (generation, start), end, allocated, starts);
+        let mut wal = Wal::with_file(dir, file, generation, end, allocated, starts);
         if version == MAGIC_V1 {
             wal.rewrite(records.iter().map(Vec::as_slice))?;
             tracing::info!(path = %path.display(), "rewrote a first-version write-ahead log in the current format");
@@ -241,19 +239,11 @@ impl Wal {
         Ok((wal, records))
     }
 
-    fn with_file(
-        dir: &Path,
-        file: File,
-        (generation, start): (u64, u64),
-        written: u64,
-        allocated: u64,
-        starts: Vec<u64>,
-    ) -> Wal {
+    fn with_file(dir: &Path, file: File, generation: u64, written: u64, allocated: u64, starts: Vec<u64>) -> Wal {
         Wal {
             dir: dir.to_path_buf(),
             path: dir.join(LOG_NAME),
             file,
-            start,
             generation,
             written,
             allocated,
@@ -293,7 +283,7 @@ impl Wal {
         }
         let end = self.written + self.pending.len() as u64;
         if end > self.allocated {
-            self.allocated = reserve(&self.file, self.allocated, end, end - self.start).max(end);
+            self.allocated = reserve(&self.file, self.allocated, end, end - self.start()).max(end);
         }
         self.poisoned = true;
         self.file.write_all(&self.pending).map_err(io_err(&self.path, "write"))?;
@@ -381,7 +371,7 @@ impl Wal {
         }
         .map_err(io_err(&self.path, "sync header"))?;
         self.poisoned = false;
-        (self.generation, self.start) = (generation, start);
+        self.generation = generation;
         Ok(())
     }
 
@@ -418,7 +408,7 @@ impl Wal {
         // A failed rename leaves the old log in place (and the temp file for `open` to remove).
         let (file, allocated) = install(&self.dir, &content)?;
         self.file = file;
-        (self.generation, self.start) = (1, BLOCK);
+        self.generation = 1;
         self.written = content.len() as u64;
         self.allocated = allocated;
         self.starts = starts;
@@ -435,9 +425,10 @@ impl Wal {
         self.written + self.pending.len() as u64
     }
 
-    /// Where the records start in the file: what lies before was compacted away.
+    /// Where the records start in the file (the header's start): what lies before was
+    /// compacted away.
     pub fn start(&self) -> u64 {
-        self.start
+        self.starts.first().copied().unwrap_or(self.len_bytes())
     }
 
     /// Records in the log, including those appended but not yet synced.
