@@ -24,7 +24,9 @@
 //! Bounds: a frame longer than `max_frame` closes the connection (the stream cannot be
 //! trusted past a lying length); each peer's send queue holds at most
 //! `send_queue_bytes`, beyond which frames are dropped and counted (the protocols
-//! retransmit); at most [`MAX_CONNECTIONS`] connections, [`MAX_PER_ID`] per claimed id.
+//! retransmit): the newest while connected, the oldest for a replica not connected (so
+//! that it gets what was sent last when it is back); at most [`MAX_CONNECTIONS`]
+//! connections, [`MAX_PER_ID`] per claimed id.
 //! Frames leave in coalesced `writev` calls of up to [`WRITEV_FRAMES`] frames, and reach
 //! the protocol thread in messages of up to [`DELIVER_FRAMES`].
 
@@ -192,6 +194,18 @@ impl SendQueue {
         self.frames.push_back(frame);
     }
 
+    /// Queues `frame` in a queue nothing is being written from, and drops the oldest
+    /// frames, each told to `dropped`, until it is within `cap` again.
+    fn push_newest(&mut self, frame: Queued, cap: usize, mut dropped: impl FnMut(&Queued)) {
+        self.bytes += frame.len();
+        self.frames.push_back(frame);
+        while self.bytes > cap {
+            let oldest = self.frames.pop_front().expect("over the cap, so not empty");
+            self.bytes -= oldest.len();
+            dropped(&oldest);
+        }
+    }
+
     /// Writes as much as the socket takes, `sent` told of each whole frame; `Ok(true)`
     /// when the queue emptied.
     fn flush(&mut self, stream: &mut TcpStream, sent: &mut dyn FnMut(&Queued)) -> io::Result<bool> {
@@ -263,7 +277,8 @@ struct Conn {
 }
 
 /// A replica this node dials: its address, reconnect schedule and frames waiting for a
-/// connection.
+/// connection (all that was sent while it was not connected, the newest within the
+/// send queue's bound).
 struct Dialer {
     addr: SocketAddr,
     conn: Option<usize>,
@@ -469,12 +484,15 @@ impl Links {
                 continue;
             }
             if let Some(d) = self.dialers.get_mut(&to) {
-                match d.conn.and_then(|t| self.conns.get_mut(&t)) {
-                    Some(c) => {
-                        c.queue.push(Queued::data(bytes, tag), cap, metrics);
-                        self.touched.insert(d.conn.expect("connected"));
+                match d.conn.filter(|t| self.conns.get(t).is_some_and(|c| c.connected)) {
+                    Some(t) => {
+                        self.conns.get_mut(&t).expect("connected").queue.push(Queued::data(bytes, tag), cap, metrics);
+                        self.touched.insert(t);
                     }
-                    None => d.pending.push(Queued::data(bytes, tag), cap, metrics),
+                    // Until a dial connects, its frames wait with those of failed ones.
+                    None => d.pending.push_newest(Queued::data(bytes, tag), cap, |f| {
+                        metrics_of(&self.clients, &self.metrics, f.client).dropped(DropReason::SendQueueFull)
+                    }),
                 }
             } else if let Some(tokens) = self.by_id.get(&to) {
                 for t in tokens {
@@ -718,14 +736,14 @@ impl Links {
             && d.conn == Some(t)
         {
             d.conn = None;
-            // Unsent frames wait for the next connection; the hello (and a shared one's
-            // announcements) are sent afresh with it.
-            let mut left = c.queue.take();
-            left.frames.retain(|f| !f.hello && !f.is_announcement());
-            left.bytes = left.frames.iter().map(Queued::len).sum();
-            left.frames.extend(d.pending.frames.drain(..));
-            left.bytes += d.pending.bytes;
-            d.pending = left;
+            // Unsent frames wait for the next connection, within the bound; the hello (and
+            // a shared one's announcements) are sent afresh with it.
+            let unsent = c.queue.take().frames.into_iter().chain(std::mem::take(&mut d.pending).frames);
+            for f in unsent.filter(|f| !f.hello && !f.is_announcement()) {
+                d.pending.push_newest(f, self.cfg.send_queue_bytes, |f| {
+                    metrics_of(&self.clients, &self.metrics, f.client).dropped(DropReason::SendQueueFull)
+                });
+            }
             if c.connected {
                 tracing::info!("node {}: connection to replica {id} lost", self.cfg.me);
             }
@@ -944,6 +962,42 @@ mod tests {
         assert_eq!(read_frames(&mut shared, 1), vec![(5, b"back".to_vec())]);
         outbox.shutdown();
         run.join().expect("network thread").expect("network ran");
+    }
+
+    /// Frames for a replica out of reach wait in one queue of at most `send_queue_bytes`,
+    /// however many dials fail (what was sent while each was under way joins it), and the
+    /// newest stay: a replica down for long gets what was sent last, not what its peers
+    /// have long since moved past.
+    #[test]
+    fn frames_for_a_replica_out_of_reach_stay_within_one_send_queue() {
+        // The dials reach a listener, but each fails (closes) before it connects.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a loopback port");
+        let cap = 4096;
+        let cfg = NetConfig {
+            me: 0,
+            listen: None,
+            dial: vec![(1, listener.local_addr().unwrap())],
+            known: [0, 1].into(),
+            max_frame: 1024,
+            send_queue_bytes: cap,
+            reconnect_min: Duration::ZERO,
+            reconnect_max: Duration::ZERO,
+            shared: false,
+        };
+        let mut links = Links::new(cfg, Arc::new(Metrics::new(0, &[0, 1])), FIRST_CONN, 1);
+        let poll = Poll::new().unwrap();
+        for round in 0..20u8 {
+            links.route(poll.registry(), (0..30).map(|_| (1, vec![round; 100])));
+            links.dial_due(poll.registry(), Instant::now());
+            let dial = links.dialers[&1].conn.expect("a dial under way");
+            // Queued, not written: the connect has not completed.
+            links.queue(0, (0..30).map(|_| (1, vec![round; 100])));
+            links.close(poll.registry(), dial);
+        }
+        let pending = &links.dialers[&1].pending;
+        assert_eq!(pending.bytes, pending.frames.iter().map(Queued::len).sum::<usize>());
+        assert!(pending.bytes <= cap, "{} bytes wait after 20 failed dials, beyond {cap}", pending.bytes);
+        assert_eq!(pending.frames.back().map(|f| f.body.clone()), Some(vec![19; 100]), "the newest stay");
     }
 
     /// A replica that restarts dials its peers at once; a peer whose own dial to it failed
