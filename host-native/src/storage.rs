@@ -227,9 +227,14 @@ impl Wal {
                 }
             }
             file.set_len(end).map_err(io_err(&path, "truncate"))?;
-            file.sync_all().map_err(io_err(&path, "sync"))?;
             allocated = end;
         }
+        // The records go back to the core, which acts on them (sends what they allowed):
+        // they must be durable, and so must the log's name. A record written just before
+        // a crash, or a rewrite's rename whose directory sync the crash cut short, may so
+        // far live only in the page cache; a power loss now would take it back.
+        file.sync_all().map_err(io_err(&path, "sync"))?;
+        sync_dir(dir)?;
         file.seek(SeekFrom::Start(end)).map_err(io_err(&path, "seek"))?;
         let mut wal = Wal::with_file(dir, file, generation, end, allocated, starts);
         if version == MAGIC_V1 {
