@@ -26,7 +26,7 @@
 //! `send_queue_bytes`, beyond which frames are dropped and counted (the protocols
 //! retransmit): the newest while connected, the oldest for a replica not connected (so
 //! that it gets what was sent last when it is back); at most [`MAX_CONNECTIONS`]
-//! connections, [`MAX_PER_ID`] per claimed id.
+//! connections, [`MAX_PER_ID`] per claimed client id.
 //! Frames leave in coalesced `writev` calls of up to [`WRITEV_FRAMES`] frames, and reach
 //! the protocol thread in messages of up to [`DELIVER_FRAMES`].
 
@@ -622,10 +622,15 @@ impl Links {
                 // runs out (up to `reconnect_max`), or after a restart it hears nothing
                 // from us meanwhile while we hear it. Once per hello, so a peer claiming
                 // the id can cause no more dials than it makes connections.
-                if let Some(d) = self.dialers.get_mut(&id).filter(|d| d.conn.is_none()) {
-                    d.next_attempt = Instant::now();
+                match self.dialers.get_mut(&id) {
+                    Some(d) if d.conn.is_none() => d.next_attempt = Instant::now(),
+                    // A replica is sent to on the connection we dial, never on one it
+                    // dialed: a claim to be it takes no route, so it evicts nothing (a
+                    // client claiming a replica's id would otherwise close that replica's
+                    // connection to us, as often as it liked).
+                    Some(_) => {}
+                    None => self.reach(registry, id, t),
                 }
-                self.reach(registry, id, t);
                 continue;
             }
             let shared = self.cfg.shared || matches!(c.peer, Peer::Clients(_));
@@ -680,8 +685,9 @@ impl Links {
         true
     }
 
-    /// Reaches `id` through connection `t` from now on. The newest connections win; the
-    /// oldest beyond [`MAX_PER_ID`] go (a shared one only stops carrying `id`).
+    /// Reaches `id` (not a replica: see [`Links::queue`]) through connection `t` from now
+    /// on. The newest connections win; the oldest beyond [`MAX_PER_ID`] go (a shared one
+    /// only stops carrying `id`).
     fn reach(&mut self, registry: &Registry, id: NodeId, t: usize) {
         let ids = self.by_id.entry(id).or_default();
         ids.push(t);
@@ -998,6 +1004,41 @@ mod tests {
         assert_eq!(pending.bytes, pending.frames.iter().map(Queued::len).sum::<usize>());
         assert!(pending.bytes <= cap, "{} bytes wait after 20 failed dials, beyond {cap}", pending.bytes);
         assert_eq!(pending.frames.back().map(|f| f.body.clone()), Some(vec![19; 100]), "the newest stay");
+    }
+
+    /// Connections claiming to be a replica, as many as there are, leave that replica's
+    /// own connection to us open: its frames keep arriving.
+    #[test]
+    fn claims_to_be_a_replica_do_not_cut_it_off() {
+        use std::net::TcpStream as StdStream;
+
+        let (base, held) = free_ports(2).expect("free loopback ports");
+        drop(held);
+        // Node 0 listens (and dials replica 1, which is not up: its frames are not read).
+        let (out, received, run) = node(0, base, 1, base + 1);
+        let addr = SocketAddr::from(([127, 0, 0, 1], base));
+        let hello = [&HELLO_MAGIC[..], &1u32.to_le_bytes()].concat();
+        let frame = |body: &[u8]| [&(body.len() as u32).to_le_bytes()[..], body].concat();
+        let mut replica = StdStream::connect(addr).unwrap();
+        replica.write_all(&[hello.clone(), frame(b"first")].concat()).unwrap();
+        let next = || received.recv_timeout(Duration::from_secs(10)).expect("a frame from replica 1");
+        assert_eq!(next(), vec![(1, b"first".to_vec())]);
+        let claims: Vec<StdStream> = (0..2 * MAX_PER_ID)
+            .map(|i| {
+                let mut c = StdStream::connect(addr).unwrap();
+                c.write_all(&[hello.clone(), frame(format!("claim {i}").as_bytes())].concat()).unwrap();
+                c
+            })
+            .collect();
+        // Every claim was heard before replica 1 speaks again.
+        let mut heard = 0;
+        while heard < claims.len() {
+            heard += next().len();
+        }
+        replica.write_all(&frame(b"still here")).unwrap();
+        assert_eq!(next(), vec![(1, b"still here".to_vec())]);
+        out.shutdown();
+        run.join().expect("network thread").expect("network ran");
     }
 
     /// A replica that restarts dials its peers at once; a peer whose own dial to it failed
