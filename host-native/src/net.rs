@@ -367,6 +367,11 @@ impl Links {
         self.cfg.me
     }
 
+    /// The counters of this node's (or, shared, the hosting process's) links.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
     /// Shared links: carries `client`'s frames from now on, counted in `metrics`, and
     /// announces it on every connection.
     pub fn join(&mut self, client: NodeId, metrics: Arc<Metrics>) {

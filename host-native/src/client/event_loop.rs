@@ -25,7 +25,7 @@ use mio::{Events, Poll, Token, Waker};
 use phalanx_core::NodeId;
 
 use crate::driver::{AppEvent, Driver, Event};
-use crate::metrics::Metrics;
+use crate::metrics::{DropReason, Metrics};
 use crate::net::{Divert, Links, NetConfig, Received};
 use crate::runtime::Prepared;
 
@@ -281,18 +281,25 @@ impl EventLoop {
                 }
                 let Some(shared) = self.shared.get_mut(&(event.token().0 & SLOT_MASK)) else { continue };
                 let nodes = &mut self.nodes;
-                let mut deliver = |to: NodeId, frames| {
-                    // Frames for a node that left are dropped with it.
+                let mut unknown = 0;
+                let mut deliver = |to: NodeId, frames: Received| {
+                    // Frames for a node that left, or one never here (a replica named it),
+                    // are dropped and counted.
                     if let Some(&slot) = shared.nodes.get(&to)
                         && let Some(node) = nodes.get_mut(&slot)
                     {
                         node.driver.take(node.driver.now(), Event::Messages(frames));
                         busy.insert(slot);
+                    } else {
+                        unknown += frames.len();
                     }
                     true
                 };
                 shared.links.ready(self.poll.registry(), event, &mut deliver);
                 shared.links.deliver_received(&mut deliver);
+                for _ in 0..unknown {
+                    shared.links.metrics().dropped(DropReason::UnknownPeer);
+                }
             }
             // Every node whose timer is due has a round too.
             for (&slot, node) in &mut self.nodes {
