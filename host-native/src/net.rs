@@ -51,6 +51,9 @@ pub const MAX_CONNECTIONS: usize = 1024;
 pub const MAX_PER_ID: usize = 4;
 const WRITEV_FRAMES: usize = 64;
 const READ_CHUNK: usize = 64 << 10;
+/// Most room a connection keeps for reading between frames (batches of requests fit it,
+/// so their frames do not make it grow again each time).
+const READ_BUFFER_KEPT: usize = 1 << 20;
 /// Most frames handed to the protocol thread in one message.
 const DELIVER_FRAMES: usize = 1024;
 const LISTENER: Token = Token(0);
@@ -686,6 +689,11 @@ impl Links {
         let c = self.conns.get_mut(&t).expect("parsing a live connection");
         if c.rstart == c.rend {
             (c.rstart, c.rend) = (0, 0);
+            // Room a large frame took goes back once it is parsed: otherwise every
+            // connection, a stranger's too, could keep `max_frame` bytes resident.
+            if c.rbuf.len() > READ_BUFFER_KEPT {
+                c.rbuf = Vec::new();
+            }
         }
         true
     }
@@ -1044,6 +1052,51 @@ mod tests {
         assert_eq!(next(), vec![(1, b"still here".to_vec())]);
         out.shutdown();
         run.join().expect("network thread").expect("network ran");
+    }
+
+    /// A connection's read buffer grows to take a large frame and gives the room back
+    /// once it is parsed.
+    #[test]
+    fn a_large_frame_leaves_no_large_buffer_behind() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a loopback port");
+        let cfg = NetConfig {
+            me: 0,
+            listen: None,
+            dial: Vec::new(),
+            known: [0, 1].into(),
+            max_frame: 4 * READ_BUFFER_KEPT,
+            send_queue_bytes: 1 << 20,
+            reconnect_min: Duration::from_secs(1),
+            reconnect_max: Duration::from_secs(1),
+            shared: false,
+        };
+        let mut links = Links::new(cfg, Arc::new(Metrics::new(0, &[0, 1])), FIRST_CONN, 1);
+        let mut poll = Poll::new().unwrap();
+        let mut peer = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (accepted, _) = listener.accept().unwrap();
+        accepted.set_nonblocking(true).unwrap();
+        links.accepted(poll.registry(), TcpStream::from_std(accepted)).unwrap();
+        let body = vec![7; 3 * READ_BUFFER_KEPT];
+        let sent = [&HELLO_MAGIC[..], &1u32.to_le_bytes(), &(body.len() as u32).to_le_bytes(), &body].concat();
+        peer.write_all(&sent).unwrap();
+        let (mut events, mut frames) = (Events::with_capacity(16), Vec::new());
+        while frames.is_empty() {
+            poll.poll(&mut events, Some(Duration::from_secs(10))).unwrap();
+            assert!(!events.is_empty(), "the frame did not arrive");
+            for e in &events {
+                links.ready(poll.registry(), e, &mut |_, mut got| {
+                    frames.append(&mut got);
+                    true
+                });
+            }
+            links.deliver_received(&mut |_, mut got| {
+                frames.append(&mut got);
+                true
+            });
+        }
+        assert_eq!(frames, vec![(1, body)]);
+        let conn = links.conns.values().next().expect("the connection is open");
+        assert!(conn.rbuf.len() <= READ_BUFFER_KEPT, "{} bytes kept for reading", conn.rbuf.len());
     }
 
     /// A replica that restarts dials its peers at once; a peer whose own dial to it failed
