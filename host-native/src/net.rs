@@ -56,6 +56,9 @@ const READ_CHUNK: usize = 64 << 10;
 const READ_BUFFER_KEPT: usize = 1 << 20;
 /// Most frames handed to the protocol thread in one message.
 const DELIVER_FRAMES: usize = 1024;
+/// Most bytes read from one connection in one turn of the loop: a peer that keeps its
+/// socket full is read in turns with the others, not until it stops.
+const READ_BUDGET: usize = 16 * READ_CHUNK;
 const LISTENER: Token = Token(0);
 const WAKER: Token = Token(1);
 const FIRST_CONN: usize = 2;
@@ -331,6 +334,9 @@ pub struct Links {
     received_count: usize,
     /// Set once `deliver` refused frames: whoever consumes them is gone.
     receiver_gone: bool,
+    /// Connections whose last read stopped at [`READ_BUDGET`], bytes perhaps still
+    /// waiting: read again next turn (readiness is edge-triggered, so no event will say).
+    unread: BTreeSet<usize>,
 }
 
 impl Links {
@@ -363,6 +369,7 @@ impl Links {
             received: BTreeMap::new(),
             received_count: 0,
             receiver_gone: false,
+            unread: BTreeSet::new(),
         }
     }
 
@@ -400,6 +407,26 @@ impl Links {
     /// How long until the next dial is due, if a dialed replica is not connected.
     pub fn next_dial(&self, now: Instant) -> Option<Duration> {
         self.dialers.values().filter(|d| d.conn.is_none()).map(|d| d.next_attempt.saturating_duration_since(now)).min()
+    }
+
+    /// Whether connections stopped reading at their budget: the next wait must not block.
+    pub fn unread(&self) -> bool {
+        !self.unread.is_empty()
+    }
+
+    /// Takes the connections that stopped reading at their budget, for
+    /// [`Links::read_unread`] once this turn's events are handled.
+    pub fn take_unread(&mut self) -> BTreeSet<usize> {
+        std::mem::take(&mut self.unread)
+    }
+
+    /// Reads on, each within its budget, the connections [`Links::take_unread`] gave.
+    pub fn read_unread(&mut self, registry: &Registry, conns: BTreeSet<usize>, deliver: &mut Deliver) {
+        for t in conns {
+            if !self.on_readable(registry, t, deliver) {
+                self.close(registry, t);
+            }
+        }
     }
 
     /// Handles a readiness event of one of this node's connections.
@@ -572,9 +599,15 @@ impl Links {
         c.queue.flush(&mut c.stream, &mut sent).is_ok()
     }
 
-    /// Reads what arrived and delivers whole frames; false if the connection is done.
+    /// Reads what arrived, up to [`READ_BUDGET`], and delivers whole frames; false if the
+    /// connection is done.
     fn on_readable(&mut self, registry: &Registry, t: usize, deliver: &mut Deliver) -> bool {
+        let mut taken = 0;
         loop {
+            if taken >= READ_BUDGET {
+                self.unread.insert(t);
+                return true;
+            }
             let Some(c) = self.conns.get_mut(&t) else { return false };
             // Room for a chunk: the unparsed bytes move to the front, or the buffer grows
             // (to at most a chunk beyond the largest frame, as parsing goes on per read).
@@ -592,6 +625,7 @@ impl Links {
                 // Deliver as we go, so one busy peer cannot grow the buffer unbounded.
                 Ok(n) => {
                     c.rend += n;
+                    taken += n;
                     if !self.parse(registry, t, deliver) {
                         return false;
                     }
@@ -823,10 +857,12 @@ impl Network {
     pub fn turn(&mut self, events: &mut Events, timeout: Option<Duration>, deliver: &mut Deliver) -> io::Result<bool> {
         let now = Instant::now();
         self.links.dial_due(self.poll.registry(), now);
-        let timeout = [timeout, self.links.next_dial(now)].into_iter().flatten().min();
+        let unread = self.links.take_unread();
+        let wait = if unread.is_empty() { timeout } else { Some(Duration::ZERO) };
+        let timeout = [wait, self.links.next_dial(now)].into_iter().flatten().min();
         match self.poll.poll(events, timeout) {
             Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => events.clear(),
             Err(e) => return Err(e),
         }
         for event in events.iter() {
@@ -839,6 +875,7 @@ impl Network {
                 _ => self.links.ready(self.poll.registry(), event, deliver),
             }
         }
+        self.links.read_unread(self.poll.registry(), unread, deliver);
         Ok(self.links.deliver_received(deliver) && !self.stopped())
     }
 
@@ -1054,45 +1091,97 @@ mod tests {
         run.join().expect("network thread").expect("network ran");
     }
 
-    /// A connection's read buffer grows to take a large frame and gives the room back
-    /// once it is parsed.
-    #[test]
-    fn a_large_frame_leaves_no_large_buffer_behind() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a loopback port");
+    /// Links of node 0 (knowing nodes 1 and 2) that accept the connections of a loopback
+    /// listener, with frames of up to `max_frame`.
+    fn accepting(max_frame: usize) -> (Links, Poll, std::net::TcpListener) {
         let cfg = NetConfig {
             me: 0,
             listen: None,
             dial: Vec::new(),
-            known: [0, 1].into(),
-            max_frame: 4 * READ_BUFFER_KEPT,
+            known: [0, 1, 2].into(),
+            max_frame,
             send_queue_bytes: 1 << 20,
             reconnect_min: Duration::from_secs(1),
             reconnect_max: Duration::from_secs(1),
             shared: false,
         };
-        let mut links = Links::new(cfg, Arc::new(Metrics::new(0, &[0, 1])), FIRST_CONN, 1);
-        let mut poll = Poll::new().unwrap();
+        let links = Links::new(cfg, Arc::new(Metrics::new(0, &[0, 1, 2])), FIRST_CONN, 1);
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a loopback port");
+        (links, Poll::new().unwrap(), listener)
+    }
+
+    /// A peer connected to `links` that said hello as node `id`.
+    fn dial_in(links: &mut Links, poll: &Poll, listener: &std::net::TcpListener, id: NodeId) -> std::net::TcpStream {
         let mut peer = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (accepted, _) = listener.accept().unwrap();
         accepted.set_nonblocking(true).unwrap();
         links.accepted(poll.registry(), TcpStream::from_std(accepted)).unwrap();
-        let body = vec![7; 3 * READ_BUFFER_KEPT];
-        let sent = [&HELLO_MAGIC[..], &1u32.to_le_bytes(), &(body.len() as u32).to_le_bytes(), &body].concat();
-        peer.write_all(&sent).unwrap();
-        let (mut events, mut frames) = (Events::with_capacity(16), Vec::new());
-        while frames.is_empty() {
-            poll.poll(&mut events, Some(Duration::from_secs(10))).unwrap();
-            assert!(!events.is_empty(), "the frame did not arrive");
-            for e in &events {
-                links.ready(poll.registry(), e, &mut |_, mut got| {
-                    frames.append(&mut got);
-                    true
-                });
+        peer.write_all(&[&HELLO_MAGIC[..], &id.to_le_bytes()].concat()).unwrap();
+        peer
+    }
+
+    /// One turn of a loop over `links`, as [`Network::turn`] takes it: the frames it read.
+    fn turn(links: &mut Links, poll: &mut Poll) -> Received {
+        let mut events = Events::with_capacity(16);
+        let mut frames = Vec::new();
+        let mut deliver = |_, mut got: Received| {
+            frames.append(&mut got);
+            true
+        };
+        let unread = links.take_unread();
+        let wait = if unread.is_empty() { Duration::from_secs(10) } else { Duration::ZERO };
+        poll.poll(&mut events, Some(wait)).unwrap();
+        assert!(!events.is_empty() || !unread.is_empty(), "nothing arrived");
+        for e in &events {
+            links.ready(poll.registry(), e, &mut deliver);
+        }
+        links.read_unread(poll.registry(), unread, &mut deliver);
+        links.deliver_received(&mut deliver);
+        frames
+    }
+
+    /// A peer that keeps its socket full is read in turns with the others: a turn takes
+    /// about [`READ_BUDGET`] from it, and the next turns read on.
+    #[test]
+    fn a_peer_that_keeps_sending_is_read_in_turns() {
+        let (mut links, mut poll, listener) = accepting(1 << 20);
+        let mut flood = dial_in(&mut links, &poll, &listener, 1);
+        let mut other = dial_in(&mut links, &poll, &listener, 2);
+        let frame = [&(60u32 << 10).to_le_bytes()[..], &[1; 60 << 10]].concat();
+        let frames = 4 * READ_BUDGET / frame.len();
+        let flooding = std::thread::spawn(move || {
+            for _ in 0..frames {
+                flood.write_all(&frame).unwrap();
             }
-            links.deliver_received(&mut |_, mut got| {
-                frames.append(&mut got);
-                true
-            });
+            flood
+        });
+        other.write_all(&[&3u32.to_le_bytes()[..], b"hi!"].concat()).unwrap();
+        // Both sockets hold more than a turn's budget by now.
+        std::thread::sleep(Duration::from_millis(300));
+        let first = turn(&mut links, &mut poll);
+        assert!(first.contains(&(2, b"hi!".to_vec())), "the other peer was read in the same turn");
+        let flooded: usize = first.iter().filter(|(from, _)| *from == 1).map(|(_, f)| f.len()).sum();
+        // Its last read may fill what room the buffer had: up to a frame and a chunk.
+        let bound = READ_BUDGET + (60 << 10) + READ_CHUNK;
+        assert!(flooded <= bound, "one turn read {flooded} bytes from one peer, beyond {bound}");
+        let mut got = first.iter().filter(|(from, _)| *from == 1).count();
+        while got < frames {
+            got += turn(&mut links, &mut poll).len();
+        }
+        drop(flooding.join().expect("the flood was written"));
+    }
+
+    /// A connection's read buffer grows to take a large frame and gives the room back
+    /// once it is parsed.
+    #[test]
+    fn a_large_frame_leaves_no_large_buffer_behind() {
+        let (mut links, mut poll, listener) = accepting(4 * READ_BUFFER_KEPT);
+        let mut peer = dial_in(&mut links, &poll, &listener, 1);
+        let body = vec![7; 3 * READ_BUFFER_KEPT];
+        peer.write_all(&[&(body.len() as u32).to_le_bytes()[..], &body].concat()).unwrap();
+        let mut frames = Vec::new();
+        while frames.is_empty() {
+            frames = turn(&mut links, &mut poll);
         }
         assert_eq!(frames, vec![(1, body)]);
         let conn = links.conns.values().next().expect("the connection is open");

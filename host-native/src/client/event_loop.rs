@@ -26,7 +26,7 @@ use phalanx_core::NodeId;
 
 use crate::driver::{AppEvent, Driver, Event};
 use crate::metrics::{DropReason, Metrics};
-use crate::net::{Divert, Links, NetConfig, Received};
+use crate::net::{Deliver, Divert, Links, NetConfig, Received};
 use crate::runtime::Prepared;
 
 const WAKER: Token = Token(0);
@@ -239,6 +239,35 @@ impl Node {
     }
 }
 
+/// Reads on `shared`'s links (`read`) and hands the frames to the nodes they are for,
+/// marking them busy; frames for a node that left, or one never here (a replica named
+/// it), are dropped and counted.
+fn read_shared(
+    shared: &mut Shared,
+    nodes: &mut BTreeMap<usize, Node>,
+    busy: &mut BTreeSet<usize>,
+    read: impl FnOnce(&mut Links, &mut Deliver),
+) {
+    let mut unknown = 0;
+    let hosted = &shared.nodes;
+    let mut deliver = |to: NodeId, frames: Received| {
+        if let Some(&slot) = hosted.get(&to)
+            && let Some(node) = nodes.get_mut(&slot)
+        {
+            node.driver.take(node.driver.now(), Event::Messages(frames));
+            busy.insert(slot);
+        } else {
+            unknown += frames.len();
+        }
+        true
+    };
+    read(&mut shared.links, &mut deliver);
+    shared.links.deliver_received(&mut deliver);
+    for _ in 0..unknown {
+        shared.links.metrics().dropped(DropReason::UnknownPeer);
+    }
+}
+
 struct EventLoop {
     poll: Poll,
     commands: Receiver<Command>,
@@ -267,11 +296,22 @@ impl EventLoop {
                     timeout = timeout.min(Duration::from_nanos(at.saturating_sub(node.driver.now())));
                 }
             }
+            // Connections that stopped reading at their budget are read on after this
+            // turn's events; meanwhile the wait must not block.
+            let unread: Vec<(usize, BTreeSet<usize>)> = self
+                .shared
+                .iter_mut()
+                .map(|(&k, shared)| (k, shared.links.take_unread()))
+                .filter(|(_, conns)| !conns.is_empty())
+                .collect();
+            if !unread.is_empty() {
+                timeout = Duration::ZERO;
+            }
             if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(e);
                 }
-                return Err(e);
+                events.clear();
             }
             for event in events.iter() {
                 if event.token() == WAKER {
@@ -280,25 +320,15 @@ impl EventLoop {
                     continue;
                 }
                 let Some(shared) = self.shared.get_mut(&(event.token().0 & SLOT_MASK)) else { continue };
-                let nodes = &mut self.nodes;
-                let mut unknown = 0;
-                let mut deliver = |to: NodeId, frames: Received| {
-                    // Frames for a node that left, or one never here (a replica named it),
-                    // are dropped and counted.
-                    if let Some(&slot) = shared.nodes.get(&to)
-                        && let Some(node) = nodes.get_mut(&slot)
-                    {
-                        node.driver.take(node.driver.now(), Event::Messages(frames));
-                        busy.insert(slot);
-                    } else {
-                        unknown += frames.len();
-                    }
-                    true
-                };
-                shared.links.ready(self.poll.registry(), event, &mut deliver);
-                shared.links.deliver_received(&mut deliver);
-                for _ in 0..unknown {
-                    shared.links.metrics().dropped(DropReason::UnknownPeer);
+                read_shared(shared, &mut self.nodes, &mut busy, |links, deliver| {
+                    links.ready(self.poll.registry(), event, deliver)
+                });
+            }
+            for (k, conns) in unread {
+                if let Some(shared) = self.shared.get_mut(&k) {
+                    read_shared(shared, &mut self.nodes, &mut busy, |links, deliver| {
+                        links.read_unread(self.poll.registry(), conns, deliver)
+                    });
                 }
             }
             // Every node whose timer is due has a round too.
