@@ -363,8 +363,11 @@ impl Wal {
 
     /// Makes `start` the header's start, and writes it to the disk before anything is
     /// punched below it: the whole file under [`Durability::Sync`], only the header block
-    /// otherwise (the records are not promised to survive power loss then, but a hole
-    /// must never lie where the header on disk says records are).
+    /// otherwise (the records are not promised to survive power loss then). Under
+    /// `replicated` that write does not flush the disk's cache: after a power loss the
+    /// header may lag a punch the filesystem's journal already holds, and recovery then
+    /// finds the old start's records gone (in `strict`, an error; in `repair`, an empty
+    /// log), a replica that catches up from the others, as that mode promises.
     fn set_start(&mut self, start: u64, durability: Durability) -> Result<(), StorageError> {
         let generation = self.generation + 1;
         self.poisoned = true;
