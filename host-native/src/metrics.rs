@@ -65,17 +65,21 @@ pub enum DropReason {
     Malformed,
     /// A datagram from a source address past its token bucket ([`crate::udp`]).
     RateLimited,
+    /// Frames another transport received for a client while its event loop was behind
+    /// by more than the bound ([`crate::client::event_loop::Inlet`]).
+    ReceiveQueueFull,
 }
 
 impl DropReason {
     /// Every reason, in the order exported.
-    pub const ALL: [DropReason; 6] = [
+    pub const ALL: [DropReason; 7] = [
         DropReason::Oversized,
         DropReason::UnknownPeer,
         DropReason::SendQueueFull,
         DropReason::BadHandshake,
         DropReason::Malformed,
         DropReason::RateLimited,
+        DropReason::ReceiveQueueFull,
     ];
 
     /// The `reason` label value.
@@ -87,6 +91,7 @@ impl DropReason {
             DropReason::BadHandshake => "bad_handshake",
             DropReason::Malformed => "malformed",
             DropReason::RateLimited => "rate_limited",
+            DropReason::ReceiveQueueFull => "receive_queue_full",
         }
     }
 }

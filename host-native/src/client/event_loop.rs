@@ -38,6 +38,10 @@ const SLOT_MASK: usize = (1 << SLOT_BITS) - 1;
 const SHARED_SLOTS: usize = 1 << (SLOT_BITS - 1);
 /// Longest the loop sleeps with nothing due (nodes' timers and dials wake it sooner).
 const IDLE: Duration = Duration::from_secs(1);
+/// Most frames an [`Inlet`] holds for the loop to take: a transport that receives faster
+/// than the loop handles (a Byzantine broker flooding a distillation client) drops the
+/// rest, counted, rather than queueing without bound.
+pub const INLET_FRAMES: usize = 1 << 16;
 
 /// What one node's round produced, or why the node stopped (it left the loop then).
 #[derive(Debug)]
@@ -47,10 +51,29 @@ pub struct News {
 }
 
 enum Command {
-    Add { slot: usize, node: Box<Prepared>, news: Sender<News> },
-    Event { slot: usize, event: Event },
-    Divert { slot: usize, divert: Arc<dyn Divert> },
-    Remove { slot: usize, done: Sender<()> },
+    Add {
+        slot: usize,
+        node: Box<Prepared>,
+        news: Sender<News>,
+    },
+    Event {
+        slot: usize,
+        event: Event,
+    },
+    /// Frames an inlet received, `held` counting them until the loop takes them.
+    Inlet {
+        slot: usize,
+        frames: Received,
+        held: Arc<AtomicUsize>,
+    },
+    Divert {
+        slot: usize,
+        divert: Arc<dyn Divert>,
+    },
+    Remove {
+        slot: usize,
+        done: Sender<()>,
+    },
 }
 
 /// The caller's side of a running loop. The loop stops when the last handle onto it
@@ -162,7 +185,12 @@ impl Hosted {
     /// Where another transport hands the node the frames it received. It does not keep
     /// the loop running.
     pub fn inlet(&self) -> Inlet {
-        Inlet { event_loop: Arc::downgrade(&self.event_loop), slot: self.slot }
+        Inlet {
+            event_loop: Arc::downgrade(&self.event_loop),
+            slot: self.slot,
+            held: Arc::new(AtomicUsize::new(0)),
+            metrics: self.metrics.clone(),
+        }
     }
 
     /// Takes the node out of the loop (closing its storage, and the shared connections
@@ -185,17 +213,30 @@ impl Drop for Hosted {
     }
 }
 
-/// Frames another transport received for a hosted node.
+/// Frames another transport received for a hosted node: at most [`INLET_FRAMES`] wait
+/// for the loop at once.
 pub struct Inlet {
     event_loop: Weak<ClientLoop>,
     slot: usize,
+    /// Frames handed over and not yet taken by the loop.
+    held: Arc<AtomicUsize>,
+    metrics: Arc<Metrics>,
 }
 
 impl Inlet {
-    /// False once the node's loop is gone.
+    /// Hands `frames` to the loop, or drops and counts them if it holds its bound already;
+    /// false once the node's loop is gone.
     pub fn deliver(&self, frames: Received) -> bool {
         let Some(event_loop) = self.event_loop.upgrade() else { return false };
-        event_loop.command(Command::Event { slot: self.slot, event: Event::Messages(frames) }).is_ok()
+        let n = frames.len();
+        if self.held.fetch_add(n, Ordering::SeqCst) + n > INLET_FRAMES {
+            self.held.fetch_sub(n, Ordering::SeqCst);
+            for _ in 0..n {
+                self.metrics.dropped(DropReason::ReceiveQueueFull);
+            }
+            return true;
+        }
+        event_loop.command(Command::Inlet { slot: self.slot, frames, held: self.held.clone() }).is_ok()
     }
 }
 
@@ -379,6 +420,15 @@ impl EventLoop {
         slot
     }
 
+    /// Gives `event` to node `slot`, if it is still here, which is `busy` then.
+    fn take(&mut self, slot: usize, event: Event, busy: &mut BTreeSet<usize>) {
+        if let Some(node) = self.nodes.get_mut(&slot) {
+            let now = node.driver.now();
+            node.driver.take(now, event);
+            busy.insert(slot);
+        }
+    }
+
     /// Takes every command queued so far; the nodes they gave events to are `busy`.
     fn take_commands(&mut self, busy: &mut BTreeSet<usize>) {
         while let Ok(command) = self.commands.try_recv() {
@@ -404,12 +454,10 @@ impl EventLoop {
                         self.leave(slot);
                     }
                 }
-                Command::Event { slot, event } => {
-                    if let Some(node) = self.nodes.get_mut(&slot) {
-                        let now = node.driver.now();
-                        node.driver.take(now, event);
-                        busy.insert(slot);
-                    }
+                Command::Event { slot, event } => self.take(slot, event, busy),
+                Command::Inlet { slot, frames, held } => {
+                    held.fetch_sub(frames.len(), Ordering::SeqCst);
+                    self.take(slot, Event::Messages(frames), busy);
                 }
                 Command::Divert { slot, divert } => {
                     if let Some(node) = self.nodes.get_mut(&slot) {
@@ -446,5 +494,39 @@ impl EventLoop {
             shared.links.close_all(self.poll.registry());
             self.shared.remove(&node.shared);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::value;
+
+    /// An inlet holds at most [`INLET_FRAMES`] for the loop: beyond, frames are dropped
+    /// and counted; what the loop took makes room again.
+    #[test]
+    fn an_inlet_holds_a_bounded_number_of_frames() {
+        let event_loop = ClientLoop::start("inlet-test").expect("a loop");
+        let metrics = Arc::new(Metrics::new(7, &[0]));
+        // A slot no node holds: the loop takes its frames and drops them.
+        let inlet = Inlet { event_loop: Arc::downgrade(&event_loop), slot: 1, held: Arc::default(), metrics };
+        let dropped = || value(&inlet.metrics.render(), "phalanx_frames_dropped_total{reason=\"receive_queue_full\"}");
+        let frames = |n: usize| (0..n).map(|_| (0, vec![1, 2, 3])).collect::<Received>();
+        // As if the loop were behind by the whole bound.
+        inlet.held.store(INLET_FRAMES, Ordering::SeqCst);
+        assert!(inlet.deliver(frames(3)));
+        assert_eq!(dropped(), Some(3.0));
+        assert_eq!(inlet.held.load(Ordering::SeqCst), INLET_FRAMES);
+        // Once the loop caught up, frames go to it, and it takes them.
+        inlet.held.store(0, Ordering::SeqCst);
+        assert!(inlet.deliver(frames(INLET_FRAMES)));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while inlet.held.load(Ordering::SeqCst) > 0 {
+            assert!(Instant::now() < deadline, "the loop did not take the frames");
+            thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(dropped(), Some(3.0));
+        drop(event_loop);
+        assert!(!inlet.deliver(frames(1)), "the loop is gone");
     }
 }
