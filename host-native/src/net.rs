@@ -409,11 +409,6 @@ impl Links {
         self.dialers.values().filter(|d| d.conn.is_none()).map(|d| d.next_attempt.saturating_duration_since(now)).min()
     }
 
-    /// Whether connections stopped reading at their budget: the next wait must not block.
-    pub fn unread(&self) -> bool {
-        !self.unread.is_empty()
-    }
-
     /// Takes the connections that stopped reading at their budget, for
     /// [`Links::read_unread`] once this turn's events are handled.
     pub fn take_unread(&mut self) -> BTreeSet<usize> {
