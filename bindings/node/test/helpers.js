@@ -11,37 +11,50 @@ const REPO = process.env.PHALANX_REPO ?? path.resolve(__dirname, '..', '..', '..
 const TRACES = path.join(REPO, 'tests', 'traces');
 const MS = 1_000_000;
 
-/** `count` distinct free loopback ports (the OS picks them). */
-async function freePorts(count) {
-  const servers = [];
+// Ports come from below the ephemeral range, as the Rust tests' `free_ports` does: a port
+// the OS picks (listen on 0) lies in that range, where any process's outgoing connection
+// (a node already up, dialing its peers) may take it as its source port before the node
+// meant to listen on it binds.
+const LOWEST_PORT = 10_000;
+const handedOut = new Set();
+
+function ephemeralStart() {
   try {
-    for (let i = 0; i < count; i++) {
-      const s = net.createServer();
-      await new Promise((resolve, reject) => s.once('error', reject).listen(0, '127.0.0.1', resolve));
-      servers.push(s);
-    }
-    return servers.map((s) => s.address().port);
-  } finally {
-    await Promise.all(servers.map((s) => new Promise((r) => s.close(r))));
+    return Number(fs.readFileSync('/proc/sys/net/ipv4/ip_local_port_range', 'utf8').trim().split(/\s+/)[0]) || 32768;
+  } catch {
+    return 32768;
   }
 }
 
-/** A base port such that base..base+count-1 are all free on loopback (for phalanxd keygen). */
+async function isFree(port) {
+  const s = net.createServer();
+  const ok = await new Promise((resolve) => s.once('error', () => resolve(false)).listen(port, '127.0.0.1', () => resolve(true)));
+  if (ok) await new Promise((r) => s.close(r));
+  return ok;
+}
+
+/** A base port such that base..base+count-1 are free on loopback now: below the ephemeral range, and not handed out before by this process. */
 async function freePortBlock(count) {
-  for (let attempt = 0; attempt < 200; attempt++) {
-    const [base] = await freePorts(1);
-    if (base + count >= 65535) continue;
-    const servers = [];
-    let ok = true;
-    for (let p = base; p < base + count && ok; p++) {
-      const s = net.createServer();
-      ok = await new Promise((resolve) => s.once('error', () => resolve(false)).listen(p, '127.0.0.1', () => resolve(true)));
-      if (ok) servers.push(s);
+  const top = Math.max(ephemeralStart(), LOWEST_PORT + 2 * count);
+  const span = top - LOWEST_PORT - count;
+  let offset = (process.pid * 7919 + handedOut.size * 4) % span;
+  for (let attempt = 0; attempt < Math.floor(span / count); attempt++) {
+    const block = Array.from({ length: count }, (_, i) => LOWEST_PORT + offset + i);
+    let ok = !block.some((p) => handedOut.has(p));
+    for (let i = 0; ok && i < block.length; i++) ok = await isFree(block[i]);
+    if (ok) {
+      block.forEach((p) => handedOut.add(p));
+      return block[0];
     }
-    await Promise.all(servers.map((s) => new Promise((r) => s.close(r))));
-    if (ok) return base;
+    offset = (offset + count + 1) % span;
   }
-  throw new Error('no block of free ports found');
+  throw new Error(`no ${count} consecutive free loopback ports below ${top}`);
+}
+
+/** `count` distinct free loopback ports (see freePortBlock). */
+async function freePorts(count) {
+  const base = await freePortBlock(count);
+  return Array.from({ length: count }, (_, i) => base + i);
 }
 
 /** The phalanxd binary: PHALANXD, or the debug build in CARGO_TARGET_DIR or the repository; null if none. */

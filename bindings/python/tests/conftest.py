@@ -16,41 +16,52 @@ REPO = Path(__file__).resolve().parents[3]
 TRACES = REPO / "tests" / "traces"
 
 
-def free_ports(count: int) -> List[int]:
-    """`count` distinct free loopback ports (the OS picks them)."""
-    socks, ports = [], []
+# Ports come from below the ephemeral range, as the Rust tests' `free_ports` does: a port
+# the OS picks (bind to 0) lies in that range, where any process's outgoing connection
+# (a node already up, dialing its peers) may take it as its source port before the node
+# meant to listen on it binds.
+_LOWEST_PORT = 10_000
+_handed_out: set = set()
+
+
+def _ephemeral_start() -> int:
     try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-            ports.append(s.getsockname()[1])
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _is_free(port: int) -> bool:
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port))
+        return True
+    except OSError:
+        return False
     finally:
-        for s in socks:
-            s.close()
-    return ports
+        s.close()
 
 
 def free_port_block(count: int) -> int:
-    """A base port such that base..base+count-1 are all free on loopback."""
-    for _ in range(200):
-        base = free_ports(1)[0]
-        if base + count >= 65535:
-            continue
-        ok = True
-        for p in range(base, base + count):
-            s = socket.socket()
-            try:
-                s.bind(("127.0.0.1", p))
-            except OSError:
-                ok = False
-            finally:
-                s.close()
-            if not ok:
-                break
-        if ok:
-            return base
-    raise RuntimeError("no block of free ports found")
+    """A base port such that base..base+count-1 are free on loopback now: below the
+    ephemeral range, and not handed out before by this process."""
+    top = max(_ephemeral_start(), _LOWEST_PORT + 2 * count)
+    span = top - _LOWEST_PORT - count
+    offset = (os.getpid() * 7919 + len(_handed_out) * 4) % span
+    for _ in range(span // count):
+        block = range(_LOWEST_PORT + offset, _LOWEST_PORT + offset + count)
+        if not _handed_out.intersection(block) and all(_is_free(p) for p in block):
+            _handed_out.update(block)
+            return block[0]
+        offset = (offset + count + 1) % span
+    raise RuntimeError(f"no {count} consecutive free loopback ports below {top}")
+
+
+def free_ports(count: int) -> List[int]:
+    """`count` distinct free loopback ports (see `free_port_block`)."""
+    base = free_port_block(count)
+    return list(range(base, base + count))
 
 
 def _find_phalanxd() -> Path | None:
