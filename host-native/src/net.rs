@@ -303,6 +303,11 @@ fn metrics_of<'a>(
     client.and_then(|c| clients.get(&c)).map_or(own, |m| m)
 }
 
+/// Counts a frame a full queue dropped against its client's metrics, or `own`.
+fn count_dropped<'a>(clients: &'a BTreeMap<NodeId, Arc<Metrics>>, own: &'a Metrics) -> impl Fn(&Queued) + 'a {
+    move |f| metrics_of(clients, own, f.client).dropped(DropReason::SendQueueFull)
+}
+
 /// Frames received, each with the peer it came from.
 pub type Received = Vec<(NodeId, Vec<u8>)>;
 
@@ -514,15 +519,17 @@ impl Links {
                 continue;
             }
             if let Some(d) = self.dialers.get_mut(&to) {
-                match d.conn.filter(|t| self.conns.get(t).is_some_and(|c| c.connected)) {
-                    Some(t) => {
-                        self.conns.get_mut(&t).expect("connected").queue.push(Queued::data(bytes, tag), cap, metrics);
+                match d.conn.and_then(|t| self.conns.get_mut(&t).filter(|c| c.connected).map(|c| (t, c))) {
+                    Some((t, c)) => {
+                        c.queue.push(Queued::data(bytes, tag), cap, metrics);
                         self.touched.insert(t);
                     }
                     // Until a dial connects, its frames wait with those of failed ones.
-                    None => d.pending.push_newest(Queued::data(bytes, tag), cap, |f| {
-                        metrics_of(&self.clients, &self.metrics, f.client).dropped(DropReason::SendQueueFull)
-                    }),
+                    None => d.pending.push_newest(
+                        Queued::data(bytes, tag),
+                        cap,
+                        count_dropped(&self.clients, &self.metrics),
+                    ),
                 }
             } else if let Some(tokens) = self.by_id.get(&to) {
                 for t in tokens {
@@ -788,9 +795,7 @@ impl Links {
             // a shared one's announcements) are sent afresh with it.
             let unsent = c.queue.take().frames.into_iter().chain(std::mem::take(&mut d.pending).frames);
             for f in unsent.filter(|f| !f.hello && !f.is_announcement()) {
-                d.pending.push_newest(f, self.cfg.send_queue_bytes, |f| {
-                    metrics_of(&self.clients, &self.metrics, f.client).dropped(DropReason::SendQueueFull)
-                });
+                d.pending.push_newest(f, self.cfg.send_queue_bytes, count_dropped(&self.clients, &self.metrics));
             }
             if c.connected {
                 tracing::info!("node {}: connection to replica {id} lost", self.cfg.me);
