@@ -247,7 +247,12 @@ impl Metrics {
 
     /// Counts a frame or connection dropped for `reason`.
     pub fn dropped(&self, reason: DropReason) {
-        self.dropped[reason as usize].fetch_add(1, Relaxed);
+        self.dropped_many(reason, 1);
+    }
+
+    /// Counts `n` frames dropped for `reason`.
+    pub fn dropped_many(&self, reason: DropReason, n: u64) {
+        self.dropped[reason as usize].fetch_add(n, Relaxed);
     }
 
     /// Adjusts the open connections gauge by `delta`.

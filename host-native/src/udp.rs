@@ -663,9 +663,7 @@ impl<D: FnMut(Received) -> bool> UdpTransport<D> {
     fn flush(&mut self) {
         let mut refused = 0;
         self.endpoint.send(&mut self.queue, &mut refused);
-        for _ in 0..refused {
-            self.metrics.dropped(DropReason::UnknownPeer);
-        }
+        self.metrics.dropped_many(DropReason::UnknownPeer, refused);
         self.queued_bytes = self.queue.iter().map(Outgoing::len).sum();
     }
 

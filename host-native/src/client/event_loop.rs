@@ -231,9 +231,7 @@ impl Inlet {
         let n = frames.len();
         if self.held.fetch_add(n, Ordering::SeqCst) + n > INLET_FRAMES {
             self.held.fetch_sub(n, Ordering::SeqCst);
-            for _ in 0..n {
-                self.metrics.dropped(DropReason::ReceiveQueueFull);
-            }
+            self.metrics.dropped_many(DropReason::ReceiveQueueFull, n as u64);
             return true;
         }
         event_loop.command(Command::Inlet { slot: self.slot, frames, held: self.held.clone() }).is_ok()
@@ -304,9 +302,7 @@ fn read_shared(
     };
     read(&mut shared.links, &mut deliver);
     shared.links.deliver_received(&mut deliver);
-    for _ in 0..unknown {
-        shared.links.metrics().dropped(DropReason::UnknownPeer);
-    }
+    shared.links.metrics().dropped_many(DropReason::UnknownPeer, unknown as u64);
 }
 
 struct EventLoop {
