@@ -920,6 +920,22 @@ mod tests {
     use super::*;
     use crate::local_cluster::free_ports;
 
+    /// The configuration of node `me`, knowing `known`, that neither listens nor dials:
+    /// tests set the fields they are about over it.
+    fn config(me: NodeId, known: &[NodeId]) -> NetConfig {
+        NetConfig {
+            me,
+            listen: None,
+            dial: Vec::new(),
+            known: known.iter().copied().collect(),
+            max_frame: 1024,
+            send_queue_bytes: 1 << 20,
+            reconnect_min: Duration::from_secs(1),
+            reconnect_max: Duration::from_secs(1),
+            shared: false,
+        }
+    }
+
     /// A node on `port` that dials `peer` on `peer_port`, retrying at most once an hour.
     fn node(
         me: NodeId,
@@ -930,15 +946,11 @@ mod tests {
         let loopback = |p: u16| SocketAddr::from(([127, 0, 0, 1], p));
         let hour = Duration::from_secs(3600);
         let cfg = NetConfig {
-            me,
             listen: Some(loopback(port)),
             dial: vec![(peer, loopback(peer_port))],
-            known: [me, peer].into(),
-            max_frame: 1024,
-            send_queue_bytes: 1 << 20,
             reconnect_min: hour,
             reconnect_max: hour,
-            shared: false,
+            ..config(me, &[me, peer])
         };
         let (tx, rx) = mpsc::channel();
         let metrics = Arc::new(Metrics::new(me, &[me, peer]));
@@ -959,17 +971,7 @@ mod tests {
         let (port, held) = free_ports(1).expect("a free loopback port");
         drop(held);
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let cfg = NetConfig {
-            me: 0,
-            listen: Some(addr),
-            dial: Vec::new(),
-            known: [0, 5, 6].into(),
-            max_frame: 1024,
-            send_queue_bytes: 1 << 20,
-            reconnect_min: Duration::from_secs(1),
-            reconnect_max: Duration::from_secs(1),
-            shared: false,
-        };
+        let cfg = NetConfig { listen: Some(addr), ..config(0, &[0, 5, 6]) };
         let (tx, rx) = mpsc::channel();
         let metrics = Arc::new(Metrics::new(0, &[0, 5, 6]));
         let (net, outbox) = Network::new(cfg, metrics).expect("binds");
@@ -1030,15 +1032,11 @@ mod tests {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a loopback port");
         let cap = 4096;
         let cfg = NetConfig {
-            me: 0,
-            listen: None,
             dial: vec![(1, listener.local_addr().unwrap())],
-            known: [0, 1].into(),
-            max_frame: 1024,
             send_queue_bytes: cap,
             reconnect_min: Duration::ZERO,
             reconnect_max: Duration::ZERO,
-            shared: false,
+            ..config(0, &[0, 1])
         };
         let mut links = Links::new(cfg, Arc::new(Metrics::new(0, &[0, 1])), FIRST_CONN, 1);
         let poll = Poll::new().unwrap();
@@ -1094,17 +1092,7 @@ mod tests {
     /// Links of node 0 (knowing nodes 1 and 2) that accept the connections of a loopback
     /// listener, with frames of up to `max_frame`.
     fn accepting(max_frame: usize) -> (Links, Poll, std::net::TcpListener) {
-        let cfg = NetConfig {
-            me: 0,
-            listen: None,
-            dial: Vec::new(),
-            known: [0, 1, 2].into(),
-            max_frame,
-            send_queue_bytes: 1 << 20,
-            reconnect_min: Duration::from_secs(1),
-            reconnect_max: Duration::from_secs(1),
-            shared: false,
-        };
+        let cfg = NetConfig { max_frame, ..config(0, &[0, 1, 2]) };
         let links = Links::new(cfg, Arc::new(Metrics::new(0, &[0, 1, 2])), FIRST_CONN, 1);
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a loopback port");
         (links, Poll::new().unwrap(), listener)
