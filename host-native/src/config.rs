@@ -120,6 +120,9 @@ pub struct Runtime {
     pub send_queue_bytes: usize,
     /// Events buffered between the network and protocol threads.
     pub event_queue: usize,
+    /// Bytes of frames buffered between the network and protocol threads: beyond, the
+    /// network thread stops reading until the protocol thread catches up.
+    pub event_queue_bytes: usize,
     /// Reconnect back-off bounds, milliseconds.
     pub reconnect_min_ms: u64,
     pub reconnect_max_ms: u64,
@@ -203,6 +206,7 @@ impl Default for Runtime {
             first_core: 0,
             send_queue_bytes: 64 << 20,
             event_queue: 65_536,
+            event_queue_bytes: 256 << 20,
             reconnect_min_ms: 50,
             reconnect_max_ms: 2_000,
             wasm_ms_per_call: 10_000,

@@ -18,7 +18,7 @@ use std::io::Write;
 use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
 
 use mio::Events;
@@ -29,6 +29,7 @@ use phalanx_core::{Delivery, FaultKind, HandleError, Input, Nanos, NodeId, Opera
 use crate::perpetual::Executor;
 
 use crate::engine::Engine;
+use crate::inbox::InboxReceiver;
 use crate::metrics::Metrics;
 use crate::net::{Network, Outbox, Received};
 
@@ -275,7 +276,7 @@ impl Driver {
     /// gone, sending through `outbox` and telling `app_events` each round's news.
     pub fn run(
         mut self,
-        inbox: Receiver<Event>,
+        inbox: InboxReceiver,
         outbox: &Outbox,
         mut app_events: Option<Sender<Vec<AppEvent>>>,
     ) -> Result<(), DriverError> {
@@ -290,7 +291,7 @@ impl Driver {
             };
             let mut stop = false;
             let now = self.now();
-            for ev in first.into_iter().chain(std::iter::from_fn(|| inbox.try_recv().ok()).take(ROUND_EVENTS)) {
+            for ev in first.into_iter().chain(inbox.try_iter().take(ROUND_EVENTS)) {
                 stop |= !self.take(now, ev);
             }
             let told = self.end_round(now, &mut send)?;
@@ -308,7 +309,7 @@ impl Driver {
     pub fn run_with_network(
         mut self,
         mut network: Network,
-        inbox: Receiver<Event>,
+        inbox: InboxReceiver,
         mut app_events: Option<Sender<Vec<AppEvent>>>,
     ) -> Result<(), DriverError> {
         let told = self.recover(&mut |frames| network.send(frames))?;

@@ -6,7 +6,7 @@ use std::fs::{self, File};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
+use std::sync::mpsc::{self, Receiver, Sender};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
@@ -20,6 +20,7 @@ use phalanx_core::{NodeId, Protocol};
 use crate::config::{ClusterFile, ConfigError};
 use crate::driver::{AppEvent, Driver, DriverError, DriverParts, Event, MeteredKv, TraceSink};
 use crate::engine::{EngineChoice, EngineFailure};
+use crate::inbox::{InboxSender, inbox};
 use crate::metrics::{self, Metrics};
 use crate::net::{NetConfig, Network, Outbox};
 use crate::storage::{Recovery, StorageError, Wal, WalStorage};
@@ -94,7 +95,7 @@ impl std::fmt::Debug for ServiceOverride {
 /// A running node: its threads and the handles to talk to it.
 pub struct Running {
     pub id: NodeId,
-    pub events: SyncSender<Event>,
+    pub events: InboxSender,
     /// Completions and deliveries, for clients and subscribers: each round's together.
     pub app_events: Receiver<Vec<AppEvent>>,
     pub listen: Option<SocketAddr>,
@@ -109,7 +110,7 @@ pub struct Running {
 impl Running {
     /// Stops both threads; the protocol thread's error, if it failed.
     pub fn stop(self) -> Result<(), String> {
-        let _ = self.events.send(Event::Stop);
+        self.events.send(Event::Stop);
         self.outbox.wake();
         self.wait()
     }
@@ -266,7 +267,7 @@ pub fn prepare(cluster: &ClusterFile, id: NodeId, opts: &StartOptions) -> Result
 /// thread for both (`[runtime] threads`).
 pub fn start(cluster: &ClusterFile, id: NodeId, opts: &StartOptions) -> Result<Running, StartError> {
     let Prepared { id, mut driver, net: net_cfg, metrics } = prepare(cluster, id, opts)?;
-    let (events_tx, events_rx) = mpsc::sync_channel::<Event>(cluster.runtime.event_queue);
+    let (events_tx, events_rx) = inbox(cluster.runtime.event_queue, cluster.runtime.event_queue_bytes);
     let listening = net_cfg.listen.map_or_else(|| "connecting".to_string(), |a| format!("listening on {a}"));
     let (network, outbox) = Network::new(net_cfg, metrics.clone()).map_err(io(format!("node {id}: {listening}")))?;
     let one_thread = cluster.runtime.threads.one();
@@ -277,8 +278,8 @@ pub fn start(cluster: &ClusterFile, id: NodeId, opts: &StartOptions) -> Result<R
     };
     let queue = {
         let wake_loop = wake_loop.clone();
-        move |to_driver: &SyncSender<Event>, event: Event| {
-            let queued = to_driver.send(event).is_ok();
+        move |to_driver: &InboxSender, event: Event| {
+            let queued = to_driver.send(event);
             wake_loop();
             queued
         }
@@ -291,7 +292,7 @@ pub fn start(cluster: &ClusterFile, id: NodeId, opts: &StartOptions) -> Result<R
         let (to_driver, wake_loop) = (events_tx.clone(), wake_loop.clone());
         // A full queue wakes the protocol thread anyway.
         let wake = Box::new(move || {
-            drop(to_driver.try_send(Event::Service));
+            to_driver.try_send(Event::Service);
             wake_loop();
         });
         driver.serve_with(crate::perpetual::Executor::new(service, cluster.params.call_window.into(), wake));
