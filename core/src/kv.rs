@@ -34,7 +34,7 @@
 use std::collections::BTreeMap;
 
 use crate::Operation;
-use crate::crypto::{Digest, digest};
+use crate::crypto::Digest;
 use crate::host::Application;
 
 /// A decoded operation.
@@ -213,17 +213,35 @@ impl Reply {
 /// The store: a `BTreeMap`, so snapshots come out in one order on every run.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Kv {
-    map: BTreeMap<Vec<u8>, Vec<u8>>,
+    map: BTreeMap<Vec<u8>, Entry>,
     /// The XOR of every entry's hash: a function of the map alone.
     digest: Digest,
 }
 
-/// What an entry adds to (and, removed, takes from) [`Kv::digest`].
+/// A value, with its entry's hash kept so that overwriting or removing it need not hash
+/// the old value again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Entry {
+    value: Vec<u8>,
+    hash: Digest,
+}
+
+impl Entry {
+    fn new(key: &[u8], value: Vec<u8>) -> Entry {
+        let hash = entry_hash(key, &value);
+        Entry { value, hash }
+    }
+}
+
+/// What an entry adds to (and, removed, takes from) [`Kv::digest`]: BLAKE3 of
+/// field(key) field(value), hashed in place rather than copied together first.
 fn entry_hash(key: &[u8], value: &[u8]) -> Digest {
-    let mut bytes = Vec::with_capacity(8 + key.len() + value.len());
-    field(&mut bytes, key);
-    field(&mut bytes, value);
-    digest(&bytes)
+    let mut hasher = blake3::Hasher::new();
+    for bytes in [key, value] {
+        hasher.update(&(bytes.len() as u32).to_le_bytes());
+        hasher.update(bytes);
+    }
+    *hasher.finalize().as_bytes()
 }
 
 fn xor(into: &mut Digest, other: &Digest) {
@@ -244,7 +262,7 @@ impl Kv {
     /// operation is an error result.
     pub fn query(&self, op: &[u8]) -> Vec<u8> {
         let reply = match Op::decode(op) {
-            Ok(Op::Get { key }) => Reply::Value(self.map.get(&key).cloned()),
+            Ok(Op::Get { key }) => Reply::Value(self.get(&key).map(<[u8]>::to_vec)),
             Ok(_) => Reply::Invalid("not a read-only operation".into()),
             Err(why) => Reply::Invalid(why),
         };
@@ -254,10 +272,10 @@ impl Kv {
     fn apply(&mut self, op: &[u8]) -> Reply {
         match Op::decode(op) {
             Ok(Op::Put { key, value }) => Reply::Value(self.insert(key, value)),
-            Ok(Op::Get { key }) => Reply::Value(self.map.get(&key).cloned()),
+            Ok(Op::Get { key }) => Reply::Value(self.get(&key).map(<[u8]>::to_vec)),
             Ok(Op::Delete { key }) => Reply::Value(self.remove(&key)),
             Ok(Op::Cas { key, expected, new }) => {
-                let before = self.map.get(&key).cloned();
+                let before = self.get(&key).map(<[u8]>::to_vec);
                 let swapped = before == expected;
                 if swapped {
                     self.insert(key, new);
@@ -269,17 +287,17 @@ impl Kv {
     }
 
     fn insert(&mut self, key: Vec<u8>, value: Vec<u8>) -> Option<Vec<u8>> {
-        if let Some(old) = self.map.get(&key) {
-            xor(&mut self.digest, &entry_hash(&key, old));
-        }
-        xor(&mut self.digest, &entry_hash(&key, &value));
-        self.map.insert(key, value)
+        let entry = Entry::new(&key, value);
+        xor(&mut self.digest, &entry.hash);
+        let old = self.map.insert(key, entry)?;
+        xor(&mut self.digest, &old.hash);
+        Some(old.value)
     }
 
     fn remove(&mut self, key: &[u8]) -> Option<Vec<u8>> {
         let old = self.map.remove(key)?;
-        xor(&mut self.digest, &entry_hash(key, &old));
-        Some(old)
+        xor(&mut self.digest, &old.hash);
+        Some(old.value)
     }
 
     /// A digest of the whole state ([module docs](self)): equal states have equal digests,
@@ -289,7 +307,7 @@ impl Kv {
     }
 
     pub fn get(&self, key: &[u8]) -> Option<&[u8]> {
-        self.map.get(key).map(Vec::as_slice)
+        self.map.get(key).map(|e| e.value.as_slice())
     }
 
     pub fn len(&self) -> usize {
@@ -303,9 +321,9 @@ impl Kv {
     /// The canonical encoding of the whole state.
     pub fn snapshot(&self) -> Vec<u8> {
         let mut out = Vec::new();
-        for (k, v) in &self.map {
+        for (k, e) in &self.map {
             field(&mut out, k);
-            field(&mut out, v);
+            field(&mut out, &e.value);
         }
         out
     }
@@ -313,19 +331,15 @@ impl Kv {
     /// The state a [`snapshot`](Self::snapshot) encodes; anything else is an error.
     pub fn restore(bytes: &[u8]) -> Result<Kv, String> {
         let mut r = Reader(bytes);
-        let mut map: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+        let mut kv = Kv::new();
         while !r.0.is_empty() {
             let (k, v) = (r.field()?, r.field()?);
-            if map.last_key_value().is_some_and(|(last, _)| last.as_slice() >= k) {
+            if kv.map.last_key_value().is_some_and(|(last, _)| last.as_slice() >= k) {
                 return Err("snapshot keys are not in strictly ascending order".into());
             }
-            map.insert(k.to_vec(), v.to_vec());
+            kv.insert(k.to_vec(), v.to_vec());
         }
-        let mut digest = Digest::default();
-        for (k, v) in &map {
-            xor(&mut digest, &entry_hash(k, v));
-        }
-        Ok(Kv { map, digest })
+        Ok(kv)
     }
 }
 
