@@ -262,6 +262,11 @@ impl Driver {
         self.host.poll_timeout()
     }
 
+    /// [`Driver::deadline`] as an instant.
+    pub fn deadline_at(&mut self) -> Option<Instant> {
+        self.deadline().map(|at| self.start + Duration::from_nanos(at))
+    }
+
     /// How long to wait for events before the core's next timeout (a second if none).
     fn wait(&mut self) -> Duration {
         let core = match self.deadline() {

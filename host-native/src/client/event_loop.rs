@@ -103,6 +103,7 @@ impl ClientLoop {
             stop: stop.clone(),
             nodes: BTreeMap::new(),
             shared: BTreeMap::new(),
+            timers: BTreeSet::new(),
             told: Vec::new(),
         };
         let thread = thread::Builder::new().name(name.into()).spawn(move || {
@@ -246,6 +247,8 @@ struct Node {
     divert: Option<Arc<dyn Divert>>,
     driver: Driver,
     news: Sender<News>,
+    /// When the node's core next wants a timeout, as entered in the loop's timers.
+    timer: Option<Instant>,
 }
 
 /// The connections that the nodes dialing the same replicas share, and those nodes.
@@ -312,6 +315,9 @@ struct EventLoop {
     stop: Arc<AtomicBool>,
     nodes: BTreeMap<usize, Node>,
     shared: BTreeMap<usize, Shared>,
+    /// Every node's next timeout, soonest first, so a turn costs the same however many
+    /// nodes wait: a node's deadline only moves when it has a round.
+    timers: BTreeSet<(Instant, usize)>,
     /// The turn's news, told once its frames are written: a consumer woken by the first
     /// would otherwise run (on a shared core) before the rest are sent, once per node.
     told: Vec<(Sender<News>, News)>,
@@ -328,10 +334,8 @@ impl EventLoop {
                 shared.links.dial_due(self.poll.registry(), now);
                 timeout = timeout.min(shared.links.next_dial(now).unwrap_or(IDLE));
             }
-            for node in self.nodes.values_mut() {
-                if let Some(at) = node.driver.deadline() {
-                    timeout = timeout.min(Duration::from_nanos(at.saturating_sub(node.driver.now())));
-                }
+            if let Some(&(at, _)) = self.timers.first() {
+                timeout = timeout.min(at.saturating_duration_since(now));
             }
             // Connections that stopped reading at their budget are read on after this
             // turn's events; meanwhile the wait must not block.
@@ -369,11 +373,7 @@ impl EventLoop {
                 }
             }
             // Every node whose timer is due has a round too.
-            for (&slot, node) in &mut self.nodes {
-                if node.driver.deadline().is_some_and(|at| at <= node.driver.now()) {
-                    busy.insert(slot);
-                }
-            }
+            busy.extend(self.timers.range(..=(Instant::now(), usize::MAX)).map(|&(_, slot)| slot));
             for slot in std::mem::take(&mut busy) {
                 self.end_round(slot);
             }
@@ -393,8 +393,22 @@ impl EventLoop {
     fn end_round(&mut self, slot: usize) {
         let Some(node) = self.nodes.get_mut(&slot) else { return };
         let links = &mut self.shared.get_mut(&node.shared).expect("a node's shared links outlive it").links;
-        if !node.end_round(links, &mut self.told) {
+        if node.end_round(links, &mut self.told) {
+            self.rearm(slot);
+        } else {
             self.leave(slot);
+        }
+    }
+
+    /// Enters node `slot`'s next timeout in the timers, in place of the one before.
+    fn rearm(&mut self, slot: usize) {
+        let Some(node) = self.nodes.get_mut(&slot) else { return };
+        let next = node.driver.deadline_at();
+        if next != node.timer {
+            if let Some(at) = std::mem::replace(&mut node.timer, next) {
+                self.timers.remove(&(at, slot));
+            }
+            self.timers.extend(next.map(|at| (at, slot)));
         }
     }
 
@@ -444,10 +458,12 @@ impl EventLoop {
                     if nodes.insert(id, slot).is_some() {
                         tracing::warn!("client {id} is hosted twice in one event loop; the older stops hearing");
                     }
-                    let node = Node { id, shared, divert: None, driver, news };
+                    let node = Node { id, shared, divert: None, driver, news, timer: None };
                     self.nodes.insert(slot, node);
                     if failed {
                         self.leave(slot);
+                    } else {
+                        self.rearm(slot);
                     }
                 }
                 Command::Event { slot, event } => self.take(slot, event, busy),
@@ -477,6 +493,9 @@ impl EventLoop {
     /// no node uses them.
     fn leave(&mut self, slot: usize) {
         let Some(node) = self.nodes.remove(&slot) else { return };
+        if let Some(at) = node.timer {
+            self.timers.remove(&(at, slot));
+        }
         if let Some(d) = node.divert {
             d.shutdown();
         }
