@@ -28,6 +28,8 @@ struct Net {
     held_answers: Vec<(NodeId, Input)>,
     /// Restores each node's host made, by seq.
     restored: Vec<(NodeId, u64)>,
+    /// Compactions each node allowed its host.
+    compacted: Vec<u32>,
     now: u64,
 }
 
@@ -49,6 +51,7 @@ impl Net {
             slow_hosts: vec![],
             held_answers: vec![],
             restored: vec![],
+            compacted: vec![0; n],
             now: 0,
         }
     }
@@ -61,11 +64,11 @@ impl Net {
                 Output::Send { .. }
                 | Output::Fault { .. }
                 | Output::Deliver(_)
-                | Output::Compact { .. }
                 | Output::Query { .. }
                 | Output::Delivered(_)
                 | Output::Event(_) => {}
                 Output::Persist { token, .. } => self.input(id, Input::Persisted { token }),
+                Output::Compact { .. } => self.compacted[id as usize] += 1,
                 Output::Execute { seq, ops, snapshot } => {
                     self.executed[id as usize].push((seq, ops.iter().map(|o| (o.client, o.request)).collect()));
                     let results = ops.iter().map(|o| o.op.iter().rev().copied().collect()).collect();
@@ -319,6 +322,38 @@ fn a_state_transfer_while_the_host_owes_answers_lets_them_pass() {
     }
     assert_eq!(net.nodes[3].status().executed, net.nodes[0].status().executed);
     assert_eq!(net.apps[3].concat(), net.apps[0].concat(), "the restore came after the batches it superseded");
+}
+
+/// A replica whose host answers a checkpoint's batch only after a quorum made the
+/// checkpoint stable (it certified it without its own state): the snapshot then completes
+/// its stable record, so its storage compacts, and it signs no vote nobody wants.
+#[test]
+fn a_snapshot_after_its_checkpoint_became_stable_completes_the_stable_record() {
+    use crate::order::replica::CERTIFY_TURN_NS;
+    use crate::wire::{bodies_of, pb};
+    let mut net = Net::new(1, 1, Params { batch_max_count: 1, ..params() });
+    net.slow_hosts.push(3);
+    for i in 0..4u32 {
+        net.submit(4, format!("op{i}").as_bytes());
+        net.run_timers(net.now + 1_000_000);
+    }
+    assert_eq!(net.executed[3].len(), 4, "replica 3 executed the batches up to checkpoint 4");
+    // Deaf from now on, it gets no state from its peers: only its host can complete it.
+    net.deaf.push(3);
+    net.run_timers(net.now + 4 * CERTIFY_TURN_NS);
+    let status = net.nodes[3].status();
+    assert_eq!((status.stable, status.executed), (4, 0), "replica 3 certified checkpoint 4 at its turn");
+    assert_eq!(net.compacted[3], 0, "a stable checkpoint without its state is no point to compact to");
+    net.queue.clear();
+    for (id, answer) in std::mem::take(&mut net.held_answers) {
+        net.input(id, answer);
+    }
+    assert_eq!(net.nodes[3].status().executed, 4);
+    assert_eq!(net.compacted[3], 1, "its own snapshot completed the stable record");
+    let votes = net.queue.iter().filter(|(from, _, bytes)| {
+        *from == 3 && bodies_of(bytes).unwrap().iter().any(|b| matches!(b, pb::body::Kind::Checkpoint(_)))
+    });
+    assert_eq!(votes.count(), 0, "no vote for a checkpoint already stable");
 }
 
 /// A backup that got the PRE-PREPARE of the last batch but none of the votes after it, in

@@ -48,9 +48,24 @@ pub(super) struct QuorumCheckpoint {
 
 impl Replica {
     /// Batch `seq` executed with the application snapshot `app`: signs the checkpoint.
+    /// If a quorum certified it while the host was still taking the snapshot, no vote is
+    /// wanted any more; the state completes the stable record instead (so storage can
+    /// compact, and peers that fetch the state get it), if it is the certified one.
     pub(super) fn take_checkpoint(&mut self, ctx: &mut Ctx, now: Nanos, seq: u64, app: Vec<u8>) {
         let state = self.checkpoint_state(app);
-        self.vote_checkpoint(ctx, now, seq, state);
+        if seq > self.low {
+            self.vote_checkpoint(ctx, now, seq, state);
+        } else if self.stable_snapshot.is_none()
+            && self.stable.as_ref().is_some_and(|c| c.seq == seq && c.digest == digest(&state))
+        {
+            self.complete_stable(ctx, state);
+        }
+    }
+
+    /// The state of the stable checkpoint, which this replica saw become stable without it.
+    fn complete_stable(&mut self, ctx: &mut Ctx, state: Vec<u8>) {
+        self.stable_snapshot = Some(state);
+        self.persist_stable(ctx);
     }
 
     /// Signs and sends a vote for `state` as checkpoint `seq`, the state this replica holds
@@ -401,10 +416,7 @@ impl Replica {
         match newer {
             Some(cert) => self.adopt_stable(ctx, cert, Some(s.state)),
             // The state of the checkpoint this replica saw become stable without it.
-            None if self.stable.as_ref().is_some_and(|c| c.seq == s.seq) => {
-                self.stable_snapshot = Some(s.state);
-                self.persist_stable(ctx);
-            }
+            None if self.stable.as_ref().is_some_and(|c| c.seq == s.seq) => self.complete_stable(ctx, s.state),
             // Older than the stable checkpoint this replica knows of (the peer had not
             // reached it when it answered): a step toward it, asked for again below.
             None if s.seq < self.low => {}
