@@ -127,6 +127,15 @@ impl Net {
     fn submit(&mut self, client: NodeId, op: &[u8]) {
         self.input(client, Input::Request(Request::Submit { op: op.to_vec() }));
     }
+
+    /// Submits `ops` operations from `client` one at a time, each given `gap` of timers:
+    /// with batches of one, one batch each.
+    fn submit_in_turn(&mut self, client: NodeId, ops: u32, gap: u64) {
+        for i in 0..ops {
+            self.submit(client, format!("op{i}").as_bytes());
+            self.run_timers(self.now + gap);
+        }
+    }
 }
 
 fn params() -> Params {
@@ -169,10 +178,7 @@ fn replicas_certify_a_checkpoint_in_turn_the_primary_first() {
     use crate::order::replica::CERTIFY_TURN_NS;
     let mut net = Net::new(1, 1, params());
     // One request at a time, so one batch each: the fourth is checkpoint 4.
-    for i in 0..4u32 {
-        net.submit(4, format!("op{i}").as_bytes());
-        net.run_timers(net.now + 1_000_000);
-    }
+    net.submit_in_turn(4, 4, 1_000_000);
     assert_eq!(net.executed.iter().map(Vec::len).collect::<Vec<_>>(), [4, 4, 4, 4, 0]);
     let stable = |net: &Net| (0..4).map(|r| net.nodes[r].status().stable).collect::<Vec<_>>();
     // The quorum formed in the last millisecond.
@@ -333,10 +339,7 @@ fn a_snapshot_after_its_checkpoint_became_stable_completes_the_stable_record() {
     use crate::wire::{bodies_of, pb};
     let mut net = Net::new(1, 1, Params { batch_max_count: 1, ..params() });
     net.slow_hosts.push(3);
-    for i in 0..4u32 {
-        net.submit(4, format!("op{i}").as_bytes());
-        net.run_timers(net.now + 1_000_000);
-    }
+    net.submit_in_turn(4, 4, 1_000_000);
     assert_eq!(net.executed[3].len(), 4, "replica 3 executed the batches up to checkpoint 4");
     // Deaf from now on, it gets no state from its peers: only its host can complete it.
     net.deaf.push(3);
