@@ -33,7 +33,15 @@ impl InboxSender {
 
     /// Queues `event` if that needs no wait; false if it was dropped.
     pub fn try_send(&self, event: Event) -> bool {
-        self.room.try_hold(frame_bytes(&event)) && self.tx.try_send(event).is_ok()
+        let n = frame_bytes(&event);
+        if !self.room.try_hold(n) {
+            return false;
+        }
+        let queued = self.tx.try_send(event).is_ok();
+        if !queued {
+            self.room.free(n);
+        }
+        queued
     }
 }
 
@@ -80,8 +88,10 @@ impl Room {
         self.held.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// Whether `n` more bytes may be held: events without frames (a stop, a request) and
+    /// a lone event larger than the bound always may.
     fn fits(&self, held: &Held, n: usize) -> bool {
-        held.closed || held.bytes == 0 || held.bytes + n <= self.cap
+        held.closed || n == 0 || held.bytes == 0 || held.bytes + n <= self.cap
     }
 
     /// Waits until `n` more bytes fit, and holds them; false once the receiver is gone.
@@ -149,7 +159,14 @@ mod tests {
         assert!(tx.try_send(Event::Service));
         assert_eq!(rx.try_iter().count(), 2);
         assert!(tx.send(frames(500)), "alone, an event larger than the bound passes");
+        assert!(tx.send(Event::Stop), "past the bound, an event without frames still passes");
+        assert_eq!(rx.try_iter().count(), 2);
+        // An event the channel cannot take holds no room.
+        let (tx, rx) = inbox(1, 100);
+        assert!(tx.try_send(frames(10)));
+        assert!(!tx.try_send(frames(10)), "one event at most");
         assert_eq!(rx.try_iter().count(), 1);
+        assert!(tx.try_send(frames(100)), "all 100 bytes are free again");
     }
 
     /// A sender waiting for room gives up once the protocol thread is gone.
