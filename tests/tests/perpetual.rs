@@ -216,7 +216,10 @@ fn a_lying_caller_primary_does_not_stall_its_group() {
 /// u64::MAX - 1 ordered panicked numbering its next one past u64::MAX (4x4 seed 6201, and
 /// a 7x4 seed in 2500..5000; found by the sweep built with overflow checks); a target
 /// member whose turn to certify a checkpoint came found a faulty member's vote in the
-/// quorum invalid, and certified nothing until the next checkpoint (1x7 seed 21928).
+/// quorum invalid, and certified nothing until the next checkpoint (1x7 seed 21928); a
+/// caller member that restarted after a compaction had taken its last lease record
+/// numbered its vouches again from where its first run had, so the group dropped them as
+/// already ordered and a call was never decided (4x1 seed 600044, K = 1).
 #[test]
 fn seeds_found_by_the_sweep() {
     let seeds = [
@@ -234,6 +237,7 @@ fn seeds_found_by_the_sweep() {
         (4, 4, 8672),
         (4, 4, 6201),
         (1, 7, 21928),
+        (4, 1, 600044),
     ];
     for (n_c, n_t, seed) in seeds {
         run(Scenario::adversarial(n_c, n_t, seed));

@@ -27,12 +27,14 @@ impl OwnNumbers {
     }
 
     /// Takes a recovered record that is a lease (numbers below it may have been used),
-    /// or gives the record back.
-    pub(crate) fn recover(&mut self, record: Vec<u8>) -> Option<Vec<u8>> {
+    /// or gives the record back. `replica` keeps the lease to persist it again after each
+    /// compaction.
+    pub(crate) fn recover(&mut self, replica: &mut Replica, record: Vec<u8>) -> Option<Vec<u8>> {
         match pb::ReplicaRecord::decode(record.as_slice()) {
             Ok(pb::ReplicaRecord { kind: Some(pb::replica_record::Kind::OwnRequests(n)) }) => {
                 self.next = self.next.max(n);
                 self.leased = self.next;
+                replica.own_lease = replica.own_lease.max(n);
                 None
             }
             _ => Some(record),
@@ -53,28 +55,33 @@ impl OwnNumbers {
 
     /// Numbers `op` as [`Self::submit`] does and sends it to the group's other replicas;
     /// the bundle is for this replica to take when its application lets it through.
-    pub(crate) fn send(&mut self, ctx: &mut Ctx, replica: &Replica, op: Bytes) -> Option<Bundle> {
+    pub(crate) fn send(&mut self, ctx: &mut Ctx, replica: &mut Replica, op: Bytes) -> Option<Bundle> {
         if !std::mem::replace(&mut self.raised, true) {
             self.next = self.next.max(replica.own_executed(ctx).saturating_add(2 * LEASE));
         }
-        let Some(first) = self.take(ctx) else {
+        let Some(first) = self.take(ctx, replica) else {
             ctx.stats.refused += 1;
             return None;
         };
         replica.send_own(ctx, first, vec![op])
     }
 
-    /// The next number, a new lease persisted first when the last one is used up; none
-    /// once a request numbered `next` would end past `u64::MAX` (`Bundle::parse` refuses
-    /// those).
-    fn take(&mut self, ctx: &mut Ctx) -> Option<u64> {
+    /// The next number, a new lease persisted first when the last one is used up (and
+    /// kept by `replica`); none once a request numbered `next` would end past `u64::MAX`
+    /// (`Bundle::parse` refuses those).
+    fn take(&mut self, ctx: &mut Ctx, replica: &mut Replica) -> Option<u64> {
         let after = self.next.checked_add(1)?;
         if self.next >= self.leased {
             self.leased = self.next.saturating_add(LEASE);
-            let record = pb::ReplicaRecord { kind: Some(pb::replica_record::Kind::OwnRequests(self.leased)) };
-            ctx.persist(record.encode_to_vec());
+            replica.own_lease = self.leased;
+            ctx.persist(lease_record(self.leased));
         }
         self.next = after;
         Some(after - 1)
     }
+}
+
+/// The record of a lease: own request numbers below `lease` may have been used.
+pub(crate) fn lease_record(lease: u64) -> Vec<u8> {
+    pb::ReplicaRecord { kind: Some(pb::replica_record::Kind::OwnRequests(lease)) }.encode_to_vec()
 }

@@ -96,6 +96,10 @@ pub(crate) struct Replica {
     low: u64,
     stable: Option<pb::Certificate>,
     stable_snapshot: Option<Vec<u8>>,
+    /// The lease on this replica's own request numbers ([`super::OwnNumbers`]), persisted
+    /// again with each stable checkpoint: a compaction could otherwise take its last copy,
+    /// and a restart would reuse numbers its group already ordered.
+    pub(super) own_lease: u64,
     /// Primary: the next sequence number to propose.
     next_seq: u64,
     /// Primary: about as many requests as its recent batches held — the largest, decaying
@@ -227,6 +231,7 @@ impl Replica {
             low: 0,
             stable: None,
             stable_snapshot: None,
+            own_lease: 0,
             next_seq: 1,
             recent_batch_requests: 0,
             reproposed: 0,

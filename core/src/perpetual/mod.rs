@@ -389,7 +389,7 @@ impl Member {
     /// ordered through its PBFT once f_c+1 members' agree.
     fn submit(&mut self, ctx: &mut Ctx, now: Nanos, op: Op) {
         let op = Bytes::from(pb::PerpetualOp { kind: Some(op) }.encode_to_vec());
-        if let Some(bundle) = self.own.send(ctx, &self.replica, op) {
+        if let Some(bundle) = self.own.send(ctx, &mut self.replica, op) {
             self.hold_vote(ctx, now, ctx.me(), bundle);
         }
     }
@@ -810,7 +810,7 @@ impl RoleMachine for Member {
             }
             Input::Request(Request::Snapshot { seq, state }) => self.on_snapshot(ctx, now, seq, state),
             Input::Recover { record } => {
-                let Some(record) = self.own.recover(record) else { return Ok(()) };
+                let Some(record) = self.own.recover(&mut self.replica, record) else { return Ok(()) };
                 self.replica.on_input(ctx, now, Input::Recover { record })
             }
             // The voter runs here; the executor answers with requests, never batches.
