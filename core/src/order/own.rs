@@ -42,9 +42,10 @@ impl OwnNumbers {
     }
 
     /// Orders `op` through `replica`'s group as a request of its own. The first of a run
-    /// is numbered past what the group executed of this replica's (a lease record may
-    /// have gone with a compaction) by two leases: beyond any number an earlier run used
-    /// and the group did not execute yet. Numbers are the submitter's to choose, so a
+    /// is numbered past the recovered lease (the replica persists it again with each
+    /// stable checkpoint, so compaction never takes its last copy) and past what the group
+    /// executed of this replica's by two leases (for storage that was lost: beyond any
+    /// number an earlier run used and the group did not execute yet). Numbers are the submitter's to choose, so a
     /// faulty member may have had its own ordered up to the last: then none is left, and
     /// `op` is refused rather than numbered past `u64::MAX`.
     pub(crate) fn submit(&mut self, ctx: &mut Ctx, now: Nanos, replica: &mut Replica, op: Bytes) {
