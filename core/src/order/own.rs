@@ -16,24 +16,22 @@ const LEASE: u64 = 1024;
 #[derive(Debug)]
 pub(crate) struct OwnNumbers {
     next: u64,
-    leased: u64,
     /// Whether this run's numbers were raised past what the group executed.
     raised: bool,
 }
 
 impl OwnNumbers {
     pub(crate) fn new() -> Self {
-        OwnNumbers { next: 1, leased: 1, raised: false }
+        OwnNumbers { next: 1, raised: false }
     }
 
     /// Takes a recovered record that is a lease (numbers below it may have been used),
-    /// or gives the record back. `replica` keeps the lease to persist it again after each
-    /// compaction.
+    /// or gives the record back. The lease is `replica`'s to keep: it persists it again
+    /// after each compaction.
     pub(crate) fn recover(&mut self, replica: &mut Replica, record: Vec<u8>) -> Option<Vec<u8>> {
         match pb::ReplicaRecord::decode(record.as_slice()) {
             Ok(pb::ReplicaRecord { kind: Some(pb::replica_record::Kind::OwnRequests(n)) }) => {
                 self.next = self.next.max(n);
-                self.leased = self.next;
                 replica.own_lease = replica.own_lease.max(n);
                 None
             }
@@ -67,15 +65,14 @@ impl OwnNumbers {
         replica.send_own(ctx, first, vec![op])
     }
 
-    /// The next number, a new lease persisted first when the last one is used up (and
-    /// kept by `replica`); none once a request numbered `next` would end past `u64::MAX`
+    /// The next number, a new lease persisted first (and kept by `replica`) when the last
+    /// one is used up; none once a request numbered `next` would end past `u64::MAX`
     /// (`Bundle::parse` refuses those).
     fn take(&mut self, ctx: &mut Ctx, replica: &mut Replica) -> Option<u64> {
         let after = self.next.checked_add(1)?;
-        if self.next >= self.leased {
-            self.leased = self.next.saturating_add(LEASE);
-            replica.own_lease = self.leased;
-            ctx.persist(lease_record(self.leased));
+        if self.next >= replica.own_lease {
+            replica.own_lease = self.next.saturating_add(LEASE);
+            ctx.persist(lease_record(replica.own_lease));
         }
         self.next = after;
         Some(after - 1)
