@@ -43,9 +43,9 @@ impl OwnNumbers {
     /// is numbered past the recovered lease (the replica persists it again with each
     /// stable checkpoint, so compaction never takes its last copy) and past what the group
     /// executed of this replica's by two leases (for storage that was lost: beyond any
-    /// number an earlier run used and the group did not execute yet). Numbers are the submitter's to choose, so a
-    /// faulty member may have had its own ordered up to the last: then none is left, and
-    /// `op` is refused rather than numbered past `u64::MAX`.
+    /// number an earlier run used and the group did not execute yet). Numbers are the
+    /// submitter's to choose, so a faulty member may have had its own ordered up to the
+    /// last: then none is left, and `op` is refused rather than numbered past `u64::MAX`.
     pub(crate) fn submit(&mut self, ctx: &mut Ctx, now: Nanos, replica: &mut Replica, op: Bytes) {
         if let Some(bundle) = self.send(ctx, replica, op) {
             replica.take_together(ctx, now, vec![bundle]);
