@@ -36,7 +36,7 @@ use crate::bench::Second;
 use crate::distill_clients::RealClients;
 use crate::local_cluster::{LocalCluster, LocalSpec};
 use crate::metrics::{Metrics, scrape, value};
-use crate::net::{NetConfig, Network, Received};
+use crate::net::{MAX_CONNECTIONS, NetConfig, Network, Received};
 
 const SERVERS: usize = 4;
 /// f+1 = 2 servers verify each batch (margin 0).
@@ -282,6 +282,8 @@ fn run_one(
         reconnect_min: Duration::from_millis(50),
         reconnect_max: Duration::from_millis(500),
         shared: false,
+        max_connections: MAX_CONNECTIONS,
+        keys: None,
     };
     let (tx, rx) = mpsc::channel::<Received>();
     let (network, outbox) = Network::new(net_cfg, Arc::new(Metrics::new(BROKER, &ids)))

@@ -59,8 +59,12 @@ pub enum DropReason {
     UnknownPeer,
     /// The peer's send queue was full.
     SendQueueFull,
-    /// A connection that did not open with a valid hello.
+    /// A connection that did not open with a valid hello, or came while every slot was
+    /// held by a proven one.
     BadHandshake,
+    /// A connection no frame with a valid MAC had proven yet, closed for a newcomer while
+    /// every slot was taken ([`crate::net`]).
+    Unproven,
     /// A datagram without a valid header, or not for this node ([`crate::udp`]).
     Malformed,
     /// A datagram from a source address past its token bucket ([`crate::udp`]).
@@ -72,11 +76,12 @@ pub enum DropReason {
 
 impl DropReason {
     /// Every reason, in the order exported.
-    pub const ALL: [DropReason; 7] = [
+    pub const ALL: [DropReason; 8] = [
         DropReason::Oversized,
         DropReason::UnknownPeer,
         DropReason::SendQueueFull,
         DropReason::BadHandshake,
+        DropReason::Unproven,
         DropReason::Malformed,
         DropReason::RateLimited,
         DropReason::ReceiveQueueFull,
@@ -89,6 +94,7 @@ impl DropReason {
             DropReason::UnknownPeer => "unknown_peer",
             DropReason::SendQueueFull => "send_queue_full",
             DropReason::BadHandshake => "bad_handshake",
+            DropReason::Unproven => "unproven",
             DropReason::Malformed => "malformed",
             DropReason::RateLimited => "rate_limited",
             DropReason::ReceiveQueueFull => "receive_queue_full",

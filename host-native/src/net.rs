@@ -25,8 +25,18 @@
 //! trusted past a lying length); each peer's send queue holds at most
 //! `send_queue_bytes`, beyond which frames are dropped and counted (the protocols
 //! retransmit): the newest while connected, the oldest for a replica not connected (so
-//! that it gets what was sent last when it is back); at most [`MAX_CONNECTIONS`]
-//! connections, [`MAX_PER_ID`] per claimed client id.
+//! that it gets what was sent last when it is back); at most `max_connections` accepted
+//! connections (its own dials, one per replica, come on top), [`MAX_PER_ID`] per claimed
+//! client id.
+//!
+//! Slots: an accepted connection is proven once a frame on it carries a valid MAC from
+//! the node it came from ([`phalanx_core::wire::authentic`], checked until one does).
+//! When every slot is taken, a newcomer takes the slot of the oldest connection not
+//! proven, so strangers holding no keys, however many connections they open, cannot lock
+//! out the nodes that hold them; a node holding keys keeps at most [`MAX_PER_ID`] proven
+//! connections (its oldest go), so it cannot either. A peer that has sent nothing yet (a
+//! subscriber, a broker whose frames are signed rather than MAC'd) is not proven, and
+//! while strangers hold every slot it may have to dial again.
 //! Frames leave in coalesced `writev` calls of up to [`WRITEV_FRAMES`] frames, and reach
 //! the protocol thread in messages of up to [`DELIVER_FRAMES`].
 
@@ -41,6 +51,7 @@ use mio::event::Event;
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Registry, Token, Waker};
 use phalanx_core::NodeId;
+use phalanx_core::wire::{self, Keyring};
 
 use crate::metrics::{DropReason, Metrics};
 
@@ -79,6 +90,11 @@ pub struct NetConfig {
     pub reconnect_max: Duration,
     /// Dial shared connections, whose frames name their client ([`Links::send`]).
     pub shared: bool,
+    /// Most accepted connections open at once.
+    pub max_connections: usize,
+    /// This node's MAC keys, which prove the peers of accepted connections; without them
+    /// none is proven.
+    pub keys: Option<Arc<Keyring>>,
 }
 
 /// Another transport that carries frames to some peers (distillation's client ↔ broker
@@ -274,12 +290,23 @@ struct Conn {
     /// Set on connections this node dialed: until the connect completes, nothing is sent.
     dialed: Option<NodeId>,
     connected: bool,
+    /// An accepted connection a frame with a valid MAC arrived on: whose. It keeps its
+    /// slot, as dialed ones do.
+    proven_by: Option<NodeId>,
     /// Received bytes: `rbuf[rstart..rend]` is unparsed; the rest is room, zeroed once
     /// when the buffer grew rather than before every read.
     rbuf: Vec<u8>,
     rstart: usize,
     rend: usize,
     queue: SendQueue,
+}
+
+impl Conn {
+    /// Whether a newcomer may not take this connection's slot: this node dialed it, or a
+    /// key holder proved it.
+    fn keeps_slot(&self) -> bool {
+        self.dialed.is_some() || self.proven_by.is_some()
+    }
 }
 
 /// A replica this node dials: its address, reconnect schedule and frames waiting for a
@@ -308,6 +335,16 @@ fn count_dropped<'a>(clients: &'a BTreeMap<NodeId, Arc<Metrics>>, own: &'a Metri
     move |f| metrics_of(clients, own, f.client).dropped(DropReason::SendQueueFull)
 }
 
+/// Takes connection `t` off `id`'s list in `lists`.
+fn forget(lists: &mut BTreeMap<NodeId, Vec<usize>>, id: NodeId, t: usize) {
+    if let Some(ts) = lists.get_mut(&id) {
+        ts.retain(|&x| x != t);
+        if ts.is_empty() {
+            lists.remove(&id);
+        }
+    }
+}
+
 /// Frames received, each with the peer it came from.
 pub type Received = Vec<(NodeId, Vec<u8>)>;
 
@@ -329,6 +366,8 @@ pub struct Links {
     /// Connections that said hello with an id, or carried its frames shared, oldest
     /// first (clients reached this way).
     by_id: BTreeMap<NodeId, Vec<usize>>,
+    /// Accepted connections proven by each node's MAC, oldest first.
+    proven: BTreeMap<NodeId, Vec<usize>>,
     metrics: Arc<Metrics>,
     /// Shared links: the metrics of each client whose frames they carry.
     clients: BTreeMap<NodeId, Arc<Metrics>>,
@@ -368,6 +407,7 @@ impl Links {
             token_step,
             dialers,
             by_id: BTreeMap::new(),
+            proven: BTreeMap::new(),
             metrics,
             clients: BTreeMap::new(),
             touched: BTreeSet::new(),
@@ -454,6 +494,7 @@ impl Links {
             peer: dialed.map_or(Peer::Unknown, Peer::Node),
             dialed,
             connected: dialed.is_none(),
+            proven_by: None,
             rbuf: Vec::new(),
             rstart: 0,
             rend: 0,
@@ -464,13 +505,35 @@ impl Links {
         Ok(token)
     }
 
-    /// Takes a connection a listener accepted, unless [`MAX_CONNECTIONS`] are open.
+    /// Takes a connection a listener accepted. When `max_connections` are open, it takes
+    /// the slot of the oldest one not proven, or is refused if every one is.
     pub fn accepted(&mut self, registry: &Registry, stream: TcpStream) -> io::Result<()> {
-        if self.conns.len() >= MAX_CONNECTIONS {
-            self.metrics.dropped(DropReason::BadHandshake);
-            return Ok(());
+        if self.conns.values().filter(|c| c.dialed.is_none()).count() >= self.cfg.max_connections {
+            // Tokens grow, so the first found is the oldest.
+            match self.conns.iter().find(|(_, c)| !c.keeps_slot()).map(|(&t, _)| t) {
+                Some(t) => {
+                    self.metrics.dropped(DropReason::Unproven);
+                    self.close(registry, t);
+                }
+                None => {
+                    self.metrics.dropped(DropReason::BadHandshake);
+                    return Ok(());
+                }
+            }
         }
         self.register(registry, stream, None).map(drop)
+    }
+
+    /// Connection `t` carried a frame with `id`'s valid MAC: it keeps its slot, and `id`'s
+    /// proven connections beyond [`MAX_PER_ID`] go, the oldest first.
+    fn prove(&mut self, registry: &Registry, id: NodeId, t: usize) {
+        self.conns.get_mut(&t).expect("a live connection").proven_by = Some(id);
+        let proven = self.proven.entry(id).or_default();
+        proven.push(t);
+        if proven.len() > MAX_PER_ID {
+            let oldest = proven.remove(0);
+            self.close(registry, oldest);
+        }
     }
 
     /// Dials every replica whose back-off ran out.
@@ -693,6 +756,7 @@ impl Links {
             let client = shared.then(|| NodeId::from_le_bytes(buf[4..8].try_into().expect("4 bytes")));
             let bytes = buf[head..head + len].to_vec();
             c.rstart += head + len;
+            let unproven = !c.keeps_slot();
             let (to, from) = match &mut c.peer {
                 // On our shared connection to a replica, the frame is for `client`.
                 Peer::Node(p) => (client.unwrap_or(self.cfg.me), *p),
@@ -712,6 +776,9 @@ impl Links {
                 }
                 Peer::Unknown => unreachable!("the hello came first"),
             };
+            if unproven && self.cfg.keys.as_ref().is_some_and(|k| wire::authentic(k, from, &bytes)) {
+                self.prove(registry, from, t);
+            }
             metrics_of(&self.clients, &self.metrics, self.cfg.shared.then_some(to))
                 .bytes_in(Some(from), (head + len) as u64);
             self.received.entry(to).or_default().push((from, bytes));
@@ -741,7 +808,9 @@ impl Links {
         let ids = self.by_id.entry(id).or_default();
         ids.push(t);
         if ids.len() > MAX_PER_ID {
-            let oldest = ids.remove(0);
+            // A stranger's claim goes before a connection proven by a key holder.
+            let unproven = ids.iter().position(|x| self.conns.get(x).is_none_or(|c| !c.keeps_slot()));
+            let oldest = ids.remove(unproven.unwrap_or(0));
             match self.conns.get_mut(&oldest).map(|c| &mut c.peer) {
                 Some(Peer::Clients(carried)) => drop(carried.remove(&id)),
                 _ => self.close(registry, oldest),
@@ -779,12 +848,10 @@ impl Links {
             Peer::Unknown => Vec::new(),
         };
         for id in reached {
-            if let Some(ids) = self.by_id.get_mut(&id) {
-                ids.retain(|&x| x != t);
-                if ids.is_empty() {
-                    self.by_id.remove(&id);
-                }
-            }
+            forget(&mut self.by_id, id, t);
+        }
+        if let Some(id) = c.proven_by {
+            forget(&mut self.proven, id, t);
         }
         if let Some(id) = c.dialed
             && let Some(d) = self.dialers.get_mut(&id)
@@ -933,6 +1000,8 @@ mod tests {
             reconnect_min: Duration::from_secs(1),
             reconnect_max: Duration::from_secs(1),
             shared: false,
+            max_connections: MAX_CONNECTIONS,
+            keys: None,
         }
     }
 
@@ -1194,5 +1263,101 @@ mod tests {
             out.shutdown();
             run.join().expect("network thread").expect("network ran");
         }
+    }
+
+    /// Node 0's links as [`accepting`] gives them, with `slots` connections at most and a
+    /// MAC key shared with replica 1 (node 2 holds none; node 0 would dial 1 but does not
+    /// here); and node 1's framing, whose frames carry a valid MAC to node 0.
+    fn keyed(slots: usize) -> (Links, Poll, std::net::TcpListener, impl Fn(&[u8]) -> Vec<u8>) {
+        use phalanx_core::crypto::{CryptoMode, MacKey};
+        let ring = |me, peer| Keyring::new(CryptoMode::Real, me, [(peer, MacKey::from_bytes([7; 32]))].into());
+        let cfg = NetConfig {
+            max_connections: slots,
+            keys: Some(Arc::new(ring(0, 1))),
+            dial: vec![(1, SocketAddr::from(([127, 0, 0, 1], 9)))],
+            ..config(0, &[0, 1, 2])
+        };
+        let links = Links::new(cfg, Arc::new(Metrics::new(0, &[0, 1, 2])), FIRST_CONN, 1);
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a loopback port");
+        let node1 = ring(1, 0);
+        let framed = move |body: &[u8]| {
+            let frame = wire::frame(1, body, &[node1.mac_to(0, body).expect("a key for node 0")]);
+            [&(frame.len() as u32).to_le_bytes()[..], &frame].concat()
+        };
+        (links, Poll::new().unwrap(), listener, framed)
+    }
+
+    /// Whether the other end closed `s` (an orderly close, or a reset if it left bytes
+    /// unread) rather than leaving it open and silent.
+    fn closed(s: &mut std::net::TcpStream) -> bool {
+        s.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+        match s.read(&mut [0; 64]) {
+            Ok(n) => n == 0,
+            Err(e) => !matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut),
+        }
+    }
+
+    /// Turns of the loop until `n` frames were read.
+    fn read_frames(links: &mut Links, poll: &mut Poll, n: usize) -> Received {
+        let mut got = Vec::new();
+        while got.len() < n {
+            got.extend(turn(links, poll));
+        }
+        got
+    }
+
+    /// Strangers holding no keys, on as many connections as there are slots and more
+    /// (silent, or saying hello as node 1 and sending frames it did not MAC), cannot
+    /// take the slot of node 1's connection, which a frame with its MAC proved: each
+    /// newcomer takes the oldest stranger's. Once key holders prove every slot, newcomers
+    /// are refused.
+    #[test]
+    fn strangers_cannot_take_the_slots_of_peers_that_prove_their_keys() {
+        let (mut links, mut poll, listener, framed) = keyed(4);
+        let mut node1 = dial_in(&mut links, &poll, &listener, 1);
+        node1.write_all(&framed(b"first")).unwrap();
+        assert_eq!(read_frames(&mut links, &mut poll, 1).len(), 1);
+        let mut strangers: Vec<std::net::TcpStream> = (0..9)
+            .map(|i| {
+                let mut s = dial_in(&mut links, &poll, &listener, 1);
+                if i % 3 != 0 {
+                    s.write_all(&[&4u32.to_le_bytes()[..], b"junk"].concat()).unwrap();
+                }
+                s
+            })
+            .collect();
+        assert_eq!(links.conns.len(), 4);
+        node1.write_all(&framed(b"still here")).unwrap();
+        let got = read_frames(&mut links, &mut poll, 1 + 2);
+        assert!(got.contains(&(1, framed(b"still here")[4..].to_vec())), "node 1 was read: {got:?}");
+        for (i, s) in strangers.iter_mut().enumerate() {
+            assert_eq!(closed(s), i < 6, "stranger {i}");
+        }
+        // Node 1 proves three more connections: every slot is proven, and a newcomer is
+        // refused rather than taking one.
+        let mut more: Vec<_> = (0..3).map(|_| dial_in(&mut links, &poll, &listener, 1)).collect();
+        for s in &mut more {
+            s.write_all(&framed(b"me too")).unwrap();
+        }
+        read_frames(&mut links, &mut poll, 3);
+        let mut late = dial_in(&mut links, &poll, &listener, 2);
+        assert!(closed(&mut late), "refused");
+        assert_eq!(links.conns.values().filter(|c| c.proven_by == Some(1)).count(), 4);
+    }
+
+    /// A node holding keys proves at most [`MAX_PER_ID`] connections: each one beyond
+    /// closes its oldest, so it cannot hold the slots the others need either.
+    #[test]
+    fn a_key_holder_keeps_at_most_four_proven_connections() {
+        let (mut links, mut poll, listener, framed) = keyed(MAX_CONNECTIONS);
+        let mut conns: Vec<_> = (0..MAX_PER_ID + 2).map(|_| dial_in(&mut links, &poll, &listener, 1)).collect();
+        for (i, s) in conns.iter_mut().enumerate() {
+            s.write_all(&framed(format!("conn {i}").as_bytes())).unwrap();
+            read_frames(&mut links, &mut poll, 1);
+        }
+        for (i, s) in conns.iter_mut().enumerate() {
+            assert_eq!(closed(s), i < 2, "connection {i}");
+        }
+        assert_eq!(links.conns.len(), MAX_PER_ID);
     }
 }

@@ -15,6 +15,7 @@ use phalanx_core::crypto::CryptoMode;
 use phalanx_core::host::{MemoryStorage, Storage};
 use phalanx_core::sim::distill_adversary::Lie;
 use phalanx_core::trace::Recorder;
+use phalanx_core::wire::Keyring;
 use phalanx_core::{NodeId, Protocol};
 
 use crate::config::{ClusterFile, ConfigError};
@@ -22,7 +23,7 @@ use crate::driver::{AppEvent, Driver, DriverError, DriverParts, Event, MeteredKv
 use crate::engine::{EngineChoice, EngineFailure};
 use crate::inbox::{InboxSender, inbox};
 use crate::metrics::{self, Metrics};
-use crate::net::{NetConfig, Network, Outbox};
+use crate::net::{MAX_CONNECTIONS, NetConfig, Network, Outbox};
 use crate::storage::{Recovery, StorageError, Wal, WalStorage};
 
 /// Why a node could not start.
@@ -203,6 +204,7 @@ pub struct Prepared {
 pub fn prepare(cluster: &ClusterFile, id: NodeId, opts: &StartOptions) -> Result<Prepared, StartError> {
     let cfg = cluster.node_config(id).map_err(StartError::Config)?;
     let encoded = cfg.encode();
+    let keys = Arc::new(Keyring::new(cfg.cluster.crypto, id, cfg.mac_keys.clone()));
     let verified = VerifiedKeys::of(cluster, &cfg);
     let known = verified.known();
     let lying = (!opts.lies.is_empty()).then(|| cfg.clone());
@@ -258,6 +260,8 @@ pub fn prepare(cluster: &ClusterFile, id: NodeId, opts: &StartOptions) -> Result
         reconnect_min: Duration::from_millis(cluster.runtime.reconnect_min_ms),
         reconnect_max: Duration::from_millis(cluster.runtime.reconnect_max_ms),
         shared: false,
+        max_connections: MAX_CONNECTIONS,
+        keys: Some(keys),
     };
     let parts = DriverParts { node, storage, app: MeteredKv::new(metrics.clone()), trace, metrics: metrics.clone() };
     Ok(Prepared { id, driver: Driver::new(parts), net, metrics })

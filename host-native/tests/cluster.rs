@@ -15,7 +15,7 @@ use phalanx_host::client::ClusterClient;
 use phalanx_host::config::Threads;
 use phalanx_host::local_cluster::{LocalCluster, LocalSpec, free_ports};
 use phalanx_host::metrics::{scrape, value};
-use phalanx_host::net::HELLO_MAGIC;
+use phalanx_host::net::{HELLO_MAGIC, MAX_CONNECTIONS};
 
 const BINARY: &str = env!("CARGO_BIN_EXE_phalanxd");
 const TIMEOUT: Duration = Duration::from_secs(30);
@@ -327,6 +327,39 @@ fn garbage_oversized_and_replayed_frames_are_dropped_and_counted() {
     // And the cluster keeps serving.
     put(&mut cl, "z", "still serving");
     assert_eq!(get(&mut cl, "z").as_deref(), Some("still serving"));
+    cl.stop().unwrap();
+}
+
+/// Strangers holding no keys open more connections to replica 0 than it has slots, each
+/// saying hello as replica 1 and sending a frame nobody MAC'd, while replicas 1 and 2
+/// are down. When 1 restarts, its connection takes a stranger's slot: with 2 still down,
+/// writes complete only if replica 0 hears replica 1.
+#[test]
+fn strangers_holding_every_connection_slot_do_not_cut_a_replica_off() {
+    let mut c = cluster("slots", &[]);
+    let mut cl = client(&c, 0);
+    writes(&mut cl, 0, 10);
+    // Down first: a replica that goes down frees its slot at replica 0.
+    c.kill(2);
+    c.kill(1);
+    let addr = c.cluster.replica(0).unwrap().address;
+    let strangers: Vec<TcpStream> = (0..MAX_CONNECTIONS + 16)
+        .map(|_| {
+            let mut s = TcpStream::connect(addr).unwrap();
+            s.write_all(&[hello(1), framed(b"not a frame")].concat()).unwrap();
+            s
+        })
+        .collect();
+    eventually("strangers fill every slot of replica 0", || {
+        metric(&c, 0, "phalanx_connections") >= MAX_CONNECTIONS as f64
+    });
+    c.start(1).unwrap();
+    writes(&mut cl, 10, 30);
+    check_reads(&mut cl, 30);
+    // Its dials to the three other replicas come on top of what it accepts.
+    assert!(metric(&c, 0, "phalanx_connections") <= (MAX_CONNECTIONS + 3) as f64);
+    assert!(metric(&c, 0, "phalanx_frames_dropped_total{reason=\"unproven\"}") >= 16.0);
+    drop(strangers);
     cl.stop().unwrap();
 }
 
