@@ -36,7 +36,9 @@
 //! out the nodes that hold them; a node holding keys keeps at most [`MAX_PER_ID`] proven
 //! connections (its oldest go), so it cannot either. A peer that has sent nothing yet (a
 //! subscriber, a broker whose frames are signed rather than MAC'd) is not proven, and
-//! while strangers hold every slot it may have to dial again.
+//! while strangers hold every slot it may have to dial again. Frames for a client go on
+//! its proven connections only, once it has one: a stranger claiming its id then gets
+//! none of them, and cannot make this node queue them for a reader that never reads.
 //! Frames leave in coalesced `writev` calls of up to [`WRITEV_FRAMES`] frames, and reach
 //! the protocol thread in messages of up to [`DELIVER_FRAMES`].
 
@@ -595,8 +597,11 @@ impl Links {
                     ),
                 }
             } else if let Some(tokens) = self.by_id.get(&to) {
+                // Once a key holder's connection reaches `to`, strangers' claims get nothing:
+                // neither `to`'s frames nor room in memory for them.
+                let proven = tokens.iter().any(|t| self.conns.get(t).is_some_and(Conn::keeps_slot));
                 for t in tokens {
-                    if let Some(c) = self.conns.get_mut(t) {
+                    if let Some(c) = self.conns.get_mut(t).filter(|c| !proven || c.keeps_slot()) {
                         let client = matches!(c.peer, Peer::Clients(_)).then_some(to);
                         c.queue.push(Queued::data(bytes.clone(), client), cap, metrics);
                         self.touched.insert(*t);
@@ -1266,15 +1271,16 @@ mod tests {
     }
 
     /// Node 0's links as [`accepting`] gives them, with `slots` connections at most and a
-    /// MAC key shared with replica 1 (node 2 holds none; node 0 would dial 1 but does not
-    /// here); and node 1's framing, whose frames carry a valid MAC to node 0.
-    fn keyed(slots: usize) -> (Links, Poll, std::net::TcpListener, impl Fn(&[u8]) -> Vec<u8>) {
+    /// MAC key shared with node 1 (node 2 holds none), a replica (node 0 would dial it but
+    /// does not here) or a client; and node 1's framing, whose frames carry a valid MAC to
+    /// node 0.
+    fn keyed(slots: usize, replica: bool) -> (Links, Poll, std::net::TcpListener, impl Fn(&[u8]) -> Vec<u8>) {
         use phalanx_core::crypto::{CryptoMode, MacKey};
         let ring = |me, peer| Keyring::new(CryptoMode::Real, me, [(peer, MacKey::from_bytes([7; 32]))].into());
         let cfg = NetConfig {
             max_connections: slots,
             keys: Some(Arc::new(ring(0, 1))),
-            dial: vec![(1, SocketAddr::from(([127, 0, 0, 1], 9)))],
+            dial: if replica { vec![(1, SocketAddr::from(([127, 0, 0, 1], 9)))] } else { Vec::new() },
             ..config(0, &[0, 1, 2])
         };
         let links = Links::new(cfg, Arc::new(Metrics::new(0, &[0, 1, 2])), FIRST_CONN, 1);
@@ -1313,7 +1319,7 @@ mod tests {
     /// are refused.
     #[test]
     fn strangers_cannot_take_the_slots_of_peers_that_prove_their_keys() {
-        let (mut links, mut poll, listener, framed) = keyed(4);
+        let (mut links, mut poll, listener, framed) = keyed(4, true);
         let mut node1 = dial_in(&mut links, &poll, &listener, 1);
         node1.write_all(&framed(b"first")).unwrap();
         assert_eq!(read_frames(&mut links, &mut poll, 1).len(), 1);
@@ -1349,7 +1355,7 @@ mod tests {
     /// closes its oldest, so it cannot hold the slots the others need either.
     #[test]
     fn a_key_holder_keeps_at_most_four_proven_connections() {
-        let (mut links, mut poll, listener, framed) = keyed(MAX_CONNECTIONS);
+        let (mut links, mut poll, listener, framed) = keyed(MAX_CONNECTIONS, true);
         let mut conns: Vec<_> = (0..MAX_PER_ID + 2).map(|_| dial_in(&mut links, &poll, &listener, 1)).collect();
         for (i, s) in conns.iter_mut().enumerate() {
             s.write_all(&framed(format!("conn {i}").as_bytes())).unwrap();
@@ -1359,5 +1365,34 @@ mod tests {
             assert_eq!(closed(s), i < 2, "connection {i}");
         }
         assert_eq!(links.conns.len(), MAX_PER_ID);
+    }
+
+    /// Strangers claiming client 1, before it connects and after (more claims than it may
+    /// have routes), do not take its route once a frame with its MAC proved its
+    /// connection: its frames reach it, and none go to them.
+    #[test]
+    fn frames_for_a_client_skip_strangers_claiming_it() {
+        let (mut links, mut poll, listener, framed) = keyed(MAX_CONNECTIONS, false);
+        let early = dial_in(&mut links, &poll, &listener, 1);
+        let mut client = dial_in(&mut links, &poll, &listener, 1);
+        client.write_all(&framed(b"request")).unwrap();
+        read_frames(&mut links, &mut poll, 1);
+        let mut strangers: Vec<_> = (0..MAX_PER_ID + 1)
+            .map(|_| {
+                let mut s = dial_in(&mut links, &poll, &listener, 1);
+                s.write_all(&[&4u32.to_le_bytes()[..], b"junk"].concat()).unwrap();
+                s
+            })
+            .collect();
+        read_frames(&mut links, &mut poll, strangers.len());
+        links.route(poll.registry(), [(1, b"reply".to_vec())]);
+        client.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut reply = [0; 9];
+        client.read_exact(&mut reply).unwrap();
+        assert_eq!(reply, *b"\x05\0\0\0reply");
+        for s in strangers.iter_mut().chain([early].iter_mut()) {
+            s.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+            assert!(!matches!(s.read(&mut [0; 16]), Ok(n) if n > 0), "a stranger got a frame");
+        }
     }
 }
