@@ -878,6 +878,12 @@ impl Node {
         }
     }
 
+    /// Whether `frame` carries a valid MAC from `from` to this node, left undecoded: how a
+    /// host tells a connection's peer holding keys from a stranger ([`wire::authentic`]).
+    pub fn authentic(&self, from: NodeId, frame: &[u8]) -> bool {
+        wire::authentic(&self.ctx.keys, from, frame)
+    }
+
     /// The request number the next accepted request gets (a PBFT client's, so a host can
     /// match `Completed` outputs to its submissions); `None` for roles that number none.
     pub fn next_request(&self) -> Option<u64> {
