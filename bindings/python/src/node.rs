@@ -88,6 +88,13 @@ impl Node {
         self.node.next_request()
     }
 
+    /// Whether `frame` (without its length prefix) carries a valid MAC from node
+    /// `sender` to this node, left undecoded: a host's proof of who is at the other end of
+    /// a connection.
+    fn authentic(&self, sender: u32, frame: Buf) -> bool {
+        self.node.authentic(sender, &frame.0)
+    }
+
     /// This node's id.
     #[getter]
     fn id(&self) -> u32 {

@@ -299,3 +299,53 @@ def test_replica_answers_queries_only_with_bytes_from_query():
     # No query, one that raises, one that returns str: nothing is answered.
     for app in (Counter, Raising, NotBytes):
         assert read_in_memory(configs, [app() for _ in range(4)]) == ([], [0, 0, 0, 0])
+
+
+def test_strangers_cannot_take_a_clients_slots_or_replies(monkeypatch):
+    """Strangers without keys open more connections to every replica than it has slots,
+    naming the client and sending frames nobody MAC'd. The client's connections take the
+    oldest strangers' slots, and once a frame with its MAC proved them, strangers naming
+    it later get none of its replies: its requests complete before and after."""
+    monkeypatch.setattr(phalanx._host, "MAX_CONNECTIONS", 8)
+
+    async def main():
+        configs, addrs = cluster(seed=13)
+        client = phalanx.Client(configs[4], addrs, timeout=15)
+        hello = phalanx._host.HELLO_MAGIC + client.id.to_bytes(4, "little")
+        junk = len(b"junk").to_bytes(4, "little") + b"junk"
+        strangers = []
+
+        async def crowd(count):
+            for addr in addrs.values():
+                for _ in range(count):
+                    reader, writer = await asyncio.open_connection(*addr)
+                    writer.write(hello + junk)
+                    strangers.append((reader, writer))
+
+        async with running(configs, addrs, [Counter() for _ in range(4)]) as replicas:
+            # The replicas' own connections prove themselves first.
+            await eventually(
+                lambda: all(len(r._host._proven) == 3 for r in replicas),
+                lambda: "the replicas' connections to each other are not all proven",
+            )
+            await crowd(12)
+            async with client:
+                for i in range(1, 6):
+                    assert int(await client.execute(b"add:1")) == i
+                await crowd(4)
+                for i in range(6, 11):
+                    assert int(await client.execute(b"add:1")) == i
+            closed = 0
+            for reader, writer in strangers:
+                try:
+                    got = await asyncio.wait_for(reader.read(64), 0.05)
+                    assert got == b"", "a stranger got a frame"
+                    closed += 1
+                except asyncio.TimeoutError:
+                    pass
+                writer.close()
+            # Each replica's 8 slots: the 3 other replicas, the client, and the 4 newest
+            # strangers.
+            assert closed == len(strangers) - 4 * len(addrs)
+
+    asyncio.run(asyncio.wait_for(main(), 60))

@@ -8,6 +8,14 @@ little-endian), then frames, each a u32 little-endian length and that many bytes
 sends to a replica on the connection it dialed, and to a client on the connection the
 client dialed. Frames are fed to the core as ``Message(sender=<peer id>, data)``; the
 hello is not trusted (the core authenticates every frame).
+
+Slots (as ``phalanxd``): at most ``MAX_CONNECTIONS`` accepted connections. One is proven
+once a frame on it carries a valid MAC from the node its hello named
+(``Node.authentic``). When every slot is taken, a newcomer takes the slot of the oldest
+unproven connection, so strangers without keys cannot lock out the nodes that hold them;
+a node keeps at most ``MAX_PER_ID`` proven connections (its oldest go), so a faulty one
+cannot either. A client is sent to on its newest proven connection, or, before it has
+one, on the newest that named it.
 """
 
 from __future__ import annotations
@@ -30,6 +38,8 @@ HELLO_MAGIC = b"PHX1"
 MAX_FRAME = 64 << 20
 # Frames queued for a replica while its connection is down; the oldest are dropped.
 MAX_QUEUED = 8192
+MAX_CONNECTIONS = 1024
+MAX_PER_ID = 4
 _LEN = struct.Struct("<I")
 
 Address = Tuple[str, int]
@@ -44,6 +54,15 @@ class _Peer:
         self.writer: Optional[asyncio.StreamWriter] = None
         self.queue: Deque[bytes] = collections.deque(maxlen=MAX_QUEUED)
         self.task: Optional[asyncio.Task] = None
+
+
+class _Accepted:
+    """An accepted connection: the id its hello named, and whether a frame proved it."""
+
+    def __init__(self, writer: asyncio.StreamWriter):
+        self.writer = writer
+        self.sender: Optional[int] = None
+        self.proven = False
 
 
 def _frame(data: bytes) -> bytes:
@@ -79,7 +98,11 @@ class Host:
         self._peers: Dict[int, _Peer] = {
             r: _Peer(r, self._replicas[r]) for r in self.node.replica_ids if r != self.id
         }
-        self._accepted: Dict[int, asyncio.StreamWriter] = {}
+        # Accepted connections, oldest first; those that named each id, and those its
+        # frames proved, oldest first.
+        self._accepted: Dict[_Accepted, None] = {}
+        self._claims: Dict[int, List[_Accepted]] = collections.defaultdict(list)
+        self._proven: Dict[int, List[_Accepted]] = collections.defaultdict(list)
         self._conn_tasks: set = set()
         self._server: Optional[asyncio.base_events.Server] = None
         self._timer: Optional[asyncio.TimerHandle] = None
@@ -116,8 +139,8 @@ class Host:
         for p in self._peers.values():
             if p.writer is not None:
                 p.writer.close()
-        for w in list(self._accepted.values()):
-            w.close()
+        for conn in list(self._accepted):
+            conn.writer.close()
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -203,7 +226,7 @@ class Host:
             else:
                 peer.queue.append(frame)
             return
-        w = self._accepted.get(to)
+        w = self._route(to)
         if w is not None and not w.is_closing():
             if w.transport.get_write_buffer_size() < MAX_FRAME:
                 w.write(frame)
@@ -234,17 +257,54 @@ class Host:
             if not self._closed:
                 await asyncio.sleep(backoff)
 
+    def _route(self, to: int) -> Optional[asyncio.StreamWriter]:
+        """The connection a client is sent to: its newest proven one, else the newest that
+        named it."""
+        claims = self._claims.get(to)
+        if not claims:
+            return None
+        proven = [c for c in claims if c.proven]
+        return (proven or claims)[-1].writer
+
+    def _drop(self, conn: _Accepted) -> None:
+        """Forgets an accepted connection and closes it."""
+        if conn in self._accepted:
+            del self._accepted[conn]
+            for lists in (self._claims, self._proven):
+                held = lists.get(conn.sender)  # type: ignore[arg-type]
+                if held is not None and conn in held:
+                    held.remove(conn)
+                    if not held:
+                        del lists[conn.sender]  # type: ignore[arg-type]
+        conn.writer.close()
+
+    def _prove(self, conn: _Accepted) -> None:
+        """A frame with ``conn.sender``'s MAC proved ``conn``; that node's proven
+        connections beyond ``MAX_PER_ID`` go, the oldest first."""
+        conn.proven = True
+        proven = self._proven[conn.sender]  # type: ignore[index]
+        proven.append(conn)
+        if len(proven) > MAX_PER_ID:
+            self._drop(proven[0])
+
     async def _on_accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn = _Accepted(writer)
+        if len(self._accepted) >= MAX_CONNECTIONS:
+            oldest = next((c for c in self._accepted if not c.proven), None)
+            if oldest is None:
+                writer.close()
+                return
+            self._drop(oldest)
+        self._accepted[conn] = None
         task = asyncio.current_task()
         self._conn_tasks.add(task)
-        sender = None
         try:
             hello = await asyncio.wait_for(reader.readexactly(8), 10.0)
-            if hello[:4] != HELLO_MAGIC:
+            if hello[:4] != HELLO_MAGIC or conn not in self._accepted:
                 return
-            (sender,) = _LEN.unpack(hello[4:])
-            self._accepted[sender] = writer
-            await self._read_frames(reader, sender)
+            (conn.sender,) = _LEN.unpack(hello[4:])
+            self._claims[conn.sender].append(conn)
+            await self._read_frames(reader, conn.sender, conn)
         except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError):
             pass
         except asyncio.CancelledError:
@@ -252,12 +312,14 @@ class Host:
             # handler task as an error on Python < 3.12).
             pass
         finally:
-            if sender is not None and self._accepted.get(sender) is writer:
-                del self._accepted[sender]
-            writer.close()
+            self._drop(conn)
             self._conn_tasks.discard(task)
 
-    async def _read_frames(self, reader: asyncio.StreamReader, sender: int) -> None:
+    async def _read_frames(
+        self, reader: asyncio.StreamReader, sender: int, accepted: Optional[_Accepted] = None
+    ) -> None:
+        """Feeds the frames from ``sender`` to the core; on an ``accepted`` connection,
+        checks them until one proves it."""
         buf = bytearray()
         while not self._closed:
             chunk = await reader.read(1 << 16)
@@ -273,7 +335,10 @@ class Host:
                     return
                 if len(buf) - at - 4 < n:
                     break
-                batch.append(Input.Message(sender, bytes(buf[at + 4 : at + 4 + n])))
+                data = bytes(buf[at + 4 : at + 4 + n])
+                if accepted is not None and not accepted.proven and self.node.authentic(sender, data):
+                    self._prove(accepted)
+                batch.append(Input.Message(sender, data))
                 at += 4 + n
             del buf[:at]
             if batch:
