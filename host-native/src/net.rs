@@ -61,6 +61,9 @@ pub const HELLO_MAGIC: [u8; 4] = *b"PHX1";
 /// The hello of a connection that many clients share.
 pub const SHARED_MAGIC: [u8; 4] = *b"PHXM";
 pub const MAX_CONNECTIONS: usize = 1024;
+/// Descriptors a node keeps beside its connections: listeners, the poll and its waker,
+/// the log and its compaction, a trace, metrics scrapes, standard streams.
+const FILES_BESIDE_CONNECTIONS: usize = 64;
 pub const MAX_PER_ID: usize = 4;
 const WRITEV_FRAMES: usize = 64;
 const READ_CHUNK: usize = 64 << 10;
@@ -97,6 +100,38 @@ pub struct NetConfig {
     /// This node's MAC keys, which prove the peers of accepted connections; without them
     /// none is proven.
     pub keys: Option<Arc<Keyring>>,
+}
+
+/// How many connections node may accept with `dials` of its own: [`MAX_CONNECTIONS`], or
+/// fewer where the process's limit on open files leaves less room. The limit is raised
+/// to the hard one first (once per process): the usual soft limit, 1,024, would run out
+/// of descriptors before the slots, and strangers could then hold every one (an accept
+/// that fails takes no slot from them).
+pub fn connection_room(dials: usize) -> usize {
+    static LIMIT: OnceLock<u64> = OnceLock::new();
+    let limit = *LIMIT.get_or_init(|| {
+        let mut l = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: getrlimit writes the struct it is given.
+        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) } != 0 {
+            return MAX_CONNECTIONS as u64;
+        }
+        // No more than this is needed, and the kernel refuses an unlimited one.
+        let wanted = l.rlim_max.min(1 << 16);
+        // SAFETY: setrlimit reads the struct it is given.
+        if l.rlim_cur < wanted
+            && unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &libc::rlimit { rlim_cur: wanted, ..l }) } == 0
+        {
+            l.rlim_cur = wanted;
+        }
+        l.rlim_cur
+    });
+    room_under(limit, dials)
+}
+
+/// Connections to accept under a limit of `limit` open files, with `dials` of its own.
+fn room_under(limit: u64, dials: usize) -> usize {
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+    limit.saturating_sub(FILES_BESIDE_CONNECTIONS + dials).min(MAX_CONNECTIONS)
 }
 
 /// Another transport that carries frames to some peers (distillation's client ↔ broker
@@ -1394,5 +1429,14 @@ mod tests {
             s.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
             assert!(!matches!(s.read(&mut [0; 16]), Ok(n) if n > 0), "a stranger got a frame");
         }
+    }
+
+    /// The slots fit the descriptors left beside the node's own files and dials.
+    #[test]
+    fn slots_fit_the_open_file_limit() {
+        assert_eq!(room_under(1 << 20, 3), MAX_CONNECTIONS);
+        assert_eq!(room_under(1024, 3), 1024 - FILES_BESIDE_CONNECTIONS - 3);
+        assert_eq!(room_under(16, 3), 0);
+        assert!(connection_room(3) > 0);
     }
 }

@@ -23,7 +23,7 @@ use crate::driver::{AppEvent, Driver, DriverError, DriverParts, Event, MeteredKv
 use crate::engine::{EngineChoice, EngineFailure};
 use crate::inbox::{InboxSender, inbox};
 use crate::metrics::{self, Metrics};
-use crate::net::{MAX_CONNECTIONS, NetConfig, Network, Outbox};
+use crate::net::{MAX_CONNECTIONS, NetConfig, Network, Outbox, connection_room};
 use crate::storage::{Recovery, StorageError, Wal, WalStorage};
 
 /// Why a node could not start.
@@ -249,10 +249,17 @@ pub fn prepare(cluster: &ClusterFile, id: NodeId, opts: &StartOptions) -> Result
     let metrics = Arc::new(Metrics::new(id, &peers));
     // A distillation broker takes clients over UDP ([`start`]): it listens for nothing here.
     let listen = if cluster.broker(id).is_some() { None } else { opts.listen.or(replica.map(|r| r.address)) };
+    let dial = crate::distill::dials(cluster, id);
+    let max_connections = connection_room(dial.len());
+    if listen.is_some() && max_connections < MAX_CONNECTIONS {
+        tracing::warn!(
+            "node {id}: the open-file limit leaves room for {max_connections} connections, not {MAX_CONNECTIONS}"
+        );
+    }
     let net = NetConfig {
         me: id,
         listen,
-        dial: crate::distill::dials(cluster, id),
+        dial,
         known: crate::distill::known(cluster, id, &peers),
         // Room for the length prefix's worth of slack: the core reports larger frames.
         max_frame: cluster.params.max_message_bytes as usize + 1024,
@@ -260,7 +267,7 @@ pub fn prepare(cluster: &ClusterFile, id: NodeId, opts: &StartOptions) -> Result
         reconnect_min: Duration::from_millis(cluster.runtime.reconnect_min_ms),
         reconnect_max: Duration::from_millis(cluster.runtime.reconnect_max_ms),
         shared: false,
-        max_connections: MAX_CONNECTIONS,
+        max_connections,
         keys: Some(keys),
     };
     let parts = DriverParts { node, storage, app: MeteredKv::new(metrics.clone()), trace, metrics: metrics.clone() };

@@ -71,6 +71,19 @@ fn metric(c: &LocalCluster, id: NodeId, name: &str) -> f64 {
     value(&text, name).unwrap_or_else(|| panic!("replica {id} exports no {name}"))
 }
 
+/// Runs `f` (which starts processes, who inherit the limit) with this process's soft
+/// limit on open files at `soft`, then restores it.
+fn with_open_file_limit<T>(soft: u64, f: impl FnOnce() -> T) -> T {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit and setrlimit read or write the struct they are given.
+    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) }, 0);
+    let lowered = libc::rlimit { rlim_cur: soft.min(limit.rlim_cur), ..limit };
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lowered) }, 0);
+    let result = f();
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) }, 0);
+    result
+}
+
 /// Waits until `check` holds, or fails with `what`.
 fn eventually(what: &str, mut check: impl FnMut() -> bool) {
     let deadline = Instant::now() + TIMEOUT;
@@ -333,10 +346,12 @@ fn garbage_oversized_and_replayed_frames_are_dropped_and_counted() {
 /// Strangers holding no keys open more connections to replica 0 than it has slots, each
 /// saying hello as replica 1 and sending a frame nobody MAC'd, while replicas 1 and 2
 /// are down. When 1 restarts, its connection takes a stranger's slot: with 2 still down,
-/// writes complete only if replica 0 hears replica 1.
+/// writes complete only if replica 0 hears replica 1. The replicas start with the usual
+/// soft limit of 1,024 open files, which they raise: under it, descriptors would run out
+/// before the slots, and no stranger's slot would ever be taken.
 #[test]
 fn strangers_holding_every_connection_slot_do_not_cut_a_replica_off() {
-    let mut c = cluster("slots", &[]);
+    let mut c = with_open_file_limit(1024, || cluster("slots", &[]));
     let mut cl = client(&c, 0);
     writes(&mut cl, 0, 10);
     // Down first: a replica that goes down frees its slot at replica 0.
