@@ -349,3 +349,14 @@ def test_strangers_cannot_take_a_clients_slots_or_replies(monkeypatch):
             assert closed == len(strangers) - 4 * len(addrs)
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_slots_fit_the_open_file_limit(monkeypatch):
+    """A host accepts no more connections than the process's open files leave room for:
+    past the limit an accept fails, and takes no stranger's slot."""
+    import resource
+
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (100, 4096))
+    assert phalanx._host._connection_room() == 100 - phalanx._host.FILES_BESIDE_CONNECTIONS
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (1 << 20, 1 << 20))
+    assert phalanx._host._connection_room() == phalanx._host.MAX_CONNECTIONS

@@ -9,7 +9,8 @@ sends to a replica on the connection it dialed, and to a client on the connectio
 client dialed. Frames are fed to the core as ``Message(sender=<peer id>, data)``; the
 hello is not trusted (the core authenticates every frame).
 
-Slots (as ``phalanxd``): at most ``MAX_CONNECTIONS`` accepted connections. One is proven
+Slots (as ``phalanxd``): at most ``MAX_CONNECTIONS`` accepted connections (fewer if the
+process's limit on open files leaves less room). One is proven
 once a frame on it carries a valid MAC from the node its hello named
 (``Node.authentic``). When every slot is taken, a newcomer takes the slot of the oldest
 unproven connection, so strangers without keys cannot lock out the nodes that hold them;
@@ -40,6 +41,8 @@ MAX_FRAME = 64 << 20
 MAX_QUEUED = 8192
 MAX_CONNECTIONS = 1024
 MAX_PER_ID = 4
+# Descriptors a process keeps beside a host's accepted connections.
+FILES_BESIDE_CONNECTIONS = 64
 _LEN = struct.Struct("<I")
 
 Address = Tuple[str, int]
@@ -63,6 +66,19 @@ class _Accepted:
         self.writer = writer
         self.sender: Optional[int] = None
         self.proven = False
+
+
+def _connection_room() -> int:
+    """``MAX_CONNECTIONS``, or fewer where the process's soft limit on open files leaves
+    less room: past it an accept fails and takes no stranger's slot."""
+    try:
+        import resource
+    except ImportError:  # not a Unix
+        return MAX_CONNECTIONS
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return MAX_CONNECTIONS
+    return max(0, min(MAX_CONNECTIONS, soft - FILES_BESIDE_CONNECTIONS))
 
 
 def _frame(data: bytes) -> bytes:
@@ -104,6 +120,7 @@ class Host:
         self._claims: Dict[int, List[_Accepted]] = collections.defaultdict(list)
         self._proven: Dict[int, List[_Accepted]] = collections.defaultdict(list)
         self._conn_tasks: set = set()
+        self._max_connections = MAX_CONNECTIONS
         self._server: Optional[asyncio.base_events.Server] = None
         self._timer: Optional[asyncio.TimerHandle] = None
         self._timer_at: Optional[int] = None
@@ -123,6 +140,7 @@ class Host:
         if self.host_loop.recover(self.now()):
             self._settle()
         if self._listen is not None:
+            self._max_connections = _connection_room()
             host, port = self._listen
             self._server = await asyncio.start_server(self._on_accept, host, port)
         for peer in self._peers.values():
@@ -289,7 +307,7 @@ class Host:
 
     async def _on_accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn = _Accepted(writer)
-        if len(self._accepted) >= MAX_CONNECTIONS:
+        if len(self._accepted) >= self._max_connections:
             oldest = next((c for c in self._accepted if not c.proven), None)
             if oldest is None:
                 writer.close()
