@@ -11,6 +11,13 @@
  * on the connection it dialed, and to a client on the connection the client dialed.
  * Frames go to the core as `{ type: 'message', from, bytes }`; the hello is not trusted
  * (the core authenticates every frame, and counts what fails as a fault).
+ *
+ * Slots (as phalanxd's): an accepted connection is proven once a frame on it carries a
+ * valid MAC from the id its hello named. At most `maxConnections` are accepted; a
+ * newcomer then takes the slot of the oldest one not proven, or is refused if every one
+ * is, so strangers holding no keys cannot lock out the nodes that hold them. An id keeps
+ * at most `MAX_PER_ID` proven connections (its oldest go). A client's frames go on its
+ * newest proven connection once it has one, so a stranger claiming its id gets none.
  */
 const net = require('node:net');
 const native = require('./native');
@@ -22,6 +29,10 @@ const HELLO = Buffer.from('PHX1');
 const MAX_FRAME = 64 << 20;
 /** Frames queued for a replica while its connection is down; the oldest are dropped. */
 const MAX_QUEUED = 8192;
+/** Most connections accepted at once (dials to replicas come on top). */
+const MAX_CONNECTIONS = 1024;
+/** Most proven connections one id keeps. */
+const MAX_PER_ID = 4;
 
 /**
  * @typedef {import('../native/index').Input} Input
@@ -56,6 +67,15 @@ function addresses(replicas) {
   else if (replicas && typeof replicas === 'object') for (const [id, a] of Object.entries(replicas)) add(Number(id), a);
   else throw new TypeError('replicas: expected the replicas of a ClusterFile, a Map or an object by id');
   return out;
+}
+
+/**
+ * The oldest accepted connection not proven, if any.
+ * @param {Map<net.Socket, number | null>} inbound
+ */
+function unproven(inbound) {
+  for (const [socket, by] of inbound) if (by === null) return socket;
+  return null;
 }
 
 /** A frame: its length prefix, then the bytes. @param {Uint8Array} bytes */
@@ -122,8 +142,13 @@ class Host {
   #timer = null;
   /** Replicas this node dials: socket (when up) and the frames waiting. @type {Map<number, Peer>} */
   #peers = new Map();
-  /** Connections others dialed, by the id their hello named. @type {Map<number, net.Socket>} */
+  /** Connections others dialed, by the id their hello named (the newest). @type {Map<number, net.Socket>} */
   #accepted = new Map();
+  /** Every accepted connection, oldest first: the id that proved it, or null. @type {Map<net.Socket, number | null>} */
+  #inbound = new Map();
+  /** Each id's proven connections, oldest first. @type {Map<number, net.Socket[]>} */
+  #proven = new Map();
+  #maxConnections;
   /** @type {Set<net.Socket>} */
   #sockets = new Set();
   /** @type {net.Server | null} */
@@ -138,8 +163,9 @@ class Host {
   /**
    * @param {Uint8Array} config
    * @param {Replicas} replicas
-   * @param {{ storage?: string | null, repair?: boolean, app?: AppHooks, listen?: Address | boolean | null, onOutput: (o: Output) => void }} options
-   *   `listen`: where to accept connections (`true`: this node's own address in `replicas`)
+   * @param {{ storage?: string | null, repair?: boolean, app?: AppHooks, listen?: Address | boolean | null, maxConnections?: number, onOutput: (o: Output) => void }} options
+   *   `listen`: where to accept connections (`true`: this node's own address in `replicas`);
+   *   `maxConnections`: most accepted at once (default 1024)
    */
   constructor(config, replicas, options) {
     const hostOptions = { storage: options.storage ?? undefined, repair: options.repair };
@@ -148,6 +174,7 @@ class Host {
     const missing = this.native.replicaIds.filter((id) => !this.#addresses.has(id));
     if (missing.length > 0) throw new PhalanxError(`no address for replica(s) ${missing.join(', ')}: pass every replica's { host, port }`);
     this.#onOutput = options.onOutput;
+    this.#maxConnections = options.maxConnections ?? MAX_CONNECTIONS;
     if (options.listen === true) this.#listen = this.#addresses.get(this.native.id) ?? null;
     else if (options.listen) this.#listen = options.listen;
     for (const id of this.native.replicaIds) {
@@ -297,7 +324,8 @@ class Host {
       if (peer.queue.length > MAX_QUEUED) peer.queue.shift();
       return null;
     }
-    const s = this.#accepted.get(to);
+    // Once a client proved a connection, strangers claiming its id get none of its frames.
+    const s = this.#proven.get(to)?.at(-1) ?? this.#accepted.get(to);
     // A client that is not connected retries; one that does not read is not waited for.
     if (s && s.writable && s.writableLength < MAX_FRAME) {
       s.write(header);
@@ -343,12 +371,24 @@ class Host {
   /** @param {net.Socket} socket */
   #accept(socket) {
     if (this.#closed) return void socket.destroy();
+    if (this.#inbound.size >= this.#maxConnections) {
+      const oldest = unproven(this.#inbound);
+      if (!oldest) return void socket.destroy();
+      this.#inbound.delete(oldest);
+      oldest.destroy();
+    }
+    this.#inbound.set(socket, null);
     socket.setNoDelay(true);
     this.#sockets.add(socket);
     /** @type {number | null} */
     let sender = null;
     const hello = setTimeout(() => socket.destroy(), 10_000);
-    readFrames(socket, (bytes) => sender !== null && this.#receive(sender, bytes), (id) => {
+    readFrames(socket, (bytes) => {
+      if (sender === null) return;
+      // Checked until a frame passes; the core gets every frame either way.
+      if (this.#inbound.get(socket) === null && this.native.authentic(sender, bytes)) this.#prove(sender, socket);
+      this.#receive(sender, bytes);
+    }, (id) => {
       clearTimeout(hello);
       sender = id;
       this.#accepted.set(id, socket);
@@ -357,8 +397,26 @@ class Host {
     socket.on('close', () => {
       clearTimeout(hello);
       this.#sockets.delete(socket);
-      if (sender !== null && this.#accepted.get(sender) === socket) this.#accepted.delete(sender);
+      this.#inbound.delete(socket);
+      if (sender === null) return;
+      if (this.#accepted.get(sender) === socket) this.#accepted.delete(sender);
+      const proven = this.#proven.get(sender) ?? [];
+      if (proven.includes(socket)) proven.splice(proven.indexOf(socket), 1);
     });
+  }
+
+  /**
+   * `socket` carried a frame with `id`'s valid MAC: it keeps its slot, and `id`'s oldest
+   * proven connection beyond `MAX_PER_ID` goes.
+   * @param {number} id
+   * @param {net.Socket} socket
+   */
+  #prove(id, socket) {
+    this.#inbound.set(socket, id);
+    const proven = this.#proven.get(id) ?? [];
+    this.#proven.set(id, proven);
+    proven.push(socket);
+    if (proven.length > MAX_PER_ID) proven.shift()?.destroy();
   }
 
   /** @param {number} from @param {Buffer} bytes */

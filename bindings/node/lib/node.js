@@ -98,6 +98,18 @@ class Node {
     return this.#node.nextRequest();
   }
 
+  /**
+   * Whether `frame` (one frame's bytes, without its length prefix) carries a valid MAC
+   * from node `sender` to this node: for a host telling a peer that holds keys from a
+   * stranger claiming its id.
+   * @param {number} sender
+   * @param {Uint8Array} frame
+   * @returns {boolean}
+   */
+  authentic(sender, frame) {
+    return guard(() => this.#node.authentic(sender, frame));
+  }
+
   /** Gauges, counters and flags by the core's names in camelCase. @returns {Record<string, bigint | boolean>} */
   status() {
     return this.#node.status();

@@ -17,7 +17,8 @@ const records = require('./records');
  *   restore(snapshot: Buffer): void,
  *   query?(op: Buffer): Uint8Array,
  * }} Application
- * @typedef {{ storage?: string | null, repair?: boolean, listen?: Address | null, log?: (message: string, error?: unknown) => void }} ReplicaOptions
+ * @typedef {{ storage?: string | null, repair?: boolean, listen?: Address | null, maxConnections?: number, log?: (message: string, error?: unknown) => void }} ReplicaOptions
+ *   `maxConnections`: most connections accepted at once (default 1024; see `lib/host.js`)
  */
 
 /** @param {unknown} v */
@@ -62,7 +63,7 @@ class Replica {
    * @param {Application} app
    * @param {ReplicaOptions} [options]
    */
-  constructor(config, replicas, app, { storage = null, repair = false, listen = null, log } = {}) {
+  constructor(config, replicas, app, { storage = null, repair = false, listen = null, maxConnections, log } = {}) {
     for (const name of ['execute', 'snapshot', 'restore']) {
       if (typeof (/** @type {any} */ (app)?.[name]) !== 'function') {
         throw new TypeError(`the application must have an ${name}() method`);
@@ -70,7 +71,7 @@ class Replica {
     }
     this.#app = app;
     this.#log = log ?? ((m, e) => console.error(`phalanx: ${m}`, e ?? ''));
-    this.#host = new Host(config, replicas, { storage, repair, app: this.#hooks(), onOutput: () => {}, listen: listen ?? true });
+    this.#host = new Host(config, replicas, { storage, repair, app: this.#hooks(), onOutput: () => {}, listen: listen ?? true, maxConnections });
     const { protocol, role } = this.#host.native;
     if (protocol !== 'pbft' || role !== 'replica') {
       throw new PhalanxError(`node ${this.#host.id} is a ${protocol} ${role}, not a PBFT replica`);

@@ -18,13 +18,13 @@ use napi::bindgen_prelude::*;
 use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
 use napi_derive::napi;
 use phalanx_core::host::{Application, HostError, HostLoop, MemoryStorage, NoApplication, Storage, drain};
-use phalanx_core::wire::pb;
+use phalanx_core::wire::{self, Keyring, pb};
 use phalanx_core::{Input as CoreInput, Nanos, Node as CoreNode, Operation as CoreOperation, Stats, Status};
 use phalanx_host::config::Durability;
 use phalanx_host::storage::{Recovery, Wal, WalStorage};
 use prost::Message;
 
-use crate::convert::{Bytes, U64};
+use crate::convert::{Bytes, U64, uint8_slice};
 use crate::node::{Refusal, encode_outputs, input_batch, node_config, status_object};
 use crate::{Code, Result, fail};
 
@@ -263,6 +263,8 @@ pub struct Host {
     replicas: Vec<u32>,
     call_window: u32,
     persistent: bool,
+    /// The node's MAC keys, apart from the state a round holds locked, for `authentic`.
+    keys: Keyring,
 }
 
 fn hook<T: 'static + napi::bindgen_prelude::JsValuesTupleIntoVec, R: 'static + FromNapiValue>(
@@ -308,6 +310,7 @@ impl Host {
         let (id, role, protocol) = (node.id(), node.role().name(), node.config().cluster.protocol.name());
         let replicas = node.config().cluster.replicas().map(|n| n.id).collect();
         let call_window = node.config().cluster.params.call_window;
+        let keys = Keyring::new(node.config().cluster.crypto, id, node.config().mac_keys.clone());
         let snapshot = Arc::new(Mutex::new((node.status(), node.stats().clone())));
         let host = HostLoop::new(node, storage, application);
         let state = State { host, app_failed, recovered: false, failed: None };
@@ -321,6 +324,7 @@ impl Host {
             replicas,
             call_window,
             persistent: options.storage.is_some(),
+            keys,
         })
     }
 
@@ -342,6 +346,15 @@ impl Host {
             inputs,
             now: self.now().0,
         }))
+    }
+
+    /// Whether `frame` (one frame's bytes, without its length prefix) carries a valid MAC
+    /// from node `sender` to this node (as `Node.authentic`), answered on the event loop
+    /// even while a round runs.
+    #[napi]
+    pub fn authentic(&self, env: Env, sender: u32, #[napi(ts_arg_type = "Uint8Array")] frame: Unknown) -> Result<bool> {
+        let bytes = unsafe { uint8_slice(env.raw(), frame.raw()) }.map_err(crate::napi_error)?;
+        Ok(wire::authentic(&self.keys, sender, bytes))
     }
 
     /// The node's gauges and counters after the last round (as `Node.status()`).

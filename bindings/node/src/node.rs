@@ -194,6 +194,15 @@ impl Node {
         self.node.next_request().map(U64)
     }
 
+    /// Whether `frame` (one frame's bytes, without its length prefix) carries a valid MAC
+    /// from node `sender` to this node: how a host tells a connection of a node holding
+    /// keys from a stranger's claiming its id.
+    #[napi]
+    pub fn authentic(&self, env: Env, sender: u32, #[napi(ts_arg_type = "Uint8Array")] frame: Unknown) -> Result<bool> {
+        let bytes = unsafe { uint8_slice(env.raw(), frame.raw()) }.map_err(crate::napi_error)?;
+        Ok(self.node.authentic(sender, bytes))
+    }
+
     #[napi(getter)]
     pub fn id(&self) -> u32 {
         self.node.id()

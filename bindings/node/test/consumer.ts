@@ -51,6 +51,8 @@ const perpetual: Input[] = [
 void perpetual;
 for (const o of node) describe(o);
 const deadline: bigint | null = node.pollTimeout();
+const authentic: boolean = node.authentic(0, new Uint8Array());
+void authentic;
 const refusals: phalanx.Refusal[] = [];
 const outputs: Output[] = node.handleMany([{ now: deadline ?? 0n, input: { type: 'timeout' } }], refusals);
 void outputs;

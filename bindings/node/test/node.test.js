@@ -79,6 +79,19 @@ test('a PBFT client: handle, poll, iteration, pollTimeout, nextRequest, status',
   assert.deepEqual(node.stats(), { stale: 0n, beyondWindow: 0n, unsubscribed: 0n, refused: 0n });
 });
 
+test('authentic: whether a frame carries a valid MAC from its sender to this node', () => {
+  const client = new phalanx.Node(configs[4]);
+  client.handle(0n, { type: 'submit', op: Buffer.from('x') });
+  client.handle(1n, { type: 'persisted', token: client.poll().token });
+  const frame = client.drain().find((o) => o.type === 'send' && o.to === 0).bytes;
+  const replica = new phalanx.Node(configs[0]);
+  assert.equal(replica.authentic(4, frame), true);
+  assert.equal(replica.authentic(3, frame), false);
+  assert.equal(new phalanx.Node(configs[1]).authentic(4, frame), false);
+  assert.equal(replica.authentic(4, Buffer.from('junk')), false);
+  assert.throws(() => replica.authentic(4, 'junk'), TypeError);
+});
+
 test('refusals: HandleError, BackpressureError, and handleMany', () => {
   const node = new phalanx.Node(configs[4]);
   assert.throws(

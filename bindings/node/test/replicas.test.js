@@ -2,10 +2,12 @@
 // Four JavaScript replicas in one process, on loopback with phalanxd's framing: they
 // agree, survive a stopped primary (a view change), and a replica restarted from its
 // write-ahead log catches up and is needed for the quorum; reads are answered without
-// ordering by applications with `query`.
+// ordering by applications with `query`; strangers holding no keys take neither the
+// connection slots nor the replies of the nodes that hold them.
 const test = require('node:test');
 const assert = require('node:assert/strict');
 const fs = require('node:fs');
+const net = require('node:net');
 const os = require('node:os');
 const path = require('node:path');
 const phalanx = require('phalanx');
@@ -13,13 +15,34 @@ const { MS, freePorts, eventually, Counter } = require('./helpers');
 
 const PARAMS = { checkpoint_interval: 8, pipeline: 8, batch_timeout_ns: MS, request_timeout_ns: 300 * MS, client_retry_ns: 100 * MS };
 
-async function cluster(seed, params = {}) {
-  const configs = phalanx.generateCluster({ f: 1, protocol: 'pbft', clients: 1, seed, params: { ...PARAMS, ...params } });
+async function cluster(seed, params = {}, clients = 1) {
+  const configs = phalanx.generateCluster({ f: 1, protocol: 'pbft', clients, seed, params: { ...PARAMS, ...params } });
   const ports = await freePorts(4);
   return { configs, addrs: ports.map((port, id) => ({ id, host: '127.0.0.1', port })) };
 }
 
 const add = (n) => Buffer.from(`add:${n}`);
+
+/**
+ * A raw connection to `port` whose hello claims `id`, then a frame with no valid MAC; it
+ * counts the bytes it receives and tells whether it was closed.
+ */
+async function stranger(port, id) {
+  const socket = net.connect({ host: '127.0.0.1', port });
+  const s = { socket, port, received: 0, closed: false };
+  socket.on('data', (d) => (s.received += d.length));
+  socket.on('error', () => {});
+  socket.on('close', () => (s.closed = true));
+  await new Promise((resolve) => socket.once('connect', resolve).once('close', resolve));
+  const junk = Buffer.from('no MAC here');
+  const bytes = Buffer.alloc(12 + junk.length);
+  bytes.write('PHX1');
+  bytes.writeUInt32LE(id, 4);
+  bytes.writeUInt32LE(junk.length, 8);
+  junk.copy(bytes, 12);
+  if (!s.closed) socket.write(bytes);
+  return s;
+}
 
 /** Every batch two replicas both executed holds the same ops, in the same order. */
 function assertAgree(apps) {
@@ -130,6 +153,53 @@ test('a read completes without ordering when 2f+1 applications answer it', async
     assert.equal(String(await client.read(Buffer.from('get'))), '16');
   } finally {
     await client.close();
+    for (const r of replicas) await r.stop();
+  }
+});
+
+test('strangers holding no keys take neither the slots nor the replies of nodes that hold them', async () => {
+  // Each replica accepts 8 connections: 3 from the other replicas and, in the end, 5
+  // from clients, all proven by their frames' MACs.
+  const LIMIT = 8;
+  const { configs, addrs } = await cluster(16, {}, 5);
+  const replicas = configs.slice(0, 4).map((c) => new phalanx.Replica(c, addrs, new Counter(), { maxConnections: LIMIT }));
+  const clients = configs.slice(4).map((c) => new phalanx.Client(c, addrs, { timeout: 5_000 }));
+  const strangers = [];
+  /** `count` strangers at every replica, claiming `claims` in turn. */
+  const wave = async (count, claims) => {
+    const opened = [];
+    for (const { port } of addrs) for (let i = 0; i < count; i++) opened.push(await stranger(port, claims[i % claims.length]));
+    strangers.push(...opened);
+    return opened;
+  };
+  /** The most strangers of `opened` still open at one replica. */
+  const mostOpen = (opened) => Math.max(...addrs.map(({ port }) => opened.filter((s) => s.port === port && !s.closed).length));
+  try {
+    for (const r of replicas) await r.start();
+    // Client 4 and the replicas' links prove themselves.
+    for (let i = 1; i <= 3; i++) assert.equal(Number(await clients[0].execute(add(1))), i);
+    await eventually(() => replicas.every((r) => r.app.ops === 3), () => `ops ${replicas.map((r) => r.app.ops)}`);
+
+    // More strangers than slots, claiming replicas' and client 4's ids: the oldest make way,
+    // the proven keep theirs, and clients 5-7 still get in.
+    const first = await wave(2 * LIMIT, [0, 1, 2, 3, 4]);
+    await eventually(() => mostOpen(first) <= LIMIT - 4, () => `strangers open: ${mostOpen(first)}`, 3_000);
+    for (const c of clients.slice(1, 4)) assert.equal(Number(await c.execute(add(1))), 3 + c.id - 4);
+
+    // Strangers claiming client 4 after it proved itself get none of its replies.
+    const second = await wave(2 * LIMIT, [4]);
+    await eventually(() => mostOpen(second) <= LIMIT - 7, () => `strangers open: ${mostOpen(second)}`, 3_000);
+    assert.equal(mostOpen(second), 1, 'a stranger claiming client 4 holds the free slot');
+    for (let i = 1; i <= 3; i++) assert.equal(Number(await clients[0].execute(add(1))), 6 + i);
+
+    // Client 8 takes the last slot; with every slot proven, strangers are refused.
+    assert.equal(Number(await clients[4].execute(add(1))), 10);
+    const third = await wave(LIMIT, [4]);
+    await eventually(() => mostOpen(third) === 0, () => `strangers open: ${mostOpen(third)}`, 3_000);
+    assert.deepEqual(strangers.filter((s) => s.received > 0).map((s) => s.received), []);
+  } finally {
+    for (const s of strangers) s.socket.destroy();
+    for (const c of clients) await c.close();
     for (const r of replicas) await r.stop();
   }
 });
