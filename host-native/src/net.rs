@@ -102,7 +102,7 @@ pub struct NetConfig {
     pub keys: Option<Arc<Keyring>>,
 }
 
-/// How many connections node may accept with `dials` of its own: [`MAX_CONNECTIONS`], or
+/// How many connections a node may accept with `dials` of its own: [`MAX_CONNECTIONS`], or
 /// fewer where the process's limit on open files leaves less room. The limit is raised
 /// to the hard one first (once per process): the usual soft limit, 1,024, would run out
 /// of descriptors before the slots, and strangers could then hold every one (an accept

@@ -10,13 +10,13 @@ client dialed. Frames are fed to the core as ``Message(sender=<peer id>, data)``
 hello is not trusted (the core authenticates every frame).
 
 Slots (as ``phalanxd``): at most ``MAX_CONNECTIONS`` accepted connections (fewer if the
-process's limit on open files leaves less room). One is proven
-once a frame on it carries a valid MAC from the node its hello named
-(``Node.authentic``). When every slot is taken, a newcomer takes the slot of the oldest
-unproven connection, so strangers without keys cannot lock out the nodes that hold them;
-a node keeps at most ``MAX_PER_ID`` proven connections (its oldest go), so a faulty one
-cannot either. A client is sent to on its newest proven connection, or, before it has
-one, on the newest that named it.
+process's limit on open files leaves less room). One is proven once a frame on it
+carries a valid MAC from the node its hello named (``Node.authentic``). When every slot
+is taken, a newcomer takes the slot of the oldest unproven connection, so strangers
+without keys cannot lock out the nodes that hold them; a node keeps at most
+``MAX_PER_ID`` proven connections (its oldest go), so a faulty one cannot either. A
+client is sent to on its newest proven connection, or, before it has one, on the newest
+that named it.
 """
 
 from __future__ import annotations
