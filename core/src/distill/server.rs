@@ -790,7 +790,6 @@ impl RoleMachine for Server {
     fn on_input(&mut self, ctx: &mut Ctx, now: Nanos, input: Input) -> Result<(), HandleError> {
         match input {
             Input::Recover { record } => {
-                let Some(record) = self.own.recover(&mut self.replica, record) else { return Ok(()) };
                 self.replica.on_input(ctx, now, Input::Recover { record })?;
                 self.run(ctx, now);
                 Ok(())

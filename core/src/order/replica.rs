@@ -96,9 +96,10 @@ pub(crate) struct Replica {
     low: u64,
     stable: Option<pb::Certificate>,
     stable_snapshot: Option<Vec<u8>>,
-    /// The lease on this replica's own request numbers ([`super::OwnNumbers`]), persisted
-    /// again with each stable checkpoint: a compaction could otherwise take its last copy,
-    /// and a restart would reuse numbers its group already ordered.
+    /// The lease on this replica's own request numbers ([`super::OwnNumbers`]): numbers
+    /// below it may have been used. Recovered here, and persisted again with each stable
+    /// checkpoint: a compaction could otherwise take its last copy, and a restart would
+    /// reuse numbers its group already ordered.
     pub(super) own_lease: u64,
     /// Primary: the next sequence number to propose.
     next_seq: u64,
@@ -312,6 +313,12 @@ impl Replica {
     /// as this replica knows).
     pub fn own_executed(&self, ctx: &Ctx) -> u64 {
         self.table.get(&ctx.me()).map_or(0, Executed::highest)
+    }
+
+    /// Leases this replica's own request numbers below `lease`, durably before any is used.
+    pub(super) fn lease_own(&mut self, ctx: &mut Ctx, lease: u64) {
+        self.own_lease = lease;
+        ctx.persist(record(Record::OwnRequests(lease)));
     }
 
     /// The view this replica is in (for a Perpetual member's hints to callers).
@@ -1126,6 +1133,7 @@ impl Replica {
                 }
             }
             Some(Record::Delivered(seq)) => self.answer_from = self.answer_from.max(seq),
+            Some(Record::OwnRequests(lease)) => self.own_lease = self.own_lease.max(lease),
             Some(Record::Prepared(v)) if v.seq > self.low => {
                 self.answer_from = self.answer_from.max(v.seq);
                 let d =

@@ -809,10 +809,7 @@ impl RoleMachine for Member {
                 Ok(())
             }
             Input::Request(Request::Snapshot { seq, state }) => self.on_snapshot(ctx, now, seq, state),
-            Input::Recover { record } => {
-                let Some(record) = self.own.recover(&mut self.replica, record) else { return Ok(()) };
-                self.replica.on_input(ctx, now, Input::Recover { record })
-            }
+            Input::Recover { record } => self.replica.on_input(ctx, now, Input::Recover { record }),
             // The voter runs here; the executor answers with requests, never batches.
             other => Err(HandleError::WrongRole { role: ctx.role(), request: other.name() }),
         };

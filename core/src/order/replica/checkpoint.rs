@@ -211,7 +211,7 @@ impl Replica {
         };
         let token = ctx.persist(record(Record::StableState(pb::StableState { certificate: Some(cert), state })));
         if self.own_lease > 0 {
-            ctx.persist(crate::order::own::lease_record(self.own_lease));
+            ctx.persist(record(Record::OwnRequests(self.own_lease)));
         }
         ctx.persist(record(Record::View(self.durable_view)));
         ctx.persist(record(Record::Entered(pb::EnteredView { view: self.view, reproposed: self.reproposed })));
