@@ -281,8 +281,8 @@ class Host:
         claims = self._claims.get(to)
         if not claims:
             return None
-        proven = [c for c in claims if c.proven]
-        return (proven or claims)[-1].writer
+        newest_proven = next((c for c in reversed(claims) if c.proven), None)
+        return (newest_proven or claims[-1]).writer
 
     def _drop(self, conn: _Accepted) -> None:
         """Forgets an accepted connection and closes it."""
