@@ -545,7 +545,9 @@ impl Links {
     /// Takes a connection a listener accepted. When `max_connections` are open, it takes
     /// the slot of the oldest one not proven, or is refused if every one is.
     pub fn accepted(&mut self, registry: &Registry, stream: TcpStream) -> io::Result<()> {
-        if self.conns.values().filter(|c| c.dialed.is_none()).count() >= self.cfg.max_connections {
+        // Each dialer holds at most one connection: the rest were accepted.
+        let dialed = self.dialers.values().filter(|d| d.conn.is_some()).count();
+        if self.conns.len() - dialed >= self.cfg.max_connections {
             // Tokens grow, so the first found is the oldest.
             match self.conns.iter().find(|(_, c)| !c.keeps_slot()).map(|(&t, _)| t) {
                 Some(t) => {
