@@ -200,6 +200,15 @@ pub fn authentic(keys: &Keyring, from: NodeId, bytes: &[u8]) -> bool {
         && pb::Frame::decode(bytes).is_ok_and(|frame| authenticate(keys, from, &frame).is_ok())
 }
 
+/// A frame that carries nothing, with this node's MAC for `to`: what a host sends first
+/// on a connection it opens, so that `to` tells it from strangers ([`authentic`]) before
+/// it has anything to say. `None` without a key for `to`.
+pub fn proof(keys: &Keyring, to: NodeId) -> Option<Vec<u8>> {
+    let body = pb::Body { kind: Some(pb::body::Kind::Bundle(pb::Bundle { bodies: Vec::new() })) }.encode_to_vec();
+    let mac = keys.mac_to(to, &body)?;
+    Some(frame(keys.me, &body, &[mac]))
+}
+
 fn authenticate(keys: &Keyring, from: NodeId, frame: &pb::Frame) -> Result<(), FaultKind> {
     if frame.sender != from {
         return Err(FaultKind::ForgedSender);
@@ -366,6 +375,16 @@ mod tests {
 
     /// A host's check of who sent a frame agrees with the core's, without decoding what
     /// the frame carries.
+    #[test]
+    fn a_proof_is_authentic_to_its_receiver_and_carries_nothing() {
+        let (a, b) = rings();
+        let proof = super::proof(&a, 2).expect("a key for node 2");
+        assert!(authentic(&b, 1, &proof));
+        assert_eq!(bodies(open(&b, 1, proof.clone(), 1 << 20).expect("opens")), Vec::new());
+        assert!(!authentic(&a, 1, &proof), "not a proof to its own sender");
+        assert_eq!(super::proof(&a, 3), None, "no key for node 3");
+    }
+
     #[test]
     fn authentic_frames_are_those_that_open() {
         let (a, b) = rings();
