@@ -15,11 +15,11 @@
 //! the replica, the recipient's on the way back. So the requests and replies of many
 //! clients leave in one `writev` and arrive in one read. A replica learns which clients
 //! a shared connection carries from the frames that arrive on it (the MACs still decide
-//! who sent them), and from an empty frame naming each client, sent after the hello and
-//! when a client joins (as untrusted as a hello: a subscriber is sent to before it sends
-//! anything). It reaches a client on at most [`MAX_PER_ID`] connections, newest
-//! first; a claim evicted from a shared connection only drops that route, so nobody can
-//! close a connection other clients share by claiming ids on connections of its own.
+//! who sent them): each client's proof, sent after the hello and when a client joins, or
+//! an empty frame naming a client without a key for that replica (as untrusted as a
+//! hello). It reaches a client on at most [`MAX_PER_ID`] connections, newest first; a
+//! claim evicted from a shared connection only drops that route, so nobody can close a
+//! connection other clients share by claiming ids on connections of its own.
 //!
 //! Bounds: a frame longer than `max_frame` closes the connection (the stream cannot be
 //! trusted past a lying length); each peer's send queue holds at most
@@ -29,16 +29,20 @@
 //! connections (its own dials, one per replica, come on top), [`MAX_PER_ID`] per claimed
 //! client id.
 //!
-//! Slots: an accepted connection is proven once a frame on it carries a valid MAC from
-//! the node it came from ([`phalanx_core::wire::authentic`], checked until one does).
-//! When every slot is taken, a newcomer takes the slot of the oldest connection not
-//! proven, so strangers holding no keys, however many connections they open, cannot lock
-//! out the nodes that hold them; a node holding keys keeps at most [`MAX_PER_ID`] proven
-//! connections (its oldest go), so it cannot either. A peer that has sent nothing yet (a
-//! subscriber, a broker whose frames are signed rather than MAC'd) is not proven, and
-//! while strangers hold every slot it may have to dial again. Frames for a client go on
-//! its proven connections only, once it has one: a stranger claiming its id then gets
-//! none of them, and cannot make this node queue them for a reader that never reads.
+//! Slots: an accepted connection is proven by a node once a frame on it carries that
+//! node's valid MAC ([`phalanx_core::wire::authentic`], checked until one does): the
+//! node its hello named, or on a shared connection each client it carries. A dialer
+//! sends a proof first ([`phalanx_core::wire::proof`]: a frame carrying nothing, MAC'd),
+//! so it is proven before it has anything to say. When every slot is taken, a newcomer
+//! takes the slot of the oldest connection nobody proved, so strangers holding no keys,
+//! however many connections they open, cannot lock out the nodes that hold them; a node
+//! holding keys keeps at most [`MAX_PER_ID`] proven connections (its oldest go), so it
+//! cannot either. A peer without a MAC key for the replica (distillation's brokers and
+//! clients, which sign) is never proven, and while strangers hold every slot it may have
+//! to dial again. Frames for a client go on the connections it proved, once it has one:
+//! a stranger claiming its id, or a key holder naming it on a shared connection of its
+//! own, then gets none of them, and cannot make this node queue them for a reader that
+//! never reads.
 //! Frames leave in coalesced `writev` calls of up to [`WRITEV_FRAMES`] frames, and reach
 //! the protocol thread in messages of up to [`DELIVER_FRAMES`].
 
@@ -200,6 +204,9 @@ struct Queued {
     /// The client a frame on a shared connection names.
     client: Option<NodeId>,
     hello: bool,
+    /// Sent afresh with each new connection, not kept for it: the hello, and the proofs
+    /// or announcements that follow it.
+    opening: bool,
     body: Vec<u8>,
 }
 
@@ -210,16 +217,14 @@ impl Queued {
         if let Some(id) = client {
             header[4..].copy_from_slice(&id.to_le_bytes());
         }
-        Queued { header, client, hello: false, body }
+        Queued { header, client, hello: false, opening: false, body }
     }
 
-    /// A client of a shared connection announcing itself: an empty frame naming it.
-    fn announce(client: NodeId) -> Self {
-        Queued::data(Vec::new(), Some(client))
-    }
-
-    fn is_announcement(&self) -> bool {
-        self.client.is_some() && self.body.is_empty()
+    /// A frame a connection opens with, after its hello: a sender's proof
+    /// ([`wire::proof`]), or an empty frame announcing a client of a shared connection
+    /// that holds no key for the replica.
+    fn opening(body: Vec<u8>, client: Option<NodeId>) -> Self {
+        Queued { opening: true, ..Queued::data(body, client) }
     }
 
     fn header_len(&self) -> usize {
@@ -230,7 +235,7 @@ impl Queued {
         let mut header = [0; 8];
         header[..4].copy_from_slice(&magic);
         header[4..].copy_from_slice(&me.to_le_bytes());
-        Queued { header, client: None, hello: true, body: Vec::new() }
+        Queued { header, client: None, hello: true, opening: true, body: Vec::new() }
     }
 
     fn len(&self) -> usize {
@@ -327,9 +332,10 @@ struct Conn {
     /// Set on connections this node dialed: until the connect completes, nothing is sent.
     dialed: Option<NodeId>,
     connected: bool,
-    /// An accepted connection a frame with a valid MAC arrived on: whose. It keeps its
-    /// slot, as dialed ones do.
-    proven_by: Option<NodeId>,
+    /// The nodes whose valid MAC a frame on this accepted connection carried: the id of
+    /// its hello, or clients of a shared one. Any keeps it its slot, as dialed ones keep
+    /// theirs; a node proven here is reached here, and not through mere claims of it.
+    proven: BTreeSet<NodeId>,
     /// Received bytes: `rbuf[rstart..rend]` is unparsed; the rest is room, zeroed once
     /// when the buffer grew rather than before every read.
     rbuf: Vec<u8>,
@@ -342,7 +348,7 @@ impl Conn {
     /// Whether a newcomer may not take this connection's slot: this node dialed it, or a
     /// key holder proved it.
     fn keeps_slot(&self) -> bool {
-        self.dialed.is_some() || self.proven_by.is_some()
+        self.dialed.is_some() || !self.proven.is_empty()
     }
 }
 
@@ -408,6 +414,8 @@ pub struct Links {
     metrics: Arc<Metrics>,
     /// Shared links: the metrics of each client whose frames they carry.
     clients: BTreeMap<NodeId, Arc<Metrics>>,
+    /// Shared links: the MAC keys of each client that has them, for its proofs.
+    client_keys: BTreeMap<NodeId, Arc<Keyring>>,
     /// Connections with frames queued since they were last written.
     touched: BTreeSet<usize>,
     /// Frames read in this turn of the loop, not yet delivered, by recipient.
@@ -447,6 +455,7 @@ impl Links {
             proven: BTreeMap::new(),
             metrics,
             clients: BTreeMap::new(),
+            client_keys: BTreeMap::new(),
             touched: BTreeSet::new(),
             received: BTreeMap::new(),
             received_count: 0,
@@ -465,12 +474,19 @@ impl Links {
     }
 
     /// Shared links: carries `client`'s frames from now on, counted in `metrics`, and
-    /// announces it on every connection.
-    pub fn join(&mut self, client: NodeId, metrics: Arc<Metrics>) {
+    /// proves it (with `keys`) or announces it on every connection.
+    pub fn join(&mut self, client: NodeId, metrics: Arc<Metrics>, keys: Option<Arc<Keyring>>) {
         self.clients.insert(client, metrics);
-        for t in self.dialers.values().filter_map(|d| d.conn) {
-            if let Some(c) = self.conns.get_mut(&t) {
-                c.queue.push(Queued::announce(client), self.cfg.send_queue_bytes, &self.metrics);
+        self.client_keys.extend(keys.map(|k| (client, k)));
+        for (&to, d) in &self.dialers {
+            if let Some(t) = d.conn
+                && let Some(c) = self.conns.get_mut(&t)
+            {
+                c.queue.push(
+                    opening(self.client_keys.get(&client), client, to),
+                    self.cfg.send_queue_bytes,
+                    &self.metrics,
+                );
                 self.touched.insert(t);
             }
         }
@@ -479,6 +495,7 @@ impl Links {
     /// Shared links: stops counting `client`'s frames.
     pub fn leave(&mut self, client: NodeId) {
         self.clients.remove(&client);
+        self.client_keys.remove(&client);
     }
 
     /// Whether `deliver` refused frames (its consumer went away).
@@ -531,7 +548,7 @@ impl Links {
             peer: dialed.map_or(Peer::Unknown, Peer::Node),
             dialed,
             connected: dialed.is_none(),
-            proven_by: None,
+            proven: BTreeSet::new(),
             rbuf: Vec::new(),
             rstart: 0,
             rend: 0,
@@ -564,14 +581,30 @@ impl Links {
     }
 
     /// Connection `t` carried a frame with `id`'s valid MAC: it keeps its slot, and `id`'s
-    /// proven connections beyond [`MAX_PER_ID`] go, the oldest first.
+    /// proven connections beyond [`MAX_PER_ID`] go, the oldest first (a shared one only
+    /// stops carrying `id`).
     fn prove(&mut self, registry: &Registry, id: NodeId, t: usize) {
-        self.conns.get_mut(&t).expect("a live connection").proven_by = Some(id);
+        self.conns.get_mut(&t).expect("a live connection").proven.insert(id);
         let proven = self.proven.entry(id).or_default();
         proven.push(t);
         if proven.len() > MAX_PER_ID {
             let oldest = proven.remove(0);
-            self.close(registry, oldest);
+            self.drop_route(registry, id, oldest);
+        }
+    }
+
+    /// Stops reaching `id` through connection `t`: a shared connection only stops
+    /// carrying it (its other clients keep it); any other closes.
+    fn drop_route(&mut self, registry: &Registry, id: NodeId, t: usize) {
+        if let Some(c) = self.conns.get_mut(&t)
+            && let Peer::Clients(carried) = &mut c.peer
+        {
+            carried.remove(&id);
+            c.proven.remove(&id);
+            forget(&mut self.by_id, id, t);
+            forget(&mut self.proven, id, t);
+        } else {
+            self.close(registry, t);
         }
     }
 
@@ -592,10 +625,15 @@ impl Links {
                     let magic = if self.cfg.shared { SHARED_MAGIC } else { HELLO_MAGIC };
                     conn.queue.frames.push_back(Queued::hello(magic, self.cfg.me));
                     conn.queue.bytes += 8;
-                    // A shared connection's clients announce themselves after the hello.
+                    // Then each sender proves itself (or, shared, announces itself without a
+                    // key): the replica tells it from strangers before it has anything to say.
                     let cap = self.cfg.send_queue_bytes;
-                    for &client in self.clients.keys().filter(|_| self.cfg.shared) {
-                        conn.queue.push(Queued::announce(client), cap, &self.metrics);
+                    if self.cfg.shared {
+                        for &client in self.clients.keys() {
+                            conn.queue.push(opening(self.client_keys.get(&client), client, id), cap, &self.metrics);
+                        }
+                    } else if let Some(proof) = self.cfg.keys.as_ref().and_then(|k| wire::proof(k, id)) {
+                        conn.queue.push(Queued::opening(proof, None), cap, &self.metrics);
                     }
                 }
                 Err(e) => tracing::debug!("connecting to replica {id} at {addr}: {e}"),
@@ -634,11 +672,12 @@ impl Links {
                     ),
                 }
             } else if let Some(tokens) = self.by_id.get(&to) {
-                // Once a key holder's connection reaches `to`, strangers' claims get nothing:
-                // neither `to`'s frames nor room in memory for them.
-                let proven = tokens.iter().any(|t| self.conns.get(t).is_some_and(Conn::keeps_slot));
+                // Once a connection proven by `to`'s MAC reaches it, claims of it (strangers',
+                // or a key holder's naming another client on its shared connection) get
+                // nothing: neither `to`'s frames nor room in memory for them.
+                let proven = tokens.iter().any(|t| self.conns.get(t).is_some_and(|c| c.proven.contains(&to)));
                 for t in tokens {
-                    if let Some(c) = self.conns.get_mut(t).filter(|c| !proven || c.keeps_slot()) {
+                    if let Some(c) = self.conns.get_mut(t).filter(|c| !proven || c.proven.contains(&to)) {
                         let client = matches!(c.peer, Peer::Clients(_)).then_some(to);
                         c.queue.push(Queued::data(bytes.clone(), client), cap, metrics);
                         self.touched.insert(*t);
@@ -798,7 +837,6 @@ impl Links {
             let client = shared.then(|| NodeId::from_le_bytes(buf[4..8].try_into().expect("4 bytes")));
             let bytes = buf[head..head + len].to_vec();
             c.rstart += head + len;
-            let unproven = !c.keeps_slot();
             let (to, from) = match &mut c.peer {
                 // On our shared connection to a replica, the frame is for `client`.
                 Peer::Node(p) => (client.unwrap_or(self.cfg.me), *p),
@@ -818,6 +856,9 @@ impl Links {
                 }
                 Peer::Unknown => unreachable!("the hello came first"),
             };
+            // Checked until a frame of `from` proves it here (on accepted connections:
+            // dialed ones keep their slot and route).
+            let unproven = self.conns.get(&t).is_some_and(|c| c.dialed.is_none() && !c.proven.contains(&from));
             if unproven && self.cfg.keys.as_ref().is_some_and(|k| wire::authentic(k, from, &bytes)) {
                 self.prove(registry, from, t);
             }
@@ -850,13 +891,10 @@ impl Links {
         let ids = self.by_id.entry(id).or_default();
         ids.push(t);
         if ids.len() > MAX_PER_ID {
-            // A stranger's claim goes before a connection proven by a key holder.
-            let unproven = ids.iter().position(|x| self.conns.get(x).is_none_or(|c| !c.keeps_slot()));
+            // A mere claim goes before a connection `id`'s MAC proved.
+            let unproven = ids.iter().position(|x| self.conns.get(x).is_none_or(|c| !c.proven.contains(&id)));
             let oldest = ids.remove(unproven.unwrap_or(0));
-            match self.conns.get_mut(&oldest).map(|c| &mut c.peer) {
-                Some(Peer::Clients(carried)) => drop(carried.remove(&id)),
-                _ => self.close(registry, oldest),
-            }
+            self.drop_route(registry, id, oldest);
         }
     }
 
@@ -892,7 +930,7 @@ impl Links {
         for id in reached {
             forget(&mut self.by_id, id, t);
         }
-        if let Some(id) = c.proven_by {
+        for &id in &c.proven {
             forget(&mut self.proven, id, t);
         }
         if let Some(id) = c.dialed
@@ -900,10 +938,10 @@ impl Links {
             && d.conn == Some(t)
         {
             d.conn = None;
-            // Unsent frames wait for the next connection, within the bound; the hello (and
-            // a shared one's announcements) are sent afresh with it.
+            // Unsent frames wait for the next connection, within the bound; its opening
+            // frames (the hello, then proofs or announcements) are sent afresh with it.
             let unsent = c.queue.take().frames.into_iter().chain(std::mem::take(&mut d.pending).frames);
-            for f in unsent.filter(|f| !f.hello && !f.is_announcement()) {
+            for f in unsent.filter(|f| !f.opening) {
                 d.pending.push_newest(f, self.cfg.send_queue_bytes, count_dropped(&self.clients, &self.metrics));
             }
             if c.connected {
@@ -911,6 +949,12 @@ impl Links {
             }
         }
     }
+}
+
+/// The frame a shared connection to replica `to` carries for `client` after its hello:
+/// its proof, with `keys`, or without a key for `to` an empty frame announcing it.
+fn opening(keys: Option<&Arc<Keyring>>, client: NodeId, to: NodeId) -> Queued {
+    Queued::opening(keys.and_then(|k| wire::proof(k, to)).unwrap_or_default(), Some(client))
 }
 
 /// The network of one node: its [`Links`] in a mio loop of their own, with the listener
@@ -1211,11 +1255,22 @@ mod tests {
 
     /// A peer connected to `links` that said hello as node `id`.
     fn dial_in(links: &mut Links, poll: &Poll, listener: &std::net::TcpListener, id: NodeId) -> std::net::TcpStream {
+        dial_in_saying(links, poll, listener, HELLO_MAGIC, id)
+    }
+
+    /// [`dial_in`] with the hello `magic` (a shared connection's, say).
+    fn dial_in_saying(
+        links: &mut Links,
+        poll: &Poll,
+        listener: &std::net::TcpListener,
+        magic: [u8; 4],
+        id: NodeId,
+    ) -> std::net::TcpStream {
         let mut peer = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (accepted, _) = listener.accept().unwrap();
         accepted.set_nonblocking(true).unwrap();
         links.accepted(poll.registry(), TcpStream::from_std(accepted)).unwrap();
-        peer.write_all(&[&HELLO_MAGIC[..], &id.to_le_bytes()].concat()).unwrap();
+        peer.write_all(&[&magic[..], &id.to_le_bytes()].concat()).unwrap();
         peer
     }
 
@@ -1385,7 +1440,7 @@ mod tests {
         read_frames(&mut links, &mut poll, 3);
         let mut late = dial_in(&mut links, &poll, &listener, 2);
         assert!(closed(&mut late), "refused");
-        assert_eq!(links.conns.values().filter(|c| c.proven_by == Some(1)).count(), 4);
+        assert_eq!(links.conns.values().filter(|c| c.proven.contains(&1)).count(), 4);
     }
 
     /// A node holding keys proves at most [`MAX_PER_ID`] connections: each one beyond
@@ -1410,7 +1465,7 @@ mod tests {
     #[test]
     fn frames_for_a_client_skip_strangers_claiming_it() {
         let (mut links, mut poll, listener, framed) = keyed(MAX_CONNECTIONS, false);
-        let early = dial_in(&mut links, &poll, &listener, 1);
+        let mut early = dial_in(&mut links, &poll, &listener, 1);
         let mut client = dial_in(&mut links, &poll, &listener, 1);
         client.write_all(&framed(b"request")).unwrap();
         read_frames(&mut links, &mut poll, 1);
@@ -1422,15 +1477,116 @@ mod tests {
             })
             .collect();
         read_frames(&mut links, &mut poll, strangers.len());
-        links.route(poll.registry(), [(1, b"reply".to_vec())]);
-        client.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let mut reply = [0; 9];
-        client.read_exact(&mut reply).unwrap();
-        assert_eq!(reply, *b"\x05\0\0\0reply");
-        for s in strangers.iter_mut().chain([early].iter_mut()) {
+        reply_reaches_only(
+            &mut links,
+            &poll,
+            1,
+            &mut client,
+            b"\x05\0\0\0reply",
+            strangers.iter_mut().chain([&mut early]),
+        );
+    }
+
+    /// Routes a reply to `id`: `reached` reads `expected` (with its framing), and none of
+    /// `others` reads a byte.
+    fn reply_reaches_only<'a>(
+        links: &mut Links,
+        poll: &Poll,
+        id: NodeId,
+        reached: &mut std::net::TcpStream,
+        expected: &[u8],
+        others: impl Iterator<Item = &'a mut std::net::TcpStream>,
+    ) {
+        links.route(poll.registry(), [(id, b"reply".to_vec())]);
+        reached.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut reply = vec![0; expected.len()];
+        reached.read_exact(&mut reply).unwrap();
+        assert_eq!(reply, expected);
+        for s in others {
             s.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
-            assert!(!matches!(s.read(&mut [0; 16]), Ok(n) if n > 0), "a stranger got a frame");
+            assert!(!matches!(s.read(&mut [0; 16]), Ok(n) if n > 0), "a frame for {id} reached another");
         }
+    }
+
+    /// A client holding keys cannot take another client's frames by naming it on shared
+    /// connections it proved with its own MAC, however many: the other client's proof
+    /// on its own shared connection keeps them there. Without that proof the key holder's
+    /// claims would count as proven routes, push the client's off, and get its frames.
+    #[test]
+    fn a_key_holder_naming_another_client_on_its_shared_connections_gets_none_of_its_frames() {
+        use phalanx_core::crypto::{CryptoMode, MacKey};
+        let key = |client: NodeId| MacKey::from_bytes([client as u8; 32]);
+        let replica = Keyring::new(CryptoMode::Real, 0, [(1, key(1)), (2, key(2))].into());
+        let cfg = NetConfig { keys: Some(Arc::new(replica)), ..config(0, &[0, 1, 2]) };
+        let mut links = Links::new(cfg, Arc::new(Metrics::new(0, &[0, 1, 2])), FIRST_CONN, 1);
+        let mut poll = Poll::new().unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a loopback port");
+        let frame = |client: NodeId, body: &[u8]| {
+            [&(body.len() as u32).to_le_bytes()[..], &client.to_le_bytes(), body].concat()
+        };
+        let proof = |client: NodeId| {
+            let ring = Keyring::new(CryptoMode::Real, client, [(0, key(client))].into());
+            frame(client, &wire::proof(&ring, 0).expect("a key for node 0"))
+        };
+        let mut victim = dial_in_saying(&mut links, &poll, &listener, SHARED_MAGIC, 0);
+        let mut attackers: Vec<_> =
+            (0..MAX_PER_ID + 1).map(|_| dial_in_saying(&mut links, &poll, &listener, SHARED_MAGIC, 0)).collect();
+        victim.write_all(&proof(2)).unwrap();
+        read_frames(&mut links, &mut poll, 1);
+        for a in &mut attackers {
+            a.write_all(&[proof(1), frame(2, b"")].concat()).unwrap();
+        }
+        read_frames(&mut links, &mut poll, attackers.len());
+        reply_reaches_only(&mut links, &poll, 2, &mut victim, b"\x05\0\0\0\x02\0\0\0reply", attackers.iter_mut());
+    }
+
+    /// A dialer proves itself right after its hello, before it has anything to say (a
+    /// subscriber may never say anything); on shared links each client holding a key for
+    /// the replica does, and one holding none announces itself.
+    #[test]
+    fn dialers_prove_themselves_before_they_say_anything() {
+        use phalanx_core::crypto::{CryptoMode, MacKey};
+        let key = |id: NodeId| MacKey::from_bytes([id as u8; 32]);
+        let ring = |me: NodeId| Arc::new(Keyring::new(CryptoMode::Real, me, [(0, key(me))].into()));
+        let replica = Keyring::new(CryptoMode::Real, 0, [(1, key(1)), (5, key(5))].into());
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a loopback port");
+        let opening = |cfg: NetConfig, clients: &[(NodeId, Option<Arc<Keyring>>)], len: usize| {
+            let metrics = || Arc::new(Metrics::new(1, &[0, 1]));
+            let mut links = Links::new(cfg, metrics(), FIRST_CONN, 1);
+            for (id, keys) in clients {
+                links.join(*id, metrics(), keys.clone());
+            }
+            let mut poll = Poll::new().unwrap();
+            links.dial_due(poll.registry(), Instant::now());
+            let (mut accepted, _) = listener.accept().unwrap();
+            turn(&mut links, &mut poll);
+            accepted.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let mut got = vec![0; len];
+            accepted.read_exact(&mut got).unwrap();
+            got
+        };
+        let dial = vec![(0, listener.local_addr().unwrap())];
+        let proof = |id| wire::proof(&ring(id), 0).expect("a key for node 0");
+        let len = |p: &[u8]| (p.len() as u32).to_le_bytes();
+
+        let one = NetConfig { dial: dial.clone(), keys: Some(ring(1)), ..config(1, &[0, 1]) };
+        let expected = [&HELLO_MAGIC[..], &1u32.to_le_bytes(), &len(&proof(1)), &proof(1)].concat();
+        assert_eq!(opening(one, &[], expected.len()), expected);
+        assert!(wire::authentic(&replica, 1, &proof(1)));
+
+        let shared = NetConfig { dial, shared: true, ..config(1, &[0, 1]) };
+        let expected = [
+            &SHARED_MAGIC[..],
+            &1u32.to_le_bytes(),
+            &len(&proof(5)),
+            &5u32.to_le_bytes(),
+            &proof(5),
+            &0u32.to_le_bytes(),
+            &6u32.to_le_bytes(),
+        ]
+        .concat();
+        assert_eq!(opening(shared, &[(5, Some(ring(5))), (6, None)], expected.len()), expected);
+        assert!(wire::authentic(&replica, 5, &proof(5)));
     }
 
     /// The slots fit the descriptors left beside the node's own files and dials.

@@ -445,9 +445,10 @@ impl EventLoop {
             match command {
                 Command::Add { slot, node, news } => {
                     let Prepared { id, mut driver, net, metrics } = *node;
+                    let keys = net.keys.clone();
                     let shared = self.shared_links(net, metrics.clone());
                     let Shared { links, nodes } = self.shared.get_mut(&shared).expect("made");
-                    links.join(id, metrics);
+                    links.join(id, metrics, keys);
                     let recovered =
                         driver.recover(&mut |frames| links.send(id, None, frames)).map_err(|e| e.to_string());
                     let failed = recovered.is_err();
