@@ -884,6 +884,12 @@ impl Node {
         wire::authentic(&self.ctx.keys, from, frame)
     }
 
+    /// A frame carrying nothing, with this node's MAC for `to` ([`wire::proof`]): what a
+    /// host sends first on a connection it opens to `to`. `None` without a key for `to`.
+    pub fn proof(&self, to: NodeId) -> Option<Vec<u8>> {
+        wire::proof(&self.ctx.keys, to)
+    }
+
     /// The request number the next accepted request gets (a PBFT client's, so a host can
     /// match `Completed` outputs to its submissions); `None` for roles that number none.
     pub fn next_request(&self) -> Option<u64> {
