@@ -3,7 +3,7 @@
 use phalanx_core::Node as CoreNode;
 use phalanx_core::boundary::{StatusValue, stats_fields, status_fields};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
+use pyo3::types::{PyBytes, PyDict, PyList};
 
 use crate::bytes::Buf;
 use crate::errors::{config_error, handle_error};
@@ -93,6 +93,13 @@ impl Node {
     /// a connection.
     fn authentic(&self, sender: u32, frame: Buf) -> bool {
         self.node.authentic(sender, &frame.0)
+    }
+
+    /// A frame (without its length prefix) carrying nothing, with this node's MAC for
+    /// node `to`: what a host sends first on a connection it opens, so `to` can tell it
+    /// from a stranger before it has anything to say. `None` without a key for `to`.
+    fn proof<'py>(&self, py: Python<'py>, to: u32) -> Option<Bound<'py, PyBytes>> {
+        self.node.proof(to).map(|frame| PyBytes::new(py, &frame))
     }
 
     /// This node's id.

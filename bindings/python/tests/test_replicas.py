@@ -351,6 +351,29 @@ def test_strangers_cannot_take_a_clients_slots_or_replies(monkeypatch):
     asyncio.run(asyncio.wait_for(main(), 60))
 
 
+def test_a_client_is_proven_before_it_sends_anything():
+    """A dialer sends its proof (``Node.proof``, a frame carrying nothing MAC'd for the
+    replica) right after its hello, so a client that has sent nothing yet, as a subscriber
+    may never, holds a proven connection at every replica: strangers filling the slots
+    cannot take it."""
+
+    async def main():
+        configs, addrs = cluster(seed=17)
+        proof = phalanx.Node(configs[4]).proof(0)
+        assert phalanx.Node(configs[0]).authentic(4, proof)
+        assert not phalanx.Node(configs[1]).authentic(4, proof), "a proof for replica 0 only"
+        client = phalanx.Client(configs[4], addrs, timeout=15)
+        async with running(configs, addrs, [Counter() for _ in range(4)]) as replicas:
+            async with client:
+                await eventually(
+                    lambda: all(client.id in r._host._proven for r in replicas),
+                    lambda: "the client is not proven at every replica before it sends",
+                )
+                assert int(await client.execute(b"add:1")) == 1
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
 def test_slots_fit_the_open_file_limit(monkeypatch):
     """A host accepts no more connections than the process's open files leave room for:
     past the limit an accept fails, and takes no stranger's slot."""

@@ -11,7 +11,8 @@ hello is not trusted (the core authenticates every frame).
 
 Slots (as ``phalanxd``): at most ``MAX_CONNECTIONS`` accepted connections (fewer if the
 process's limit on open files leaves less room). One is proven once a frame on it
-carries a valid MAC from the node its hello named (``Node.authentic``). When every slot
+carries a valid MAC from the node its hello named (``Node.authentic``); a dialer sends
+one right after its hello (``Node.proof``: a frame carrying nothing). When every slot
 is taken, a newcomer takes the slot of the oldest unproven connection, so strangers
 without keys cannot lock out the nodes that hold them; a node keeps at most
 ``MAX_PER_ID`` proven connections (its oldest go), so a faulty one cannot either. A
@@ -262,6 +263,10 @@ class Host:
                 continue
             backoff = 0.02
             writer.write(HELLO_MAGIC + _LEN.pack(self.id))
+            # Proven before it has anything to say (a subscriber may never say anything).
+            proof = self.node.proof(peer.id)
+            if proof is not None:
+                writer.write(_LEN.pack(len(proof)) + proof)
             while peer.queue:
                 writer.write(peer.queue.popleft())
             peer.writer = writer
