@@ -13,7 +13,8 @@
  * (the core authenticates every frame, and counts what fails as a fault).
  *
  * Slots (as phalanxd's): an accepted connection is proven once a frame on it carries a
- * valid MAC from the id its hello named. At most `maxConnections` are accepted; a
+ * valid MAC from the id its hello named; a dialer sends one right after its hello
+ * (`proof`: a frame carrying nothing). At most `maxConnections` are accepted; a
  * newcomer then takes the slot of the oldest one not proven, or is refused if every one
  * is, so strangers holding no keys cannot lock out the nodes that hold them. An id keeps
  * at most `MAX_PER_ID` proven connections (its oldest go). A client's frames go on its
@@ -350,6 +351,9 @@ class Host {
       hello.writeUInt32LE(this.id, 4);
       socket.cork();
       socket.write(hello);
+      // Proven before it has anything to say (a subscriber may never say anything).
+      const proof = this.native.proof(id);
+      if (proof !== null) for (const part of frame(proof)) socket.write(part);
       for (const f of peer.queue.splice(0)) socket.write(f);
       socket.uncork();
       peer.socket = socket;

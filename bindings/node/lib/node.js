@@ -110,6 +110,17 @@ class Node {
     return guard(() => this.#node.authentic(sender, frame));
   }
 
+  /**
+   * A frame (without its length prefix) carrying nothing, with this node's MAC for node
+   * `to`: what a host sends first on a connection it opens, so `to` can tell it from a
+   * stranger before it has anything to say. `null` without a key for `to`.
+   * @param {number} to
+   * @returns {Buffer | null}
+   */
+  proof(to) {
+    return this.#node.proof(to);
+  }
+
   /** Gauges, counters and flags by the core's names in camelCase. @returns {Record<string, bigint | boolean>} */
   status() {
     return this.#node.status();

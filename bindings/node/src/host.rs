@@ -357,6 +357,13 @@ impl Host {
         Ok(wire::authentic(&self.keys, sender, bytes))
     }
 
+    /// A frame carrying nothing, with this node's MAC for node `to` (as `Node.proof`),
+    /// made on the event loop even while a round runs. `null` without a key for `to`.
+    #[napi(ts_return_type = "Buffer | null")]
+    pub fn proof(&self, to: u32) -> Option<Bytes> {
+        wire::proof(&self.keys, to).map(Bytes)
+    }
+
     /// The node's gauges and counters after the last round (as `Node.status()`).
     #[napi(ts_return_type = "Record<string, bigint | boolean>")]
     pub fn status<'env>(&self, env: &'env Env) -> napi::Result<Object<'env>> {

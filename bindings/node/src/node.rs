@@ -203,6 +203,14 @@ impl Node {
         Ok(self.node.authentic(sender, bytes))
     }
 
+    /// A frame (without its length prefix) carrying nothing, with this node's MAC for
+    /// node `to`: what a host sends first on a connection it opens, so `to` can tell it
+    /// from a stranger before it has anything to say. `null` without a key for `to`.
+    #[napi(ts_return_type = "Buffer | null")]
+    pub fn proof(&self, to: u32) -> Option<Bytes> {
+        self.node.proof(to).map(Bytes)
+    }
+
     #[napi(getter)]
     pub fn id(&self) -> u32 {
         self.node.id()

@@ -204,6 +204,34 @@ test('strangers holding no keys take neither the slots nor the replies of nodes 
   }
 });
 
+test('a dialer proves itself right after its hello, before it has anything to say', async () => {
+  const { configs, addrs } = await cluster(17);
+  // A stand-in for replica 0 keeps the first bytes a connecting client writes.
+  let got = Buffer.alloc(0);
+  const server = net.createServer((socket) => socket.on('data', (d) => (got = Buffer.concat([got, d]))));
+  await new Promise((resolve) => server.listen(addrs[0].port, addrs[0].host, resolve));
+  const client = new phalanx.Client(configs[4], addrs, { timeout: 5_000 });
+  try {
+    await client.start();
+    const proof = new phalanx.Node(configs[4]).proof(0);
+    const expected = Buffer.concat([Buffer.from('PHX1'), u32(4), u32(proof.length), proof]);
+    await eventually(() => got.length >= expected.length, () => `${got.length} bytes arrived`, 5_000);
+    assert.deepEqual(got.subarray(0, expected.length), expected);
+    assert.equal(new phalanx.Node(configs[0]).authentic(4, proof), true);
+    assert.equal(new phalanx.Node(configs[1]).authentic(4, proof), false);
+  } finally {
+    await client.close();
+    server.close();
+  }
+});
+
+/** A u32, little-endian. @param {number} n */
+function u32(n) {
+  const b = Buffer.alloc(4);
+  b.writeUInt32LE(n);
+  return b;
+}
+
 test('no quorum: the client times out; wrong arguments are refused', async () => {
   const { configs, addrs } = await cluster(13);
   const replicas = configs.slice(0, 2).map((c) => new phalanx.Replica(c, addrs, new Counter()));
