@@ -354,8 +354,8 @@ def test_strangers_cannot_take_a_clients_slots_or_replies(monkeypatch):
 def test_a_client_is_proven_before_it_sends_anything():
     """A dialer sends its proof (``Node.proof``, a frame carrying nothing MAC'd for the
     replica) right after its hello, so a client that has sent nothing yet, as a subscriber
-    may never, holds a proven connection at every replica: strangers filling the slots
-    cannot take it."""
+    may never, holds a proven connection at every replica (a slot strangers cannot take,
+    as the test above shows)."""
 
     async def main():
         configs, addrs = cluster(seed=17)
