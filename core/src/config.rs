@@ -10,7 +10,7 @@ use prost::Message;
 use crate::NodeId;
 use crate::crypto::{BlsPublicKey, BlsSecretKey, BlsSignature, CryptoMode, MacKey, bls_key_material, pairwise_mac_key};
 pub use crate::role::{Protocol, Role};
-use crate::wire::pb;
+use crate::wire::{Keyring, pb};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeInfo {
@@ -485,6 +485,11 @@ impl Params {
 }
 
 impl NodeConfig {
+    /// The MAC keys this node seals and opens frames with.
+    pub fn keyring(&self) -> Keyring {
+        Keyring::new(self.cluster.crypto, self.id, self.mac_keys.clone())
+    }
+
     /// Validates the cluster, the node's place in it, that it holds a MAC key for every
     /// peer it talks to and the BLS secret matching its public key, and the BLS keys it
     /// relies on ([`NodeConfig::keys_relied_on`]).

@@ -763,7 +763,7 @@ impl Node {
 
     fn build(cfg: NodeConfig) -> Result<Node, ConfigError> {
         let (replicas, f) = cfg.cluster.service_of(cfg.id);
-        let keys = Keyring::new(cfg.cluster.crypto, cfg.id, cfg.mac_keys.clone());
+        let keys = cfg.keyring();
         let other_replicas = replicas.iter().copied().filter(|&r| r != cfg.id).collect();
         let ctx = Ctx {
             quorums: Quorums::new(replicas.len(), f as usize),

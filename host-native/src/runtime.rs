@@ -15,7 +15,6 @@ use phalanx_core::crypto::CryptoMode;
 use phalanx_core::host::{MemoryStorage, Storage};
 use phalanx_core::sim::distill_adversary::Lie;
 use phalanx_core::trace::Recorder;
-use phalanx_core::wire::Keyring;
 use phalanx_core::{NodeId, Protocol};
 
 use crate::config::{ClusterFile, ConfigError};
@@ -204,7 +203,7 @@ pub struct Prepared {
 pub fn prepare(cluster: &ClusterFile, id: NodeId, opts: &StartOptions) -> Result<Prepared, StartError> {
     let cfg = cluster.node_config(id).map_err(StartError::Config)?;
     let encoded = cfg.encode();
-    let keys = Arc::new(Keyring::new(cfg.cluster.crypto, id, cfg.mac_keys.clone()));
+    let keys = Arc::new(cfg.keyring());
     let verified = VerifiedKeys::of(cluster, &cfg);
     let known = verified.known();
     let lying = (!opts.lies.is_empty()).then(|| cfg.clone());

@@ -310,7 +310,7 @@ impl Host {
         let (id, role, protocol) = (node.id(), node.role().name(), node.config().cluster.protocol.name());
         let replicas = node.config().cluster.replicas().map(|n| n.id).collect();
         let call_window = node.config().cluster.params.call_window;
-        let keys = Keyring::new(node.config().cluster.crypto, id, node.config().mac_keys.clone());
+        let keys = node.config().keyring();
         let snapshot = Arc::new(Mutex::new((node.status(), node.stats().clone())));
         let host = HostLoop::new(node, storage, application);
         let state = State { host, app_failed, recovered: false, failed: None };

@@ -67,7 +67,7 @@ impl Coalition {
                 let replicas: Vec<NodeId> = c.cluster.replicas().map(|r| r.id).collect();
                 chain = Some(ChainPath::new(&replicas, Quorums::new(replicas.len(), c.cluster.f as usize)));
                 let role = c.cluster.node(c.id).expect("a member of its cluster").role;
-                let keys = Keyring::new(c.cluster.crypto, c.id, c.mac_keys.clone());
+                let keys = c.keyring();
                 (c.id, Member { keys, bls: c.bls_secret.clone(), role })
             })
             .collect();
