@@ -266,7 +266,7 @@ class Host:
             # Proven before it has anything to say (a subscriber may never say anything).
             proof = self.node.proof(peer.id)
             if proof is not None:
-                writer.write(_LEN.pack(len(proof)) + proof)
+                writer.write(_frame(proof))
             while peer.queue:
                 writer.write(peer.queue.popleft())
             peer.writer = writer
