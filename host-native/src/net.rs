@@ -409,8 +409,6 @@ pub struct Links {
     /// Connections that said hello with an id, or carried its frames shared, oldest
     /// first (clients reached this way).
     by_id: BTreeMap<NodeId, Vec<usize>>,
-    /// Accepted connections proven by each node's MAC, oldest first.
-    proven: BTreeMap<NodeId, Vec<usize>>,
     metrics: Arc<Metrics>,
     /// Shared links: the metrics of each client whose frames they carry.
     clients: BTreeMap<NodeId, Arc<Metrics>>,
@@ -452,7 +450,6 @@ impl Links {
             token_step,
             dialers,
             by_id: BTreeMap::new(),
-            proven: BTreeMap::new(),
             metrics,
             clients: BTreeMap::new(),
             client_keys: BTreeMap::new(),
@@ -585,10 +582,10 @@ impl Links {
     /// stops carrying `id`).
     fn prove(&mut self, registry: &Registry, id: NodeId, t: usize) {
         self.conns.get_mut(&t).expect("a live connection").proven.insert(id);
-        let proven = self.proven.entry(id).or_default();
-        proven.push(t);
-        if proven.len() > MAX_PER_ID {
-            let oldest = proven.remove(0);
+        // Tokens grow, so the first is the oldest. Proofs are rare (one per connection and
+        // sender), so the scan is not on any frame's path.
+        let mut proven = self.conns.iter().filter(|(_, c)| c.proven.contains(&id)).map(|(&t, _)| t);
+        if let (Some(oldest), Some(_)) = (proven.next(), proven.nth(MAX_PER_ID - 1)) {
             self.drop_route(registry, id, oldest);
         }
     }
@@ -602,7 +599,6 @@ impl Links {
             carried.remove(&id);
             c.proven.remove(&id);
             forget(&mut self.by_id, id, t);
-            forget(&mut self.proven, id, t);
         } else {
             self.close(registry, t);
         }
@@ -929,9 +925,6 @@ impl Links {
         };
         for id in reached {
             forget(&mut self.by_id, id, t);
-        }
-        for &id in &c.proven {
-            forget(&mut self.proven, id, t);
         }
         if let Some(id) = c.dialed
             && let Some(d) = self.dialers.get_mut(&id)
