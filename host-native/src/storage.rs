@@ -7,14 +7,27 @@
 //!
 //! # Format
 //!
-//! `dir/wal.log` starts with a header block of [`BLOCK`] bytes: the magic `PHXWAL02`
+//! `dir/wal.log` starts with a header block of [`BLOCK`] bytes: the magic `PHXWAL03`
 //! (8 bytes), then two slots, each `[generation: u64 LE][start: u64 LE][checksum: 8
-//! bytes]` (the checksum is the first 8 bytes of `blake3(generation ‖ start)`). The slot
-//! with the higher generation among the intact ones says where the records start. The
-//! records follow, each `[len: u32 LE][checksum: 8 bytes][record: len bytes]`, where the
-//! checksum is the first 8 bytes of `blake3(len_le ‖ record)`. A length above
-//! [`MAX_RECORD`] is corruption. A log of the first version (`PHXWAL01`, records right
-//! after the magic) is rewritten in this format when it is opened.
+//! bytes]` (the checksum is the first 8 bytes of `blake3(generation ‖ start)`), then the
+//! log's own key, `[key: 32 bytes][checksum: 8 bytes]` (the first 8 bytes of
+//! `blake3(key)`), drawn at random when the log is created. The slot with the higher
+//! generation among the intact ones says where the records start. The records follow,
+//! each `[len: u32 LE][head: 4 bytes][sum: 8 bytes][record: len bytes]`: `sum` is the
+//! first 8 bytes of the keyed `blake3(key; len_le ‖ record)`, `head` the first 4 of
+//! `blake3(key; "head" ‖ len_le ‖ sum)`. A length above [`MAX_RECORD`] is corruption.
+//!
+//! The key is why no bytes written from outside pass for a record: a client's op, which
+//! a replica persists verbatim inside its batch record, cannot be made to look like one
+//! (a record torn after such an op must still read as a torn tail). The head is why
+//! looking for intact records after a damaged one costs one short hash per plausible
+//! place, not a hash of the length each place claims (a torn record of random bytes of a
+//! few MiB has thousands of places claiming lengths that fit).
+//!
+//! Logs of earlier versions, read and then rewritten in this one when opened, checked
+//! their records with an unkeyed `blake3(len_le ‖ record)` and no head: the second
+//! (`PHXWAL02`) had the header block without the key, the first (`PHXWAL01`) had the
+//! records right after the magic.
 //!
 //! # Compaction
 //!
@@ -68,24 +81,31 @@ use phalanx_core::host::Storage;
 use crate::config::Durability;
 
 /// The file header: format name and version.
-pub const MAGIC: [u8; 8] = *b"PHXWAL02";
-/// The first version's header, records right after it: read, then rewritten as this one.
+pub const MAGIC: [u8; 8] = *b"PHXWAL03";
+/// The earlier versions' headers: the second's block had no key, the first's records
+/// came right after it. Read, then rewritten as this one.
+const MAGIC_V2: [u8; 8] = *b"PHXWAL02";
 const MAGIC_V1: [u8; 8] = *b"PHXWAL01";
-/// The header block: the magic and the two start slots. Records start at or after it, so
+/// The header block: the magic, the two start slots and the key. Records start at or after it, so
 /// compaction frees whole blocks before them and never touches the header.
 pub const BLOCK: u64 = 4096;
 /// A start slot: generation, start, checksum.
 const SLOT: usize = 24;
 /// Where the two start slots lie; generation `g` is written to slot `g % 2`.
 const SLOTS: [usize; 2] = [8, 8 + SLOT];
+/// Where the log's key and its checksum lie, after the slots.
+const KEY_AT: usize = 8 + 2 * SLOT;
 /// The largest record the log accepts; a longer length field is corruption.
 pub const MAX_RECORD: usize = 64 << 20;
-const HEADER: usize = 4 + 8;
+/// A record's header: length, head, sum.
+const HEADER: usize = 4 + 4 + 8;
+/// A record's header in the earlier versions: length, unkeyed checksum.
+const LEGACY_HEADER: usize = 4 + 8;
 const LOG_NAME: &str = "wal.log";
 const TMP_NAME: &str = "wal.log.tmp";
-/// Bytes hashed while looking for intact records after a damaged one. Garbage tails
-/// rarely have plausible lengths, so this is only reached by adversarial contents; past
-/// it the damage is treated as corruption, the safe side.
+/// Bytes hashed while looking for intact records after a damaged one; past it the damage
+/// is treated as corruption, the safe side. Only a log of an earlier version, whose
+/// records have no head to check first, comes near it.
 const SCAN_BUDGET: u64 = 256 << 20;
 /// Obsolete bytes [`WalStorage`] lets build up before it compacts (and at least as many
 /// as the records it keeps). Punching a hole costs a sync of the header, so this bounds
@@ -145,6 +165,8 @@ pub struct Wal {
     path: PathBuf,
     /// Positioned at the end of the written data.
     file: File,
+    /// The key of the records' checksums.
+    key: Key,
     /// The generation of the header's current start slot.
     generation: u64,
     /// End of the log in the file: records start below it; zeros follow, up to `allocated`.
@@ -180,30 +202,31 @@ impl Wal {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 // Created under the temp name and renamed, so the log never lacks its header.
-                let (file, allocated) = install(dir, &header_block())?;
+                let key = fresh_key(&path)?;
+                let (file, allocated) = install(dir, &header_block(&key))?;
                 sync_dir(dir)?;
                 // `dir` itself may be new: its entry must outlast a crash too.
                 let parent = dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
                 sync_dir(parent)?;
-                return Ok((Wal::with_file(dir, file, 1, BLOCK, allocated, Vec::new()), Vec::new()));
+                return Ok((Wal::with_file(dir, file, key, 1, BLOCK, allocated, Vec::new()), Vec::new()));
             }
             Err(e) => return Err(io_err(&path, "open")(e)),
         };
-        let Some(LogFile { version, generation, start, data }) = read_log(&path, &mut file)? else {
+        let Some(LogFile { version, generation, start, sums, data }) = read_log(&path, &mut file)? else {
             // Never left by this code (logs are created with their header), and holds nothing.
-            let header = header_block();
-            file.write_all(&header).map_err(io_err(&path, "write"))?;
+            let key = fresh_key(&path)?;
+            file.write_all(&header_block(&key)).map_err(io_err(&path, "write"))?;
             file.sync_data().map_err(io_err(&path, "sync"))?;
-            return Ok((Wal::with_file(dir, file, 1, BLOCK, BLOCK, Vec::new()), Vec::new()));
+            return Ok((Wal::with_file(dir, file, key, 1, BLOCK, BLOCK, Vec::new()), Vec::new()));
         };
-        let (intact, off, damage) = intact_records(&data);
+        let (intact, off, damage) = intact_records(&data, sums);
         let starts = intact.iter().map(|&(at, _)| start + at as u64).collect();
         let records: Vec<Vec<u8>> = intact.into_iter().map(|(_, rec)| rec.to_vec()).collect();
         let end = start + off as u64;
         let mut allocated = start + data.len() as u64;
         if let Some(reason) = damage {
             let discarded = data.len() - off;
-            match intact_after(&data, off) {
+            match intact_after(&data, off, sums) {
                 Some(false) => tracing::warn!(
                     path = %path.display(),
                     offset = end,
@@ -236,19 +259,34 @@ impl Wal {
         file.sync_all().map_err(io_err(&path, "sync"))?;
         sync_dir(dir)?;
         file.seek(SeekFrom::Start(end)).map_err(io_err(&path, "seek"))?;
-        let mut wal = Wal::with_file(dir, file, generation, end, allocated, starts);
-        if version == MAGIC_V1 {
+        // A log of an earlier version is rewritten under a key of its own.
+        let key = match sums {
+            Sums::Keyed(key) => key,
+            Sums::Legacy => fresh_key(&path)?,
+        };
+        let mut wal = Wal::with_file(dir, file, key, generation, end, allocated, starts);
+        if sums == Sums::Legacy {
             wal.rewrite(records.iter().map(Vec::as_slice))?;
-            tracing::info!(path = %path.display(), "rewrote a first-version write-ahead log in the current format");
+            let version = String::from_utf8_lossy(&version).into_owned();
+            tracing::info!(path = %path.display(), %version, "rewrote a write-ahead log of an earlier version in the current format");
         }
         Ok((wal, records))
     }
 
-    fn with_file(dir: &Path, file: File, generation: u64, written: u64, allocated: u64, starts: Vec<u64>) -> Wal {
+    fn with_file(
+        dir: &Path,
+        file: File,
+        key: Key,
+        generation: u64,
+        written: u64,
+        allocated: u64,
+        starts: Vec<u64>,
+    ) -> Wal {
         Wal {
             dir: dir.to_path_buf(),
             path: dir.join(LOG_NAME),
             file,
+            key,
             generation,
             written,
             allocated,
@@ -267,7 +305,7 @@ impl Wal {
             return Err(io_err(&self.path, "append")(too_long(record.len())));
         }
         self.starts.push(self.len_bytes());
-        encode(&mut self.pending, record);
+        encode(&mut self.pending, &self.key, record);
         Ok(())
     }
 
@@ -307,14 +345,14 @@ impl Wal {
     /// the old log stays in use.
     pub fn rewrite<'a>(&mut self, records: impl IntoIterator<Item = &'a [u8]>) -> Result<(), StorageError> {
         self.check("rewrite")?;
-        let mut content = header_block();
+        let mut content = header_block(&self.key);
         let mut starts = Vec::new();
         for r in records {
             if r.len() > MAX_RECORD {
                 return Err(io_err(&self.path, "rewrite")(too_long(r.len())));
             }
             starts.push(content.len() as u64);
-            encode(&mut content, r);
+            encode(&mut content, &self.key, r);
         }
         self.replace(content, starts)
     }
@@ -387,7 +425,8 @@ impl Wal {
     /// included, by the same atomic replacement as [`Wal::rewrite`].
     fn copy_from(&mut self, n: u64) -> Result<(), StorageError> {
         let cut = self.start_of(n).unwrap_or(self.len_bytes());
-        let mut content = header_block();
+        // The same key: the records are copied as they are.
+        let mut content = header_block(&self.key);
         if cut < self.written {
             // A second handle, so the appending one keeps its position whatever happens.
             let want = self.written - cut;
@@ -540,12 +579,27 @@ fn sync_header(file: &File) -> io::Result<()> {
     file.sync_data()
 }
 
-/// A fresh log's header block: the magic, and the records starting right after it.
-fn header_block() -> Vec<u8> {
+/// A fresh log's header block: the magic, the records starting right after it, and `key`.
+fn header_block(key: &Key) -> Vec<u8> {
     let mut block = vec![0; BLOCK as usize];
     block[..MAGIC.len()].copy_from_slice(&MAGIC);
     block[slot_at(1)..slot_at(1) + SLOT].copy_from_slice(&slot(1, BLOCK));
+    block[KEY_AT..KEY_AT + 32].copy_from_slice(key);
+    block[KEY_AT + 32..KEY_AT + 40].copy_from_slice(&blake3::hash(key).as_bytes()[..8]);
     block
+}
+
+/// The key of `header`, if intact.
+fn key_of(header: &[u8]) -> Option<Key> {
+    let key: Key = header.get(KEY_AT..KEY_AT + 32)?.try_into().ok()?;
+    (header.get(KEY_AT + 32..KEY_AT + 40)? == &blake3::hash(&key).as_bytes()[..8]).then_some(key)
+}
+
+/// A new log's key, from the operating system's randomness.
+fn fresh_key(path: &Path) -> Result<Key, StorageError> {
+    let mut key = [0; 32];
+    getrandom::fill(&mut key).map_err(|e| io_err(path, "draw a key")(io::Error::other(e.to_string())))?;
+    Ok(key)
 }
 
 fn slot_at(generation: u64) -> usize {
@@ -585,6 +639,8 @@ struct LogFile {
     generation: u64,
     /// Where the records start.
     start: u64,
+    /// How its records are checked.
+    sums: Sums,
     /// The bytes from the start to the end of the file.
     data: Vec<u8>,
 }
@@ -600,15 +656,24 @@ fn read_log(path: &Path, file: &mut File) -> Result<Option<LogFile>, StorageErro
         return Ok(None);
     }
     let magic: [u8; 8] = header.get(..8).and_then(|m| m.try_into().ok()).unwrap_or_default();
-    let (generation, start) = match magic {
-        MAGIC => current_slot(&header).ok_or_else(|| corrupt(SLOTS[0] as u64, "no intact start slot in the header"))?,
-        MAGIC_V1 => (0, MAGIC_V1.len() as u64),
-        _ => return Err(corrupt(0, "missing PHXWAL02 header (not a Phalanx log?)")),
+    let slots = || current_slot(&header).ok_or_else(|| corrupt(SLOTS[0] as u64, "no intact start slot in the header"));
+    let (generation, start, sums) = match magic {
+        MAGIC => {
+            let key = key_of(&header).ok_or_else(|| corrupt(KEY_AT as u64, "the log's key fails its checksum"))?;
+            let (generation, start) = slots()?;
+            (generation, start, Sums::Keyed(key))
+        }
+        MAGIC_V2 => {
+            let (generation, start) = slots()?;
+            (generation, start, Sums::Legacy)
+        }
+        MAGIC_V1 => (0, MAGIC_V1.len() as u64, Sums::Legacy),
+        _ => return Err(corrupt(0, "missing PHXWAL03 header (not a Phalanx log?)")),
     };
     let mut data = Vec::new();
     file.seek(SeekFrom::Start(start)).map_err(io_err(path, "seek"))?;
     file.read_to_end(&mut data).map_err(io_err(path, "read"))?;
-    Ok(Some(LogFile { version: magic, generation, start, data }))
+    Ok(Some(LogFile { version: magic, generation, start, sums, data }))
 }
 
 /// Replaces the file at `path` with `contents` (no sync): written whole under a name of
@@ -640,8 +705,8 @@ fn too_long(len: usize) -> io::Error {
 pub fn last_record(dir: &Path) -> Result<Option<std::ops::Range<u64>>, StorageError> {
     let path = log_path(dir);
     let mut file = File::open(&path).map_err(io_err(&path, "open"))?;
-    let Some(LogFile { start, data, .. }) = read_log(&path, &mut file)? else { return Ok(None) };
-    let (intact, end, _) = intact_records(&data);
+    let Some(LogFile { start, sums, data, .. }) = read_log(&path, &mut file)? else { return Ok(None) };
+    let (intact, end, _) = intact_records(&data, sums);
     Ok(intact.last().map(|&(at, _)| start + at as u64..start + end as u64))
 }
 
@@ -702,20 +767,74 @@ fn io_err<'a>(path: &'a Path, op: &'static str) -> impl FnOnce(io::Error) -> Sto
     move |source| StorageError::Io { path: path.to_path_buf(), op, source }
 }
 
-fn encode(out: &mut Vec<u8>, record: &[u8]) {
+/// The key of a log's record checksums.
+type Key = [u8; 32];
+
+/// How a log's records are checked: see the module docs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Sums {
+    /// This version's: keyed by the log's key, each header with a head of its own.
+    Keyed(Key),
+    /// The earlier versions': unkeyed, no head.
+    Legacy,
+}
+
+impl Sums {
+    /// A record header's length.
+    fn header(self) -> usize {
+        match self {
+            Sums::Keyed(_) => HEADER,
+            Sums::Legacy => LEGACY_HEADER,
+        }
+    }
+
+    /// Whether `header` (of [`Sums::header`] bytes) has an intact head: whether a record
+    /// may start with it (always, in the earlier versions).
+    fn head_holds(self, header: &[u8]) -> bool {
+        match self {
+            Sums::Keyed(key) => header[4..8] == head(&key, &header[..4], &header[8..HEADER]),
+            Sums::Legacy => true,
+        }
+    }
+
+    /// Whether `header`'s checksum holds for `record`.
+    fn sum_holds(self, header: &[u8], record: &[u8]) -> bool {
+        match self {
+            Sums::Keyed(key) => self.head_holds(header) && header[8..HEADER] == sum(&key, &header[..4], record),
+            Sums::Legacy => header[4..LEGACY_HEADER] == legacy_sum(&header[..4], record),
+        }
+    }
+}
+
+fn encode(out: &mut Vec<u8>, key: &Key, record: &[u8]) {
     let len = (record.len() as u32).to_le_bytes();
+    let sum = sum(key, &len, record);
     out.extend_from_slice(&len);
-    out.extend_from_slice(&checksum(len, record));
+    out.extend_from_slice(&head(key, &len, &sum));
+    out.extend_from_slice(&sum);
     out.extend_from_slice(record);
 }
 
-fn checksum(len: [u8; 4], record: &[u8]) -> [u8; 8] {
-    let mut h = blake3::Hasher::new();
-    h.update(&len);
+fn sum(key: &Key, len: &[u8], record: &[u8]) -> [u8; 8] {
+    let mut h = blake3::Hasher::new_keyed(key);
+    h.update(len);
     h.update(record);
-    let mut sum = [0; 8];
-    sum.copy_from_slice(&h.finalize().as_bytes()[..8]);
-    sum
+    h.finalize().as_bytes()[..8].try_into().unwrap_or_default()
+}
+
+fn head(key: &Key, len: &[u8], sum: &[u8]) -> [u8; 4] {
+    let mut h = blake3::Hasher::new_keyed(key);
+    h.update(b"head");
+    h.update(len);
+    h.update(sum);
+    h.finalize().as_bytes()[..4].try_into().unwrap_or_default()
+}
+
+fn legacy_sum(len: &[u8], record: &[u8]) -> [u8; 8] {
+    let mut h = blake3::Hasher::new();
+    h.update(len);
+    h.update(record);
+    h.finalize().as_bytes()[..8].try_into().unwrap_or_default()
 }
 
 /// A log's intact records, each with its offset; where they end; why, if before the end.
@@ -725,13 +844,13 @@ type Intact<'a> = (Vec<(usize, &'a [u8])>, usize, Option<String>);
 /// in `data`, up to the end or the first damage: where they end, and why if before the
 /// end. Zeros from there on are the room reserved ahead (see the module docs): the end,
 /// not damage.
-fn intact_records(data: &[u8]) -> Intact<'_> {
+fn intact_records(data: &[u8], sums: Sums) -> Intact<'_> {
     let (mut intact, mut off) = (Vec::new(), 0);
     while off < data.len() {
-        match parse(data, off) {
+        match parse(data, off, sums) {
             Ok(rec) => {
                 intact.push((off, rec));
-                off += HEADER + rec.len();
+                off += sums.header() + rec.len();
             }
             Err(_) if data[off..].iter().all(|&b| b == 0) => break,
             Err(reason) => return (intact, off, Some(reason)),
@@ -741,20 +860,19 @@ fn intact_records(data: &[u8]) -> Intact<'_> {
 }
 
 /// The record at `off`, or why there is no intact record there.
-fn parse(data: &[u8], off: usize) -> Result<&[u8], String> {
-    let rest = &data[off..];
-    if rest.len() < HEADER {
-        return Err(format!("incomplete record header ({} of {HEADER} bytes)", rest.len()));
+fn parse(data: &[u8], off: usize, sums: Sums) -> Result<&[u8], String> {
+    let (rest, header) = (&data[off..], sums.header());
+    if rest.len() < header {
+        return Err(format!("incomplete record header ({} of {header} bytes)", rest.len()));
     }
-    let len_le: [u8; 4] = rest[..4].try_into().unwrap_or_default();
-    let len = u32::from_le_bytes(len_le) as usize;
+    let len = u32::from_le_bytes(rest[..4].try_into().unwrap_or_default()) as usize;
     if len > MAX_RECORD {
         return Err(format!("impossible record length {len} (limit {MAX_RECORD})"));
     }
-    let Some(record) = rest.get(HEADER..HEADER + len) else {
-        return Err(format!("incomplete record ({} of {len} bytes)", rest.len() - HEADER));
+    let Some(record) = rest.get(header..header + len) else {
+        return Err(format!("incomplete record ({} of {len} bytes)", rest.len() - header));
     };
-    if rest[4..HEADER] != checksum(len_le, record) {
+    if !sums.sum_holds(&rest[..header], record) {
         return Err(format!("checksum mismatch in record of {len} bytes"));
     }
     Ok(record)
@@ -762,20 +880,23 @@ fn parse(data: &[u8], off: usize) -> Result<&[u8], String> {
 
 /// Whether an intact record starts anywhere after the damaged one at `off` (a torn tail
 /// has none); `None` when [`SCAN_BUDGET`] ran out before an answer.
-fn intact_after(data: &[u8], off: usize) -> Option<bool> {
+fn intact_after(data: &[u8], off: usize, sums: Sums) -> Option<bool> {
+    let header = sums.header();
     let mut hashed = 0u64;
-    for p in off + 1..data.len().saturating_sub(HEADER - 1) {
+    for p in off + 1..data.len().saturating_sub(header - 1) {
         let len = u32::from_le_bytes(data[p..p + 4].try_into().unwrap_or_default()) as usize;
-        // Only plausible headers cost a hash; garbage mostly has lengths past the end, and
-        // a zero checksum is reserved room (a real one is zero once in 2^64).
-        if len > MAX_RECORD || p + HEADER + len > data.len() || data[p + 4..p + HEADER] == [0; 8] {
+        // Only plausible headers cost a hash of their record: garbage mostly has lengths
+        // past the end or (this version) a head that does not hold, and zero checksums
+        // are reserved room (a real one is zero once in 2^64).
+        let plausible = len <= MAX_RECORD && p + header + len <= data.len();
+        if !plausible || data[p + 4..p + header].iter().all(|&b| b == 0) || !sums.head_holds(&data[p..p + header]) {
             continue;
         }
         hashed += (4 + len) as u64;
         if hashed > SCAN_BUDGET {
             return None;
         }
-        if parse(data, p).is_ok() {
+        if parse(data, p, sums).is_ok() {
             return Some(true);
         }
     }
@@ -808,6 +929,19 @@ mod tests {
         fn drop(&mut self) {
             let _ = fs::remove_dir_all(&self.0);
         }
+    }
+
+    /// The key of the log in `d`.
+    fn key(d: &TempDir) -> Key {
+        key_of(&fs::read(d.log()).unwrap()).expect("an intact key")
+    }
+
+    /// `record` as the earlier versions encoded it.
+    fn legacy_encode(out: &mut Vec<u8>, record: &[u8]) {
+        let len = (record.len() as u32).to_le_bytes();
+        out.extend_from_slice(&len);
+        out.extend_from_slice(&legacy_sum(&len, record));
+        out.extend_from_slice(record);
     }
 
     fn recs(n: usize) -> Vec<Vec<u8>> {
@@ -934,7 +1068,7 @@ mod tests {
         drop(wal);
         // A crash while writing the next record leaves part of it in the room.
         let mut torn = Vec::new();
-        encode(&mut torn, &records[4]);
+        encode(&mut torn, &key(&d), &records[4]);
         let f = File::options().write(true).open(d.log()).unwrap();
         std::os::unix::fs::FileExt::write_all_at(&f, &torn[..torn.len() - 2], end).unwrap();
         drop(f);
@@ -955,7 +1089,7 @@ mod tests {
         let log = fs::read(d.log()).unwrap();
         let end = offset_of(&records, 6) as usize;
         let mut torn = Vec::new();
-        encode(&mut torn, b"a record cut short");
+        encode(&mut torn, &key(&d), b"a record cut short");
         let noise: Vec<u8> = (0..3000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8).collect();
         let tails: Vec<Vec<u8>> = vec![
             vec![0; 1],
@@ -1240,26 +1374,97 @@ mod tests {
     }
 
     #[test]
-    fn a_first_version_log_is_read_and_rewritten_in_this_one() {
-        let d = TempDir::new("v1");
-        fs::create_dir_all(&d.0).unwrap();
+    fn logs_of_earlier_versions_are_read_and_rewritten_in_this_one() {
         let records = recs(5);
-        let mut v1 = MAGIC_V1.to_vec();
-        for r in &records {
-            encode(&mut v1, r);
+        let mut v2 = vec![0; BLOCK as usize];
+        v2[..8].copy_from_slice(&MAGIC_V2);
+        v2[slot_at(1)..slot_at(1) + SLOT].copy_from_slice(&slot(1, BLOCK));
+        for (name, mut log) in [("v1", MAGIC_V1.to_vec()), ("v2", v2)] {
+            let d = TempDir::new(name);
+            fs::create_dir_all(&d.0).unwrap();
+            for r in &records {
+                legacy_encode(&mut log, r);
+            }
+            // A torn tail, as a crash leaves it.
+            log.extend_from_slice(&[7, 0, 0, 0, 1]);
+            fs::write(d.log(), &log).unwrap();
+            let (mut wal, got) = Wal::open(&d.0, Recovery::Strict).unwrap();
+            assert_eq!(got, records, "{name}");
+            assert_eq!(fs::read(d.log()).unwrap()[..8], MAGIC, "{name}");
+            wal.append(b"more").unwrap();
+            wal.sync().unwrap();
+            drop(wal);
+            let (_, got) = Wal::open(&d.0, Recovery::Strict).unwrap();
+            assert_eq!(got[..5], records, "{name}");
+            assert_eq!(got[5], b"more", "{name}");
         }
-        // A torn tail, as a crash leaves it.
-        v1.extend_from_slice(&[7, 0, 0, 0, 1]);
-        fs::write(d.log(), &v1).unwrap();
-        let (mut wal, got) = Wal::open(&d.0, Recovery::Strict).unwrap();
-        assert_eq!(got, records);
-        assert_eq!(fs::read(d.log()).unwrap()[..8], MAGIC);
-        wal.append(b"more").unwrap();
+    }
+
+    #[test]
+    fn a_damaged_key_is_corruption_not_an_empty_log() {
+        let d = TempDir::new("key");
+        drop(write(&d.0, &recs(3)));
+        let mut data = fs::read(d.log()).unwrap();
+        data[KEY_AT + 5] ^= 1;
+        fs::write(d.log(), &data).unwrap();
+        for recovery in [Recovery::Strict, Recovery::Repair] {
+            match Wal::open(&d.0, recovery) {
+                Err(StorageError::Corrupt { offset, reason, .. }) => {
+                    assert!(offset == KEY_AT as u64 && reason.contains("key"), "{reason}")
+                }
+                _ => panic!("expected corruption"),
+            }
+        }
+    }
+
+    /// Writes `records` and then `last`, and leaves `last` as a crash during its write
+    /// leaves it: its first `kept` encoded bytes landed, the rest of it is the zeros of
+    /// the room the log reserved. Returns the offset where `last` starts.
+    fn tear_last(d: &TempDir, records: &[Vec<u8>], last: &[u8], kept: usize) -> u64 {
+        let mut wal = write(&d.0, records);
+        let end = wal.len_bytes();
+        wal.append(last).unwrap();
         wal.sync().unwrap();
         drop(wal);
-        let (_, got) = Wal::open(&d.0, Recovery::Strict).unwrap();
-        assert_eq!(got[..5], records);
-        assert_eq!(got[5], b"more");
+        let f = File::options().write(true).open(d.log()).unwrap();
+        let zeros = vec![0; HEADER + last.len() - kept];
+        std::os::unix::fs::FileExt::write_all_at(&f, &zeros, end + kept as u64).unwrap();
+        end
+    }
+
+    #[test]
+    fn a_large_record_of_random_bytes_torn_by_a_crash_is_a_torn_tail() {
+        // A checkpoint's state of 1 MiB of random values, its write cut short by `kill -9`
+        // (which can end a large write early) or by a power loss before its sync: never
+        // acknowledged. Thousands of places in it claim lengths that fit.
+        let d = TempDir::new("torn-large");
+        let records = recs(6);
+        let mut big = vec![0u8; 1 << 20];
+        blake3::Hasher::new().update(b"state").finalize_xof().fill(&mut big);
+        let end = tear_last(&d, &records, &big, 3 << 18);
+        let (mut wal, got) = Wal::open(&d.0, Recovery::Strict).unwrap_or_else(|e| panic!("restart refused: {e}"));
+        assert_eq!((got, wal.len_bytes()), (records.clone(), end));
+        wal.append(b"after").unwrap();
+        wal.sync().unwrap();
+    }
+
+    #[test]
+    fn a_torn_record_carrying_a_clients_forged_records_is_a_torn_tail() {
+        // A Byzantine client's op holds log records as it can make them: under keys of its
+        // own, or unkeyed as the earlier versions wrote. A replica persists the op verbatim
+        // inside its batch record, and a crash tears that record after the op.
+        let d = TempDir::new("torn-forged");
+        let records = recs(6);
+        let mut op = Vec::new();
+        for key in [[0; 32], [7; 32]] {
+            encode(&mut op, &key, b"any bytes at all");
+        }
+        legacy_encode(&mut op, b"any bytes at all");
+        let batch = [&b"\x0a\x40batch header"[..], &op, &[0x55; 300][..]].concat();
+        let end = tear_last(&d, &records, &batch, HEADER + 14 + op.len() + 10);
+        let (_, got) = Wal::open(&d.0, Recovery::Strict).unwrap_or_else(|e| panic!("restart refused: {e}"));
+        assert_eq!(got, records);
+        assert_eq!(Wal::open(&d.0, Recovery::Strict).unwrap().0.len_bytes(), end);
     }
 
     #[test]
