@@ -597,6 +597,16 @@ impl ClusterFile {
         self.replicas.iter().find(|r| r.id == id)
     }
 
+    /// How node `id` syncs its log: a replica as `[runtime] durability` says; any other
+    /// node always. What makes `replicated` safe is the other replicas holding every
+    /// acknowledged operation; nobody holds a client's request-number lease for it, and a
+    /// client that lost one to a power loss would reuse numbers the replicas executed and
+    /// be answered with another operation's result. A lease is synced once per 1,024
+    /// requests.
+    pub fn durability_of(&self, id: NodeId) -> Durability {
+        if self.replica(id).is_some() { self.runtime.durability } else { Durability::Sync }
+    }
+
     pub fn role_of(&self, id: NodeId) -> Option<Role> {
         if self.replica(id).is_some() {
             Some(self.protocol.replica_role())
@@ -1065,6 +1075,20 @@ pub(crate) mod tests {
         let again = keygen(&options(&dir)).unwrap_err();
         assert!(again.to_string().contains("--force"), "{again}");
         keygen(&KeygenOptions { force: true, ..options(&dir) }).unwrap();
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn only_replicas_skip_syncs_under_replicated_durability() {
+        let dir = temp_dir("durability");
+        let runtime = Runtime { durability: Durability::Replicated, ..Runtime::default() };
+        let file = ClusterFile::load(&keygen(&KeygenOptions { runtime, ..options(&dir) }).unwrap()).unwrap();
+        for r in 0..4 {
+            assert_eq!(file.durability_of(r), Durability::Replicated, "replica {r}");
+        }
+        for c in [4, 5] {
+            assert_eq!(file.durability_of(c), Durability::Sync, "client {c}: its request-number lease");
+        }
         fs::remove_dir_all(&dir).unwrap();
     }
 

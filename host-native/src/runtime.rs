@@ -228,7 +228,7 @@ pub fn prepare(cluster: &ClusterFile, id: NodeId, opts: &StartOptions) -> Result
         (Some(dir), Protocol::Pbft | Protocol::Distill | Protocol::Perpetual) => {
             let recovery = if opts.repair { Recovery::Repair } else { Recovery::Strict };
             let (wal, records) = Wal::open(dir, recovery).map_err(StartError::Storage)?;
-            Box::new(WalStorage::new(wal, records, cluster.runtime.durability))
+            Box::new(WalStorage::new(wal, records, cluster.durability_of(id)))
         }
         _ => Box::new(MemoryStorage::default()),
     };
