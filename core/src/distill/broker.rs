@@ -61,12 +61,12 @@ enum Stage {
     Witnessing { deadline: Nanos, pending: Vec<NodeId>, shards: BTreeMap<usize, BlsSignature> },
     /// Witnessed; waiting for f+1 matching delivery shards (the witness goes out again
     /// at `deadline`: servers answer it with their shard, in case one was lost).
-    Certifying {
-        deadline: Nanos,
-        witness: Option<pb::Reference>,
-        shards: BTreeMap<(u64, Vec<(u64, Option<u64>)>), BTreeMap<usize, BlsSignature>>,
-    },
+    Certifying { deadline: Nanos, witness: pb::Reference },
 }
+
+/// A server's delivery shard for a batch: the height it was ordered at, the amendments
+/// (entry, nudged seq or dropped), the signature.
+type DeliveryShard = (u64, Vec<(u64, Option<u64>)>, BlsSignature);
 
 /// A batch in one lane, from batching to certification.
 struct InFlight {
@@ -76,6 +76,10 @@ struct InFlight {
     batch: Arc<Batch>,
     r2: Digest,
     stage: Stage,
+    /// Each server's latest delivery shard, while witnessing or certifying: shards may
+    /// overtake this broker's own witness (another copy of it got the batch ordered), and
+    /// only f+1 agreeing ones mean it was. One per server, whatever a faulty one sends.
+    delivery: BTreeMap<usize, DeliveryShard>,
 }
 
 impl InFlight {
@@ -330,7 +334,9 @@ impl Broker {
         let deadline = now + p.reduction_timeout_ns;
         let lane_seq = self.lanes[lane].0;
         let stage = Stage::Reducing { deadline, shares: BTreeMap::new(), eager: false };
-        self.lanes[lane].1 = Some(InFlight { lane_seq, entries, r1, batch: Arc::new(batch), r2: [0; 32], stage });
+        let batch = Arc::new(batch);
+        let delivery = BTreeMap::new();
+        self.lanes[lane].1 = Some(InFlight { lane_seq, entries, r1, batch, r2: [0; 32], stage, delivery });
     }
 
     /// M3s, a burst at a time, one per id for the current R1: the first whose auth
@@ -590,7 +596,7 @@ impl Broker {
             send_frame(ctx, server, Frame::Witness(r.clone()));
         }
         let deadline = now + ctx.cfg.cluster.params.witness_timeout_ns;
-        b.stage = Stage::Certifying { deadline, witness: Some(r), shards: BTreeMap::new() };
+        b.stage = Stage::Certifying { deadline, witness: r };
     }
 
     /// Step 10: f+1 delivery shards agreeing on (height, amendments) certify the amended
@@ -605,14 +611,14 @@ impl Broker {
         if b.lane_seq != d.lane_seq || matches!(b.stage, Stage::Reducing { .. }) {
             return ctx.stats.stale += 1;
         }
-        // Shards may overtake this broker's own witness: they mean it was ordered.
-        if let Stage::Witnessing { deadline, .. } = b.stage {
-            b.stage = Stage::Certifying { deadline, witness: None, shards: BTreeMap::new() };
-        }
-        let Stage::Certifying { shards, .. } = &mut b.stage else { return };
         let amendments: Vec<(u64, Option<u64>)> = d.amendments.iter().map(|a| (a.id, a.nudge)).collect();
-        let group = shards.entry((d.height, amendments.clone())).or_default();
-        group.insert(server, BlsSignature(sig));
+        b.delivery.insert(server, (d.height, amendments.clone(), BlsSignature(sig)));
+        let group: BTreeMap<usize, BlsSignature> = b
+            .delivery
+            .iter()
+            .filter(|(_, (height, a, _))| *height == d.height && *a == amendments)
+            .map(|(i, (_, _, s))| (*i, *s))
+            .collect();
         if group.len() < self.servers.p {
             return;
         }
@@ -637,7 +643,7 @@ impl Broker {
         if good.len() < self.servers.p {
             let bad: Vec<usize> = all.iter().map(|(i, _)| *i).filter(|i| !good.iter().any(|(g, _)| g == i)).collect();
             for i in bad {
-                group.remove(&i);
+                b.delivery.remove(&i);
                 ctx.fault(self.servers.ids[i], FaultKind::BadSignature);
             }
             return;
@@ -693,7 +699,7 @@ impl Broker {
                     }
                     *deadline = now + ctx.cfg.cluster.params.witness_timeout_ns;
                 }
-                Stage::Certifying { deadline, witness: Some(r), .. } if *deadline <= now => {
+                Stage::Certifying { deadline, witness: r } if *deadline <= now => {
                     for &server in &self.servers.ids {
                         send_frame(ctx, server, Frame::Witness(r.clone()));
                     }
@@ -774,8 +780,9 @@ impl RoleMachine for Broker {
         let lane_free = self.ready && self.lanes.iter().any(|(_, b)| b.is_none());
         let pool = self.pool_since.filter(|_| lane_free).map(|t| t.saturating_add(self.pool_timeout));
         let stages = self.lanes.iter().filter_map(|(_, b)| b.as_ref()).map(|b| match &b.stage {
-            Stage::Reducing { deadline, .. } | Stage::Witnessing { deadline, .. } => Some(*deadline),
-            Stage::Certifying { deadline, witness, .. } => witness.as_ref().map(|_| *deadline),
+            Stage::Reducing { deadline, .. }
+            | Stage::Witnessing { deadline, .. }
+            | Stage::Certifying { deadline, .. } => Some(*deadline),
         });
         earliest(stages.chain([self.hello_at, pool]))
     }
@@ -923,6 +930,93 @@ mod tests {
             },
             _ => None,
         })
+    }
+
+    /// The frames of `kind` the broker sent to servers in `outs`.
+    fn sent_to_servers(outs: &[Output], pick: impl Fn(Frame) -> bool) -> usize {
+        outs.iter()
+            .filter(|o| match o {
+                Output::Send { to, bytes } if *to < 4 => {
+                    pb::DistillFrame::decode(bytes.as_slice()).unwrap().kind.is_some_and(&pick)
+                }
+                _ => false,
+            })
+            .count()
+    }
+
+    /// One faulty server sends a delivery shard for a lane seq that is only being
+    /// witnessed (nothing was ordered): the broker must still form the witness from the
+    /// correct servers' shards, or the lane (and, lane by lane, the broker) stalls.
+    #[test]
+    fn an_early_delivery_shard_from_one_faulty_server_does_not_stall_the_lane() {
+        let mut b = Reducing::new();
+        let outs: Vec<Output> = (0..CLIENTS).flat_map(|id| b.reduce(id, id, false)).collect();
+        let offer = outs
+            .iter()
+            .find_map(|o| match o {
+                Output::Send { bytes, .. } => match pb::DistillFrame::decode(bytes.as_slice()).unwrap().kind {
+                    Some(Frame::Offer(o)) => Some(o),
+                    _ => None,
+                },
+                _ => None,
+            })
+            .expect("an offer");
+        // Faulty server 3: a delivery shard for the lane seq being witnessed (its
+        // signature is never even checked: one shard is below f+1).
+        let early = pb::DeliveryShard {
+            lane: offer.lane,
+            lane_seq: offer.lane_seq,
+            height: 1,
+            amendments: vec![],
+            signature: vec![0; 96],
+        };
+        drive(&mut b.node, 3, Input::Message { from: 3, bytes: frame(Frame::DeliveryShard(early)) });
+        // Correct servers 0 and 1 witness the offer.
+        let cfg = &b.node.ctx_mut().cfg;
+        let broker = ed_key(CryptoMode::Real, cfg.bls_secret.key_material()).public_key().0;
+        let root: Digest = offer.root.clone().try_into().unwrap();
+        let msg = witness_statement(&b.sys, &broker, offer.lane, offer.lane_seq, &root);
+        let mut outs = vec![];
+        for server in 0..2u32 {
+            let w = pb::WitnessShard {
+                lane: offer.lane,
+                lane_seq: offer.lane_seq,
+                root: offer.root.clone(),
+                signature: b.servers[server as usize].sign(&msg).0.to_vec(),
+            };
+            outs.extend(drive(&mut b.node, 4, Input::Message { from: server, bytes: frame(Frame::WitnessShard(w)) }));
+        }
+        // And however long we wait, the witness never goes out.
+        for t in 1..=5 {
+            outs.extend(drive(&mut b.node, 4 + t * 10_000_000_000, Input::Timeout));
+        }
+        let witnesses = sent_to_servers(&outs, |k| matches!(k, Frame::Witness(_)));
+        assert!(witnesses > 0, "f+1 valid witness shards, yet no witness certificate was sent to the servers");
+    }
+
+    /// Delivery shards carry a height and amendments their sender chooses: a faulty
+    /// server sending shard after shard, each with a new height, keeps one at a correct
+    /// broker (nothing frees the lane until f+1 servers agree).
+    #[test]
+    fn one_faulty_servers_delivery_shards_are_bounded() {
+        let spec = crate::DistillSpec::new(1, 1, 4);
+        let cfg = generate_distill(&spec, [6; 32]).unwrap().into_iter().find(|c| c.id == FIRST_BROKER).unwrap();
+        let mut node = Node::new(cfg).unwrap();
+        let ctx = node.ctx_mut();
+        let mut broker = Broker::new(ctx);
+        let batch = Batch::new(vec![0], Messages::collect([&b"m"[..]].into_iter()), 0, None, vec![]).unwrap();
+        let root = batch.root_t2(Broker::per_leaf(ctx));
+        let stage = Stage::Witnessing { deadline: 0, pending: vec![], shards: BTreeMap::new() };
+        let batch = Arc::new(batch);
+        let flight =
+            InFlight { lane_seq: 0, entries: vec![], r1: root, batch, r2: root, stage, delivery: BTreeMap::new() };
+        broker.lanes[0].1 = Some(flight);
+        for height in 1..=10_000u64 {
+            let d = pb::DeliveryShard { lane: 0, lane_seq: 0, height, amendments: vec![], signature: vec![0; 96] };
+            broker.on_delivery_shard(ctx, 3, d);
+        }
+        let kept = broker.lanes[0].1.as_ref().expect("still in flight").delivery.len();
+        assert_eq!(kept, 1, "one faulty server left {kept} delivery shards in one lane");
     }
 
     #[test]
