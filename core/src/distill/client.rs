@@ -3,7 +3,9 @@
 //! after checking its own entry under it and that the raise is justified by a certified
 //! height record, and accepts a delivery only with f+1 server signatures and its entry's
 //! proof. A broker that stalls is left for the next after `resubmit_timeout`, with the
-//! very same submission (deduplication resolves a double delivery).
+//! very same submission (deduplication resolves a double delivery). A message equal to
+//! the one delivered just before it is not delivered again (spec §5 step 9: the servers
+//! nudge it to that one's seq); it completes with that seq.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -17,7 +19,7 @@ use super::{
     verify_record,
 };
 use crate::config::Role;
-use crate::crypto::{BlsSignature, EdSecretKey};
+use crate::crypto::{BlsSignature, Digest, EdSecretKey, digest};
 use crate::node::{Ctx, HandleError, Output};
 use crate::role::RoleMachine;
 use crate::wire::pb::distill_frame::Kind as Frame;
@@ -43,6 +45,9 @@ pub(crate) struct Client {
     record: Option<pb::HeightRecord>,
     queue: VecDeque<(u64, Vec<u8>)>,
     current: Option<Current>,
+    /// The seq and digest of the message delivered last (since this client started): the
+    /// same message submitted next is delivered, nudged, at that seq.
+    last: Option<(u64, Digest)>,
     next_request: u64,
     /// Sign-up: each server's assignment share, and when to ask again.
     assigned: BTreeMap<usize, (u64, BlsSignature)>,
@@ -75,6 +80,7 @@ impl Client {
             record: None,
             queue: VecDeque::new(),
             current: None,
+            last: None,
             next_request: 1,
             assigned: BTreeMap::new(),
             sign_up_at: id.is_none().then_some(0),
@@ -198,7 +204,11 @@ impl Client {
             return ctx.fault(from, FaultKind::Malformed);
         };
         let Some(root) = record_root(record) else { return ctx.fault(from, FaultKind::Malformed) };
-        if d.seq < self.lo || d.seq > self.hi || !verify_proof(&root, Self::per_leaf(ctx), id, d.seq, &cur.msg, proof) {
+        let sent = digest(&cur.msg);
+        let nudged = self.last == Some((d.seq, sent));
+        if !(nudged || (self.lo..=self.hi).contains(&d.seq))
+            || !verify_proof(&root, Self::per_leaf(ctx), id, d.seq, &cur.msg, proof)
+        {
             return ctx.fault(from, FaultKind::Unexpected);
         }
         if !verify_record(&self.servers, ctx, record) {
@@ -207,6 +217,7 @@ impl Client {
         let request = cur.request;
         let height = record.height;
         self.record = Some(record.clone());
+        self.last = Some((d.seq, sent));
         self.lo = self.hi + 1;
         self.hi = self.lo;
         self.current = None;
