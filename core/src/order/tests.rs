@@ -442,3 +442,123 @@ fn a_replica_led_to_the_last_view_stops_timing_out() {
         assert!(next.is_some_and(|d| d > net.now), "round {round}: next deadline {next:?} at {}", net.now);
     }
 }
+
+/// A frame in flight: sender, addressee, bytes.
+type Frame = (NodeId, NodeId, Vec<u8>);
+
+/// Delivers the queued frames, except those `hold` picks, which stay aside in order.
+fn pump(net: &mut Net, held: &mut Vec<Frame>, hold: &dyn Fn(NodeId, NodeId, &[crate::wire::pb::body::Kind]) -> bool) {
+    while let Some((from, to, bytes)) = net.queue.pop_front() {
+        let bodies = crate::wire::bodies_of(&bytes).unwrap_or_default();
+        if hold(from, to, &bodies) {
+            held.push((from, to, bytes));
+        } else {
+            net.received[to as usize] += 1;
+            net.input(to, Input::Message { from, bytes });
+        }
+    }
+}
+/// `Net::run_timers`, with `pump` for `run`.
+fn timers(
+    net: &mut Net,
+    held: &mut Vec<Frame>,
+    until: u64,
+    hold: &dyn Fn(NodeId, NodeId, &[crate::wire::pb::body::Kind]) -> bool,
+) {
+    pump(net, held, hold);
+    while let Some(t) = net.nodes.iter().filter_map(|n| n.poll_timeout()).min().filter(|&t| t <= until) {
+        net.now = net.now.max(t);
+        for id in 0..net.nodes.len() as NodeId {
+            if net.nodes[id as usize].poll_timeout().is_some_and(|d| d <= net.now) {
+                net.input(id, Input::Timeout);
+            }
+        }
+        pump(net, held, hold);
+    }
+}
+
+/// A replica that asked for view 2 takes no NEW-VIEW for view 1: its VIEW-CHANGE for view
+/// 2 told what it prepared, and voting in view 1 afterwards would leave that silent. No
+/// replica is faulty, only the network slow: replicas 0 and 3 give up on view 1 and ask
+/// for view 2, then view 1's NEW-VIEW and batch X reach them late. When they took it, they
+/// prepared and committed X at slot 1 (replica 1 executed it), and view 2's NEW-VIEW,
+/// built from their VIEW-CHANGEs, left slot 1 open: its primary proposed another batch
+/// there, which the others executed.
+#[test]
+fn a_replica_that_asked_for_view_2_does_not_vote_in_view_1() {
+    use crate::wire::pb::body::Kind;
+    let timeout = Params::default().request_timeout_ns;
+    let mut net = Net::new(1, 2, Params { checkpoint_interval: 64, ..params() });
+    let view_of = |b: &Kind| match b {
+        Kind::NewView(nv) => Some(nv.view),
+        _ => None,
+    };
+    let any = |bodies: &[Kind], p: &dyn Fn(&Kind) -> bool| bodies.iter().any(p);
+    let mut held: Vec<Frame> = Vec::new();
+    // Past the asks replicas make when they start.
+    timers(&mut net, &mut held, 2_000_000_000, &|_, _, _| false);
+
+    // Phase A: view 0's primary gets nothing through, so its backups ask for view 1. Its
+    // primary (1) hears them late, and its NEW-VIEW and proposals are slow to arrive; so
+    // 0, 2 and 3 give up on view 1 and ask for view 2 (replica 1 hears that late too),
+    // whose primary (2) takes it, its NEW-VIEW slow as well. Client 5's request never
+    // reaches replica 1.
+    let slow_to_1 = std::cell::Cell::new(true);
+    let phase_a = |from: NodeId, to: NodeId, bodies: &[Kind]| {
+        (from == 0 && any(bodies, &|b| matches!(b, Kind::PrePrepare(pp) if pp.view == 0)))
+            || (from == 1 && any(bodies, &|b| !matches!(b, Kind::ViewChange(_))))
+            || (from == 2 && any(bodies, &|b| view_of(b) == Some(2)))
+            || (to == 1 && slow_to_1.get() && any(bodies, &|b| matches!(b, Kind::ViewChange(_))))
+            || (from == 5 && to == 1)
+    };
+    let deadline = |net: &Net| net.nodes.iter().filter_map(|n| n.poll_timeout()).min().unwrap();
+    net.submit(4, b"x");
+    while !(1..4).all(|r| net.nodes[r].status().changing_view) {
+        let next = deadline(&net);
+        timers(&mut net, &mut held, next, &phase_a);
+    }
+    let until = net.now + timeout / 2;
+    timers(&mut net, &mut held, until, &phase_a);
+    // The VIEW-CHANGEs for view 1 reach replica 1: it enters view 1 and proposes x.
+    let (to_1, rest): (Vec<Frame>, Vec<Frame>) = held.into_iter().partition(|(_, to, _)| *to == 1);
+    held = rest;
+    net.queue.extend(to_1);
+    slow_to_1.set(false);
+    pump(&mut net, &mut held, &phase_a);
+    assert_eq!(net.nodes[1].status().view, 1);
+    slow_to_1.set(true);
+    net.submit(5, b"y");
+    // One deadline at a time, until view 2's primary took it.
+    while net.nodes[2].status().view != 2 {
+        let next = deadline(&net);
+        timers(&mut net, &mut held, next, &phase_a);
+    }
+    let status: Vec<_> = (0..4).map(|r| net.nodes[r].status()).collect();
+    assert_eq!((status[1].view, status[1].changing_view, status[2].view), (1, false, 2), "{status:?}");
+    assert!(status[0].changing_view && status[3].changing_view, "{status:?}");
+
+    // Phase B: view 1's NEW-VIEW and proposal reach 0 and 3 at last (not 2, which is in
+    // view 2 already); the COMMITs to 0 and 3 are slow.
+    let (mut view_1, rest): (Vec<Frame>, Vec<Frame>) =
+        held.into_iter().partition(|(from, to, _)| *from == 1 && (*to == 0 || *to == 3));
+    held = rest;
+    net.queue.extend(view_1.drain(..));
+    let phase_b = |from: NodeId, to: NodeId, bodies: &[Kind]| {
+        phase_a(from, to, bodies) && !(from == 1 && (to == 0 || to == 3))
+            || ((to == 0 || to == 3) && any(bodies, &|b| matches!(b, Kind::Commit(_) | Kind::Committed(_))))
+    };
+    pump(&mut net, &mut held, &phase_b);
+    let status: Vec<_> = (0..4).map(|r| net.nodes[r].status()).collect();
+    assert!(status[0].view != 1 && status[3].view != 1, "0 and 3 entered view 1: {status:?}");
+    assert!(net.executed[1].is_empty(), "replica 1 executed slot 1 in view 1 without 0 and 3");
+
+    // Phase C: view 2's NEW-VIEW arrives everywhere (the frames still held are lost).
+    net.queue.extend(held.drain(..).filter(|(from, _, _)| *from == 2));
+    let until = net.now + timeout / 8;
+    timers(&mut net, &mut held, until, &|_, _, _| false);
+    let slot_1 = |r: usize| net.executed[r].iter().find(|(seq, _)| *seq == 1).cloned();
+    assert!(slot_1(1).is_some(), "view 2 ordered slot 1");
+    for r in [0, 2, 3] {
+        assert_eq!(slot_1(r), slot_1(1), "replicas 1 and {r} executed different batches at slot 1");
+    }
+}

@@ -362,9 +362,12 @@ impl Replica {
     }
 
     /// A NEW-VIEW: valid if it relays valid VIEW-CHANGEs for its view from 2f+1 distinct
-    /// replicas that settle every slot.
+    /// replicas that settle every slot. Never taken for a view below the latest this
+    /// replica asked for: its VIEW-CHANGE told what it prepared until then, and that later
+    /// view's NEW-VIEW may relay it; voting in an earlier view now would leave that
+    /// VIEW-CHANGE silent about a batch that may commit there.
     pub(super) fn on_new_view(&mut self, ctx: &mut Ctx, now: Nanos, from: NodeId, nv: pb::NewView) {
-        if nv.view <= self.view || from != primary(&self.replicas, nv.view) {
+        if nv.view <= self.view || nv.view < self.durable_view || from != primary(&self.replicas, nv.view) {
             return ctx.stats.stale += 1;
         }
         let mut proofs: BTreeMap<NodeId, Claims> = BTreeMap::new();
