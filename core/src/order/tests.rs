@@ -30,6 +30,8 @@ struct Net {
     restored: Vec<(NodeId, u64)>,
     /// Compactions each node allowed its host.
     compacted: Vec<u32>,
+    /// Each node's persisted records by token, as its storage keeps them (compacted).
+    stored: Vec<Vec<(u64, Vec<u8>)>>,
     now: u64,
 }
 
@@ -52,6 +54,7 @@ impl Net {
             held_answers: vec![],
             restored: vec![],
             compacted: vec![0; n],
+            stored: vec![vec![]; n],
             now: 0,
         }
     }
@@ -67,8 +70,14 @@ impl Net {
                 | Output::Query { .. }
                 | Output::Delivered(_)
                 | Output::Event(_) => {}
-                Output::Persist { token, .. } => self.input(id, Input::Persisted { token }),
-                Output::Compact { .. } => self.compacted[id as usize] += 1,
+                Output::Persist { token, record } => {
+                    self.stored[id as usize].push((token, record));
+                    self.input(id, Input::Persisted { token })
+                }
+                Output::Compact { token } => {
+                    self.compacted[id as usize] += 1;
+                    self.stored[id as usize].retain(|(t, _)| *t >= token);
+                }
                 Output::Execute { seq, ops, snapshot } => {
                     self.executed[id as usize].push((seq, ops.iter().map(|o| (o.client, o.request)).collect()));
                     let results = ops.iter().map(|o| o.op.iter().rev().copied().collect()).collect();
@@ -561,4 +570,79 @@ fn a_replica_that_asked_for_view_2_does_not_vote_in_view_1() {
     for r in [0, 2, 3] {
         assert_eq!(slot_1(r), slot_1(1), "replicas 1 and {r} executed different batches at slot 1");
     }
+}
+
+/// A replica that executed batches it learnt by catch-up (it never prepared them, so only
+/// a `Delivered` record says how far it went) and then certified an earlier checkpoint
+/// keeps how far it went past the compaction: restarted, it answers no read from the
+/// checkpoint's state, older than the state it replied from before the crash. (Persisting
+/// the stable checkpoint wrote its votes and prepared slots again, and not that.)
+#[test]
+fn a_restarted_replica_answers_no_read_from_before_what_it_executed() {
+    use crate::wire::{bodies_of, pb::body::Kind};
+    let params = Params { checkpoint_interval: 4, pipeline: 1, batch_max_count: 1, ..params() };
+    let mut net = Net::new(1, 1, params);
+    let mut held: Vec<Frame> = Vec::new();
+    // Past the asks replicas make when they start.
+    net.run_timers(2_000_000_000);
+    // Batches 1 to 4, everywhere; the others' votes for checkpoint 4 are slow to reach 3.
+    let votes_to_3 =
+        |_: NodeId, to: NodeId, bodies: &[Kind]| to == 3 && bodies.iter().any(|b| matches!(b, Kind::Checkpoint(_)));
+    for i in 1..=4 {
+        net.submit(4, format!("op{i}").as_bytes());
+        pump(&mut net, &mut held, &votes_to_3);
+    }
+    let until = net.now + 200_000_000;
+    timers(&mut net, &mut held, until, &votes_to_3);
+    assert_eq!(net.executed[3].len(), 4);
+    // Replica 3 hears nothing of batches 5 to 7.
+    let deaf_3 = |_: NodeId, to: NodeId, _: &[Kind]| to == 3;
+    let mut lost = Vec::new();
+    for i in 5..=7 {
+        net.submit(4, format!("op{i}").as_bytes());
+        pump(&mut net, &mut lost, &deaf_3);
+    }
+    // Then it hears batch 8's votes, far ahead of what it executed, and asks; the primary's
+    // frames to it and the batch itself are lost, the backups' answers arrive: it catches
+    // up on what committed.
+    let catch_up = |from: NodeId, to: NodeId, bodies: &[Kind]| {
+        votes_to_3(from, to, bodies)
+            || (from, to) == (0, 3)
+            || (to == 3 && bodies.iter().any(|b| matches!(b, Kind::Proposal(_))))
+    };
+    net.submit(4, b"op8");
+    pump(&mut net, &mut lost, &catch_up);
+    let executed_before = net.nodes[3].status().executed;
+    assert!(executed_before >= 7, "replica 3 caught up: {:?}", net.nodes[3].status());
+    assert_eq!(net.compacted[3], 0);
+    // The votes for checkpoint 4 arrive: it certifies it (it executed past it by half an
+    // interval), persisting the stable checkpoint and compacting its storage.
+    let (fours, _): (Vec<Frame>, Vec<Frame>) = held.into_iter().partition(|(_, _, bytes)| {
+        bodies_of(bytes).unwrap().iter().any(|b| matches!(b, Kind::Checkpoint(c) if c.seq == 4))
+    });
+    for (from, to, bytes) in fours {
+        net.input(to, Input::Message { from, bytes });
+    }
+    assert_eq!(net.nodes[3].status().stable, 4, "replica 3 certified checkpoint 4");
+    assert!(net.compacted[3] > 0);
+
+    // Replica 3 restarts from what its storage kept.
+    let mut restarted = Node::new(net.nodes[3].config().clone()).unwrap();
+    for (_, record) in net.stored[3].clone() {
+        restarted.handle(net.now, Input::Recover { record }).unwrap();
+    }
+    while restarted.poll().is_some() {}
+    net.nodes[3] = restarted;
+    assert_eq!(net.nodes[3].status().executed, 4, "restored from checkpoint 4");
+    // A client's read reaches it before anything else.
+    net.input(4, Input::Request(crate::Request::Read { op: b"op1".to_vec() }));
+    let (from, _, bytes) = net.queue.iter().find(|(_, to, _)| *to == 3).cloned().unwrap();
+    assert!(bodies_of(&bytes).unwrap().iter().any(|b| matches!(b, Kind::Read(_))));
+    net.nodes[3].handle(net.now, Input::Message { from, bytes }).unwrap();
+    let queried = std::iter::from_fn(|| net.nodes[3].poll()).any(|o| matches!(o, Output::Query { .. }));
+    assert!(
+        !queried,
+        "replica 3 answers a read from the state after batch 4, having executed (and replied to) up to batch \
+         {executed_before} before its restart"
+    );
 }

@@ -202,9 +202,10 @@ impl Replica {
     /// Persists the stable checkpoint. With its state, it is a point to restart from: the
     /// records before it become obsolete once everything else a restart needs follows it
     /// (the view it changes to and the one it is in, the votes and prepared slots above
-    /// the checkpoint), so the host is told it may compact its storage.
+    /// the checkpoint, how far it executed), so the host is told it may compact its storage.
     pub(super) fn persist_stable(&self, ctx: &mut Ctx) {
         let Some(cert) = self.stable.clone() else { return };
+        let stable = cert.seq;
         let Some(state) = self.stable_snapshot.clone() else {
             ctx.persist(record(Record::Stable(cert)));
             return;
@@ -222,6 +223,12 @@ impl Replica {
         }
         for (&seq, &(view, d)) in &self.prepared {
             ctx.persist(record(Record::Prepared(pb::SlotVote { seq, view, digest: d.to_vec() })));
+        }
+        // How far it may have answered, for batches above the checkpoint it executed
+        // without preparing them (caught up): a restart answers no read before that.
+        let answered = self.delivered.max(self.answer_from);
+        if answered > stable {
+            ctx.persist(record(Record::Delivered(answered)));
         }
         ctx.push(Output::Compact { token });
     }
