@@ -174,10 +174,30 @@ impl Server {
         if !self.sessions.contains_key(&from) && self.sessions.len() >= MAX_SESSIONS {
             return ctx.stats.refused += 1;
         }
+        // An address speaks for one identity at a time; the one it spoke for before leaves
+        // with what this server holds for it (or one address saying hello under identity
+        // after identity would leave each one's offers behind, without bound), unless a
+        // batch of it was verified here: this server's witness shard promised to hold
+        // that until it is ordered, so the address keeps its identity until then.
+        let previous = self.sessions.get(&from).copied().filter(|&p| p != broker);
+        if previous.is_some_and(|p| Self::lanes_of(&self.offers, p).any(|(_, o)| o.verified)) {
+            return ctx.stats.refused += 1;
+        }
         ctx.counters.signatures_verified += 1;
         let msg = hello_statement(&self.servers.system_id, &broker.0, ctx.me(), h.nonce);
         if !broker.verify(self.servers.mode, &msg, &EdSignature(sig)) {
             return ctx.fault(from, FaultKind::BadSignature);
+        }
+        if let Some(p) = previous {
+            self.session_of.remove(&p);
+            let offered: Vec<LaneKey> = Self::lanes_of(&self.offers, p).map(|(k, _)| *k).collect();
+            for key in offered {
+                self.offers.remove(&key);
+            }
+            let shards: Vec<LaneKey> = Self::lanes_of(&self.last_shards, p).map(|(k, _)| *k).collect();
+            for key in shards {
+                self.last_shards.remove(&key);
+            }
         }
         if let Some((old, _)) = self.session_of.insert(broker, (from, h.nonce)) {
             self.sessions.remove(&old);
@@ -185,6 +205,11 @@ impl Server {
         self.sessions.insert(from, broker);
         let next = (0..ctx.cfg.cluster.params.lanes).map(|l| self.next_seq(&(broker, l))).collect();
         send_frame(ctx, from, Frame::Lanes(pb::LaneStatus { next }));
+    }
+
+    /// The entries of `map` for `broker`'s lanes.
+    fn lanes_of<V>(map: &BTreeMap<LaneKey, V>, broker: EdPublicKey) -> impl Iterator<Item = (&LaneKey, &V)> {
+        map.range((broker, 0)..=(broker, u32::MAX))
     }
 
     fn broker_of(&self, ctx: &mut Ctx, from: NodeId) -> Option<EdPublicKey> {
@@ -876,6 +901,49 @@ mod tests {
             })
             .collect();
         assert_eq!((sizes.len(), sizes.iter().sum::<usize>()), (3, 3 + 1));
+    }
+
+    /// A faulty broker at one address says hello under identity after identity, each
+    /// offering a batch on its lane: the address holds one session at a time, yet every
+    /// identity's offer (and its `session_of` entry) stays, so one broker grows a correct
+    /// server's memory past `MAX_SESSIONS` sessions' worth of lanes, without bound.
+    #[test]
+    fn offers_of_replaced_sessions_are_bounded() {
+        use crate::config::FIRST_BROKER;
+        use crate::crypto::{CryptoMode, EdSecretKey};
+        use crate::distill::system_id;
+        let mut spec = DistillSpec::new(1, 1, 4);
+        spec.params.lanes = 1;
+        let cfg = generate_distill(&spec, [0; 32]).expect("configs").remove(0);
+        let (sys, me, mode) = (system_id(&cfg.cluster), cfg.id, cfg.cluster.crypto);
+        assert_eq!(mode, CryptoMode::InsecureTest);
+        let per_leaf = cfg.cluster.params.leaf_entries as usize;
+        let mut node = Node::new(cfg).expect("a server");
+        let frame = |k: Frame| pb::DistillFrame { kind: Some(k) }.encode_to_vec();
+        let batch = batch(&[0], 0, &["m"], &[]);
+        let root = batch.root_t2(per_leaf).to_vec();
+        let identities = MAX_SESSIONS as u64 + 8;
+        for i in 0..identities {
+            let mut material = [0u8; 32];
+            material[..8].copy_from_slice(&i.to_le_bytes());
+            let key = EdSecretKey::from_key_material(mode, &material);
+            let broker = key.public_key().0;
+            let signature = key.sign(&hello_statement(&sys, &broker, me, 1)).0.to_vec();
+            let hello = pb::BrokerHello { broker: broker.to_vec(), nonce: 1, signature };
+            let _ = node.handle(1, Input::Message { from: FIRST_BROKER, bytes: frame(Frame::Hello(hello)) });
+            let offer =
+                pb::Offer { lane: 0, lane_seq: 0, root: root.clone(), batch: Some(batch.to_pb()), verify: false };
+            let _ = node.handle(1, Input::Message { from: FIRST_BROKER, bytes: frame(Frame::Offer(offer)) });
+            while node.poll().is_some() {}
+        }
+        let lanes = spec.params.lanes as usize;
+        assert!(
+            node.live_instances() <= MAX_SESSIONS * lanes,
+            "one broker address holds {} offers (at most {} sessions of {} lanes)",
+            node.live_instances(),
+            MAX_SESSIONS,
+            lanes
+        );
     }
 
     #[test]
