@@ -881,16 +881,7 @@ mod tests {
         /// f+1 servers certify the offered batch at `height` (as if witnessed and ordered),
         /// which frees its lane and lets clients go on to the next seq.
         fn deliver(&mut self, outs: &[Output], height: u64) {
-            let offer = outs
-                .iter()
-                .find_map(|o| match o {
-                    Output::Send { bytes, .. } => match pb::DistillFrame::decode(bytes.as_slice()).unwrap().kind {
-                        Some(Frame::Offer(o)) => Some(o),
-                        _ => None,
-                    },
-                    _ => None,
-                })
-                .expect("an offer");
+            let offer = offer_in(&outs);
             for server in 0..2 {
                 let msg = delivery_statement(&self.sys, height, &offer.root);
                 let d = pb::DeliveryShard {
@@ -932,7 +923,20 @@ mod tests {
         })
     }
 
-    /// The frames of `kind` the broker sent to servers in `outs`.
+    /// The offer the broker sent in `outs`.
+    fn offer_in(outs: &[Output]) -> pb::Offer {
+        outs.iter()
+            .find_map(|o| match o {
+                Output::Send { bytes, .. } => match pb::DistillFrame::decode(bytes.as_slice()).unwrap().kind {
+                    Some(Frame::Offer(o)) => Some(o),
+                    _ => None,
+                },
+                _ => None,
+            })
+            .expect("an offer")
+    }
+
+    /// How many of the frames the broker sent to servers in `outs` `pick` picks.
     fn sent_to_servers(outs: &[Output], pick: impl Fn(Frame) -> bool) -> usize {
         outs.iter()
             .filter(|o| match o {
@@ -951,16 +955,7 @@ mod tests {
     fn an_early_delivery_shard_from_one_faulty_server_does_not_stall_the_lane() {
         let mut b = Reducing::new();
         let outs: Vec<Output> = (0..CLIENTS).flat_map(|id| b.reduce(id, id, false)).collect();
-        let offer = outs
-            .iter()
-            .find_map(|o| match o {
-                Output::Send { bytes, .. } => match pb::DistillFrame::decode(bytes.as_slice()).unwrap().kind {
-                    Some(Frame::Offer(o)) => Some(o),
-                    _ => None,
-                },
-                _ => None,
-            })
-            .expect("an offer");
+        let offer = offer_in(&outs);
         // Faulty server 3: a delivery shard for the lane seq being witnessed (its
         // signature is never even checked: one shard is below f+1).
         let early = pb::DeliveryShard {
