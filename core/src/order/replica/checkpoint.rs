@@ -224,10 +224,12 @@ impl Replica {
         for (&seq, &(view, d)) in &self.prepared {
             ctx.persist(record(Record::Prepared(pb::SlotVote { seq, view, digest: d.to_vec() })));
         }
-        // How far it may have answered, for batches above the checkpoint it executed
-        // without preparing them (caught up): a restart answers no read before that.
+        // How far it may have answered, where the prepared slots do not say it (batches
+        // above them executed without preparing here, caught up): a restart answers no
+        // read before that.
         let answered = self.delivered.max(self.answer_from);
-        if answered > stable {
+        let prepared = self.prepared.keys().next_back().copied().unwrap_or(0);
+        if answered > stable.max(prepared) {
             ctx.persist(record(Record::Delivered(answered)));
         }
         ctx.push(Output::Compact { token });
