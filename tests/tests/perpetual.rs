@@ -219,7 +219,10 @@ fn a_lying_caller_primary_does_not_stall_its_group() {
 /// quorum invalid, and certified nothing until the next checkpoint (1x7 seed 21928); a
 /// caller member that restarted after a compaction had taken its last lease record
 /// numbered its vouches again from where its first run had, so the group dropped them as
-/// already ordered and a call was never decided (4x1 seed 600044, K = 1).
+/// already ordered and a call was never decided (4x1 seed 600044, K = 1); target members
+/// whose copies of a call were dropped after their batches failed in two view changes
+/// (two faulty primaries in a row) swallowed the callers' resends, having let f+1
+/// through once, so the call never gathered f+1 executed copies (7x7 seed 2100224).
 #[test]
 fn seeds_found_by_the_sweep() {
     let seeds = [
@@ -238,6 +241,7 @@ fn seeds_found_by_the_sweep() {
         (4, 4, 6201),
         (1, 7, 21928),
         (4, 1, 600044),
+        (7, 7, 2100224),
     ];
     for (n_c, n_t, seed) in seeds {
         run(Scenario::adversarial(n_c, n_t, seed));

@@ -44,8 +44,8 @@ struct Held {
     /// The request of each vote in `tally`, by (member, abort), until let through.
     bundles: BTreeMap<(NodeId, bool), Bundle>,
     /// Let through once, these (submitter, request number): later votes are only
-    /// counted, as this member's PBFT holds f+1 agreeing requests until they execute.
-    released: Option<Vec<(NodeId, u64)>>,
+    /// counted, and only those requests again (see [`Gate::hold`]).
+    released: Option<BTreeSet<(NodeId, u64)>>,
 }
 
 impl Gate {
@@ -54,12 +54,19 @@ impl Gate {
     }
 
     /// The request `bundle` of `vote` on `key`: the requests of f+1 agreeing votes once
-    /// there are (this one among them), to be ordered together; none before, nor again
-    /// for the same call. A member's first vote of each kind counts.
+    /// there are (this one among them), to be ordered together; none before. A member's
+    /// first vote of each kind counts. Once let through, one of those requests sent again
+    /// goes on again, alone: the PBFT drops it if it holds it still, and takes it again
+    /// if it dropped it (its batches failed in two view changes); members send theirs
+    /// again until the call is decided, and nothing else gets a dropped one ordered.
     pub fn hold(&mut self, key: CallKey, vote: Vote, bundle: Bundle, f: usize) -> Vec<Bundle> {
         let Vote { member, abort, value } = vote;
         let held = self.held.entry(key).or_default();
+        let again = held.released.as_ref().is_some_and(|r| r.contains(&(bundle.client, bundle.first)));
         let count = held.tally.add(member, abort, value.clone());
+        if again {
+            return vec![bundle];
+        }
         if count == 0 {
             return vec![];
         }
