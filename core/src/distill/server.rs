@@ -904,9 +904,9 @@ mod tests {
     }
 
     /// A faulty broker at one address says hello under identity after identity, each
-    /// offering a batch on its lane: the address holds one session at a time, yet every
-    /// identity's offer (and its `session_of` entry) stays, so one broker grows a correct
-    /// server's memory past `MAX_SESSIONS` sessions' worth of lanes, without bound.
+    /// offering a batch on its lane: each earlier identity leaves with its offer (and its
+    /// `session_of` entry), so one address never holds more than `MAX_SESSIONS` sessions'
+    /// worth of lanes (they used to stay, without bound).
     #[test]
     fn offers_of_replaced_sessions_are_bounded() {
         use crate::config::FIRST_BROKER;
