@@ -981,7 +981,7 @@ mod tests {
             };
             outs.extend(drive(&mut b.node, 4, Input::Message { from: server, bytes: frame(Frame::WitnessShard(w)) }));
         }
-        // And however long we wait, the witness never goes out.
+        // The witness goes out, by the deadlines at the latest (it used to never).
         for t in 1..=5 {
             outs.extend(drive(&mut b.node, 4 + t * 10_000_000_000, Input::Timeout));
         }
