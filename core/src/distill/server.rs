@@ -190,14 +190,8 @@ impl Server {
         }
         if let Some(p) = previous {
             self.session_of.remove(&p);
-            let offered: Vec<LaneKey> = Self::lanes_of(&self.offers, p).map(|(k, _)| *k).collect();
-            for key in offered {
-                self.offers.remove(&key);
-            }
-            let shards: Vec<LaneKey> = Self::lanes_of(&self.last_shards, p).map(|(k, _)| *k).collect();
-            for key in shards {
-                self.last_shards.remove(&key);
-            }
+            Self::drop_lanes_of(&mut self.offers, p);
+            Self::drop_lanes_of(&mut self.last_shards, p);
         }
         if let Some((old, _)) = self.session_of.insert(broker, (from, h.nonce)) {
             self.sessions.remove(&old);
@@ -210,6 +204,14 @@ impl Server {
     /// The entries of `map` for `broker`'s lanes.
     fn lanes_of<V>(map: &BTreeMap<LaneKey, V>, broker: EdPublicKey) -> impl Iterator<Item = (&LaneKey, &V)> {
         map.range((broker, 0)..=(broker, u32::MAX))
+    }
+
+    /// Drops the entries of `map` for `broker`'s lanes.
+    fn drop_lanes_of<V>(map: &mut BTreeMap<LaneKey, V>, broker: EdPublicKey) {
+        let keys: Vec<LaneKey> = Self::lanes_of(map, broker).map(|(k, _)| *k).collect();
+        for key in keys {
+            map.remove(&key);
+        }
     }
 
     fn broker_of(&self, ctx: &mut Ctx, from: NodeId) -> Option<EdPublicKey> {
