@@ -45,8 +45,8 @@ pub(crate) struct Client {
     record: Option<pb::HeightRecord>,
     queue: VecDeque<(u64, Vec<u8>)>,
     current: Option<Current>,
-    /// The seq and digest of the message delivered last (since this client started): the
-    /// same message submitted next is delivered, nudged, at that seq.
+    /// The seq and digest of the message delivered last (persisted): the same message
+    /// submitted next is delivered, nudged, at that seq.
     last: Option<(u64, Digest)>,
     next_request: u64,
     /// Sign-up: each server's assignment share, and when to ask again.
@@ -144,6 +144,7 @@ impl Client {
             hi: self.hi,
             record: self.record.clone(),
             assignment: self.assignment.clone(),
+            last: self.last.map(|(seq, d)| pb::LastDelivered { seq, digest: d.to_vec() }),
         };
         ctx.persist(r.encode_to_vec());
     }
@@ -243,6 +244,15 @@ impl Client {
         self.id = Some(r.id);
         self.sign_up_at = None;
         (self.lo, self.hi, self.record, self.assignment) = (r.lo, r.hi, r.record, r.assignment);
+        self.last = match r.last {
+            None => None,
+            Some(l) => Some((
+                l.seq,
+                l.digest.try_into().map_err(|_| {
+                    HandleError::Invalid("persisted record: a last delivered digest not of 32 bytes".into())
+                })?,
+            )),
+        };
         // What was in flight may have been signed at a raise up to hi and be delivered
         // there yet: the next message goes above it.
         if self.hi > self.lo {

@@ -229,9 +229,10 @@ pub fn reference_traces() -> Vec<(String, Vec<u8>)> {
 mod tests {
     use super::*;
 
-    /// Client 0's requests that completed, after it submitted `first` (request 1) and
-    /// then `second` (request 2), in a run without faults.
-    fn completed(first: &[u8], second: &[u8]) -> Vec<u64> {
+    /// Client 0's completions (node, request), after it submitted `first` and then
+    /// `second`, in a run without faults but, if `restart`, a restart of the client
+    /// between the two (its request numbers start again at 1).
+    fn completed(first: &[u8], second: &[u8], restart: bool) -> Vec<u64> {
         let spec = Scenario::new(1, 1).spec();
         let configs = generate_distill(&spec, [1; 32]).expect("configs");
         let mut sim = Sim::new(1, NetConfig::default());
@@ -245,7 +246,11 @@ mod tests {
         }
         let client = client.expect("client 0");
         sim.request_at(10 * MS, client, Request::Submit { op: first.to_vec() });
-        sim.request_at(20 * MS, client, Request::Submit { op: second.to_vec() });
+        if restart {
+            sim.crash_at(5_000 * MS, client);
+            sim.restart_at(5_100 * MS, client);
+        }
+        sim.request_at(6_000 * MS, client, Request::Submit { op: second.to_vec() });
         sim.run(30_000 * MS);
         sim.log.completed.iter().filter(|c| c.node == CLIENT_ADDRESS_BASE).map(|c| c.request).collect()
     }
@@ -256,7 +261,15 @@ mod tests {
     /// every later message queued behind it).
     #[test]
     fn a_correct_client_sending_the_same_message_twice_completes_both() {
-        assert_eq!(completed(b"ping", b"pong"), vec![1, 2], "two different messages");
-        assert_eq!(completed(b"ping", b"ping"), vec![1, 2], "the same message twice");
+        assert_eq!(completed(b"ping", b"pong", false), vec![1, 2], "two different messages");
+        assert_eq!(completed(b"ping", b"ping", false), vec![1, 2], "the same message twice");
+    }
+
+    /// As above with the client restarted between the two: what it delivered last is
+    /// part of its persisted record, or the nudged delivery is refused as it was before.
+    #[test]
+    fn a_restarted_client_sending_its_last_message_again_completes_it() {
+        assert_eq!(completed(b"ping", b"pong", true), vec![1, 1], "two different messages");
+        assert_eq!(completed(b"ping", b"ping", true), vec![1, 1], "the same message twice");
     }
 }
