@@ -5,7 +5,10 @@
 //! proof. A broker that stalls is left for the next after `resubmit_timeout`, with the
 //! very same submission (deduplication resolves a double delivery). A message equal to
 //! the one delivered just before it is not delivered again (spec §5 step 9: the servers
-//! nudge it to that one's seq); it completes with that seq.
+//! nudge it to that one's seq); it completes with that seq. The message in flight is
+//! persisted before it leaves: a restarted client resubmits it at once, before anything
+//! else (its completion then reported to no one), since a new message at its seq would be
+//! dropped for good had that one been delivered meanwhile.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -28,7 +31,8 @@ use crate::{FaultKind, Input, Nanos, NodeId, Request};
 
 /// The message in flight.
 struct Current {
-    request: u64,
+    /// None for a message resubmitted after a restart.
+    request: Option<u64>,
     msg: Vec<u8>,
     submit: pb::Submit,
     deadline: Nanos,
@@ -132,12 +136,14 @@ impl Client {
         self.id = Some(a.id);
         self.sign_up_at = None;
         self.assigned.clear();
-        self.persist(ctx);
-        self.next(ctx, now);
+        if !self.next(ctx, now) {
+            self.persist(ctx);
+        }
     }
 
     fn persist(&self, ctx: &mut Ctx) {
         let Some(id) = self.id else { return };
+        let in_flight = self.current.as_ref().map(|c| pb::InFlight { seq: c.submit.seq, msg: c.msg.clone() });
         let r = pb::DistillClientRecord {
             id,
             lo: self.lo,
@@ -145,15 +151,26 @@ impl Client {
             record: self.record.clone(),
             assignment: self.assignment.clone(),
             last: self.last.map(|(seq, d)| pb::LastDelivered { seq, digest: d.to_vec() }),
+            in_flight,
         };
         ctx.persist(r.encode_to_vec());
     }
 
-    /// Step 1: the next message goes out with seq = lo, to the current broker.
-    fn next(&mut self, ctx: &mut Ctx, now: Nanos) {
-        let Some(id) = self.id.filter(|_| self.current.is_none() && !self.brokers.is_empty()) else { return };
-        let Some((request, msg)) = self.queue.pop_front() else { return };
-        let seq = self.lo;
+    /// Step 1: the next message goes out with seq = lo, to the current broker, persisted
+    /// first. Whether one went out.
+    fn next(&mut self, ctx: &mut Ctx, now: Nanos) -> bool {
+        let Some(id) = self.id.filter(|_| self.current.is_none() && !self.brokers.is_empty()) else { return false };
+        let Some((request, msg)) = self.queue.pop_front() else { return false };
+        let submit = self.submission(id, self.lo, msg.clone());
+        let deadline = now + ctx.cfg.cluster.params.resubmit_timeout_ns;
+        self.current = Some(Current { request: Some(request), msg, submit: submit.clone(), deadline });
+        self.persist(ctx);
+        send_frame(ctx, self.brokers[self.broker], Frame::Submit(submit));
+        true
+    }
+
+    /// M1 for `msg` at `seq`, with the height record that justifies it.
+    fn submission(&self, id: u64, seq: u64, msg: Vec<u8>) -> pb::Submit {
         let signature = self.ed.sign(&broadcast_statement(&self.servers.system_id, id, seq, &msg)).0.to_vec();
         let (record, auth) = match &self.record {
             Some(r) if seq > 0 => {
@@ -163,10 +180,7 @@ impl Client {
             _ => (None, vec![]),
         };
         let assignment = self.assignment.clone();
-        let submit = pb::Submit { id, seq, msg: msg.clone(), signature, record, auth, assignment };
-        send_frame(ctx, self.brokers[self.broker], Frame::Submit(submit.clone()));
-        let deadline = now + ctx.cfg.cluster.params.resubmit_timeout_ns;
-        self.current = Some(Current { request, msg, submit, deadline });
+        pb::Submit { id, seq, msg, signature, record, auth, assignment }
     }
 
     /// Step 4: signs R1 only for its own entry at a justified raise.
@@ -222,11 +236,15 @@ impl Client {
         self.lo = self.hi + 1;
         self.hi = self.lo;
         self.current = None;
-        self.persist(ctx);
-        let mut result = height.to_le_bytes().to_vec();
-        result.extend_from_slice(&d.seq.to_le_bytes());
-        ctx.push(Output::Completed { request, result });
-        self.next(ctx, now);
+        // One record for the delivery and the next message, if one goes out.
+        if !self.next(ctx, now) {
+            self.persist(ctx);
+        }
+        if let Some(request) = request {
+            let mut result = height.to_le_bytes().to_vec();
+            result.extend_from_slice(&d.seq.to_le_bytes());
+            ctx.push(Output::Completed { request, result });
+        }
     }
 
     /// The broker stalled: the same submission goes to the next broker.
@@ -253,11 +271,21 @@ impl Client {
                 })?,
             )),
         };
-        // What was in flight may have been signed at a raise up to hi and be delivered
-        // there yet: the next message goes above it.
-        if self.hi > self.lo {
-            self.lo = self.hi + 1;
-            self.hi = self.lo;
+        self.current = None;
+        match r.in_flight {
+            // Delivered or not, at a seq in [lo, hi]: it goes out again at once (due now).
+            Some(m) if m.seq == self.lo => {
+                let submit = self.submission(r.id, m.seq, m.msg.clone());
+                self.current = Some(Current { request: None, msg: m.msg, submit, deadline: 0 });
+            }
+            // What was in flight (unknown to a record of an earlier version) may have been
+            // signed at a raise up to hi and be delivered there yet: the next message goes
+            // above it.
+            _ if self.hi > self.lo => {
+                self.lo = self.hi + 1;
+                self.hi = self.lo;
+            }
+            _ => {}
         }
         Ok(())
     }

@@ -233,6 +233,13 @@ mod tests {
     /// `second`, in a run without faults but, if `restart`, a restart of the client
     /// between the two (its request numbers start again at 1).
     fn completed(first: &[u8], second: &[u8], restart: bool) -> Vec<u64> {
+        completed_with(first, second, restart, false)
+    }
+
+    /// As [`completed`]; if `cut_off`, the client is cut off from everyone from just
+    /// after it submits `first` until after its restart: `first` is delivered (as a
+    /// straggler's) while the client hears nothing of it.
+    fn completed_with(first: &[u8], second: &[u8], restart: bool, cut_off: bool) -> Vec<u64> {
         let spec = Scenario::new(1, 1).spec();
         let configs = generate_distill(&spec, [1; 32]).expect("configs");
         let mut sim = Sim::new(1, NetConfig::default());
@@ -246,6 +253,9 @@ mod tests {
         }
         let client = client.expect("client 0");
         sim.request_at(10 * MS, client, Request::Submit { op: first.to_vec() });
+        if cut_off {
+            sim.partition(11 * MS, 5_500 * MS, vec![CLIENT_ADDRESS_BASE]);
+        }
         if restart {
             sim.crash_at(5_000 * MS, client);
             sim.restart_at(5_100 * MS, client);
@@ -271,5 +281,13 @@ mod tests {
     fn a_restarted_client_sending_its_last_message_again_completes_it() {
         assert_eq!(completed(b"ping", b"pong", true), vec![1, 1], "two different messages");
         assert_eq!(completed(b"ping", b"ping", true), vec![1, 1], "the same message twice");
+    }
+
+    /// A client that crashed with a message in flight, delivered meanwhile, sends the
+    /// next after its restart: that one is delivered, and so is the same one again.
+    #[test]
+    fn a_client_restarted_while_its_message_was_delivered_completes_the_next() {
+        assert_eq!(completed_with(b"ping", b"pong", true, true), vec![1], "another message");
+        assert_eq!(completed_with(b"ping", b"ping", true, true), vec![1], "the same message");
     }
 }
