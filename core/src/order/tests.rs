@@ -137,6 +137,30 @@ impl Net {
         self.input(client, Input::Request(Request::Submit { op: op.to_vec() }));
     }
 
+    /// Restarts node `id` from the records its storage kept; what it queued and had not
+    /// sent is lost with the crash.
+    fn restart(&mut self, id: NodeId) {
+        self.queue.retain(|(from, _, _)| *from != id);
+        let mut restarted = Node::new(self.nodes[id as usize].config().clone()).unwrap();
+        for (_, record) in self.stored[id as usize].clone() {
+            restarted.handle(self.now, Input::Recover { record }).unwrap();
+        }
+        while restarted.poll().is_some() {}
+        self.nodes[id as usize] = restarted;
+    }
+
+    /// Whether replica `id` answers from its state a read of client `client` that reaches
+    /// it before anything else.
+    fn answers_read(&mut self, client: NodeId, id: NodeId) -> bool {
+        use crate::wire::{bodies_of, pb::body::Kind};
+        self.input(client, Input::Request(Request::Read { op: b"op1".to_vec() }));
+        let (from, _, bytes) = self.queue.iter().find(|(_, to, _)| *to == id).cloned().unwrap();
+        assert!(bodies_of(&bytes).unwrap().iter().any(|b| matches!(b, Kind::Read(_))));
+        self.queue.clear();
+        self.nodes[id as usize].handle(self.now, Input::Message { from, bytes }).unwrap();
+        std::iter::from_fn(|| self.nodes[id as usize].poll()).any(|o| matches!(o, Output::Query { .. }))
+    }
+
     /// Submits `ops` operations from `client` one at a time, each given `gap` of timers:
     /// with batches of one, one batch each.
     fn submit_in_turn(&mut self, client: NodeId, ops: u32, gap: u64) {
@@ -626,23 +650,49 @@ fn a_restarted_replica_answers_no_read_from_before_what_it_executed() {
     assert_eq!(net.nodes[3].status().stable, 4, "replica 3 certified checkpoint 4");
     assert!(net.compacted[3] > 0);
 
-    // Replica 3 restarts from what its storage kept.
-    let mut restarted = Node::new(net.nodes[3].config().clone()).unwrap();
-    for (_, record) in net.stored[3].clone() {
-        restarted.handle(net.now, Input::Recover { record }).unwrap();
-    }
-    while restarted.poll().is_some() {}
-    net.nodes[3] = restarted;
+    net.restart(3);
     assert_eq!(net.nodes[3].status().executed, 4, "restored from checkpoint 4");
-    // A client's read reaches it before anything else.
-    net.input(4, Input::Request(crate::Request::Read { op: b"op1".to_vec() }));
-    let (from, _, bytes) = net.queue.iter().find(|(_, to, _)| *to == 3).cloned().unwrap();
-    assert!(bodies_of(&bytes).unwrap().iter().any(|b| matches!(b, Kind::Read(_))));
-    net.nodes[3].handle(net.now, Input::Message { from, bytes }).unwrap();
-    let queried = std::iter::from_fn(|| net.nodes[3].poll()).any(|o| matches!(o, Output::Query { .. }));
     assert!(
-        !queried,
+        !net.answers_read(4, 3),
         "replica 3 answers a read from the state after batch 4, having executed (and replied to) up to batch \
          {executed_before} before its restart"
+    );
+}
+
+/// A replica that caught up by state transfer from f+1 matching *uncertified* checkpoint
+/// states (no checkpoint was stable yet) notes how far it executed: restarted, it answers
+/// no read from an older state than it answered from before (it persisted nothing of it).
+#[test]
+fn a_replica_restarted_after_an_uncertified_state_transfer_answers_no_older_read() {
+    use crate::wire::pb::body::Kind;
+    let params = Params { checkpoint_interval: 4, pipeline: 1, batch_max_count: 1, ..params() };
+    let mut net = Net::new(1, 1, params);
+    let mut lost: Vec<Frame> = Vec::new();
+    // Past the asks replicas make when they start.
+    net.run_timers(2_000_000_000);
+    // Batches 1 to 4 without replica 3; checkpoint votes are lost, so no checkpoint
+    // becomes stable anywhere.
+    let checkpoints = |_: NodeId, _: NodeId, bodies: &[Kind]| bodies.iter().any(|b| matches!(b, Kind::Checkpoint(_)));
+    let without_3 = |from: NodeId, to: NodeId, bodies: &[Kind]| to == 3 || checkpoints(from, to, bodies);
+    for i in 1..=4 {
+        net.submit(4, format!("op{i}").as_bytes());
+        pump(&mut net, &mut lost, &without_3);
+    }
+    assert_eq!(net.executed[0].len(), 4);
+    assert!(net.executed[3].is_empty());
+    // Replica 3 was down: it starts with nothing stored and asks its peers, which answer
+    // with their checkpoint 4 state, uncertified.
+    net.restart(3);
+    let until = net.now + 10_000_000;
+    timers(&mut net, &mut lost, until, &checkpoints);
+    assert!(net.restored.contains(&(3, 4)), "replica 3 took the state at 4: {:?}", net.nodes[3].status());
+    assert_eq!(net.nodes[3].status().stable, 0, "no checkpoint is stable");
+    assert!(net.answers_read(4, 3), "replica 3 answers reads from the state after batch 4");
+    net.restart(3);
+    let executed = net.nodes[3].status().executed;
+    assert!(
+        !net.answers_read(4, 3),
+        "restarted replica 3 answers a read from the state after batch {executed}, having answered from the state \
+         after batch 4 before"
     );
 }

@@ -429,10 +429,15 @@ impl Replica {
             Some(cert) => self.adopt_stable(ctx, cert, Some(s.state)),
             // The state of the checkpoint this replica saw become stable without it.
             None if self.stable.as_ref().is_some_and(|c| c.seq == s.seq) => self.complete_stable(ctx, s.state),
-            // Older than the stable checkpoint this replica knows of (the peer had not
-            // reached it when it answered): a step toward it, asked for again below.
-            None if s.seq < self.low => {}
-            None => self.vote_checkpoint(ctx, now, s.seq, s.state),
+            None => {
+                // Uncertified, so not persisted: a restart must answer no read before it.
+                ctx.persist(record(Record::Delivered(s.seq)));
+                // Older than the stable checkpoint this replica knows of (the peer had
+                // not reached it when it answered): a step toward it, asked for again below.
+                if s.seq >= self.low {
+                    self.vote_checkpoint(ctx, now, s.seq, s.state);
+                }
+            }
         }
         self.fetch_at = None;
         self.caught_up(ctx, now);
