@@ -1051,6 +1051,8 @@ impl Replica {
         for body in self.own_votes(ctx, 0) {
             ctx.send_to_replicas(body, &[]);
         }
+        // A view change it resumes: the VIEW-CHANGE it sent may never have left.
+        self.resend_view_change(ctx, self.last_now);
         // Where its own recovered votes are a quorum (a group of one, where no peer sends
         // them again), its slots commit and execute again.
         if ctx.quorums.intersecting() <= 2 {

@@ -659,6 +659,38 @@ fn a_restarted_replica_answers_no_read_from_before_what_it_executed() {
     );
 }
 
+/// Fault-free: view 0's primary gets nothing through, replicas 1, 2 and 3 ask for view 1,
+/// and 1 and 2 crash right after persisting that, before their VIEW-CHANGEs leave;
+/// 3's is lost. Restarted, 1 and 2 sign and send a VIEW-CHANGE for view 1 again (they
+/// used to re-send only one kept in memory, lost with the crash: no quorum ever formed
+/// and the cluster halted for good with every node up and the network reliable).
+#[test]
+fn replicas_restarted_during_a_view_change_send_their_view_change_again() {
+    use crate::wire::pb::body::Kind;
+    let timeout = Params::default().request_timeout_ns;
+    let mut net = Net::new(1, 1, Params { checkpoint_interval: 64, ..params() });
+    let mut held: Vec<Frame> = Vec::new();
+    // Past the asks replicas make when they start.
+    net.run_timers(2_000_000_000);
+    net.silent = vec![0];
+    net.submit(4, b"x");
+    let vcs = |_: NodeId, _: NodeId, bodies: &[Kind]| bodies.iter().any(|b| matches!(b, Kind::ViewChange(_)));
+    while !(1..4).all(|r| net.nodes[r].status().changing_view) {
+        let next = net.nodes.iter().filter_map(|n| n.poll_timeout()).min().unwrap();
+        timers(&mut net, &mut held, next, &vcs);
+    }
+    held.clear();
+    net.restart(1);
+    net.restart(2);
+    assert!(net.nodes[1].status().changing_view && net.nodes[2].status().changing_view);
+    // Every node up, the network reliable from now on.
+    net.silent.clear();
+    let until = net.now + 400 * timeout;
+    timers(&mut net, &mut held, until, &|_, _, _| false);
+    let status: Vec<_> = (0..4).map(|r| net.nodes[r].status()).map(|s| (s.view, s.changing_view, s.executed)).collect();
+    assert_eq!(net.completed.len(), 1, "the request never completed, (view, changing, executed): {status:?}");
+}
+
 /// A replica that caught up by state transfer from f+1 matching *uncertified* checkpoint
 /// states (no checkpoint was stable yet) notes how far it executed: restarted, it answers
 /// no read from an older state than it answered from before (it persisted nothing of it).

@@ -200,13 +200,22 @@ impl Replica {
                 c.deadline = c.deadline.filter(|&d| d > now);
                 c.retries += 1;
                 c.retry_at = now.saturating_add(timeout.saturating_mul(1 << c.retries.min(16)));
-                let me = ctx.me();
-                if let Some(own) = self.view_changes.get(&me)
-                    && let Ok(vc) = pb::ViewChange::decode(own.signed.view_change.as_slice())
-                {
+                self.resend_view_change(ctx, now);
+            }
+        }
+    }
+
+    /// Sends again this replica's VIEW-CHANGE for the view it changes to, signed anew if
+    /// a restart lost the one it sent: without it, a quorum may never form.
+    pub(super) fn resend_view_change(&mut self, ctx: &mut Ctx, now: Nanos) {
+        let Some(target) = self.changing.as_ref().map(|c| c.target) else { return };
+        match self.view_changes.get(&ctx.me()) {
+            Some(own) if own.view == target => {
+                if let Ok(vc) = pb::ViewChange::decode(own.signed.view_change.as_slice()) {
                     ctx.send_to_replicas(pb::body::Kind::ViewChange(Box::new(vc)), &[]);
                 }
             }
+            _ => self.send_view_change(ctx, now, target),
         }
     }
 
@@ -240,6 +249,12 @@ impl Replica {
         self.changing = Some(Changing::new(target, now, ctx.cfg.cluster.params.request_timeout_ns));
         self.batch_deadline = None;
         self.persist_view(ctx, target);
+        self.send_view_change(ctx, now, target);
+    }
+
+    /// Signs, sends and records a VIEW-CHANGE for `target` stating what this replica
+    /// prepared and voted for above its stable checkpoint.
+    fn send_view_change(&mut self, ctx: &mut Ctx, now: Nanos, target: u64) {
         let above = self.low + 1;
         let slot_vote = |seq: u64, view: u64, d: &Digest| pb::SlotVote { seq, view, digest: d.to_vec() };
         let mut vc = pb::ViewChange {
