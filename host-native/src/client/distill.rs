@@ -34,9 +34,10 @@ pub struct DistillClient {
 
 impl DistillClient {
     /// Client `index` of the generated directory of the deployment in `cluster` (node id
-    /// `CLIENT_ADDRESS_BASE + index`). It keeps its seq range and last height record in
-    /// phalanxd's write-ahead log in `data_dir` (default `data/client-<id>` beside the
-    /// cluster file, as `phalanxd client submit`), so a restarted client goes on from there.
+    /// `CLIENT_ADDRESS_BASE + index`). It keeps its seq range, last height record and
+    /// message in flight in phalanxd's write-ahead log in `data_dir` (default
+    /// `data/client-<id>` beside the cluster file, as `phalanxd client submit`), so a
+    /// restarted client goes on from there, its message in flight first.
     pub fn start(cluster: &ClusterFile, index: u32, data_dir: Option<PathBuf>) -> Result<DistillClient, StartError> {
         let id = CLIENT_ADDRESS_BASE
             .checked_add(index)
