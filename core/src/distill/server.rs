@@ -948,6 +948,40 @@ mod tests {
         );
     }
 
+    /// An address whose identity has a batch verified here (this server's witness shard
+    /// promised to hold it until ordered) keeps that identity: a hello under another is
+    /// refused, and the offer stays; once nothing of it is verified, the switch goes through
+    /// and the earlier identity's offer leaves with it.
+    #[test]
+    fn an_address_keeps_an_identity_whose_verified_offer_is_held() {
+        use crate::config::FIRST_BROKER;
+        use crate::crypto::EdSecretKey;
+        let cfg = generate_distill(&DistillSpec::new(1, 1, 4), [0; 32]).expect("configs").remove(0);
+        let mut node = Node::new(cfg).expect("a server");
+        let ctx = node.ctx_mut();
+        let mut server = Server::new(ctx);
+        let hello = |server: &Server, ctx: &Ctx, i: u8| {
+            let key = EdSecretKey::from_key_material(server.servers.mode, &[i; 32]);
+            let broker = key.public_key();
+            let msg = hello_statement(&server.servers.system_id, &broker.0, ctx.me(), 1);
+            (broker, pb::BrokerHello { broker: broker.0.to_vec(), nonce: 1, signature: key.sign(&msg).0.to_vec() })
+        };
+        let (first, h) = hello(&server, ctx, 1);
+        server.on_hello(ctx, FIRST_BROKER, h);
+        let b = batch(&[0], 0, &["m"], &[]);
+        let offered =
+            Offered { lane_seq: 0, root: b.root_t2(Server::per_leaf(ctx)), batch: b, verified: true, witness: None };
+        server.offers.insert((first, 0), offered);
+        let (second, h) = hello(&server, ctx, 2);
+        let refused = ctx.stats.refused;
+        server.on_hello(ctx, FIRST_BROKER, h.clone());
+        assert_eq!(ctx.stats.refused, refused + 1, "the switch is refused");
+        assert_eq!((server.sessions[&FIRST_BROKER], server.offers.len()), (first, 1), "the identity and offer stay");
+        server.offers.get_mut(&(first, 0)).expect("held").verified = false;
+        server.on_hello(ctx, FIRST_BROKER, h);
+        assert_eq!((server.sessions[&FIRST_BROKER], server.offers.len()), (second, 0), "the switch and the offer gone");
+    }
+
     #[test]
     fn differences_are_found_by_merging_and_given_up_at_the_limit() {
         assert_eq!(differences(&[1, 2, 4, 9], &[2, 3, 4, 10, 11], 9), Some((vec![3, 10, 11], vec![1, 9])));
