@@ -19,7 +19,8 @@
 //! an empty frame naming a client without a key for that replica (as untrusted as a
 //! hello). It reaches a client on at most [`MAX_PER_ID`] connections, newest first; a
 //! claim evicted from a shared connection only drops that route, so nobody can close a
-//! connection other clients share by claiming ids on connections of its own.
+//! connection other clients share by claiming ids on connections of its own. A claim
+//! made while the client proved all its routes gets none until it proves itself there.
 //!
 //! Bounds: a frame longer than `max_frame` closes the connection (the stream cannot be
 //! trusted past a lying length); each peer's send queue holds at most
@@ -577,15 +578,26 @@ impl Links {
         self.register(registry, stream, None).map(drop)
     }
 
-    /// Connection `t` carried a frame with `id`'s valid MAC: it keeps its slot, and `id`'s
-    /// proven connections beyond [`MAX_PER_ID`] go, the oldest first (a shared one only
-    /// stops carrying `id`).
+    /// Connection `t` carried a frame with `id`'s valid MAC: it keeps its slot, takes the
+    /// route its claim of `id` was refused ([`Links::reach`]), and `id`'s other proven
+    /// connections beyond [`MAX_PER_ID`] go, the oldest first (a shared one only stops
+    /// carrying `id`). Never `t`: it is being parsed, and it just showed it is live.
     fn prove(&mut self, registry: &Registry, id: NodeId, t: usize) {
-        self.conns.get_mut(&t).expect("a live connection").proven.insert(id);
+        let c = self.conns.get_mut(&t).expect("a live connection");
+        c.proven.insert(id);
+        let claims = match &c.peer {
+            // A replica is never reached through a claim (see `parse`).
+            Peer::Node(_) => !self.dialers.contains_key(&id),
+            Peer::Clients(carried) => carried.contains(&id),
+            Peer::Unknown => false,
+        };
+        if claims && !self.by_id.get(&id).is_some_and(|ts| ts.contains(&t)) {
+            self.reach(registry, id, t);
+        }
         // Tokens grow, so the first is the oldest. Proofs are rare (one per connection and
         // sender), so the scan is not on any frame's path.
-        let mut proven = self.conns.iter().filter(|(_, c)| c.proven.contains(&id)).map(|(&t, _)| t);
-        if let (Some(oldest), Some(_)) = (proven.next(), proven.nth(MAX_PER_ID - 1)) {
+        let mut others = self.conns.iter().filter(|&(&x, c)| x != t && c.proven.contains(&id)).map(|(&x, _)| x);
+        if let (Some(oldest), Some(_)) = (others.next(), others.nth(MAX_PER_ID - 2)) {
             self.drop_route(registry, id, oldest);
         }
     }
@@ -882,15 +894,19 @@ impl Links {
 
     /// Reaches `id` (not a replica: see [`Links::queue`]) through connection `t` from now
     /// on. The newest connections win; the oldest beyond [`MAX_PER_ID`] go (a shared one
-    /// only stops carrying `id`).
+    /// only stops carrying `id`), mere claims before connections `id`'s MAC proved. So
+    /// while `id` proved all its routes, `t`'s mere claim is refused: `t` stays open
+    /// without a route (closing it would pull it from under `parse`) until `id` proves
+    /// itself on it too ([`Links::prove`]).
     fn reach(&mut self, registry: &Registry, id: NodeId, t: usize) {
         let ids = self.by_id.entry(id).or_default();
         ids.push(t);
         if ids.len() > MAX_PER_ID {
-            // A mere claim goes before a connection `id`'s MAC proved.
             let unproven = ids.iter().position(|x| self.conns.get(x).is_none_or(|c| !c.proven.contains(&id)));
             let oldest = ids.remove(unproven.unwrap_or(0));
-            self.drop_route(registry, id, oldest);
+            if oldest != t {
+                self.drop_route(registry, id, oldest);
+            }
         }
     }
 
@@ -1450,6 +1466,27 @@ mod tests {
             assert_eq!(closed(s), i < 2, "connection {i}");
         }
         assert_eq!(links.conns.len(), MAX_PER_ID);
+    }
+
+    /// A client with [`MAX_PER_ID`] proven connections that opens one more (reconnecting
+    /// while stale ones are open) is not closed by its own hello mid-parse: the hello gets
+    /// no route, and the connection takes the oldest's once the client proves itself on it.
+    #[test]
+    fn a_fifth_connection_of_a_client_gets_a_route_once_proven_in_place_of_its_oldest() {
+        let (mut links, mut poll, listener, framed) = keyed(MAX_CONNECTIONS, false);
+        let mut proven: Vec<_> = (0..MAX_PER_ID).map(|_| dial_in(&mut links, &poll, &listener, 1)).collect();
+        for (i, s) in proven.iter_mut().enumerate() {
+            s.write_all(&framed(format!("conn {i}").as_bytes())).unwrap();
+            read_frames(&mut links, &mut poll, 1);
+        }
+        let mut fifth = dial_in(&mut links, &poll, &listener, 1);
+        assert!(turn(&mut links, &mut poll).is_empty(), "a hello carries no frame");
+        reply_reaches_only(&mut links, &poll, 1, &mut proven[0], b"\x05\0\0\0reply", [&mut fifth].into_iter());
+        fifth.write_all(&framed(b"conn 4")).unwrap();
+        read_frames(&mut links, &mut poll, 1);
+        assert!(closed(&mut proven[0]), "the oldest proven connection went");
+        reply_reaches_only(&mut links, &poll, 1, &mut fifth, b"\x05\0\0\0reply", std::iter::empty());
+        assert_eq!(links.conns.values().filter(|c| c.proven.contains(&1)).count(), MAX_PER_ID);
     }
 
     /// Strangers claiming client 1, before it connects and after (more claims than it may
