@@ -63,7 +63,8 @@ pub enum DropReason {
     /// held by a proven one.
     BadHandshake,
     /// A connection no frame with a valid MAC had proven yet, closed for a newcomer while
-    /// every slot was taken ([`crate::net`]).
+    /// every slot was taken, or for room to read a newer one's large frame
+    /// ([`crate::net`]).
     Unproven,
     /// A datagram without a valid header, or not for this node ([`crate::udp`]).
     Malformed,

@@ -23,7 +23,9 @@
 //! made while the client proved all its routes gets none until it proves itself there.
 //!
 //! Bounds: a frame longer than `max_frame` closes the connection (the stream cannot be
-//! trusted past a lying length); each peer's send queue holds at most
+//! trusted past a lying length); connections nobody proved (below) read at most
+//! [`UNPROVEN_LARGE_FRAMES`] such frames at once, the oldest closing for a newer one's
+//! room; each peer's send queue holds at most
 //! `send_queue_bytes`, beyond which frames are dropped and counted (the protocols
 //! retransmit): the newest while connected, the oldest for a replica not connected (so
 //! that it gets what was sent last when it is back); at most `max_connections` accepted
@@ -75,6 +77,12 @@ const READ_CHUNK: usize = 64 << 10;
 /// Most room a connection keeps for reading between frames (batches of requests fit it,
 /// so their frames do not make it grow again each time).
 const READ_BUFFER_KEPT: usize = 1 << 20;
+/// Frames of up to `max_frame` that connections nobody proved may be reading at once,
+/// beyond [`READ_BUFFER_KEPT`] each: distillation's brokers, which hold no MAC key, offer
+/// their batches on such connections, but strangers announcing large frames and never
+/// finishing them must not make the node hold `max_frame` per slot. For more, the
+/// oldest of them closes.
+const UNPROVEN_LARGE_FRAMES: usize = 4;
 /// Most frames handed to the protocol thread in one message.
 const DELIVER_FRAMES: usize = 1024;
 /// Most bytes read from one connection in one turn of the loop: a peer that keeps its
@@ -769,9 +777,14 @@ impl Links {
                 c.rbuf.copy_within(c.rstart..c.rend, 0);
                 c.rend -= c.rstart;
                 c.rstart = 0;
-                if c.rbuf.len() - c.rend < READ_CHUNK {
-                    c.rbuf.resize(c.rend + READ_CHUNK, 0);
-                }
+            }
+            let wanted = c.rend + READ_CHUNK;
+            if c.rbuf.len() < wanted && wanted > READ_BUFFER_KEPT && !c.keeps_slot() {
+                self.room_for_unproven(registry, t, wanted);
+            }
+            let c = self.conns.get_mut(&t).expect("room is made by closing other connections");
+            if c.rbuf.len() < wanted {
+                c.rbuf.resize(wanted, 0);
             }
             let read = c.stream.read(&mut c.rbuf[c.rend..]);
             match read {
@@ -788,6 +801,27 @@ impl Links {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(_) => return false,
             }
+        }
+    }
+
+    /// Makes room for the read buffer of connection `t`, which nobody proved, to grow to
+    /// `len`: beyond [`READ_BUFFER_KEPT`] each, such connections hold at most
+    /// [`UNPROVEN_LARGE_FRAMES`] times `max_frame` together, so the oldest others holding
+    /// some close until it fits.
+    fn room_for_unproven(&mut self, registry: &Registry, t: usize, len: usize) {
+        let room = UNPROVEN_LARGE_FRAMES * self.cfg.max_frame;
+        let beyond_kept = |c: &Conn| c.rbuf.len().saturating_sub(READ_BUFFER_KEPT);
+        loop {
+            // Tokens grow, so the first is the oldest. Only large frames from unproven
+            // peers scan, once per chunk they grow by.
+            let mut holders = self.conns.iter().filter(|&(&x, c)| x != t && !c.keeps_slot() && beyond_kept(c) > 0);
+            let held: usize = holders.clone().map(|(_, c)| beyond_kept(c)).sum();
+            if held + (len - READ_BUFFER_KEPT) <= room {
+                return;
+            }
+            let Some((&oldest, _)) = holders.next() else { return };
+            self.metrics.dropped(DropReason::Unproven);
+            self.close(registry, oldest);
         }
     }
 
@@ -1349,6 +1383,57 @@ mod tests {
         assert_eq!(frames, vec![(1, body)]);
         let conn = links.conns.values().next().expect("the connection is open");
         assert!(conn.rbuf.len() <= READ_BUFFER_KEPT, "{} bytes kept for reading", conn.rbuf.len());
+    }
+
+    /// Strangers holding no keys that announce large frames and send all but their last
+    /// byte cannot make the node hold `max_frame` per slot (32 GiB with the defaults):
+    /// connections nobody proved share room for [`UNPROVEN_LARGE_FRAMES`] beyond
+    /// [`READ_BUFFER_KEPT`] each, the oldest closing for a newer one. A peer that proves
+    /// nothing (a distillation broker) still gets its large frame through.
+    #[test]
+    fn connections_nobody_proved_share_a_bounded_room_for_large_frames() {
+        const MAX_FRAME: usize = 4 << 20;
+        const STRANGERS: usize = 16;
+        let (mut links, mut poll, listener) = accepting(MAX_FRAME);
+        let partial = [&(MAX_FRAME as u32).to_le_bytes()[..], &1u32.to_le_bytes(), &vec![0; MAX_FRAME - 1]].concat();
+        let strangers: Vec<_> = (0..STRANGERS)
+            .map(|_| {
+                let mut s = dial_in_saying(&mut links, &poll, &listener, SHARED_MAGIC, 0);
+                let partial = partial.clone();
+                // Fails once the node closed it for room; open until joined.
+                std::thread::spawn(move || {
+                    let _ = s.write_all(&partial);
+                    s
+                })
+            })
+            .collect();
+        // Read every connection, each within its budget, until the strangers wrote it all
+        // and nothing is left to read.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut deliver = |_, _| true;
+        let mut quiet = 0;
+        while quiet < 20 {
+            assert!(Instant::now() < deadline, "the strangers' bytes were not read");
+            let before: usize = links.conns.values().map(|c| c.rend).sum();
+            let all = links.conns.keys().copied().collect();
+            links.read_unread(poll.registry(), all, &mut deliver);
+            let after: usize = links.conns.values().map(|c| c.rend).sum();
+            let done = strangers.iter().all(|w| w.is_finished());
+            quiet = if done && after == before { quiet + 1 } else { 0 };
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let held: Vec<usize> = links.conns.values().map(|c| c.rbuf.len()).collect();
+        let bound = held.len() * READ_BUFFER_KEPT + UNPROVEN_LARGE_FRAMES * MAX_FRAME;
+        assert!(held.iter().sum::<usize>() <= bound, "strangers pin {held:?} bytes of read buffer, beyond {bound}");
+        assert!(held.len() < STRANGERS, "the oldest strangers closed for room");
+
+        let mut broker = dial_in(&mut links, &poll, &listener, 2);
+        let body = vec![7; MAX_FRAME];
+        let sending =
+            std::thread::spawn(move || broker.write_all(&[&(MAX_FRAME as u32).to_le_bytes()[..], &body].concat()));
+        assert_eq!(read_frames(&mut links, &mut poll, 1), vec![(2, vec![7; MAX_FRAME])]);
+        sending.join().expect("the broker wrote").expect("its frame was read");
+        strangers.into_iter().for_each(|w| drop(w.join().expect("a stranger wrote")));
     }
 
     /// A replica that restarts dials its peers at once; a peer whose own dial to it failed
