@@ -119,22 +119,28 @@ impl ClusterClient {
         self.node.send(event).map_err(ClientError::Stopped)
     }
 
-    /// Waits until the node says something (at most until `deadline`) and sorts what it
-    /// said.
-    fn receive(&mut self, deadline: Instant) -> Result<(), ClientError> {
+    /// Waits until the node says something (at most until `deadline`, if any) and sorts
+    /// what it said.
+    fn receive(&mut self, deadline: Option<Instant>) -> Result<(), ClientError> {
         if let Some(why) = &self.failed {
             return Err(ClientError::Stopped(why.clone()));
         }
-        let wait = deadline.saturating_duration_since(Instant::now());
-        let events = match self.news.recv_timeout(wait).map(|news| news.events) {
-            Ok(Ok(events)) => events,
-            Ok(Err(why)) => {
+        let loop_gone = || ClientError::Stopped("the client event loop stopped".into());
+        let news = match deadline {
+            Some(deadline) => {
+                let wait = deadline.saturating_duration_since(Instant::now());
+                self.news.recv_timeout(wait).map_err(|e| match e {
+                    RecvTimeoutError::Timeout => ClientError::Timeout { request: None, waited: wait },
+                    RecvTimeoutError::Disconnected => loop_gone(),
+                })
+            }
+            None => self.news.recv().map_err(|_| loop_gone()),
+        }?;
+        let events = match news.events {
+            Ok(events) => events,
+            Err(why) => {
                 self.failed = Some(why.clone());
                 return Err(ClientError::Stopped(why));
-            }
-            Err(RecvTimeoutError::Timeout) => return Err(ClientError::Timeout { request: None, waited: wait }),
-            Err(RecvTimeoutError::Disconnected) => {
-                return Err(ClientError::Stopped("the client event loop stopped".into()));
             }
         };
         for e in events {
@@ -180,14 +186,19 @@ impl ClusterClient {
     }
 
     /// Hands `requests` to the core in one round; the numbers of those it accepted.
+    ///
+    /// Waits without a deadline: the node's round answers every submit, in order, with
+    /// no need of the network, unless the node fails or its loop goes (which `receive`
+    /// reports). A round slower than a deadline (a slow lease `fdatasync`, a busy shared
+    /// loop) still accepts the requests, so giving up would leave its answer to the next
+    /// submit, and report requests that will be sent as never taken.
     fn take(&mut self, requests: Vec<Request>) -> Result<Range<u64>, ClientError> {
         self.send(Event::Submit(requests))?;
-        let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             match self.submitted.pop_front() {
                 Some((requests, Some(e))) if requests.is_empty() => return Err(ClientError::Refused(e)),
                 Some((requests, _)) => return Ok(requests),
-                None => self.receive(deadline)?,
+                None => self.receive(None)?,
             }
         }
     }
@@ -198,7 +209,7 @@ impl ClusterClient {
         loop {
             match self.completions.pop_front() {
                 Some(c) => return Ok(c),
-                None => self.receive(deadline)?,
+                None => self.receive(Some(deadline))?,
             }
         }
     }
@@ -245,7 +256,7 @@ impl ClusterClient {
             if let Some(i) = self.completions.iter().position(|(r, _)| *r == number) {
                 return Ok(self.completions.remove(i).expect("found").1);
             }
-            match self.receive(deadline) {
+            match self.receive(Some(deadline)) {
                 Err(ClientError::Timeout { .. }) => {
                     self.abandoned.insert(number);
                     return Err(ClientError::Timeout { request: Some(number), waited: started.elapsed() });
@@ -270,7 +281,7 @@ impl ClusterClient {
             }
             match self.deliveries.pop_front() {
                 Some(d) => return Ok(d),
-                None => self.receive(deadline)?,
+                None => self.receive(Some(deadline))?,
             }
         }
     }
@@ -297,4 +308,48 @@ pub fn prepare(cluster: &ClusterFile, id: NodeId, data_dir: Option<PathBuf>) -> 
     });
     let opts = StartOptions { data_dir: Some(data_dir), ..StartOptions::default() };
     runtime::prepare(cluster, id, &opts)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+    use crate::config::{KeygenOptions, keygen};
+    use crate::net::Divert;
+
+    /// Holds up the first round of the node that sends something, as a slow lease
+    /// `fdatasync` or a busy shared event loop would, for 11 seconds. It carries no frames.
+    struct Stall(AtomicBool);
+
+    impl Divert for Stall {
+        fn take(&self, frames: &mut Vec<(NodeId, Vec<u8>)>) {
+            if !frames.is_empty() && !self.0.swap(true, Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_secs(11));
+            }
+        }
+
+        fn shutdown(&self) {}
+    }
+
+    /// A submit whose round is slow gets its request number, and the next its own: one
+    /// that gave up on its news after 10 seconds left it to the next submit, which took
+    /// the previous op's number (every later op one behind, answered with its result).
+    #[test]
+    fn a_submit_in_a_slow_round_gets_its_own_request_number_and_so_does_the_next() {
+        let dir = std::env::temp_dir().join(format!("phalanx-client-slow-round-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        // Replica ports nothing listens on: the client's frames only wait for them.
+        let (base_port, held) = crate::local_cluster::free_ports(4).expect("free loopback ports");
+        drop(held);
+        let opts = KeygenOptions { base_port, metrics_base_port: None, ..crate::config::tests::options(&dir) };
+        let cluster = ClusterFile::load(&keygen(&opts).unwrap()).unwrap();
+        let mut client = ClusterClient::start(&cluster, 4, Some(dir.join("client-4"))).unwrap();
+        client.node.divert(Arc::new(Stall(AtomicBool::new(false)))).unwrap();
+        // A fresh client numbers its requests from 1.
+        assert_eq!(client.submit(b"op one".to_vec()).expect("accepted"), 1);
+        assert_eq!(client.submit(b"op two".to_vec()).expect("accepted"), 2);
+        let _ = client.stop();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
