@@ -9,11 +9,14 @@
 //! effect at any point after their invocation, or never: they have no return event, so
 //! the search may place them anywhere after their call or leave them out. Before the
 //! search, unknown reads are dropped (they change nothing), and so are unknown writes
-//! whose value no completed operation ever returned: every operation returns the value
-//! it found, so such a write, had it taken effect, was either overwritten unseen or the
-//! last — and in both cases the history without it is linearizable too.
+//! whose value no kept operation may have seen: every completed operation returns the
+//! value it found, so such a write, had it taken effect, was either overwritten unseen
+//! or the last — and in both cases the history without it is linearizable too. An
+//! unknown compare-and-swap returns nothing, yet may have swapped on its expected value
+//! (and its own value be seen): so when it is kept, the value it expects counts as seen
+//! too, and the unknown writes of that value are kept with it, and so on.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// An operation on one key, as a client invoked it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -123,25 +126,30 @@ impl Values {
     }
 }
 
-/// The operations worth searching over: completed ones, and unknown writes that some
-/// completed operation may have seen (see the module docs).
+/// The operations worth searching over: completed ones, unknown deletes, and unknown
+/// writes whose value some kept operation may have seen (see the module docs).
 fn relevant(ops: &[Operation]) -> Vec<&Operation> {
-    let mut observed: HashSet<&[u8]> = HashSet::new();
-    for op in ops {
-        let seen = match &op.completed {
-            Some((_, Return::Value(Some(v)))) | Some((_, Return::Cas { before: Some(v), .. })) => v,
-            _ => continue,
-        };
-        observed.insert(seen);
+    let mut unknown_writes: HashMap<&[u8], Vec<usize>> = HashMap::new();
+    // Values seen, whose unknown writes are not kept yet: first what completed ones returned.
+    let mut seen: Vec<&[u8]> = Vec::new();
+    for (i, op) in ops.iter().enumerate() {
+        match (&op.call, &op.completed) {
+            (_, Some((_, Return::Value(Some(v)) | Return::Cas { before: Some(v), .. }))) => seen.push(v),
+            (Call::Put(v) | Call::Cas { new: v, .. }, None) => unknown_writes.entry(v).or_default().push(i),
+            _ => {}
+        }
     }
-    ops.iter()
-        .filter(|op| match (&op.call, &op.completed) {
-            (_, Some(_)) => true,
-            (Call::Get, None) => false,
-            (Call::Put(v) | Call::Cas { new: v, .. }, None) => observed.contains(v.as_slice()),
-            (Call::Delete, None) => true,
-        })
-        .collect()
+    let mut kept: Vec<bool> = ops.iter().map(|op| op.completed.is_some() || op.call == Call::Delete).collect();
+    while let Some(v) = seen.pop() {
+        for i in unknown_writes.remove(v).unwrap_or_default() {
+            kept[i] = true;
+            // A kept unknown swap may have swapped on its expected value unseen.
+            if let Call::Cas { expected: Some(e), .. } = &ops[i].call {
+                seen.push(e);
+            }
+        }
+    }
+    ops.iter().zip(kept).filter(|&(_, k)| k).map(|(op, _)| op).collect()
 }
 
 /// Checks one key's history, starting from an absent value.
@@ -383,6 +391,19 @@ mod tests {
         assert_eq!(check(&maybe), Ok(()));
         let never = [put("a", 0, 1, None), unknown(cas(v("z"), "b"), 2), get(5, 6, v("b"))];
         assert!(check(&never).is_err());
+    }
+
+    /// An unknown put no completed operation saw is kept when an unknown swap seen may
+    /// have swapped on it, down a chain of them: put x, cas x -> y, cas y -> z, get z.
+    #[test]
+    fn an_unseen_unknown_write_an_unknown_swap_may_have_swapped_on_is_kept() {
+        let cas = |expected: &str, new: &str| unknown(Call::Cas { expected: v(expected), new: new.into() }, 1);
+        let ops = [unknown(Call::Put(b"x".to_vec()), 0), cas("x", "y"), get(5, 6, v("y"))];
+        assert_eq!(check(&ops), Ok(()), "a linearizable history (put x, cas x->y, get y) was rejected");
+        let chain = [unknown(Call::Put(b"x".to_vec()), 0), cas("x", "y"), cas("y", "z"), get(5, 6, v("z"))];
+        assert_eq!(check(&chain), Ok(()));
+        // Without the put, nothing explains the "y" the first swap expects.
+        assert!(check(&chain[1..]).is_err());
     }
 
     #[test]
