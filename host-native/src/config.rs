@@ -81,6 +81,8 @@ use phalanx_core::{
 };
 use serde::{Deserialize, Serialize};
 
+use crate::net::FRAME_HEADER_BYTES;
+
 /// A configuration problem: which file, which field, what is wrong.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
@@ -116,14 +118,16 @@ pub struct Runtime {
     pub threads: Threads,
     /// First core to pin to (replicas on one machine spread themselves out with it).
     pub first_core: usize,
-    /// Bytes queued for one peer before further frames to it are dropped.
+    /// Bytes queued for one peer before further frames to it are dropped: at least one
+    /// frame ([`ClusterFile::max_frame_bytes`] and its header).
     pub send_queue_bytes: usize,
     /// Events buffered between the network and protocol threads.
     pub event_queue: usize,
     /// Bytes of frames buffered between the network and protocol threads: beyond, the
     /// network thread stops reading until the protocol thread catches up.
     pub event_queue_bytes: usize,
-    /// Reconnect back-off bounds, milliseconds.
+    /// Reconnect back-off bounds, milliseconds: the least at least 1, the most at least
+    /// the least.
     pub reconnect_min_ms: u64,
     pub reconnect_max_ms: u64,
     /// `run --engine wasm`: milliseconds one call into the guest may run — a bound on a
@@ -590,7 +594,37 @@ impl ClusterFile {
         // The core's own rules (parameter ranges and the like), reported against this file.
         let cluster = file.public_cluster(|_| (BlsPublicKey([0; 48]), BlsSignature([0; 96])));
         cluster.validate_params().map_err(|e| ConfigError::new(path, Some("params"), e.0))?;
+        let runtime = &file.runtime;
+        let frame = file.max_frame_bytes() + FRAME_HEADER_BYTES;
+        if runtime.send_queue_bytes < frame {
+            return Err(bad(
+                "runtime.send_queue_bytes",
+                format!(
+                    "{} is less than one frame: {frame} bytes with params.max_message_bytes = {}; \
+                     every frame larger than the queue would be dropped, always",
+                    runtime.send_queue_bytes, file.params.max_message_bytes
+                ),
+            ));
+        }
+        if runtime.reconnect_min_ms == 0 {
+            return Err(bad(
+                "runtime.reconnect_min_ms",
+                "must be at least 1: a failed dial would be retried at once, in a busy loop".into(),
+            ));
+        }
+        if runtime.reconnect_max_ms < runtime.reconnect_min_ms {
+            return Err(bad(
+                "runtime.reconnect_max_ms",
+                format!("{} is less than reconnect_min_ms = {}", runtime.reconnect_max_ms, runtime.reconnect_min_ms),
+            ));
+        }
         Ok(file)
+    }
+
+    /// The longest frame a node's links carry: the core's longest message, and slack (the
+    /// core reports longer ones itself).
+    pub fn max_frame_bytes(&self) -> usize {
+        self.params.max_message_bytes as usize + 1024
     }
 
     pub fn replica(&self, id: NodeId) -> Option<&ReplicaEntry> {
@@ -1124,6 +1158,28 @@ pub(crate) mod tests {
         for w in wants {
             assert!(e.contains(w), "{e} lacks {w}");
         }
+    }
+
+    /// Runtime bounds that would silence a node are refused, naming the field: a send
+    /// queue shorter than a frame drops every frame that long, and a back-off of 0 spins.
+    #[test]
+    fn runtime_bounds_that_would_silence_a_node_are_refused_naming_the_field() {
+        let dir = temp_dir("runtime-bounds");
+        let path = keygen(&options(&dir)).unwrap();
+        let good = fs::read_to_string(&path).unwrap();
+        let set = |field: &str, value: u64| {
+            let line = good.lines().find(|l| l.starts_with(&format!("{field} = "))).expect("keygen writes it");
+            good.replace(line, &format!("{field} = {value}"))
+        };
+        let frame = (ClusterFile::load(&path).unwrap().max_frame_bytes() + FRAME_HEADER_BYTES) as u64;
+        for bytes in [0, 1 << 20, frame - 1] {
+            refused_naming(&path, set("send_queue_bytes", bytes), &["runtime.send_queue_bytes", "less than one frame"]);
+        }
+        fs::write(&path, set("send_queue_bytes", frame)).unwrap();
+        assert_eq!(ClusterFile::load(&path).unwrap().runtime.send_queue_bytes, frame as usize);
+        refused_naming(&path, set("reconnect_min_ms", 0), &["runtime.reconnect_min_ms", "at least 1"]);
+        refused_naming(&path, set("reconnect_min_ms", 5_000), &["runtime.reconnect_max_ms", "reconnect_min_ms = 5000"]);
+        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

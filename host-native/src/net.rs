@@ -72,6 +72,9 @@ pub const MAX_CONNECTIONS: usize = 1024;
 /// the log and its compaction, a trace, metrics scrapes, standard streams.
 const FILES_BESIDE_CONNECTIONS: usize = 64;
 pub const MAX_PER_ID: usize = 4;
+/// Most bytes a frame takes in a send queue beside its body: its length and, on a shared
+/// connection, its client's id (or a whole hello).
+pub const FRAME_HEADER_BYTES: usize = 8;
 const WRITEV_FRAMES: usize = 64;
 const READ_CHUNK: usize = 64 << 10;
 /// Most room a connection keeps for reading between frames (batches of requests fit it,
@@ -209,7 +212,7 @@ struct SendQueue {
 /// connection, its client's id; or the whole hello) and its body, written as separate
 /// `writev` slices so the core's bytes are never copied.
 struct Queued {
-    header: [u8; 8],
+    header: [u8; FRAME_HEADER_BYTES],
     /// The client a frame on a shared connection names.
     client: Option<NodeId>,
     hello: bool,
@@ -221,7 +224,7 @@ struct Queued {
 
 impl Queued {
     fn data(body: Vec<u8>, client: Option<NodeId>) -> Self {
-        let mut header = [0; 8];
+        let mut header = [0; FRAME_HEADER_BYTES];
         header[..4].copy_from_slice(&(body.len() as u32).to_le_bytes());
         if let Some(id) = client {
             header[4..].copy_from_slice(&id.to_le_bytes());
@@ -237,11 +240,11 @@ impl Queued {
     }
 
     fn header_len(&self) -> usize {
-        if self.hello || self.client.is_some() { 8 } else { 4 }
+        if self.hello || self.client.is_some() { FRAME_HEADER_BYTES } else { 4 }
     }
 
     fn hello(magic: [u8; 4], me: NodeId) -> Self {
-        let mut header = [0; 8];
+        let mut header = [0; FRAME_HEADER_BYTES];
         header[..4].copy_from_slice(&magic);
         header[4..].copy_from_slice(&me.to_le_bytes());
         Queued { header, client: None, hello: true, opening: true, body: Vec::new() }

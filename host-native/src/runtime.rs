@@ -260,8 +260,7 @@ pub fn prepare(cluster: &ClusterFile, id: NodeId, opts: &StartOptions) -> Result
         listen,
         dial,
         known: crate::distill::known(cluster, id, &peers),
-        // Room for the length prefix's worth of slack: the core reports larger frames.
-        max_frame: cluster.params.max_message_bytes as usize + 1024,
+        max_frame: cluster.max_frame_bytes(),
         send_queue_bytes: cluster.runtime.send_queue_bytes,
         reconnect_min: Duration::from_millis(cluster.runtime.reconnect_min_ms),
         reconnect_max: Duration::from_millis(cluster.runtime.reconnect_max_ms),
