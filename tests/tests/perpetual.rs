@@ -6,10 +6,10 @@
 //! checked.
 
 use phalanx_core::crypto::CryptoMode;
-use phalanx_core::sim::NetConfig;
 use phalanx_core::sim::adversary::Behavior;
-use phalanx_core::sim::perpetual::{Outcome, Scenario, sweep};
-use phalanx_core::{Event, Params};
+use phalanx_core::sim::perpetual::{Executor, Outcome, Scenario, Work, sweep};
+use phalanx_core::sim::{NetConfig, Sim};
+use phalanx_core::{Event, Params, PerpetualSpec, generate_perpetual};
 
 const MS: u64 = 1_000_000;
 const SIZES: [u32; 3] = [1, 4, 7];
@@ -351,5 +351,32 @@ fn calls_in_flight_complete_without_a_view_change() {
                 assert_eq!(status.view_changes, 0, "seed {seed} n_c={n_c} n_t={n_t} host {host}: {status:?}");
             }
         }
+    }
+}
+
+/// Two caller groups (0 and 2) share a target (1), all correct: group 2's many calls in
+/// flight do not push group 0's out of what the target keeps for them, and all complete.
+#[test]
+fn a_busy_caller_group_does_not_starve_another_of_its_replies() {
+    // The scenario's small batches and checkpoints.
+    let params = Scenario::new(4, 4, 1).params;
+    let window = params.call_window.into();
+    let work = [
+        Work::Caller { target: 1, ops: 40, parallel: 1, window },
+        Work::Counter,
+        Work::Caller { target: 1, ops: 300, parallel: 15, window },
+    ];
+    let spec =
+        PerpetualSpec { sizes: vec![4, 4, 4], calls: vec![(0, 1), (2, 1)], params, crypto: CryptoMode::InsecureTest };
+    let mut sim = Sim::new(1, NetConfig::default());
+    for cfg in generate_perpetual(&spec, [7; 32]).expect("a valid cluster") {
+        let group = cfg.id as usize / 4;
+        let host = sim.add(cfg, Behavior::Correct, None);
+        sim.set_executor(host, Executor::new(work[group].clone(), None));
+    }
+    sim.run(60_000 * MS);
+    for host in (0..4).chain(8..12) {
+        let executor = sim.executor(host).expect("a caller member's executor");
+        assert!(executor.finished(), "caller member {host}: {:?}", executor.state());
     }
 }

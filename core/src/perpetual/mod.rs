@@ -68,20 +68,21 @@
 //! `Backpressure`, which a correct executor never meets). A group tallies vouches and
 //! aborts for calls up to 2W above its oldest undecided one; a target keeps at most 2W
 //! undelivered copies per caller member and remembers 2W delivered calls per caller
-//! group; responders, direct-reply marks and results kept for resends are capped by W and
-//! the number of groups.
+//! group; it keeps results for resends for 2W calls per caller group, direct-reply marks
+//! for 2W per caller member, and a responder the results of 2W per target member and
+//! caller group. Each keeps the highest call ids: a caller's undecided calls are among
+//! its W highest, and a busy or faulty group or member pushes out only its own.
 //!
 //! # Checkpoints
 //!
 //! At a checkpoint batch the member emits `Event::Checkpoint { seq }` and waits for the
 //! executor's `Request::Snapshot`; the checkpoint state is the executor's snapshot and the
 //! member's agreed state ([`pb::PerpetualState`]), restored together (`Event::Restore`).
-//! The agreed state holds the executor's results too (the latest, capped like the other
-//! per-call records), so a member that restarts or catches up by state transfer past a
-//! call still answers its resends: were they lost, a call whose results went with more
-//! than f_t members' restarts would never complete. A deterministic executor responds at
-//! the same point of the event sequence at every member, so the results a checkpoint
-//! holds agree.
+//! The agreed state holds the executor's results too (per caller group, its 2W highest
+//! calls), so a member that restarts or catches up by state transfer past a call still
+//! answers its resends: were they lost, a call whose results went with more than f_t
+//! members' restarts would never complete. A deterministic executor responds at the same
+//! point of the event sequence at every member, so the results a checkpoint holds agree.
 
 mod gate;
 
@@ -204,6 +205,11 @@ pub(crate) struct Member {
     group: u32,
     groups: Vec<GroupView>,
     window: u64,
+    /// 2W: the calls each per-call record keeps per caller group, caller member or target
+    /// member, the highest ids. A caller issues no call W ids past its oldest undecided
+    /// one, so its undecided calls are among its W highest; and a busy or faulty group or
+    /// member pushes out only its own.
+    kept: usize,
     // Agreed: what checkpoints cover.
     next_call: u64,
     outstanding: BTreeMap<u64, Outstanding>,
@@ -214,8 +220,9 @@ pub(crate) struct Member {
     /// Target side: copies of calls, by (caller group, call), until f_c+1 match.
     incoming: BTreeMap<(u32, u64), Tally>,
     delivered: BTreeMap<u32, Delivered>,
-    /// The executor's results, by (caller group, call), kept to answer resends.
-    responded: BTreeMap<(u32, u64), Bytes>,
+    /// The executor's results, per caller group and call, kept to answer resends: a
+    /// group's `kept` highest calls.
+    responded: BTreeMap<u32, BTreeMap<u64, Bytes>>,
     // This member's own.
     /// The undelivered copies per caller member (derived from `incoming`).
     copies_of: BTreeMap<NodeId, BTreeSet<(u32, u64)>>,
@@ -227,10 +234,13 @@ pub(crate) struct Member {
     /// Caller side: fellow members' vouches and abort requests not yet ordered, held
     /// until f_c+1 agree.
     votes_held: Gate,
-    /// Caller members that resent a call to this member: they get its result directly.
-    direct: BTreeMap<(u32, u64), BTreeSet<NodeId>>,
-    /// As a responder: results per call, by target member.
-    collecting: BTreeMap<(u32, u64), BTreeMap<NodeId, Collected>>,
+    /// Per caller member, the calls it resent to this member before the executor
+    /// responded (its `kept` highest): it gets their results directly.
+    direct: BTreeMap<NodeId, BTreeSet<u64>>,
+    /// As a responder: per target member and caller group, the results it sent, by call
+    /// (its `kept` highest). Those of a call already bundled stay, so that late ones do
+    /// not make a bundle again.
+    collecting: BTreeMap<(NodeId, u32), BTreeMap<u64, Collected>>,
     /// Per target group, the view its members last said they were in.
     target_view: BTreeMap<u32, u64>,
     /// Target members that, as a call's responder, left this member waiting for its
@@ -249,6 +259,7 @@ impl Member {
             .iter()
             .map(|g| GroupView { f: g.f as usize, members: g.members.clone(), calls: g.calls.clone() })
             .collect();
+        let kept = 2 * cluster.params.call_window as usize;
         let mut replica = Replica::with_embedded_application(ctx);
         let callers = groups.iter().filter(|g| g.calls.contains(&group)).flat_map(|g| g.members.iter().copied());
         replica.admit_outside_submitters(callers);
@@ -257,6 +268,7 @@ impl Member {
             group,
             groups,
             window: cluster.params.call_window as u64,
+            kept,
             next_call: 1,
             outstanding: BTreeMap::new(),
             decided_floor: 0,
@@ -267,8 +279,8 @@ impl Member {
             copies_of: BTreeMap::new(),
             awaiting: None,
             own: OwnNumbers::new(),
-            copies_held: Gate::new(2 * cluster.params.call_window as usize),
-            votes_held: Gate::new(2 * cluster.params.call_window as usize),
+            copies_held: Gate::new(kept),
+            votes_held: Gate::new(kept),
             responded: BTreeMap::new(),
             direct: BTreeMap::new(),
             collecting: BTreeMap::new(),
@@ -280,11 +292,6 @@ impl Member {
 
     fn me(&self) -> &GroupView {
         &self.groups[self.group as usize]
-    }
-
-    /// The cap on what this member keeps per call for other groups (results, marks).
-    fn local_cap(&self) -> usize {
-        2 * self.window as usize * self.groups.len()
     }
 
     /// The group of `id`, if it is a member of a group that may call this one.
@@ -368,12 +375,16 @@ impl Member {
         } else {
             ctx.send(pb::body::Kind::PerpetualResult(msg.clone()), [responder]);
         }
-        for to in self.direct.remove(&(caller, call)).unwrap_or_default() {
+        let waiting: Vec<NodeId> = (self.groups[caller as usize].members.iter().copied())
+            .filter(|m| self.direct.get_mut(m).is_some_and(|calls| calls.remove(&call)))
+            .collect();
+        for to in waiting {
             self.send_direct(ctx, &msg, to);
         }
-        self.responded.insert((caller, call), result);
-        while self.responded.len() > self.local_cap() {
-            self.responded.pop_first();
+        let results = self.responded.entry(caller).or_default();
+        results.insert(call, result);
+        if results.len() > self.kept {
+            results.pop_first();
         }
         Ok(())
     }
@@ -425,7 +436,7 @@ impl Member {
             Some(Op::Call(c)) if c.target == self.group => c.op,
             _ => return ctx.fault(client, FaultKind::Unexpected),
         };
-        if let Some(result) = self.responded.get(&(caller, call)) {
+        if let Some(result) = self.responded.get(&caller).and_then(|results| results.get(&call)) {
             let statement = result_statement(self.group, caller, call, result);
             let macs = ctx.keys.result_mac_to(client, &statement).into_iter().collect();
             let msg = pb::PerpetualResult { target: self.group, caller, call, result: result.clone(), view: 0, macs };
@@ -434,9 +445,10 @@ impl Member {
         // The primary gets every first copy: only one of a call it already took is a resend.
         let delivered = self.delivered.get(&caller).is_some_and(|d| d.contains(call));
         if !self.replica.primary_now(ctx) || delivered {
-            self.direct.entry((caller, call)).or_default().insert(client);
-            while self.direct.len() > self.local_cap() {
-                self.direct.pop_first();
+            let calls = self.direct.entry(client).or_default();
+            calls.insert(call);
+            if calls.len() > self.kept {
+                calls.pop_first();
             }
         }
         if delivered {
@@ -508,35 +520,32 @@ impl Member {
     /// The responder: a target member's result (its MACs for the caller members); once
     /// f_t+1 members sent the same result, each caller member gets their MACs for it.
     fn collect(&mut self, ctx: &mut Ctx, from: NodeId, r: pb::PerpetualResult) {
-        let key = (r.caller, r.call);
-        let Some(callers) = self.caller_group_index(r.caller) else { return };
+        let (caller, call) = (r.caller, r.call);
+        let Some(callers) = self.caller_group_index(caller) else { return };
         let d = digest(&r.result);
         let macs: Vec<pb::Mac> = r.macs.into_iter().filter(|m| m.from == from && callers.contains(m.to)).collect();
         let callers = callers.members.clone();
         let quorum = self.me().f + 1;
-        let entries = self.collecting.entry(key).or_default();
-        if entries.contains_key(&from) {
+        let sent = self.collecting.entry((from, caller)).or_default();
+        if sent.contains_key(&call) {
             return;
         }
-        entries.insert(from, Collected { digest: d, result: r.result, macs });
-        let agreeing: Vec<&Collected> = entries.values().filter(|c| c.digest == d).collect();
+        sent.insert(call, Collected { digest: d, result: r.result, macs });
+        if sent.len() > self.kept {
+            sent.pop_first();
+        }
+        let agreeing: Vec<&Collected> = (self.me().members.iter())
+            .filter_map(|&m| self.collecting.get(&(m, caller))?.get(&call))
+            .filter(|c| c.digest == d)
+            .collect();
         if agreeing.len() == quorum {
             let view = self.replica.view();
             for &c in &callers {
                 let macs = agreeing.iter().flat_map(|a| a.macs.iter().filter(|m| m.to == c).cloned()).collect();
-                let msg = pb::PerpetualResult {
-                    target: self.group,
-                    caller: key.0,
-                    call: key.1,
-                    result: agreeing[0].result.clone(),
-                    view,
-                    macs,
-                };
+                let result = agreeing[0].result.clone();
+                let msg = pb::PerpetualResult { target: self.group, caller, call, result, view, macs };
                 ctx.send(pb::body::Kind::PerpetualResult(msg), [c]);
             }
-        }
-        while self.collecting.len() > self.local_cap() {
-            self.collecting.pop_first();
         }
     }
 
@@ -616,7 +625,6 @@ impl Member {
     /// Target side: a caller member's copy of `call`; at f_c+1 matching ones, the call is
     /// a request.
     fn copy(&mut self, ctx: &mut Ctx, caller: u32, member: NodeId, call: u64, op: Bytes) {
-        let cap = 2 * self.window as usize;
         if self.delivered.get(&caller).is_some_and(|d| d.contains(call)) {
             return;
         }
@@ -632,14 +640,14 @@ impl Member {
                     self.forget_copy(v.member, key);
                 }
             }
-            self.delivered.entry(caller).or_default().insert(call, cap);
+            self.delivered.entry(caller).or_default().insert(call, self.kept);
             self.copies_held.settle(key, &mut self.replica, ctx);
             ctx.push(Output::Event(Event::Request { caller, call, op: op.to_vec() }));
             return;
         }
         let copies = self.copies_of.entry(member).or_default();
         copies.insert(key);
-        if copies.len() > cap {
+        if copies.len() > self.kept {
             let oldest = copies.pop_first().expect("over the cap");
             if let Some(t) = self.incoming.get_mut(&oldest) {
                 t.votes.retain(|v| v.member != member);
@@ -701,10 +709,9 @@ impl Member {
                     calls: d.calls.iter().copied().collect(),
                 })
                 .collect(),
-            responded: self
-                .responded
-                .iter()
-                .map(|(&(group, call), result)| pb::PerpetualResponded { group, call, result: result.to_vec() })
+            responded: (self.responded.iter())
+                .flat_map(|(&group, results)| results.iter().map(move |(&call, result)| (group, call, result)))
+                .map(|(group, call, result)| pb::PerpetualResponded { group, call, result: result.to_vec() })
                 .collect(),
         }
     }
@@ -754,7 +761,10 @@ impl Member {
             .into_iter()
             .map(|d| (d.group, Delivered { floor: d.floor, calls: d.calls.into_iter().collect() }))
             .collect();
-        self.responded = s.responded.into_iter().map(|r| ((r.group, r.call), r.result.into())).collect();
+        self.responded.clear();
+        for r in s.responded {
+            self.responded.entry(r.group).or_default().insert(r.call, r.result.into());
+        }
         // What the restored state settled needs no ordering here any more.
         let decided: Vec<CallKey> = self.votes_held.calls().filter(|&(_, call)| self.is_decided(call)).collect();
         let delivered: Vec<CallKey> = (self.copies_held.calls())
@@ -844,9 +854,9 @@ impl RoleMachine for Member {
             + self.incoming.len()
             + self.copies_held.len()
             + self.votes_held.len()
-            + self.responded.len()
-            + self.direct.len()
-            + self.collecting.len()
+            + self.responded.values().map(BTreeMap::len).sum::<usize>()
+            + self.direct.values().map(BTreeSet::len).sum::<usize>()
+            + self.collecting.values().map(BTreeMap::len).sum::<usize>()
     }
 
     fn next_request(&self) -> Option<u64> {
