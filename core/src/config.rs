@@ -84,7 +84,8 @@ pub struct Params {
     pub kept_batches: u32,
     /// Perpetual: an executor's undecided calls span at most this many call ids (its
     /// oldest undecided call and its newest are less than this apart); what members keep
-    /// per caller and per call is bounded by it.
+    /// per caller and per call is bounded by it. At most `client_queue`: a caller
+    /// member's calls are its requests to the target's PBFT.
     pub call_window: u32,
 }
 
@@ -389,6 +390,16 @@ impl ClusterConfig {
         }
         if self.params.call_window == 0 {
             return err("params.call_window must be at least 1");
+        }
+        // A caller member's copy of a call is its request to the target's PBFT, numbered by
+        // the call id; the target's executed-requests table keeps `client_queue` per client
+        // and takes older ones for executed, so a copy overtaken by more would be dropped.
+        let (window, queue) = (self.params.call_window, self.params.client_queue);
+        if window > queue {
+            return err(format!(
+                "params.call_window = {window} must be at most client_queue = {queue}: a target \
+                 keeps client_queue of a caller member's calls, and drops a copy of an older one"
+            ));
         }
         let mut group_of = BTreeMap::new();
         for (i, g) in self.groups.iter().enumerate() {
@@ -1027,6 +1038,20 @@ mod tests {
         assert!(cfgs[0].cluster.validate().unwrap_err().0.contains("node 5: BLS public key"));
         cfgs[5].cluster.nodes[2].bls_pop = cfgs[5].cluster.nodes[1].bls_pop;
         assert!(NodeConfig::decode(&cfgs[5].encode()).unwrap_err().0.contains("node 2: BLS public key"));
+    }
+
+    /// A caller member's calls are its requests at the target's PBFT, which keeps
+    /// `client_queue` of them: a wider call window could have a late copy dropped.
+    #[test]
+    fn perpetual_call_window_beyond_client_queue_is_refused() {
+        let spec = |call_window, client_queue| PerpetualSpec {
+            params: Params { call_window, client_queue, ..Params::default() },
+            crypto: CryptoMode::InsecureTest,
+            ..PerpetualSpec::pair(1, 4)
+        };
+        generate_perpetual(&spec(4, 4), [1; 32]).unwrap();
+        let e = generate_perpetual(&spec(5, 4), [1; 32]).unwrap_err();
+        assert!(e.0.contains("params.call_window = 5 must be at most client_queue = 4"), "{e}");
     }
 
     #[test]

@@ -380,3 +380,19 @@ fn a_busy_caller_group_does_not_starve_another_of_its_replies() {
         assert!(executor.finished(), "caller member {host}: {:?}", executor.state());
     }
 }
+
+/// A caller member's copies are its requests at the target's PBFT, which keeps
+/// `client_queue` of them: a wider call window is refused, one as wide completes.
+#[test]
+fn calls_in_flight_complete_with_client_queue_as_small_as_the_call_window() {
+    for (n_c, n_t) in [(1, 1), (4, 4)] {
+        let mut s = Scenario { parallel: 15, ops: 60, ..Scenario::new(n_c, n_t, 3) };
+        s.params.client_queue = s.params.call_window;
+        s.horizon = 30_000 * MS;
+        run(s);
+    }
+    let params = Params { client_queue: 4, ..Scenario::new(1, 1, 3).params };
+    let spec = PerpetualSpec { params, crypto: CryptoMode::InsecureTest, ..PerpetualSpec::pair(1, 1) };
+    let Err(e) = generate_perpetual(&spec, [1; 32]) else { panic!("call_window 16 above client_queue 4 accepted") };
+    assert!(e.0.contains("params.call_window = 16 must be at most client_queue = 4"), "{e}");
+}

@@ -65,9 +65,12 @@
 //!
 //! `call_window` (W): an executor keeps its undecided calls within W call ids (its oldest
 //! undecided call and its newest less than W apart; a call beyond that is refused with
-//! `Backpressure`, which a correct executor never meets). A group tallies vouches and
-//! aborts for calls up to 2W above its oldest undecided one; a target keeps at most 2W
-//! undelivered copies per caller member and remembers 2W delivered calls per caller
+//! `Backpressure`, which a correct executor never meets). W is at most `client_queue`
+//! (validated): a caller member's copies are its requests at the target's PBFT, which
+//! keeps `client_queue` of a client's executed requests and takes older ones for
+//! executed, so a late copy of an undecided call still counts. A group tallies vouches
+//! and aborts for calls up to 2W above its oldest undecided one; a target keeps at most
+//! 2W undelivered copies per caller member and remembers 2W delivered calls per caller
 //! group; it keeps results for resends for 2W calls per caller group, direct-reply marks
 //! for 2W per caller member, and a responder the results of 2W per target member and
 //! caller group. Each keeps the highest call ids: a caller's undecided calls are among
