@@ -277,7 +277,7 @@ fn run_one(
         listen: None,
         dial: servers.clone(),
         known: ids.iter().copied().collect(),
-        max_frame: p.max_message_bytes as usize + 1024,
+        max_frame: c.cluster.max_frame_bytes(),
         send_queue_bytes: 1 << 30,
         reconnect_min: Duration::from_millis(50),
         reconnect_max: Duration::from_millis(500),
