@@ -174,6 +174,43 @@ fn a_faulty_responder_costs_one_timeout_not_one_per_call() {
     }
 }
 
+/// A target member whose results carry MACs for the callers that do not verify (its
+/// frames valid): the responders' bundles of the first f_t+1 agreeing results often hold
+/// its bad MACs, one short of a quorum, and every such call waited out
+/// `client_retry_ns`. Now a responder sends the MACs of 2f_t+1 agreeing members too,
+/// f_t+1 of them correct: no call a correct member responds to waits for the timeout.
+#[test]
+fn a_target_member_with_bad_result_macs_delays_no_call_of_a_correct_responder() {
+    for (n_c, n_t) in pairs(false, true) {
+        let mut s = Scenario::new(n_c, n_t, 8);
+        s.targets[2] = Behavior::CorruptMacs;
+        let retry = s.params.client_retry_ns;
+        let out = run(s);
+        assert_eq!(aborted(&out), 0);
+        for member in 0..n_c {
+            let issued: std::collections::BTreeMap<u64, u64> =
+                out.log.perpetual.issued.iter().filter(|i| i.node == member).map(|i| (i.call, i.at)).collect();
+            let slow: Vec<u64> = out
+                .log
+                .perpetual
+                .events
+                .iter()
+                .filter(|e| e.node == member)
+                .filter_map(|e| match e.event {
+                    Event::Reply { call, .. } if call % n_t as u64 != 2 => {
+                        Some(call).filter(|_| e.at - issued.get(&call).copied().unwrap_or(e.at) >= retry)
+                    }
+                    _ => None,
+                })
+                .collect();
+            assert!(
+                slow.is_empty(),
+                "n_c={n_c} n_t={n_t}: caller member {member} waited out the timeout for calls {slow:?}"
+            );
+        }
+    }
+}
+
 /// A silent target primary: calls go to it first, time out, reach the backups, which
 /// change view; every call completes.
 #[test]

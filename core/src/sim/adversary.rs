@@ -27,7 +27,9 @@ pub enum Behavior {
     AlterTo(Vec<NodeId>),
     /// Sends one content to even node ids and another to odd ones.
     Equivocate,
-    /// Flips a bit in every MAC it sends.
+    /// Flips a bit in every MAC it sends: those it makes inside a body (a request's
+    /// authenticator, a Perpetual result's MACs for the callers) in a validly sealed
+    /// frame, else the frame's.
     CorruptMacs,
     /// Also sends, now and then, a frame it sent or received earlier.
     Replay,
@@ -215,6 +217,9 @@ pub fn tamper(
         }
         Behavior::Equivocate => vec![(to, me, bytes)],
         Behavior::CorruptMacs => {
+            if let Some(sealed) = coalition.corrupt_inner(me, to, &bytes) {
+                return vec![(to, me, sealed)];
+            }
             let Ok(mut frame) = pb::Frame::decode(bytes.as_slice()) else { return vec![(to, me, bytes)] };
             for m in &mut frame.macs {
                 let mut tag = m.tag.to_vec();

@@ -156,7 +156,7 @@ impl Coalition {
             }
             _ => {}
         }
-        self.reauthenticate(from, &mut kind, &mut []);
+        self.reauthenticate(from, &mut kind);
         let chain_hop = match &kind {
             pb::body::Kind::Publication(p) if p.step == pb::Step::Hop as i32 => Some(p.publisher),
             _ => None,
@@ -205,6 +205,41 @@ impl Coalition {
         bytes: &[u8],
         mut mutate: impl FnMut(&mut pb::body::Kind, &mut Vec<pb::Mac>),
     ) -> Vec<u8> {
+        self.reseal(me, to, bytes, |kind, macs| {
+            mutate(kind, macs);
+            self.reauthenticate(signer, kind);
+        })
+    }
+
+    /// `bytes`, a frame member `me` sends to `to`, with the MACs member `me` made inside
+    /// its body (a request's authenticator, a Perpetual result's MACs for the caller
+    /// members) flipped and the frame sealed validly: only those inner MACs fail. `None`
+    /// if the body holds none.
+    pub fn corrupt_inner(&self, me: NodeId, to: NodeId, bytes: &[u8]) -> Option<Vec<u8>> {
+        let mut flipped = false;
+        let sealed = self.reseal(me, to, bytes, |kind, _| {
+            let inner = match kind {
+                pb::body::Kind::Requests(r) => &mut r.authenticator,
+                pb::body::Kind::PerpetualResult(r) => &mut r.macs,
+                _ => return,
+            };
+            for m in inner.iter_mut().filter(|m| m.from == me) {
+                m.tag = m.tag.iter().enumerate().map(|(i, b)| if i == 0 { b ^ 1 } else { *b }).collect();
+                flipped = true;
+            }
+        });
+        flipped.then_some(sealed)
+    }
+
+    /// `bytes` with `change` applied to its body (to each body, in a bundle) and the MACs
+    /// over each body the coalition makes made again, the hop MAC by `seal`.
+    fn reseal(
+        &self,
+        me: NodeId,
+        to: NodeId,
+        bytes: &[u8],
+        mut change: impl FnMut(&mut pb::body::Kind, &mut Vec<pb::Mac>),
+    ) -> Vec<u8> {
         let Ok(frame) = pb::Frame::decode(bytes) else { return bytes.to_vec() };
         let Ok(pb::Body { kind: Some(mut kind) }) = pb::Body::decode(frame.body.clone()) else { return bytes.to_vec() };
         // The hop MAC is made afresh by `seal`.
@@ -212,21 +247,21 @@ impl Coalition {
         if let pb::body::Kind::Bundle(bundle) = &mut kind {
             for b in &mut bundle.bodies {
                 let Ok(pb::Body { kind: Some(mut inner) }) = pb::Body::decode(b.body.clone()) else { continue };
-                mutate(&mut inner, &mut b.macs);
-                self.reauthenticate(signer, &mut inner, &mut b.macs);
+                change(&mut inner, &mut b.macs);
+                self.remac(&inner, &mut b.macs);
                 b.body = wire::encode_body(inner);
             }
         } else {
-            mutate(&mut kind, &mut macs);
-            self.reauthenticate(signer, &mut kind, &mut macs);
+            change(&mut kind, &mut macs);
+            self.remac(&kind, &mut macs);
         }
         self.seal(me, to, &wire::encode_body(kind), macs)
     }
 
     /// Makes valid again what colluders authenticate inside a changed body: a colluding
-    /// client's request authenticator, a VIEW-CHANGE (signed by `signer`), and colluders'
-    /// Chain MACs.
-    fn reauthenticate(&self, signer: NodeId, kind: &mut pb::body::Kind, macs: &mut [pb::Mac]) {
+    /// client's request authenticator, a VIEW-CHANGE (signed by `signer`), a Perpetual
+    /// result's MACs.
+    fn reauthenticate(&self, signer: NodeId, kind: &mut pb::body::Kind) {
         match kind {
             pb::body::Kind::Requests(r) => {
                 // Decoded whole: `header` reads no client 0 (a Perpetual member's copies).
@@ -249,6 +284,10 @@ impl Coalition {
             }
             _ => {}
         }
+    }
+
+    /// Makes colluders' MACs over `kind` (a hop's, Chain's) valid for it.
+    fn remac(&self, kind: &pb::body::Kind, macs: &mut [pb::Mac]) {
         let body = wire::encode_body(kind.clone());
         for m in macs.iter_mut() {
             if let Some(fresh) = self.members.get(&m.from).and_then(|c| c.keys.mac_to(m.to, &body)) {
