@@ -31,7 +31,9 @@
 //!    every caller member ([`crate::wire::Keyring::result_mac_to`]) and sends it to the
 //!    call's responder, t's member at index `call mod n_t`. The responder, once f_t+1
 //!    target members sent the same result, sends each caller member a bundle of those
-//!    f_t+1 MACs meant for it (a [`pb::PerpetualResult`]).
+//!    f_t+1 MACs meant for it (a [`pb::PerpetualResult`]), and once 2f_t+1 did, a bundle
+//!    of theirs: the first f_t+1 may hold a faulty member's MACs, which only the caller
+//!    member can check; 2f_t+1 hold f_t+1 correct members' at least.
 //! 3. Vouching. A caller member that holds f_t+1 valid MACs from distinct target members
 //!    on one result (so a correct target member computed it) vouches for it to its own
 //!    group: a [`pb::PerpetualVouch`] it sends every fellow member, and each holds it
@@ -521,14 +523,16 @@ impl Member {
     }
 
     /// The responder: a target member's result (its MACs for the caller members); once
-    /// f_t+1 members sent the same result, each caller member gets their MACs for it.
+    /// f_t+1 members sent the same result, each caller member gets their MACs for it, and
+    /// again once 2f_t+1 did: a faulty member's MACs, which only a caller member can
+    /// check, may be among the first f_t+1, never among more than f of the 2f_t+1.
     fn collect(&mut self, ctx: &mut Ctx, from: NodeId, r: pb::PerpetualResult) {
         let (caller, call) = (r.caller, r.call);
         let Some(callers) = self.caller_group_index(caller) else { return };
         let d = digest(&r.result);
         let macs: Vec<pb::Mac> = r.macs.into_iter().filter(|m| m.from == from && callers.contains(m.to)).collect();
         let callers = callers.members.clone();
-        let quorum = self.me().f + 1;
+        let f = self.me().f;
         let sent = self.collecting.entry((from, caller)).or_default();
         if sent.contains_key(&call) {
             return;
@@ -541,7 +545,7 @@ impl Member {
             .filter_map(|&m| self.collecting.get(&(m, caller))?.get(&call))
             .filter(|c| c.digest == d)
             .collect();
-        if agreeing.len() == quorum {
+        if agreeing.len() == f + 1 || (f > 0 && agreeing.len() == 2 * f + 1) {
             let view = self.replica.view();
             for &c in &callers {
                 let macs = agreeing.iter().flat_map(|a| a.macs.iter().filter(|m| m.to == c).cloned()).collect();
