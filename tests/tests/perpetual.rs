@@ -259,7 +259,12 @@ fn a_lying_caller_primary_does_not_stall_its_group() {
 /// already ordered and a call was never decided (4x1 seed 600044, K = 1); target members
 /// whose copies of a call were dropped after their batches failed in two view changes
 /// (two faulty primaries in a row) swallowed the callers' resends, having let f+1
-/// through once, so the call never gathered f+1 executed copies (7x7 seed 2100224).
+/// through once, so the call never gathered f+1 executed copies (7x7 seed 2100224);
+/// caller members could not take a proposal of their group's primary holding their own
+/// vote on a call (sent long before, dropped after two failed views), their own
+/// authenticator having no entry for themselves, and with two faulty members no quorum
+/// was left to vouch for it (7x4 seed 3300623: a silent member, and one whose requests'
+/// authenticators fail at every member).
 #[test]
 fn seeds_found_by_the_sweep() {
     let seeds = [
@@ -279,6 +284,7 @@ fn seeds_found_by_the_sweep() {
         (1, 7, 21928),
         (4, 1, 600044),
         (7, 7, 2100224),
+        (7, 4, 3300623),
     ];
     for (n_c, n_t, seed) in seeds {
         run(Scenario::adversarial(n_c, n_t, seed));
