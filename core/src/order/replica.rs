@@ -193,6 +193,11 @@ pub(crate) struct Replica {
     /// host's: `Execute` and `Restore` wait here for it instead of going out, and
     /// replicas may submit requests of their own (its ops), which get no replies.
     embedded: Option<VecDeque<Output>>,
+    /// This replica's own requests it sent (its `client_queue` latest), by first number:
+    /// its authenticator has no entry for itself, so it knows them in a PRE-PREPARE only
+    /// by their bytes, and it may no longer hold them (its application holds them back,
+    /// withdrew them, or they failed in two views) when a primary proposes them.
+    own_sent: BTreeMap<u64, Arc<Bundle>>,
     /// Nodes outside this replica's group whose requests it orders (a Perpetual member's
     /// callers): they get no PBFT replies, their application answers them its own way.
     outside: BTreeSet<NodeId>,
@@ -271,6 +276,7 @@ impl Replica {
             early: BTreeMap::new(),
             view_changes: BTreeMap::new(),
             embedded: None,
+            own_sent: BTreeMap::new(),
             outside: BTreeSet::new(),
             suspected: BTreeSet::new(),
         }
@@ -339,11 +345,16 @@ impl Replica {
     /// Requests of this replica's own, numbered from `first` (with an application in the
     /// core): sent to the other replicas like a client's, with its authenticator; the
     /// bundle is for [`Self::take_together`] when the application lets it through.
-    pub fn send_own(&self, ctx: &mut Ctx, first: u64, ops: Vec<Bytes>) -> Option<Bundle> {
+    pub fn send_own(&mut self, ctx: &mut Ctx, first: u64, ops: Vec<Bytes>) -> Option<Bundle> {
         debug_assert!(self.embedded.is_some());
         let r = Bundle::seal(&ctx.keys, &self.replicas, first, 0, ops);
         ctx.send_to_replicas(pb::body::Kind::Requests(r.clone()), &[]);
-        Bundle::parse(r)
+        let bundle = Bundle::parse(r)?;
+        self.own_sent.insert(first, Arc::new(bundle.clone()));
+        if self.own_sent.len() > ctx.cfg.cluster.params.client_queue as usize {
+            self.own_sent.pop_first();
+        }
+        Some(bundle)
     }
 
     /// Bundles the application in the core authenticated (their submitter's frame MAC)
@@ -676,7 +687,7 @@ impl Replica {
         let mut requests = Vec::with_capacity(batch.requests.len());
         for r in batch.requests {
             let submitter = |ctx: &Ctx, id| self.submitter(ctx, id);
-            match authenticate(ctx, &self.queues, r, submitter) {
+            match authenticate(ctx, (&self.queues, &self.own_sent), r, submitter) {
                 Some(authenticated) => requests.push(authenticated),
                 None => return ctx.fault(from, FaultKind::Malformed),
             }
@@ -700,7 +711,7 @@ impl Replica {
         for (&seq, parked) in &mut self.parked {
             for r in &mut parked.requests {
                 if let Err(b) = r
-                    && let Some(copy) = held(&self.queues, b.client, b.first, &b.body)
+                    && let Some(copy) = held(&self.queues, &self.own_sent, ctx.me(), (b.client, b.first), &b.body)
                 {
                     *r = Ok(copy);
                 }
@@ -1251,11 +1262,18 @@ impl RoleMachine for Replica {
     }
 }
 
-/// The copy of client `client`'s requests from `first` this replica holds, if it is `body`
-/// byte for byte.
-fn held(queues: &BTreeMap<NodeId, Queue>, client: NodeId, first: u64, body: &[u8]) -> Option<Arc<Bundle>> {
-    let w = queues.get(&client)?.pending.get(&first)?;
-    (w.bundle.body == body).then(|| w.bundle.clone())
+/// The copy of client `client`'s requests from `first` this replica holds, or sent as
+/// its own, if it is `body` byte for byte.
+fn held(
+    queues: &BTreeMap<NodeId, Queue>,
+    own: &BTreeMap<u64, Arc<Bundle>>,
+    me: NodeId,
+    (client, first): (NodeId, u64),
+    body: &[u8],
+) -> Option<Arc<Bundle>> {
+    let pending = queues.get(&client).and_then(|c| c.pending.get(&first)).map(|w| &w.bundle);
+    let copy = pending.or_else(|| own.get(&first).filter(|_| client == me))?;
+    (copy.body == body).then(|| copy.clone())
 }
 
 /// Requests from a PRE-PREPARE: the copy this replica holds if it is the same byte for
@@ -1264,11 +1282,11 @@ fn held(queues: &BTreeMap<NodeId, Queue>, client: NodeId, first: u64, body: &[u8
 /// parse or name no client.
 fn authenticate(
     ctx: &mut Ctx,
-    queues: &BTreeMap<NodeId, Queue>,
+    (queues, own): (&BTreeMap<NodeId, Queue>, &BTreeMap<u64, Arc<Bundle>>),
     r: pb::Requests,
     submitter: impl Fn(&Ctx, NodeId) -> bool,
 ) -> Option<Result<Arc<Bundle>, Bundle>> {
-    if let Some(copy) = header(&r.body).and_then(|(client, first)| held(queues, client, first, &r.body)) {
+    if let Some(copy) = header(&r.body).and_then(|key| held(queues, own, ctx.me(), key, &r.body)) {
         return Some(Ok(copy));
     }
     let bundle = Bundle::parse(r).filter(|b| submitter(ctx, b.client))?;

@@ -9,7 +9,7 @@ use crate::{NodeId, Operation};
 
 /// A parsed `Requests`: requests `first ..= last()` of `client`. Immutable once made, and
 /// shared by a replica's queue, its log and the batches that carry it.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Bundle {
     pub client: NodeId,
     pub first: u64,
