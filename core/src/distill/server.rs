@@ -982,6 +982,34 @@ mod tests {
         assert_eq!((server.sessions[&FIRST_BROKER], server.offers.len()), (second, 0), "the switch and the offer gone");
     }
 
+    /// Brokers are permissionless: a Byzantine client with a valid key can have batches
+    /// ordered under identity after identity (each batch may carry a drop amendment per
+    /// entry, replaying the clients' older submissions). The delivery shard kept to send
+    /// again per (identity, lane) must not outlive the identities' sessions, or a correct
+    /// server's memory grows with every identity ever ordered.
+    #[test]
+    fn delivery_shards_kept_to_send_again_are_bounded_by_the_sessions() {
+        let cfg = generate_distill(&DistillSpec::new(1, 1, 4), [0; 32]).expect("configs").remove(0);
+        let lanes = cfg.cluster.params.lanes as usize;
+        let mut node = Node::new(cfg).expect("a server");
+        let ctx = node.ctx_mut();
+        let mut server = Server::new(ctx);
+        let per_leaf = Server::per_leaf(ctx);
+        let b = batch(&[0], 0, &["m"], &[]);
+        for i in 0..2_000u32 {
+            let mut identity = [0u8; 32];
+            identity[..4].copy_from_slice(&i.to_le_bytes());
+            let key = (EdPublicKey(identity), 0);
+            server.deliver(ctx, &Awaited { key, lane_seq: 0, root: b.root_t2(per_leaf) }, &b);
+        }
+        let kept = server.last_deliveries.len();
+        assert!(
+            kept <= server.sessions.len() * lanes,
+            "{kept} delivery shards kept for {} sessions of {lanes} lanes",
+            server.sessions.len()
+        );
+    }
+
     #[test]
     fn differences_are_found_by_merging_and_given_up_at_the_limit() {
         assert_eq!(differences(&[1, 2, 4, 9], &[2, 3, 4, 10, 11], 9), Some((vec![3, 10, 11], vec![1, 9])));
