@@ -776,6 +776,57 @@ mod tests {
         assert_eq!(frames, sent);
     }
 
+    /// A broker answers a client at the addresses that claimed its id. A stranger who
+    /// knows only the id (ids are dense) and the broker's address sends a junk datagram
+    /// claiming it from each of a few ports of its own, after the client's submission: the
+    /// broker's answer (an inclusion proof, a delivery) must still reach the client.
+    #[test]
+    #[ignore = "finding: a stranger claiming a client's id from MAX_PER_ID ports cuts it off"]
+    fn a_stranger_claiming_a_clients_id_from_many_ports_does_not_cut_it_off() {
+        const BROKER: NodeId = 100;
+        const CLIENT: NodeId = 1 << 31;
+        let local = |port| SocketAddr::from(([127, 0, 0, 1], port));
+        let cfg = UdpConfig {
+            me: BROKER,
+            bind: local(0),
+            fixed: BTreeMap::new(),
+            known: [CLIENT].into_iter().collect(),
+            limit: Some(RateLimit { per_second: 1000.0, burst: 1000.0 }),
+            batch: 8,
+            send_queue_bytes: 1 << 20,
+            loss: 0.0,
+        };
+        let got = Arc::new(Mutex::new(0usize));
+        let counted = got.clone();
+        let deliver = move |r: Received| {
+            *counted.lock().unwrap() += r.len();
+            true
+        };
+        let metrics = Arc::new(Metrics::new(BROKER, &[]));
+        let (broker, outbox) = spawn(cfg, Box::new(|to| to == CLIENT), metrics, deliver, None).unwrap();
+        let client = std::net::UdpSocket::bind(local(0)).unwrap();
+        client.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+        let datagram = |body: &[u8]| [&header(CLIENT, BROKER)[..], body].concat();
+        client.send_to(&datagram(b"a submission"), broker).unwrap();
+        let strangers: Vec<_> = (0..MAX_PER_ID).map(|_| std::net::UdpSocket::bind(local(0)).unwrap()).collect();
+        let wait_for = |n: usize| {
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while *got.lock().unwrap() < n && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        };
+        wait_for(1);
+        for s in &strangers {
+            s.send_to(&datagram(b"junk"), broker).unwrap();
+        }
+        wait_for(1 + MAX_PER_ID);
+        outbox.take(&mut vec![(CLIENT, b"an inclusion proof".to_vec())]);
+        let mut buf = [0u8; 256];
+        let answered = client.recv_from(&mut buf).is_ok_and(|(len, _)| parse(&buf[..len]).is_some());
+        outbox.shutdown();
+        assert!(answered, "the broker's answer went only to the strangers' ports");
+    }
+
     #[test]
     fn datagrams_carry_their_ids_and_a_batch_goes_out_and_comes_back_whole() {
         assert_eq!(parse(b"PHU1"), None);
