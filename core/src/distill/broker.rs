@@ -836,6 +836,13 @@ mod tests {
 
     impl Reducing {
         fn new() -> Reducing {
+            let mut b = Reducing::ready();
+            b.submit(0);
+            b
+        }
+
+        /// A broker ready to batch, before any submission.
+        fn ready() -> Reducing {
             let params = Params {
                 distill_batch_size: CLIENTS as u32,
                 max_payload: 8,
@@ -856,32 +863,47 @@ mod tests {
                 drive(&mut node, 1, Input::Message { from: server, bytes: lanes });
             }
             let keys: Vec<_> = (0..CLIENTS).map(|id| generated_secrets(CryptoMode::Real, 4, id)).collect();
-            let mut b = Reducing { node, sys, keys, servers, root: vec![] };
-            b.submit(0);
-            b
+            Reducing { node, sys, keys, servers, root: vec![] }
         }
 
         /// Every client submits at `seq`; the broker batches them and sends the root.
         fn submit(&mut self, seq: u64) {
-            for (id, (ed, _)) in self.keys.iter().enumerate() {
-                let (id, msg) = (id as u64, vec![id as u8, seq as u8]);
-                let signature = ed.sign(&broadcast_statement(&self.sys, id, seq, &msg)).0.to_vec();
+            self.submit_replayed(seq, &[]);
+        }
+
+        /// As [`Reducing::submit`], each of `replays` (id, address) sending that client's
+        /// submission again, from its own address, right after the client.
+        fn submit_replayed(&mut self, seq: u64, replays: &[(u64, NodeId)]) {
+            for id in 0..CLIENTS {
+                let msg = vec![id as u8, seq as u8];
+                let signature =
+                    self.keys[id as usize].0.sign(&broadcast_statement(&self.sys, id, seq, &msg)).0.to_vec();
                 let submit = frame(Frame::Submit(pb::Submit { id, seq, msg, signature, ..Default::default() }));
-                let from = CLIENT_ADDRESS_BASE + id as u32;
-                for o in drive(&mut self.node, 1, Input::Message { from, bytes: submit }) {
-                    if let Output::Send { bytes, .. } = o
-                        && let Some(Frame::Inclusion(inc)) = pb::DistillFrame::decode(bytes.as_slice()).unwrap().kind
-                    {
-                        self.root = inc.root;
-                    }
+                let client = CLIENT_ADDRESS_BASE + id as u32;
+                let again = replays.iter().filter(|(r, _)| *r == id).map(|(_, from)| (*from, submit.clone()));
+                let sends: Vec<(NodeId, Vec<u8>)> = std::iter::once((client, submit.clone())).chain(again).collect();
+                for (from, submit) in sends {
+                    // Polled one by one: each is filtered before the next arrives.
+                    self.take_inclusion(from, submit);
+                }
+            }
+        }
+
+        fn take_inclusion(&mut self, from: NodeId, submit: Vec<u8>) {
+            for o in drive(&mut self.node, 1, Input::Message { from, bytes: submit }) {
+                if let Output::Send { bytes, .. } = o
+                    && let Some(Frame::Inclusion(inc)) = pb::DistillFrame::decode(bytes.as_slice()).unwrap().kind
+                {
+                    self.root = inc.root;
                 }
             }
         }
 
         /// f+1 servers certify the offered batch at `height` (as if witnessed and ordered),
         /// which frees its lane and lets clients go on to the next seq.
-        fn deliver(&mut self, outs: &[Output], height: u64) {
+        fn deliver(&mut self, outs: &[Output], height: u64) -> Vec<Output> {
             let offer = offer_in(&outs);
+            let mut sent = vec![];
             for server in 0..2 {
                 let msg = delivery_statement(&self.sys, height, &offer.root);
                 let d = pb::DeliveryShard {
@@ -891,8 +913,13 @@ mod tests {
                     amendments: vec![],
                     signature: self.servers[server as usize].sign(&msg).0.to_vec(),
                 };
-                drive(&mut self.node, 3, Input::Message { from: server, bytes: frame(Frame::DeliveryShard(d)) });
+                sent.extend(drive(
+                    &mut self.node,
+                    3,
+                    Input::Message { from: server, bytes: frame(Frame::DeliveryShard(d)) },
+                ));
             }
+            sent
         }
 
         /// Client `id`'s reduction, sent from `sender`'s address with `sender`'s share and
@@ -1012,6 +1039,38 @@ mod tests {
         }
         let kept = broker.lanes[0].1.as_ref().expect("still in flight").delivery.len();
         assert_eq!(kept, 1, "one faulty server left {kept} delivery shards in one lane");
+    }
+
+    /// A Byzantine broker that got a client's submission sends it on to a correct broker
+    /// from its own address, right after the client's own copy (and may do so again and
+    /// again: the latest copy wins the pool). The correct broker must still answer the
+    /// client: else the client never sees its delivery certificate, and its resubmissions
+    /// to this broker meet the same replay, so it never completes.
+    #[test]
+    #[ignore = "finding: a replayed submission takes the client's answers to the replayer's address"]
+    fn a_submission_replayed_from_another_address_still_answers_its_client() {
+        const REPLAYER: NodeId = 999;
+        let client = CLIENT_ADDRESS_BASE;
+        let mut b = Reducing::ready();
+        b.submit_replayed(0, &[(0, REPLAYER)]);
+        // Client 0 saw no inclusion proof: the others reduce, it straggles.
+        let mut outs: Vec<Output> = (1..CLIENTS).flat_map(|id| b.reduce(id, id, false)).collect();
+        outs.extend(drive(&mut b.node, 2 + REDUCTION_TIMEOUT, Input::Timeout));
+        assert_eq!(offered_stragglers(&outs), Some(vec![0]));
+        let delivered_to = |outs: &[Output]| -> Vec<NodeId> {
+            outs.iter()
+                .filter_map(|o| match o {
+                    Output::Send { to, bytes } => match pb::DistillFrame::decode(bytes.as_slice()).unwrap().kind {
+                        Some(Frame::Delivery(_)) => Some(*to),
+                        _ => None,
+                    },
+                    _ => None,
+                })
+                .collect()
+        };
+        let to = delivered_to(&b.deliver(&outs, 1));
+        assert!(to.contains(&(client + 1)), "the other clients get their deliveries: {to:?}");
+        assert!(to.contains(&client), "client 0's delivery went to {to:?}, not to it");
     }
 
     #[test]
