@@ -1010,6 +1010,62 @@ mod tests {
         );
     }
 
+    /// A client that signed up holds an id with its keys. Signing up again with the same
+    /// Ed25519 key and another BLS key (it holds both: valid proofs of possession) must
+    /// not get a server's share of an assignment of that id to the other BLS key: f+1 of
+    /// them certify it, and a broker that learns the id from that certificate checks the
+    /// client's shares against a key no server holds (its batches fail at every
+    /// verifier, and their lanes never free).
+    #[test]
+    fn a_second_sign_up_with_another_bls_key_gets_no_assignment_of_that_key() {
+        use crate::crypto::{BlsSecretKey, EdSecretKey};
+        use crate::distill::CLIENT_ADDRESS_BASE;
+        let cfg = generate_distill(&DistillSpec::new(1, 1, 4), [0; 32]).expect("configs").remove(0);
+        let mut node = Node::new(cfg).expect("a server");
+        let ctx = node.ctx_mut();
+        let mut server = Server::new(ctx);
+        let mode = server.servers.mode;
+        let ed = EdSecretKey::from_key_material(mode, &[1; 32]);
+        let sign_up = |server: &Server, bls: &BlsSecretKey| {
+            let (e, b) = (ed.public_key().0, bls.public_key().0);
+            let msg = sign_up_statement(&server.servers.system_id, &e, &b);
+            pb::SignUp {
+                ed_key: e.to_vec(),
+                bls_key: b.to_vec(),
+                ed_pop: ed.sign(&msg).0.to_vec(),
+                bls_pop: bls.sign(&msg).0.to_vec(),
+            }
+        };
+        let (first, second) =
+            (BlsSecretKey::from_key_material(mode, &[2; 32]), BlsSecretKey::from_key_material(mode, &[3; 32]));
+        // The first sign-up is ordered: the id is the client's with the first BLS key.
+        let op = pb::DistillOp { kind: Some(Op::SignUp(sign_up(&server, &first))) }.encode_to_vec();
+        assert_eq!(server.order(ctx, &op).map(|_| ()), None);
+        let id = server.dir.id_of(&ed.public_key()).expect("signed up");
+        // The same Ed25519 key with the second BLS key, sent to the server...
+        server.on_sign_up(ctx, 1, CLIENT_ADDRESS_BASE, sign_up(&server, &second));
+        // ...and ordered.
+        let op = pb::DistillOp { kind: Some(Op::SignUp(sign_up(&server, &second))) }.encode_to_vec();
+        server.sign_ups.insert(ed.public_key(), CLIENT_ADDRESS_BASE);
+        assert_eq!(server.order(ctx, &op).map(|_| ()), None);
+        // Asking again with its own keys is answered.
+        server.on_sign_up(ctx, 1, CLIENT_ADDRESS_BASE, sign_up(&server, &first));
+        let assigned: Vec<pb::Assigned> = std::iter::from_fn(|| node.poll())
+            .filter_map(|o| match o {
+                Output::Send { bytes, .. } => match pb::DistillFrame::decode(bytes.as_slice()).ok()?.kind {
+                    Some(Frame::Assigned(a)) => Some(a),
+                    _ => None,
+                },
+                _ => None,
+            })
+            .collect();
+        assert!(!assigned.is_empty(), "its own keys' assignment");
+        for a in &assigned {
+            assert_eq!(a.id, id);
+            assert_eq!(a.bls_key, first.public_key().0.to_vec(), "an assignment of id {id} to another BLS key");
+        }
+    }
+
     #[test]
     fn differences_are_found_by_merging_and_given_up_at_the_limit() {
         assert_eq!(differences(&[1, 2, 4, 9], &[2, 3, 4, 10, 11], 9), Some((vec![3, 10, 11], vec![1, 9])));
