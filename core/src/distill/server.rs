@@ -419,6 +419,10 @@ impl Server {
             return ctx.fault(from, FaultKind::BadSignature);
         };
         if let Some(id) = self.dir.id_of(&ed) {
+            // Its id is for the keys it signed up with first, and only those.
+            if !self.holds(id, &bls) {
+                return ctx.fault(from, FaultKind::Unexpected);
+            }
             return self.answer_sign_up(ctx, from, id, &ed, &bls);
         }
         if self.sign_ups.len() >= MAX_SIGN_UPS_WAITING && !self.sign_ups.contains_key(&ed) {
@@ -437,6 +441,11 @@ impl Server {
         ctx.counters.signatures_verified += 2;
         (ed.verify(self.servers.mode, &msg, &ed_pop) && bls.verify(self.servers.mode, &msg, &bls_pop))
             .then_some((ed, bls))
+    }
+
+    /// Whether the directory holds `bls` as `id`'s BLS key.
+    fn holds(&self, id: u64, bls: &BlsPublicKey) -> bool {
+        self.dir.peek(id).is_some_and(|k| k.bls.bytes == *bls)
     }
 
     fn answer_sign_up(&self, ctx: &mut Ctx, to: NodeId, id: u64, ed: &EdPublicKey, bls: &BlsPublicKey) {
@@ -555,7 +564,9 @@ impl Server {
             Op::SignUp(s) => {
                 let (ed, bls) = self.check_sign_up(ctx, &s)?;
                 let id = self.dir.sign_up(ed, &bls)?;
-                if let Some(to) = self.sign_ups.remove(&ed) {
+                if let Some(to) = self.sign_ups.remove(&ed)
+                    && self.holds(id, &bls)
+                {
                     self.answer_sign_up(ctx, to, id, &ed, &bls);
                 }
                 None
