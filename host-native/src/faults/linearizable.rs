@@ -406,6 +406,125 @@ mod tests {
         assert!(check(&chain[1..]).is_err());
     }
 
+    fn cas(expected: Option<Vec<u8>>, new: &str) -> Call {
+        Call::Cas { expected, new: new.as_bytes().to_vec() }
+    }
+
+    fn cas_done(
+        expected: Option<Vec<u8>>,
+        new: &str,
+        from: u64,
+        to: u64,
+        swapped: bool,
+        before: Option<Vec<u8>>,
+    ) -> Operation {
+        op(cas(expected, new), from, Some((to, Return::Cas { swapped, before })))
+    }
+
+    #[test]
+    fn a_read_after_a_completed_write_that_returns_the_older_value_is_rejected() {
+        // Two clients: one writes b over a and is told so; a later read by another sees a.
+        let ops = [put("a", 0, 10, None), put("b", 20, 30, v("a")), get(31, 40, v("a"))];
+        assert!(check(&ops).is_err());
+        // Even when the stale read overlaps a third write that could not restore a.
+        let ops = [put("a", 0, 10, None), put("b", 20, 30, v("a")), put("c", 32, 50, v("b")), get(35, 45, v("a"))];
+        assert!(check(&ops).is_err());
+        // Seen fresh, then stale again: a read may not go back in time.
+        let ops = [put("a", 0, 10, None), put("b", 15, 40, v("a")), get(20, 25, v("b")), get(30, 35, v("a"))];
+        assert!(check(&ops).is_err());
+    }
+
+    #[test]
+    fn a_swap_acknowledged_and_then_not_seen_is_rejected() {
+        // The swap a -> b succeeded, yet the next read finds a: the swap was lost.
+        let ops = [put("a", 0, 10, None), cas_done(v("a"), "b", 20, 30, true, v("a")), get(40, 50, v("a"))];
+        assert!(check(&ops).is_err());
+        // Two swaps from the same value cannot both succeed.
+        let ops = [
+            put("a", 0, 10, None),
+            cas_done(v("a"), "b", 20, 40, true, v("a")),
+            cas_done(v("a"), "c", 21, 41, true, v("a")),
+        ];
+        assert!(check(&ops).is_err());
+        // A swap that failed while its expectation held (no concurrent write) is a lie.
+        let ops = [put("a", 0, 10, None), cas_done(v("a"), "b", 20, 30, false, v("a"))];
+        assert!(check(&ops).is_err());
+        // A failed swap may not have written.
+        let ops = [put("a", 0, 10, None), cas_done(v("x"), "b", 20, 30, false, v("a")), get(40, 50, v("b"))];
+        assert!(check(&ops).is_err());
+    }
+
+    #[test]
+    fn a_read_of_a_value_nobody_wrote_is_rejected() {
+        assert!(check(&[get(0, 1, v("ghost"))]).is_err());
+        assert!(check(&[put("a", 0, 10, None), get(20, 30, v("ghost"))]).is_err());
+        // Concurrent with every write, it still matches none of them.
+        let ops = [put("a", 0, 100, None), get(1, 99, v("ghost")), put("b", 2, 98, v("a"))];
+        assert!(check(&ops).is_err());
+        // Unknown operations write only what they were asked to.
+        let ops = [unknown(Call::Put(b"a".to_vec()), 0), unknown(cas(v("a"), "b"), 1), get(5, 6, v("ghost"))];
+        assert!(check(&ops).is_err());
+        // A write's answer that reports a value nobody wrote as the one before it.
+        assert!(check(&[put("a", 0, 10, v("ghost"))]).is_err());
+        assert!(check(&[cas_done(None, "a", 0, 10, false, v("ghost"))]).is_err());
+        // A delete's too.
+        assert!(check(&[op(Call::Delete, 0, Some((10, Return::Value(v("ghost")))))]).is_err());
+    }
+
+    #[test]
+    fn concurrent_operations_in_an_order_no_interleaving_explains_are_rejected() {
+        // a and b written concurrently; one reader sees a then b, another b then a.
+        let ops = [
+            put("a", 0, 100, None),
+            put("b", 0, 100, None),
+            get(1, 2, v("a")),
+            get(3, 4, v("b")),
+            get(1, 2, v("b")),
+            get(3, 4, v("a")),
+        ];
+        assert!(check(&ops).is_err());
+        // Both puts claim to have found the key empty, which only one of them can.
+        let ops = [put("a", 0, 100, None), put("b", 0, 100, None)];
+        assert!(check(&ops).is_err());
+        // Each saw the other's value before it: a cycle.
+        let ops = [put("a", 0, 100, v("b")), put("b", 0, 100, v("a"))];
+        assert!(check(&ops).is_err());
+        // A read overlapping nothing cannot see a write invoked after it returned.
+        let ops = [get(0, 10, v("a")), put("a", 20, 30, None)];
+        assert!(check(&ops).is_err());
+    }
+
+    #[test]
+    fn linearizable_histories_with_overlap_are_accepted() {
+        // Concurrent puts, each finding the other's value or none, in one order.
+        let ops =
+            [put("a", 0, 100, None), put("b", 0, 100, v("a")), get(1, 2, None), get(3, 4, v("a")), get(5, 200, v("b"))];
+        assert_eq!(check(&ops), Ok(()));
+        // A read overlapping a write may see either side of it.
+        let ops = [put("a", 0, 10, None), put("b", 20, 40, v("a")), get(21, 30, v("a")), get(25, 35, v("b"))];
+        assert_eq!(check(&ops), Ok(()));
+        // Racing swaps: one wins, the other fails against the winner's value.
+        let ops = [
+            put("a", 0, 10, None),
+            cas_done(v("a"), "b", 20, 40, true, v("a")),
+            cas_done(v("a"), "c", 21, 41, false, v("b")),
+            get(50, 60, v("b")),
+        ];
+        assert_eq!(check(&ops), Ok(()));
+        // Delete then put, a read between them in real time sees nothing.
+        let ops = [
+            put("a", 0, 10, None),
+            op(Call::Delete, 20, Some((30, Return::Value(v("a"))))),
+            get(31, 32, None),
+            put("b", 40, 50, None),
+            get(51, 52, v("b")),
+        ];
+        assert_eq!(check(&ops), Ok(()));
+        // A swap expecting absence succeeds on an empty key.
+        let ops = [cas_done(None, "a", 0, 10, true, None), get(11, 12, v("a"))];
+        assert_eq!(check(&ops), Ok(()));
+    }
+
     #[test]
     fn a_long_history_with_many_unknown_writes_is_searched_without_blowing_up() {
         let mut ops = Vec::new();
