@@ -1346,6 +1346,34 @@ mod tests {
         assert_eq!(wal.start(), offset_of(&records, 48));
     }
 
+    /// The crash points of a compaction: after the new start's slot is synced but before
+    /// the hole is punched, and after a rewrite's temp file is written but before its
+    /// rename. Neither loses a kept record; the first brings back no dropped one.
+    #[test]
+    fn a_compaction_cut_short_loses_no_kept_record_and_brings_back_no_dropped_one() {
+        let d = TempDir::new("compaction-crash");
+        let records = recs(8);
+        let mut wal = write(&d.0, &records);
+        // Slot synced, nothing punched: the dropped records' bytes are still in the file.
+        wal.set_start(offset_of(&records, 3), Durability::Sync).unwrap();
+        wal.append(b"after").unwrap();
+        wal.sync().unwrap();
+        drop(wal);
+        let (mut wal, got) = Wal::open(&d.0, Recovery::Strict).unwrap();
+        let mut want = records[3..].to_vec();
+        want.push(b"after".to_vec());
+        assert_eq!(got, want);
+        // A rewrite's temp file, written whole and synced, left unrenamed: the log wins.
+        wal.punches = false;
+        let mut content = header_block(&wal.key);
+        encode(&mut content, &wal.key, b"only in the temp file");
+        fs::write(d.0.join(TMP_NAME), &content).unwrap();
+        drop(wal);
+        let (_, got) = Wal::open(&d.0, Recovery::Strict).unwrap();
+        assert_eq!(got, want);
+        assert!(!d.0.join(TMP_NAME).exists());
+    }
+
     #[test]
     fn a_torn_start_slot_leaves_the_other() {
         let d = TempDir::new("slots");
