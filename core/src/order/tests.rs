@@ -728,3 +728,36 @@ fn a_replica_restarted_after_an_uncertified_state_transfer_answers_no_older_read
          after batch 4 before"
     );
 }
+
+/// A faulty primary that never proposes one client's requests, while it keeps ordering
+/// another client's: the backups hold the starved client's request, forward it to the
+/// primary (which ignores it), and must suspect the primary — requests executing for
+/// others is no progress for a request that has waited a whole timeout. (Modelled by a
+/// correct primary that never hears client 5's requests: the frames to it that carry
+/// them, from the client or forwarded by backups, are lost, which a faulty primary
+/// ignoring them is indistinguishable from.)
+#[test]
+#[ignore = "finding: the request timer resets whenever any waiting request executes, so a faulty primary that serves other clients starves one client forever"]
+fn a_primary_that_censors_one_client_while_serving_another_is_replaced() {
+    use crate::order::header;
+    use crate::wire::pb::body::Kind;
+    let timeout = Params::default().request_timeout_ns;
+    let mut net = Net::new(1, 2, Params { checkpoint_interval: 64, ..params() });
+    let mut held: Vec<Frame> = Vec::new();
+    // Past the asks replicas make when they start.
+    net.run_timers(2_000_000_000);
+    let censored = |_: NodeId, to: NodeId, bodies: &[Kind]| {
+        to == 0 && bodies.iter().any(|b| matches!(b, Kind::Requests(r) if header(&r.body).is_some_and(|(c, _)| c == 5)))
+    };
+    net.submit(5, b"starved");
+    // Client 4 submits a request every fifth of the request timeout, for 40 timeouts.
+    for i in 0..200u32 {
+        net.submit(4, format!("busy {i}").as_bytes());
+        let until = net.now + timeout / 5;
+        timers(&mut net, &mut held, until, &censored);
+    }
+    let done = |c: NodeId| net.completed.iter().filter(|(id, _, _)| *id == c).count();
+    assert!(done(4) >= 190, "client 4 completed {}", done(4));
+    let views: Vec<u64> = (0..4).map(|r| net.nodes[r].status().view).collect();
+    assert_eq!(done(5), 1, "client 5's request starved for 40 request timeouts; views {views:?}");
+}
