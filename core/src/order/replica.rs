@@ -1259,6 +1259,8 @@ impl RoleMachine for Replica {
             + self.snapshots.len()
             + self.voted.values().map(Vec::len).sum::<usize>()
             + self.queues.values().map(|c| c.pending.len()).sum::<usize>()
+            + self.catch_up.values().map(BTreeMap::len).sum::<usize>()
+            + self.offered_states.len()
     }
 }
 

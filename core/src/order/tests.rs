@@ -761,3 +761,32 @@ fn a_primary_that_censors_one_client_while_serving_another_is_replaced() {
     let views: Vec<u64> = (0..4).map(|r| net.nodes[r].status().view).collect();
     assert_eq!(done(5), 1, "client 5's request starved for 40 request timeouts; views {views:?}");
 }
+
+/// A faulty replica offers, as committed in catch-up, a junk batch for the slot after
+/// what a correct replica executed, slot after slot while the cluster runs. The replica
+/// never asked, nobody else offers the same, and the slots execute normally: the offers
+/// must not stay in its memory once their slots are past (they did, one per slot, for
+/// good: only a catch-up that succeeded pruned them).
+#[test]
+fn catch_up_offers_from_a_faulty_replica_do_not_pile_up() {
+    use crate::sim::keyed::Coalition;
+    use crate::wire::{self, pb};
+    let params = Params { checkpoint_interval: 4, pipeline: 1, batch_max_count: 1, ..params() };
+    let spec = ClusterSpec { crypto: CryptoMode::InsecureTest, params: params.clone(), ..ClusterSpec::pbft(1, 1) };
+    let cfgs = generate_cluster(&spec, [5; 32]).unwrap();
+    let coalition = Coalition::new([&cfgs[3]], (0..cfgs.len() as NodeId).collect());
+    let mut net = Net::new(1, 1, params);
+    net.silent = vec![3];
+    net.run_timers(2_000_000_000);
+    for i in 0..100u32 {
+        let seq = net.nodes[1].status().executed + 1;
+        let offer = pb::Committed { seq, batch: vec![0xab; 1_000].into() };
+        let bytes = coalition.seal(3, 1, &wire::encode_body(pb::body::Kind::Committed(offer)), vec![]);
+        net.input(1, Input::Message { from: 3, bytes });
+        net.submit(4, format!("op{i}").as_bytes());
+        net.run_timers(net.now + 1_000_000);
+    }
+    assert_eq!(net.nodes[1].status().executed, 100);
+    let live = net.nodes[1].live_instances();
+    assert!(live <= 40, "replica 1 holds {live} items after 100 slots");
+}
