@@ -194,6 +194,7 @@ impl Replica {
         self.snapshots = self.snapshots.split_off(&above);
         self.prepared = self.prepared.split_off(&above);
         self.voted = self.voted.split_off(&above);
+        self.catch_up = self.catch_up.split_off(&above);
         for votes in self.checkpoint_votes.values_mut() {
             *votes = votes.split_off(&above);
         }
@@ -357,6 +358,9 @@ impl Replica {
         if c.seq <= self.delivered || !self.in_window(ctx, c.seq) {
             return ctx.stats.stale += 1;
         }
+        // Offers for slots executed since are moot: without this they stayed, one per slot,
+        // in a replica that never needed catching up.
+        self.catch_up = self.catch_up.split_off(&(self.delivered + 1));
         let d = digest(&c.batch);
         let offers = self.catch_up.entry(c.seq).or_default();
         offers.insert(from, (d, c.batch));
