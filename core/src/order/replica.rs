@@ -998,7 +998,8 @@ impl Replica {
             )));
         }
         let mut results = results.into_iter();
-        let mut served = false;
+        // The earliest arrival among the requests waiting here that this batch served.
+        let mut served: Option<Nanos> = None;
         for (client, first, count) in self.executing.remove(&seq).expect("checked") {
             let results: Vec<Vec<u8>> = results.by_ref().take(count as usize).collect();
             let reply = ReplyBody { reply: Some(HostReply { view: self.view, first, results }) };
@@ -1012,8 +1013,9 @@ impl Replica {
             self.table.get_mut(&client).expect("executing clients have a row").finish(first, results);
             let done = self.queues.get(&client).map(|q| q.pending_within(first, first + count - 1));
             for first in done.unwrap_or_default() {
+                let arrived = self.queues[&client].pending[&first].arrived;
+                served = Some(served.map_or(arrived, |s| s.min(arrived)));
                 self.forget_pending(client, first);
-                served = true;
             }
             // Its requests can commit: no longer suspected, unless some that failed wait.
             // (Checked for suspected clients only: this runs for every executed bundle.)
@@ -1024,10 +1026,13 @@ impl Replica {
             }
         }
         self.executed = seq;
-        // Progress for the request timer is a request waiting here executed (or none
-        // waiting): a faulty primary that proposes only empty or foreign batches would
-        // otherwise never be suspected while it starves what waits here.
-        if served || self.waiting == 0 {
+        // Progress for the request timer is a request waiting here executed that arrived
+        // no later than any still waiting for a batch (or none waiting): a faulty primary
+        // that proposes only empty or foreign batches, or serves some clients and never
+        // another, would otherwise never be suspected while it starves what waits here. A
+        // correct primary takes the request that waited longest first in each batch.
+        let oldest_unproposed = self.unproposed.first().map(|&(arrived, _, _)| arrived);
+        if served.is_some_and(|s| oldest_unproposed.is_none_or(|o| s <= o)) || self.waiting == 0 {
             self.progress_at = now;
         }
         self.failed_views = 0;
