@@ -139,6 +139,19 @@ fn a_faulty_responder_triggers_the_timeout_path() {
     }
 }
 
+/// The calls caller member `member` got a reply to `retry` or more after it issued them.
+fn timed_out(out: &Outcome, member: u32, retry: u64) -> Vec<u64> {
+    let issued: std::collections::BTreeMap<u64, u64> =
+        out.log.perpetual.issued.iter().filter(|i| i.node == member).map(|i| (i.call, i.at)).collect();
+    let replies = out.log.perpetual.events.iter().filter(|e| e.node == member);
+    replies
+        .filter_map(|e| match e.event {
+            Event::Reply { call, .. } => Some(call).filter(|c| e.at - issued.get(c).copied().unwrap_or(e.at) >= retry),
+            _ => None,
+        })
+        .collect()
+}
+
 /// The same faulty responder costs a caller member one timeout, not one per call it
 /// responds to: once a call timed out, the member sends the calls of that responder to
 /// every target member at once (who answer directly) until it hears from it again.
@@ -151,21 +164,9 @@ fn a_faulty_responder_costs_one_timeout_not_one_per_call() {
         let out = run(s);
         assert_eq!(aborted(&out), 0);
         for member in 0..n_c {
-            let issued: std::collections::BTreeMap<u64, u64> =
-                out.log.perpetual.issued.iter().filter(|i| i.node == member).map(|i| (i.call, i.at)).collect();
-            let slow = out
-                .log
-                .perpetual
-                .events
-                .iter()
-                .filter(|e| e.node == member)
-                .filter_map(|e| match e.event {
-                    Event::Reply { call, .. } => Some(e.at - issued.get(&call).copied().unwrap_or(e.at)),
-                    _ => None,
-                })
-                .filter(|&took| took >= retry)
-                .count();
-            let of_responder = issued.keys().filter(|&&c| c % n_t as u64 == 1).count();
+            let slow = timed_out(&out, member, retry).len();
+            let of_responder =
+                out.log.perpetual.issued.iter().filter(|i| i.node == member && i.call % n_t as u64 == 1).count();
             assert!(
                 slow <= 1 && of_responder >= 3,
                 "n_c={n_c} n_t={n_t}: caller member {member} waited out {slow} timeouts for {of_responder} calls of the faulty responder"
@@ -188,21 +189,7 @@ fn a_target_member_with_bad_result_macs_delays_no_call_of_a_correct_responder() 
         let out = run(s);
         assert_eq!(aborted(&out), 0);
         for member in 0..n_c {
-            let issued: std::collections::BTreeMap<u64, u64> =
-                out.log.perpetual.issued.iter().filter(|i| i.node == member).map(|i| (i.call, i.at)).collect();
-            let slow: Vec<u64> = out
-                .log
-                .perpetual
-                .events
-                .iter()
-                .filter(|e| e.node == member)
-                .filter_map(|e| match e.event {
-                    Event::Reply { call, .. } if call % n_t as u64 != 2 => {
-                        Some(call).filter(|_| e.at - issued.get(&call).copied().unwrap_or(e.at) >= retry)
-                    }
-                    _ => None,
-                })
-                .collect();
+            let slow: Vec<u64> = timed_out(&out, member, retry).into_iter().filter(|c| c % n_t as u64 != 2).collect();
             assert!(
                 slow.is_empty(),
                 "n_c={n_c} n_t={n_t}: caller member {member} waited out the timeout for calls {slow:?}"
