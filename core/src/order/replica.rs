@@ -189,6 +189,8 @@ pub(crate) struct Replica {
     early: BTreeMap<(u64, NodeId), Vec<Early>>,
     /// Each replica's latest valid VIEW-CHANGE.
     view_changes: BTreeMap<NodeId, view_change::Received>,
+    /// The NEW-VIEW this replica entered its view by, and the replicas it relayed it to.
+    entered: Option<view_change::Entered>,
     /// An application composed in the core (a distillation server's) rather than the
     /// host's: `Execute` and `Restore` wait here for it instead of going out, and
     /// replicas may submit requests of their own (its ops), which get no replies.
@@ -275,6 +277,7 @@ impl Replica {
             failed_views: 0,
             early: BTreeMap::new(),
             view_changes: BTreeMap::new(),
+            entered: None,
             embedded: None,
             own_sent: BTreeMap::new(),
             outside: BTreeSet::new(),

@@ -23,18 +23,32 @@
 //! them gets the batch `d` of a prepared claim `(v, d)` that *binds*: 2f+1 of them
 //! claim nothing higher than `v` for the slot and nothing else at `v`, and f+1 voted for
 //! `d` in view `v` or later (so a correct replica did, and the claim is no invention).
-//! With no binding claim, 2f+1 claiming nothing prepared there settle it as an empty
-//! batch; otherwise the primary waits for more VIEW-CHANGEs. This is the epoch change of
-//! Cachin, Guerraoui and Rodrigues' Byzantine read/write epoch consensus, and PBFT's
-//! MAC-based view change (Castro's thesis), with signed VIEW-CHANGEs in place of
-//! acknowledgements.
+//! With no binding claim, 2f+1 that claim nothing prepared there, or a claim `(v, d)`
+//! that f+1 contradict (they voted for another batch there in a view after `v`), settle
+//! it as an empty batch; otherwise the primary waits for more VIEW-CHANGEs. This is the
+//! epoch change of Cachin, Guerraoui and Rodrigues' Byzantine read/write epoch consensus,
+//! and PBFT's MAC-based view change (Castro's thesis), with signed VIEW-CHANGEs in place
+//! of acknowledgements.
 //!
 //! Safety: a batch committed at slot s in view v prepared at f+1 correct replicas, one
 //! of which is in any 2f+1 VIEW-CHANGEs with a claim of view ≥ v for `d`; a claim for
 //! another batch would need a higher view and f+1 votes for it there, but correct
 //! replicas vote only `d` at s after v (by induction over the views), so `d` alone can
-//! bind. Liveness: once the VIEW-CHANGEs of all correct replicas are in, the highest
-//! claim among correct replicas binds, or 2f+1 of them claim nothing.
+//! bind. A correct replica votes at s in a view u only for what NEW-VIEW u chose there
+//! or, if no VIEW-CHANGE in it claimed s, a new proposal: if `d` committed before u, for
+//! `d`. So no correct replica contradicts a committed batch's claims, and the f+1 correct
+//! replicas that prepared it keep its slot from being settled empty. For the same reason
+//! any 2f+1 VIEW-CHANGEs for a view u choose at s whatever committed there before u: a
+//! replica that prepared `d` at s before u withdraws that claim once it sees a valid
+//! NEW-VIEW for u (entered, or relayed to it) that did not choose `d`.
+//!
+//! Liveness: once the VIEW-CHANGEs of all correct replicas are in, the highest claim
+//! among correct replicas binds, or 2f+1 of them claim nothing. A replica reports at most
+//! `VOTED_KEPT` votes per slot, so the votes behind a claim can be pushed out: then
+//! those who pushed them out voted for other batches at s in later views, so they
+//! contradict the claim, and the NEW-VIEWs of those views, which did not choose it, are
+//! relayed to a replica still claiming it (by every replica in such a view that gets
+//! its VIEW-CHANGE), which withdraws it.
 //!
 //! Every replica then votes (PREPARE) for the chosen batches in the new view, fetching
 //! from its peers by digest any it does not hold (f+1 voted for it, so a correct
@@ -86,6 +100,14 @@ pub(super) struct Received {
     claims: Claims,
 }
 
+/// A NEW-VIEW this replica entered, to relay to replicas still claiming what it did not
+/// choose (they may never have received it), once each.
+pub(super) struct Entered {
+    new_view: pb::NewView,
+    decision: Decision,
+    relayed_to: BTreeSet<NodeId>,
+}
+
 /// What one VIEW-CHANGE states about the slots above its stable checkpoint.
 #[derive(Clone, Debug, Default)]
 struct Claims {
@@ -103,12 +125,21 @@ enum Choice {
     Empty,
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 struct Decision {
     /// The highest stable checkpoint among the VIEW-CHANGEs.
     stable: Option<pb::Certificate>,
     /// A choice for every slot from after it up to the highest prepared claim.
     choices: BTreeMap<u64, Choice>,
+}
+
+impl Decision {
+    /// Whether a claim that `(view, d)` prepared at `seq` in a view before `entered` (this
+    /// decision's) is one it did not choose: then it did not commit.
+    fn withdraws(&self, entered: u64, seq: u64, (view, d): (u64, Digest)) -> bool {
+        let low = self.stable.as_ref().map_or(0, |c| c.seq);
+        seq > low && view < entered && self.choices.get(&seq) != Some(&Choice::Batch(d))
+    }
 }
 
 /// The new view's re-proposals from `claims` (one per distinct replica, 2f+1 or more):
@@ -135,9 +166,17 @@ fn decide(claims: &[&Claims], q: Quorums) -> Option<Decision> {
                 .count();
             highest >= quorum && vouched >= q.one_correct()
         };
+        // A claim f+1 contradict: they voted for another batch there in a later view.
+        let defeated = |&(view, d): &(u64, Digest)| {
+            let later_other =
+                |c: &&&Claims| c.voted.get(&seq).is_some_and(|vs| vs.iter().any(|&(v, x)| v > view && x != d));
+            claims.iter().filter(later_other).count() >= q.one_correct()
+        };
         let choice = match candidates.iter().find(|c| binds(c)) {
             Some(&(_, d)) => Choice::Batch(d),
-            None if claims.iter().filter(|c| !c.prepared.contains_key(&seq)).count() >= quorum => Choice::Empty,
+            None if claims.iter().filter(|c| c.prepared.get(&seq).is_none_or(defeated)).count() >= quorum => {
+                Choice::Empty
+            }
             None => return None,
         };
         choices.insert(seq, choice);
@@ -288,12 +327,44 @@ impl Replica {
     }
 
     pub(super) fn on_view_change(&mut self, ctx: &mut Ctx, now: Nanos, from: NodeId, vc: pb::ViewChange) {
-        if vc.view <= self.view || self.view_changes.get(&from).is_some_and(|r| r.view >= vc.view) {
+        if vc.view <= self.view {
+            // It changes to a view this one entered: it may have missed the NEW-VIEW, which
+            // it takes from this view's primary. (Its claims only decide whether to relay
+            // to it, so they are not verified.)
+            if self.is_primary(ctx) || self.claims(ctx, &vc).is_some_and(|c| self.shown_uncommitted(&c)) {
+                self.relay_new_view(ctx, from);
+            }
+            return ctx.stats.stale += 1;
+        }
+        if self.view_changes.get(&from).is_some_and(|r| r.view >= vc.view) {
             return ctx.stats.stale += 1;
         }
         match self.valid_view_change(ctx, from, &vc) {
-            Some(claims) => self.record_view_change(ctx, now, from, vc, claims),
+            Some(claims) => {
+                if self.shown_uncommitted(&claims) {
+                    self.relay_new_view(ctx, from);
+                }
+                self.record_view_change(ctx, now, from, vc, claims)
+            }
             None => ctx.fault(from, FaultKind::BadSignature),
+        }
+    }
+
+    /// Whether `claims` hold a prepared claim the NEW-VIEW this replica entered did not
+    /// choose.
+    fn shown_uncommitted(&self, claims: &Claims) -> bool {
+        let Some(e) = &self.entered else { return false };
+        claims.prepared.iter().any(|(&seq, &p)| e.decision.withdraws(self.view, seq, p))
+    }
+
+    /// Sends `to` the NEW-VIEW this replica entered its view by, once: with it, `to`
+    /// enters the view (from its primary), or at least withdraws the claims it shows did
+    /// not commit (which could keep their slots from ever being settled).
+    fn relay_new_view(&mut self, ctx: &mut Ctx, to: NodeId) {
+        if let Some(e) = self.entered.as_mut()
+            && e.relayed_to.insert(to)
+        {
+            ctx.send(pb::body::Kind::NewView(e.new_view.clone()), [to]);
         }
     }
 
@@ -372,17 +443,21 @@ impl Replica {
         let claims: Vec<&Claims> = proofs.iter().map(|r| &r.claims).collect();
         let Some(decision) = decide(&claims, ctx.quorums) else { return };
         let nv = pb::NewView { view: target, view_changes: proofs.iter().map(|r| r.signed.clone()).collect() };
-        ctx.send_to_replicas(pb::body::Kind::NewView(nv), &[]);
-        self.enter_view(ctx, now, target, decision);
+        ctx.send_to_replicas(pb::body::Kind::NewView(nv.clone()), &[]);
+        self.enter_view(ctx, now, nv, decision);
     }
 
     /// A NEW-VIEW: valid if it relays valid VIEW-CHANGEs for its view from 2f+1 distinct
-    /// replicas that settle every slot. Never taken for a view below the latest this
-    /// replica asked for: its VIEW-CHANGE told what it prepared until then, and that later
-    /// view's NEW-VIEW may relay it; voting in an earlier view now would leave that
-    /// VIEW-CHANGE silent about a batch that may commit there.
+    /// replicas that settle every slot. Entered only from the view's primary, and never
+    /// for a view below the latest this replica asked for: its VIEW-CHANGE told what it
+    /// prepared until then, and that later view's NEW-VIEW may relay it; voting in an
+    /// earlier view now would leave that VIEW-CHANGE silent about a batch that may commit
+    /// there. Otherwise it only withdraws this replica's prepared claims it did not choose
+    /// (any 2f+1 VIEW-CHANGEs for a view choose what committed before it).
     pub(super) fn on_new_view(&mut self, ctx: &mut Ctx, now: Nanos, from: NodeId, nv: pb::NewView) {
-        if nv.view <= self.view || nv.view < self.durable_view || from != primary(&self.replicas, nv.view) {
+        let enters = from == primary(&self.replicas, nv.view) && nv.view >= self.durable_view;
+        let withdraws = self.prepared.range(self.low + 1..).any(|(_, &(v, _))| v < nv.view);
+        if nv.view <= self.view || !(enters || withdraws) {
             return ctx.stats.stale += 1;
         }
         let mut proofs: BTreeMap<NodeId, Claims> = BTreeMap::new();
@@ -402,15 +477,23 @@ impl Replica {
         }
         let claims: Vec<&Claims> = proofs.values().collect();
         match decide(&claims, ctx.quorums).filter(|_| proofs.len() >= ctx.quorums.intersecting()) {
-            Some(decision) => self.enter_view(ctx, now, nv.view, decision),
+            Some(decision) if enters => self.enter_view(ctx, now, nv, decision),
+            Some(decision) => self.withdraw_unchosen(nv.view, &decision),
             None => ctx.fault(from, FaultKind::Unexpected),
         }
+    }
+
+    /// Withdraws the prepared claims a NEW-VIEW for `view` shows did not commit: a claim
+    /// kept would only keep later view changes from settling its slot.
+    fn withdraw_unchosen(&mut self, view: u64, decision: &Decision) {
+        self.prepared.retain(|&seq, &mut p| !decision.withdraws(view, seq, p));
     }
 
     /// Installs `view` with `decision`: adopts its stable checkpoint if newer, returns
     /// every pending request to the queue, and votes for the chosen batches (fetching
     /// those it lacks) before the primary proposes above them.
-    fn enter_view(&mut self, ctx: &mut Ctx, now: Nanos, view: u64, decision: Decision) {
+    fn enter_view(&mut self, ctx: &mut Ctx, now: Nanos, new_view: pb::NewView, decision: Decision) {
+        let view = new_view.view;
         let last = decision.choices.keys().next_back().copied().unwrap_or(0);
         self.view = view;
         self.reproposed = last;
@@ -423,6 +506,8 @@ impl Replica {
         self.note_failed_proposals(ctx);
         self.log.clear();
         self.parked.clear();
+        self.withdraw_unchosen(view, &decision);
+        self.entered = Some(Entered { new_view, decision: decision.clone(), relayed_to: BTreeSet::new() });
         if let Some(cert) = decision.stable.filter(|c| c.seq > self.low) {
             self.adopt_stable(ctx, cert, None);
         }
@@ -638,12 +723,10 @@ mod tests {
     /// PREPAREs reached it alone). Views 2, 5, 6 and 9 were decided from VIEW-CHANGEs of
     /// 0, 1 and 2 (3's was slow): slot 5 was open there, and 1, 2 and 3 voted for four
     /// other batches, none of which prepared; 3 re-proposed D alone as primary of view 7.
-    /// Keeping `VOTED_KEPT` = 4 votes per slot, 1 and 2 no longer report their vote for D.
-    /// With every correct replica's VIEW-CHANGE in, D binds nowhere (one vote behind it)
-    /// and two claim nothing: no NEW-VIEW can ever settle the slot, though D cannot have
-    /// committed (only one correct replica claims it prepared).
+    /// Keeping `VOTED_KEPT` = 4 votes per slot, 1 and 2 no longer report their vote for D,
+    /// so D binds nowhere (one vote behind it). But both voted for another batch at slot 5
+    /// after view 1: D cannot have committed, and the slot is settled empty.
     #[test]
-    #[ignore = "finding: votes pushed out of VOTED_KEPT leave a prepared claim that neither binds nor lets the slot be empty"]
     fn the_correct_replicas_view_changes_settle_a_slot_whose_old_votes_were_pushed_out() {
         const D: Digest = [9; 32];
         let (x2, x5, x6, x9) = ([12; 32], [15; 32], [16; 32], [19; 32]);
@@ -653,6 +736,101 @@ mod tests {
             claims(&[], &others),
             claims(&[(5, 1, D)], &[(5, 9, x9), (5, 7, D), (5, 6, x6), (5, 5, x5)]),
         ];
-        assert!(choices(&correct, 1).is_some(), "the three correct replicas' VIEW-CHANGEs settle nothing");
+        assert_eq!(choices(&correct, 1), Some(vec![(5, Choice::Empty)]));
+    }
+
+    /// A committed batch's claim is never set aside by f replicas that say they voted for
+    /// another batch later: f = 1, replicas 1 and 2 prepared and committed A in view 1
+    /// (with the faulty replica 0's vote), replica 2's VIEW-CHANGE is slow, and replica 0
+    /// now claims a later vote for B. A binds nowhere yet, and the slot waits for 2.
+    #[test]
+    fn a_claim_only_f_contradict_keeps_its_slot_from_being_settled_empty() {
+        let all = vec![claims(&[], &[(5, 3, B)]), claims(&[(5, 1, A)], &[(5, 1, A)]), claims(&[], &[])];
+        assert_eq!(choices(&all, 1), None);
+    }
+
+    /// Entering a view withdraws the prepared claims its NEW-VIEW did not choose (empty,
+    /// another batch, or left open above every claim), and keeps the one it chose.
+    #[test]
+    fn entering_a_view_withdraws_the_prepared_claims_it_did_not_choose() {
+        use crate::{ClusterSpec, Node, crypto::CryptoMode, generate_cluster};
+        let spec = ClusterSpec { crypto: CryptoMode::InsecureTest, ..ClusterSpec::pbft(1, 1) };
+        let cfg = generate_cluster(&spec, [5; 32]).unwrap().remove(1);
+        let mut node = Node::new(cfg).unwrap();
+        let ctx = node.ctx_mut();
+        let mut replica = Replica::new(ctx);
+        for (seq, d) in [(5, A), (6, A), (7, B), (8, A)] {
+            replica.prepared.insert(seq, (1, d));
+        }
+        let choices = [(5, Choice::Empty), (6, Choice::Batch(A)), (7, Choice::Batch(A))].into_iter().collect();
+        let new_view = pb::NewView { view: 2, view_changes: vec![] };
+        replica.enter_view(ctx, 0, new_view, Decision { stable: None, choices });
+        assert_eq!(replica.prepared.into_iter().collect::<Vec<_>>(), vec![(6, (1, A))]);
+    }
+
+    /// f = 1. Replica 3 prepared D at slot 1 in view 0 and missed view 1, whose NEW-VIEW
+    /// (from the VIEW-CHANGEs of 0, 1 and 2) left slot 1 open. When 3's VIEW-CHANGE for
+    /// view 2 still claims D, replica 0 relays that NEW-VIEW, and 3 withdraws the claim
+    /// (not entering view 1, which it left already, from a replica not its primary).
+    #[test]
+    fn a_replica_that_missed_a_new_view_withdraws_the_claims_it_did_not_choose() {
+        use crate::{ClusterSpec, Node, Output, crypto::CryptoMode, generate_cluster, wire::bodies_of};
+        const D: Digest = [9; 32];
+        let spec = ClusterSpec { crypto: CryptoMode::InsecureTest, ..ClusterSpec::pbft(1, 1) };
+        let mut nodes: Vec<Node> =
+            generate_cluster(&spec, [5; 32]).unwrap().into_iter().take(4).map(|c| Node::new(c).unwrap()).collect();
+        let mut replicas: Vec<Replica> = nodes.iter_mut().map(|n| Replica::new(n.ctx_mut())).collect();
+        // What a node sent (each body, with its addressee), its records persisted at once.
+        let sent = |node: &mut Node| -> Vec<(NodeId, pb::body::Kind)> {
+            let mut bodies = Vec::new();
+            while let Some(o) = node.poll() {
+                match o {
+                    Output::Send { to, bytes } => {
+                        bodies.extend(bodies_of(&bytes).unwrap().into_iter().map(|b| (to, b)))
+                    }
+                    Output::Persist { token, .. } => node.handle(0, crate::Input::Persisted { token }).unwrap(),
+                    _ => {}
+                }
+            }
+            bodies
+        };
+        replicas[3].prepared.insert(1, (0, D));
+        let mut view_changes = Vec::new();
+        for r in 0..3 {
+            replicas[r].start_view_change(nodes[r].ctx_mut(), 0, 1);
+            view_changes.extend(sent(&mut nodes[r]).into_iter().filter_map(|(_, b)| match b {
+                pb::body::Kind::ViewChange(vc) => Some((r as NodeId, *vc)),
+                _ => None,
+            }));
+        }
+        for (from, vc) in view_changes.iter().filter(|(from, _)| *from != 1) {
+            replicas[1].on_view_change(nodes[1].ctx_mut(), 0, *from, vc.clone());
+        }
+        let new_view = sent(&mut nodes[1]).into_iter().find_map(|(_, b)| match b {
+            pb::body::Kind::NewView(nv) => Some(nv),
+            _ => None,
+        });
+        replicas[0].on_new_view(nodes[0].ctx_mut(), 0, 1, new_view.expect("replica 1's NEW-VIEW"));
+        assert_eq!(replicas[0].view, 1);
+        sent(&mut nodes[0]);
+
+        replicas[3].start_view_change(nodes[3].ctx_mut(), 0, 2);
+        let own = sent(&mut nodes[3]).into_iter().find_map(|(_, b)| match b {
+            pb::body::Kind::ViewChange(vc) => Some(*vc),
+            _ => None,
+        });
+        replicas[0].on_view_change(nodes[0].ctx_mut(), 0, 3, own.expect("replica 3's VIEW-CHANGE"));
+        let relayed: Vec<pb::NewView> = sent(&mut nodes[0])
+            .into_iter()
+            .filter_map(|(to, b)| match b {
+                pb::body::Kind::NewView(nv) if to == 3 => Some(nv),
+                _ => None,
+            })
+            .collect();
+        let [relayed] = &relayed[..] else { panic!("{} NEW-VIEWs relayed to 3", relayed.len()) };
+        assert_eq!(replicas[3].prepared.len(), 1);
+        replicas[3].on_new_view(nodes[3].ctx_mut(), 0, 0, relayed.clone());
+        assert!(replicas[3].prepared.is_empty(), "replica 3 still claims {:?}", replicas[3].prepared);
+        assert_eq!((replicas[3].view, replicas[3].changing.as_ref().map(|c| c.target)), (0, Some(2)));
     }
 }
