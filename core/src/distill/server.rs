@@ -84,6 +84,49 @@ struct Logged {
     digest: Digest,
 }
 
+/// The last delivery shard per lane, sent again when its witness comes again: its broker
+/// lost it, or reconnected (a new session, or after a crash) while the batch was ordered,
+/// so a shard outlives its broker's session. Broker identities are free, so the oldest
+/// delivered are forgotten past one shard per session and lane, or past as many
+/// amendments as the kept batches have entries (a batch may amend every entry).
+struct KeptDeliveries {
+    by_lane: BTreeMap<LaneKey, (u64, pb::DeliveryShard)>,
+    /// The lanes of `by_lane` by when their shard was kept, oldest first.
+    by_age: BTreeMap<u64, LaneKey>,
+    /// Shards kept so far: `by_age`'s clock.
+    kept: u64,
+    /// The amendments of the shards in `by_lane`.
+    amendments: usize,
+}
+
+impl KeptDeliveries {
+    fn new() -> Self {
+        KeptDeliveries { by_lane: BTreeMap::new(), by_age: BTreeMap::new(), kept: 0, amendments: 0 }
+    }
+
+    fn get(&self, key: &LaneKey) -> Option<&pb::DeliveryShard> {
+        self.by_lane.get(key).map(|(_, shard)| shard)
+    }
+
+    /// Keeps `shard` as `key`'s last, in place of the one before; then forgets the oldest
+    /// (never this one) while more than `max_shards`, or `max_amendments`, are kept.
+    fn keep(&mut self, key: LaneKey, shard: pb::DeliveryShard, max_shards: usize, max_amendments: usize) {
+        self.kept += 1;
+        self.amendments += shard.amendments.len();
+        if let Some((age, replaced)) = self.by_lane.insert(key, (self.kept, shard)) {
+            self.by_age.remove(&age);
+            self.amendments -= replaced.amendments.len();
+        }
+        self.by_age.insert(self.kept, key);
+        while self.by_lane.len() > 1 && (self.by_lane.len() > max_shards || self.amendments > max_amendments) {
+            let Some((_, oldest)) = self.by_age.pop_first() else { break };
+            if let Some((_, forgotten)) = self.by_lane.remove(&oldest) {
+                self.amendments -= forgotten.amendments.len();
+            }
+        }
+    }
+}
+
 pub(crate) struct Server {
     replica: Replica,
     servers: Servers,
@@ -97,8 +140,7 @@ pub(crate) struct Server {
     session_of: BTreeMap<EdPublicKey, (NodeId, u64)>,
     offers: BTreeMap<LaneKey, Offered>,
     last_shards: BTreeMap<LaneKey, (u64, pb::WitnessShard)>,
-    /// The last delivery shard per lane, sent again when its witness comes again.
-    last_deliveries: BTreeMap<LaneKey, pb::DeliveryShard>,
+    last_deliveries: KeptDeliveries,
     /// Delivered batches kept for peers that fetch them, oldest first.
     store: BTreeMap<Digest, Arc<Batch>>,
     stored: VecDeque<Digest>,
@@ -126,7 +168,7 @@ impl Server {
             session_of: BTreeMap::new(),
             offers: BTreeMap::new(),
             last_shards: BTreeMap::new(),
-            last_deliveries: BTreeMap::new(),
+            last_deliveries: KeptDeliveries::new(),
             store: BTreeMap::new(),
             stored: VecDeque::new(),
             queue: VecDeque::new(),
@@ -675,7 +717,9 @@ impl Server {
         if let Some(&(to, _)) = self.session_of.get(&a.key.0) {
             send_frame(ctx, to, Frame::DeliveryShard(shard.clone()));
         }
-        self.last_deliveries.insert(a.key, shard);
+        let p = &ctx.cfg.cluster.params;
+        let max_amendments = (p.kept_batches as usize).saturating_mul(p.distill_batch_size as usize);
+        self.last_deliveries.keep(a.key, shard, MAX_SESSIONS * p.lanes as usize, max_amendments);
         self.keep(a.root, batch.clone());
         while self.stored.len() > ctx.cfg.cluster.params.kept_batches as usize {
             if let Some(old) = self.stored.pop_front() {
@@ -995,31 +1039,120 @@ mod tests {
 
     /// Brokers are permissionless: a Byzantine client with a valid key can have batches
     /// ordered under identity after identity (each batch may carry a drop amendment per
-    /// entry, replaying the clients' older submissions). The delivery shard kept to send
-    /// again per (identity, lane) must not outlive the identities' sessions, or a correct
-    /// server's memory grows with every identity ever ordered.
+    /// entry, replaying the clients' older submissions). The delivery shards kept to send
+    /// again must stay within one per session and lane, the oldest forgotten first, or a
+    /// correct server's memory grows with every identity ever ordered.
     #[test]
-    #[ignore = "finding: delivery shards kept to send again grow with every broker identity ordered"]
     fn delivery_shards_kept_to_send_again_are_bounded_by_the_sessions() {
-        let cfg = generate_distill(&DistillSpec::new(1, 1, 4), [0; 32]).expect("configs").remove(0);
-        let lanes = cfg.cluster.params.lanes as usize;
+        let mut spec = DistillSpec::new(1, 1, 4);
+        spec.params.lanes = 1;
+        let cfg = generate_distill(&spec, [0; 32]).expect("configs").remove(0);
+        let bound = MAX_SESSIONS * cfg.cluster.params.lanes as usize;
         let mut node = Node::new(cfg).expect("a server");
         let ctx = node.ctx_mut();
         let mut server = Server::new(ctx);
         let per_leaf = Server::per_leaf(ctx);
         let b = batch(&[0], 0, &["m"], &[]);
-        for i in 0..2_000u32 {
+        let identities = bound as u32 + 8;
+        let key = |i: u32| {
             let mut identity = [0u8; 32];
             identity[..4].copy_from_slice(&i.to_le_bytes());
-            let key = (EdPublicKey(identity), 0);
-            server.deliver(ctx, &Awaited { key, lane_seq: 0, root: b.root_t2(per_leaf) }, &b);
+            (EdPublicKey(identity), 0)
+        };
+        for i in 0..identities {
+            server.deliver(ctx, &Awaited { key: key(i), lane_seq: 0, root: b.root_t2(per_leaf) }, &b);
         }
-        let kept = server.last_deliveries.len();
-        assert!(
-            kept <= server.sessions.len() * lanes,
-            "{kept} delivery shards kept for {} sessions of {lanes} lanes",
-            server.sessions.len()
+        let kept = &server.last_deliveries;
+        assert_eq!(
+            (kept.by_lane.len(), kept.by_age.len()),
+            (bound, bound),
+            "one shard per session and lane, each aged once"
         );
+        assert!(kept.get(&key(7)).is_none(), "the oldest forgotten first");
+        assert!(kept.get(&key(8)).is_some() && kept.get(&key(identities - 1)).is_some(), "the latest kept");
+    }
+
+    /// A shard kept again for its lane replaces the one before, in the age order too; and
+    /// shards amending many entries are forgotten, oldest first, past as many amendments
+    /// as the kept batches hold entries (never the latest).
+    #[test]
+    fn kept_delivery_shards_replace_their_lanes_and_are_bounded_by_amendments() {
+        let mut kept = KeptDeliveries::new();
+        let shard = |lane_seq: u64, amended: u64| pb::DeliveryShard {
+            lane_seq,
+            amendments: (0..amended).map(|id| pb::Amendment { id, nudge: None }).collect(),
+            ..Default::default()
+        };
+        let (a, b) = ((EdPublicKey([1; 32]), 0), (EdPublicKey([2; 32]), 0));
+        for lane_seq in 0..100 {
+            kept.keep(a, shard(lane_seq, 1), 8, 1000);
+        }
+        assert_eq!((kept.by_lane.len(), kept.by_age.len(), kept.amendments), (1, 1, 1));
+        assert_eq!(kept.get(&a).map(|s| s.lane_seq), Some(99));
+        kept.keep(b, shard(0, 600), 8, 1000);
+        assert_eq!((kept.by_lane.len(), kept.amendments), (2, 601));
+        kept.keep(a, shard(100, 600), 8, 1000);
+        assert_eq!((kept.by_lane.len(), kept.by_age.len(), kept.amendments), (1, 1, 600), "b forgotten, a kept");
+        assert_eq!(kept.get(&a).map(|s| s.lane_seq), Some(100));
+        kept.keep(b, shard(1, 2000), 8, 1000);
+        assert_eq!((kept.by_lane.len(), kept.amendments), (1, 2000), "the latest alone, however large");
+        assert!(kept.get(&b).is_some());
+    }
+
+    /// A broker whose session ends (its address taken over, say, after a crash) while its
+    /// batches are ordered, and that comes back from another address (a new session),
+    /// still gets this server's delivery shards when it sends the witnesses again, though
+    /// other brokers' batches were delivered meanwhile: a shard outlives its session.
+    #[test]
+    fn a_reconnected_broker_gets_its_delivery_shards_again() {
+        use crate::config::FIRST_BROKER;
+        use crate::crypto::EdSecretKey;
+        let cfg = generate_distill(&DistillSpec::new(1, 1, 4), [0; 32]).expect("configs").remove(0);
+        let mut node = Node::new(cfg).expect("a server");
+        let ctx = node.ctx_mut();
+        let mut server = Server::new(ctx);
+        let per_leaf = Server::per_leaf(ctx);
+        let hello = |server: &Server, ctx: &Ctx, material: u8, nonce: u64| {
+            let identity = EdSecretKey::from_key_material(server.servers.mode, &[material; 32]);
+            let broker = identity.public_key();
+            let msg = hello_statement(&server.servers.system_id, &broker.0, ctx.me(), nonce);
+            (broker, pb::BrokerHello { broker: broker.0.to_vec(), nonce, signature: identity.sign(&msg).0.to_vec() })
+        };
+        let (before, after) = (FIRST_BROKER, FIRST_BROKER + 1);
+        let b = batch(&[0], 0, &["m"], &[]);
+        let root = b.root_t2(per_leaf);
+        let deliver = |server: &mut Server, ctx: &mut Ctx, key: LaneKey| {
+            server.lanes.insert(key, 1);
+            server.deliver(ctx, &Awaited { key, lane_seq: 0, root }, &b);
+        };
+        // Lane 0 is delivered in the broker's session, lane 1 once another took its address.
+        let (broker, h) = hello(&server, ctx, 1, 1);
+        server.on_hello(ctx, before, h);
+        deliver(&mut server, ctx, (broker, 0));
+        server.on_hello(ctx, before, hello(&server, ctx, 2, 1).1);
+        assert!(!server.session_of.contains_key(&broker), "out of session");
+        deliver(&mut server, ctx, (broker, 1));
+        for i in 3..100 {
+            deliver(&mut server, ctx, (EdPublicKey([i; 32]), 0));
+        }
+        server.on_hello(ctx, after, hello(&server, ctx, 1, 2).1);
+        assert_eq!(server.session_of[&broker].0, after, "the broker's new session");
+        while node.poll().is_some() {}
+        let ctx = node.ctx_mut();
+        for lane in 0..2 {
+            let r = pb::Reference { broker: broker.0.to_vec(), lane, lane_seq: 0, root: root.to_vec(), witness: None };
+            server.on_witness(ctx, 1, after, r);
+        }
+        let shards: Vec<(NodeId, u32, u64)> = std::iter::from_fn(|| node.poll())
+            .filter_map(|o| match o {
+                Output::Send { to, bytes } => match pb::DistillFrame::decode(bytes.as_slice()).ok()?.kind {
+                    Some(Frame::DeliveryShard(d)) => Some((to, d.lane, d.height)),
+                    _ => None,
+                },
+                _ => None,
+            })
+            .collect();
+        assert_eq!(shards, [(after, 0, 1), (after, 1, 2)], "each lane's shard sent again, to the new session");
     }
 
     /// A client that signed up holds an id with its keys. Signing up again with the same
