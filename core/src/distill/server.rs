@@ -32,6 +32,9 @@ use crate::{FaultKind, Input, Nanos, NodeId, Operation};
 /// A broker's lane: its identity and the lane's index.
 type LaneKey = (EdPublicKey, u32);
 
+/// A batch reference: its lane, seq in the lane, and root.
+type ReferenceKey = (LaneKey, u64, Digest);
+
 /// Entries whose deduplication logs delivery reads ahead of the one it decides.
 const TOUCH_AHEAD: usize = 48;
 
@@ -141,6 +144,13 @@ pub(crate) struct Server {
     offers: BTreeMap<LaneKey, Offered>,
     last_shards: BTreeMap<LaneKey, (u64, pb::WitnessShard)>,
     last_deliveries: KeptDeliveries,
+    /// References whose witness this server verified and submitted, not ordered yet, with
+    /// the number of its request: a replay is neither verified nor submitted again while
+    /// the replica holds that request, as the replica retries it (forwards it to the
+    /// primary, then suspects the primary); once the request is gone (failed in two views,
+    /// refused, or executed while its lane waited for another seq) the next replay
+    /// submits it anew. At most `client_queue`, the oldest forgotten first.
+    submitted: BTreeMap<ReferenceKey, u64>,
     /// Delivered batches kept for peers that fetch them, oldest first.
     store: BTreeMap<Digest, Arc<Batch>>,
     stored: VecDeque<Digest>,
@@ -169,6 +179,7 @@ impl Server {
             offers: BTreeMap::new(),
             last_shards: BTreeMap::new(),
             last_deliveries: KeptDeliveries::new(),
+            submitted: BTreeMap::new(),
             store: BTreeMap::new(),
             stored: VecDeque::new(),
             queue: VecDeque::new(),
@@ -430,9 +441,10 @@ impl Server {
         self.signers.insert(broker, Signers { ids, sum, used: self.signers_kept });
     }
 
-    /// M6: a witness certificate; submitted to the TOB unless stale.
+    /// M6: a witness certificate; submitted to the TOB unless stale or submitted already.
     fn on_witness(&mut self, ctx: &mut Ctx, now: Nanos, from: NodeId, r: pb::Reference) {
-        let Ok(broker) = <[u8; 32]>::try_from(r.broker.as_slice()) else {
+        let (Ok(broker), Ok(root)) = (<[u8; 32]>::try_from(r.broker.as_slice()), Digest::try_from(r.root.as_slice()))
+        else {
             return ctx.fault(from, FaultKind::Malformed);
         };
         let key = (EdPublicKey(broker), r.lane);
@@ -443,15 +455,35 @@ impl Server {
             }
             return ctx.stats.stale += 1;
         }
+        let reference = (key, r.lane_seq, root);
+        if self.submitted.get(&reference).is_some_and(|&number| self.replica.holds_own(ctx, number)) {
+            return ctx.stats.stale += 1;
+        }
         let Some(cert) = &r.witness else { return ctx.fault(from, FaultKind::Malformed) };
-        let msg = witness_statement(&self.servers.system_id, &broker, r.lane, r.lane_seq, &r.root);
+        let msg = witness_statement(&self.servers.system_id, &broker, r.lane, r.lane_seq, &root);
         if !self.servers.verify_certificate(ctx, cert, &msg) {
             return ctx.fault(from, FaultKind::BadSignature);
         }
-        if let Some(held) = self.offers.get_mut(&key).filter(|o| o.lane_seq == r.lane_seq && o.root[..] == r.root[..]) {
+        if let Some(held) = self.offers.get_mut(&key).filter(|o| o.lane_seq == r.lane_seq && o.root == root) {
             held.witness = Some(cert.clone());
         }
-        self.submit(ctx, now, Op::Reference(r));
+        if let Some(number) = self.submit(ctx, now, Op::Reference(r)) {
+            self.note_submitted(ctx, reference, number);
+        }
+    }
+
+    /// Notes `reference` submitted as request `number`, forgetting the oldest noted past
+    /// `client_queue` (the replica refuses more of this server's requests waiting for a
+    /// batch than that anyway).
+    fn note_submitted(&mut self, ctx: &Ctx, reference: ReferenceKey, number: u64) {
+        let cap = ctx.cfg.cluster.params.client_queue as usize;
+        if self.submitted.len() >= cap
+            && !self.submitted.contains_key(&reference)
+            && let Some(oldest) = self.submitted.iter().min_by_key(|(_, n)| **n).map(|(r, _)| *r)
+        {
+            self.submitted.remove(&oldest);
+        }
+        self.submitted.insert(reference, number);
     }
 
     /// S0: a client signs up; its proofs of possession are checked before the TOB orders
@@ -496,10 +528,11 @@ impl Server {
         send_frame(ctx, to, Frame::Assigned(a));
     }
 
-    /// Orders `op` through PBFT as a request of this server's own.
-    fn submit(&mut self, ctx: &mut Ctx, now: Nanos, op: Op) {
+    /// Orders `op` through PBFT as a request of this server's own: its number, unless
+    /// refused.
+    fn submit(&mut self, ctx: &mut Ctx, now: Nanos, op: Op) -> Option<u64> {
         let op = Bytes::from(pb::DistillOp { kind: Some(op) }.encode_to_vec());
-        self.own.submit(ctx, now, &mut self.replica, op);
+        self.own.submit(ctx, now, &mut self.replica, op)
     }
 
     // ------------------------------------------------------------ between servers
@@ -600,6 +633,8 @@ impl Server {
                     }
                 }
                 self.lanes.insert(key, r.lane_seq + 1);
+                // References to this lane seq or below are stale now.
+                self.submitted.retain(|(k, seq, _), _| *k != key || *seq > r.lane_seq);
                 ctx.distill.batches_ordered += 1;
                 Some(Awaited { key, lane_seq: r.lane_seq, root })
             }
@@ -807,6 +842,7 @@ impl Server {
             }
         }
         self.offers.retain(|key, o| o.lane_seq >= self.lanes.get(key).copied().unwrap_or(0));
+        self.submitted.retain(|(key, seq, _), _| *seq >= self.lanes.get(key).copied().unwrap_or(0));
     }
 }
 
@@ -1211,27 +1247,34 @@ mod tests {
         }
     }
 
+    /// Server `index` of a generated deployment, and a witness of the reference to batch
+    /// `root` at `lane_seq` of lane 0 of broker `[9; 32]` by servers 1 and 2 (f+1 of 4).
+    fn witnessing(index: usize) -> (crate::config::NodeConfig, impl Fn(u64, Digest) -> pb::Reference) {
+        use crate::crypto::BlsSecretKey;
+        use crate::distill::system_id;
+        let configs = generate_distill(&DistillSpec::new(1, 1, 4), [0; 32]).expect("configs");
+        let servers: Vec<BlsSecretKey> = configs.iter().filter(|c| c.id < 4).map(|c| c.bls_secret.clone()).collect();
+        let (sys, mode) = (system_id(&configs[0].cluster), configs[0].cluster.crypto);
+        let cfg = configs.into_iter().nth(index).expect("a server");
+        let broker = [9u8; 32];
+        let reference = move |lane_seq: u64, root: Digest| {
+            let msg = witness_statement(&sys, &broker, 0, lane_seq, &root);
+            let shards: Vec<(usize, BlsSignature)> = (1..3).map(|i| (i, servers[i].sign(&msg))).collect();
+            let witness = crate::distill::load::certificate(mode, 4, &shards);
+            pb::Reference { broker: broker.to_vec(), lane: 0, lane_seq, root: root.to_vec(), witness }
+        };
+        (cfg, reference)
+    }
+
     /// A witness certificate, once verified, is one reference to order: the same frame
     /// replayed (by its broker, or anyone who saw it) before it is ordered must not become
     /// one more request of this server's through PBFT, and one more certificate check,
     /// each time.
     #[test]
-    #[ignore = "finding: every replay of a witness is verified and ordered again"]
     fn a_replayed_witness_is_submitted_once() {
-        use crate::crypto::BlsSecretKey;
-        use crate::distill::system_id;
-        let configs = generate_distill(&DistillSpec::new(1, 1, 4), [0; 32]).expect("configs");
-        let servers: Vec<BlsSecretKey> = configs.iter().filter(|c| c.id < 4).map(|c| c.bls_secret.clone()).collect();
-        let cfg = configs.into_iter().next().expect("server 0");
-        let sys = system_id(&cfg.cluster);
-        let mode = cfg.cluster.crypto;
+        let (cfg, reference) = witnessing(0);
         let mut node = Node::new(cfg).expect("a server");
-        let (broker, root) = ([9u8; 32], [7u8; 32]);
-        let msg = witness_statement(&sys, &broker, 0, 0, &root);
-        let shards: Vec<(usize, BlsSignature)> = (1..3).map(|i| (i, servers[i].sign(&msg))).collect();
-        let witness = crate::distill::load::certificate(mode, 4, &shards);
-        let r = pb::Reference { broker: broker.to_vec(), lane: 0, lane_seq: 0, root: root.to_vec(), witness };
-        let bytes = pb::DistillFrame { kind: Some(Frame::Witness(r)) }.encode_to_vec();
+        let bytes = pb::DistillFrame { kind: Some(Frame::Witness(reference(0, [7; 32]))) }.encode_to_vec();
         let mut sends = vec![];
         for _ in 0..2 {
             let before = node.status().signatures_verified;
@@ -1246,8 +1289,66 @@ mod tests {
             }
             sends.push((sent, node.status().signatures_verified - before));
         }
-        assert!(sends[0].0 > 0, "the first is submitted");
+        assert!(sends[0].0 > 0 && sends[0].1 == 1, "the first is verified and submitted: {:?}", sends[0]);
         assert_eq!(sends[1], (0, 0), "the replay: (frames sent, signatures verified)");
+    }
+
+    /// A replay is passed over only while the replica holds this server's request for the
+    /// reference (the replica retries it): once the request is lost (dropped after failing
+    /// in two views, say), a replay is verified and submitted anew. Once the reference is
+    /// ordered, its note goes.
+    #[test]
+    fn a_replayed_witness_is_submitted_again_once_its_request_is_lost() {
+        // Server 1, a backup: its request waits for the primary to propose it.
+        let (cfg, reference) = witnessing(1);
+        let mut node = Node::new(cfg).expect("a server");
+        let ctx = node.ctx_mut();
+        let mut server = Server::new(ctx);
+        let (r, me) = (reference(0, [7; 32]), ctx.me());
+        let noted = ((EdPublicKey([9; 32]), 0), 0, [7; 32]);
+        server.on_witness(ctx, 1, 5000, r.clone());
+        let (first, verified) = (server.submitted[&noted], ctx.counters.signatures_verified);
+        assert!(server.replica.holds_own(ctx, first));
+        server.on_witness(ctx, 1, 5000, r.clone());
+        assert_eq!(
+            (server.submitted[&noted], ctx.counters.signatures_verified),
+            (first, verified),
+            "held: passed over"
+        );
+        server.replica.withdraw(ctx, me, first);
+        assert!(!server.replica.holds_own(ctx, first), "the request lost");
+        server.on_witness(ctx, 1, 5000, r.clone());
+        let again = server.submitted[&noted];
+        assert!(again > first && server.replica.holds_own(ctx, again), "submitted anew");
+        assert_eq!(ctx.counters.signatures_verified, verified + 1, "verified anew");
+        let op = pb::DistillOp { kind: Some(Op::Reference(r)) }.encode_to_vec();
+        assert!(server.order(ctx, &op).is_some(), "ordered");
+        assert!(server.submitted.is_empty(), "its note gone");
+    }
+
+    /// References noted as submitted are at most `client_queue`, the oldest forgotten.
+    #[test]
+    fn references_noted_as_submitted_are_bounded() {
+        let (cfg, reference) = witnessing(1);
+        let cap = cfg.cluster.params.client_queue as usize;
+        let mut node = Node::new(cfg).expect("a server");
+        let ctx = node.ctx_mut();
+        let mut server = Server::new(ctx);
+        let root = |i: usize| {
+            let mut root = [0u8; 32];
+            root[..8].copy_from_slice(&(i as u64).to_le_bytes());
+            root
+        };
+        for i in 0..cap + 8 {
+            server.on_witness(ctx, 1, 5000, reference(0, root(i)));
+        }
+        let lane = (EdPublicKey([9; 32]), 0);
+        assert_eq!(server.submitted.len(), cap);
+        assert!(!server.submitted.contains_key(&(lane, 0, root(7))), "the oldest forgotten");
+        assert!(
+            server.submitted.contains_key(&(lane, 0, root(8)))
+                && server.submitted.contains_key(&(lane, 0, root(cap + 7)))
+        );
     }
 
     #[test]

@@ -30,10 +30,12 @@ impl OwnNumbers {
     /// any number an earlier run used and the group did not execute yet). Numbers are the
     /// submitter's to choose, so a faulty member may have had its own ordered up to the
     /// last: then none is left, and `op` is refused rather than numbered past `u64::MAX`.
-    pub(crate) fn submit(&mut self, ctx: &mut Ctx, now: Nanos, replica: &mut Replica, op: Bytes) {
-        if let Some(bundle) = self.send(ctx, replica, op) {
-            replica.take_together(ctx, now, vec![bundle]);
-        }
+    /// The request's number, unless refused.
+    pub(crate) fn submit(&mut self, ctx: &mut Ctx, now: Nanos, replica: &mut Replica, op: Bytes) -> Option<u64> {
+        let bundle = self.send(ctx, replica, op)?;
+        let number = bundle.first;
+        replica.take_together(ctx, now, vec![bundle]);
+        Some(number)
     }
 
     /// Numbers `op` as [`Self::submit`] does and sends it to the group's other replicas;

@@ -324,6 +324,12 @@ impl Replica {
         self.table.get(&ctx.me()).map_or(0, Executed::highest)
     }
 
+    /// Whether request `first` of this replica's own waits here to execute: not executed,
+    /// refused, nor dropped (after failing in two views).
+    pub fn holds_own(&self, ctx: &Ctx, first: u64) -> bool {
+        self.queues.get(&ctx.me()).is_some_and(|q| q.pending.contains_key(&first))
+    }
+
     /// Leases this replica's own request numbers below `lease`, durably before any is used.
     pub(super) fn lease_own(&mut self, ctx: &mut Ctx, lease: u64) {
         self.own_lease = lease;
