@@ -959,6 +959,14 @@ mod tests {
         Arc::new(Batch::new(ids.to_vec(), msgs, raise, None, stragglers).expect("a well-formed batch"))
     }
 
+    /// The broker identity made from `material`, and its hello to this server.
+    fn hello(server: &Server, ctx: &Ctx, material: u8, nonce: u64) -> (EdPublicKey, pb::BrokerHello) {
+        let identity = crate::crypto::EdSecretKey::from_key_material(server.servers.mode, &[material; 32]);
+        let broker = identity.public_key();
+        let msg = hello_statement(&server.servers.system_id, &broker.0, ctx.me(), nonce);
+        (broker, pb::BrokerHello { broker: broker.0.to_vec(), nonce, signature: identity.sign(&msg).0.to_vec() })
+    }
+
     #[test]
     fn deliveries_count_batches_stragglers_and_dedup_outcomes() {
         let cfg = generate_distill(&DistillSpec::new(1, 1, 4), [0; 32]).expect("configs").remove(0);
@@ -1046,24 +1054,17 @@ mod tests {
     #[test]
     fn an_address_keeps_an_identity_whose_verified_offer_is_held() {
         use crate::config::FIRST_BROKER;
-        use crate::crypto::EdSecretKey;
         let cfg = generate_distill(&DistillSpec::new(1, 1, 4), [0; 32]).expect("configs").remove(0);
         let mut node = Node::new(cfg).expect("a server");
         let ctx = node.ctx_mut();
         let mut server = Server::new(ctx);
-        let hello = |server: &Server, ctx: &Ctx, i: u8| {
-            let key = EdSecretKey::from_key_material(server.servers.mode, &[i; 32]);
-            let broker = key.public_key();
-            let msg = hello_statement(&server.servers.system_id, &broker.0, ctx.me(), 1);
-            (broker, pb::BrokerHello { broker: broker.0.to_vec(), nonce: 1, signature: key.sign(&msg).0.to_vec() })
-        };
-        let (first, h) = hello(&server, ctx, 1);
+        let (first, h) = hello(&server, ctx, 1, 1);
         server.on_hello(ctx, FIRST_BROKER, h);
         let b = batch(&[0], 0, &["m"], &[]);
         let offered =
             Offered { lane_seq: 0, root: b.root_t2(Server::per_leaf(ctx)), batch: b, verified: true, witness: None };
         server.offers.insert((first, 0), offered);
-        let (second, h) = hello(&server, ctx, 2);
+        let (second, h) = hello(&server, ctx, 2, 1);
         let refused = ctx.stats.refused;
         server.on_hello(ctx, FIRST_BROKER, h.clone());
         assert_eq!(ctx.stats.refused, refused + 1, "the switch is refused");
@@ -1142,18 +1143,11 @@ mod tests {
     #[test]
     fn a_reconnected_broker_gets_its_delivery_shards_again() {
         use crate::config::FIRST_BROKER;
-        use crate::crypto::EdSecretKey;
         let cfg = generate_distill(&DistillSpec::new(1, 1, 4), [0; 32]).expect("configs").remove(0);
         let mut node = Node::new(cfg).expect("a server");
         let ctx = node.ctx_mut();
         let mut server = Server::new(ctx);
         let per_leaf = Server::per_leaf(ctx);
-        let hello = |server: &Server, ctx: &Ctx, material: u8, nonce: u64| {
-            let identity = EdSecretKey::from_key_material(server.servers.mode, &[material; 32]);
-            let broker = identity.public_key();
-            let msg = hello_statement(&server.servers.system_id, &broker.0, ctx.me(), nonce);
-            (broker, pb::BrokerHello { broker: broker.0.to_vec(), nonce, signature: identity.sign(&msg).0.to_vec() })
-        };
         let (before, after) = (FIRST_BROKER, FIRST_BROKER + 1);
         let b = batch(&[0], 0, &["m"], &[]);
         let root = b.root_t2(per_leaf);
