@@ -33,10 +33,15 @@ const MAX_LEARNED: usize = 1 << 20;
 /// Clients remembered for a bad share, at most (the lowest ids are forgotten first).
 const MAX_SUSPECTS: usize = 1 << 16;
 
+/// Addresses answered for one submission, at most (the newest senders of it).
+const MAX_ANSWERED: usize = 4;
+
 /// A submission that passed the filter, and where to answer its client.
 #[derive(Clone)]
 struct Pooled {
-    from: NodeId,
+    /// The distinct addresses that sent it, newest first: its signature does not say
+    /// which is its client's, and a replay from elsewhere must not take the answers away.
+    to: Vec<NodeId>,
     seq: u64,
     msg: Vec<u8>,
     signature: EdSignature,
@@ -262,11 +267,13 @@ impl Broker {
         let (ok, checks) = verify_each(self.servers.mode, &items);
         ctx.counters.signatures_verified += checks;
         let mut ok = ok.into_iter();
-        let in_flight: BTreeMap<u64, u64> = self
+        // Each id in a batch: its lane and entry.
+        let in_flight: BTreeMap<u64, (usize, usize)> = self
             .lanes
             .iter()
-            .filter_map(|(_, b)| b.as_ref())
-            .flat_map(|b| b.entries.iter().map(|(id, p)| (*id, p.seq)))
+            .enumerate()
+            .filter_map(|(lane, (_, b))| Some((lane, b.as_ref()?)))
+            .flat_map(|(lane, b)| b.entries.iter().enumerate().map(move |(i, (id, _))| (*id, (lane, i))))
             .collect();
         for (from, at, s, sig, _, auth) in candidates {
             let good = ok.next().expect("one per candidate") & auth.as_ref().is_none_or(|_| ok.next() == Some(true));
@@ -283,11 +290,28 @@ impl Broker {
                 }
                 self.top = Some(r);
             }
-            if s.seq > self.top.as_ref().map_or(0, |t| t.height) || in_flight.get(&s.id) == Some(&s.seq) {
+            if s.seq > self.top.as_ref().map_or(0, |t| t.height) {
                 ctx.stats.refused += 1;
                 continue;
             }
-            self.pool.insert(s.id, Pooled { from, seq: s.seq, msg: s.msg, signature: EdSignature(sig.0) });
+            if let Some(&(lane, i)) = in_flight.get(&s.id) {
+                let (_, e) = &mut self.lanes[lane].1.as_mut().expect("in flight").entries[i];
+                if e.seq == s.seq {
+                    // Batched already; if it is the same submission, its delivery goes there too.
+                    if e.msg == s.msg {
+                        answer_also(&mut e.to, from);
+                    }
+                    ctx.stats.refused += 1;
+                    continue;
+                }
+            }
+            match self.pool.get_mut(&s.id) {
+                Some(e) if e.seq == s.seq && e.msg == s.msg => answer_also(&mut e.to, from),
+                _ => {
+                    let e = Pooled { to: vec![from], seq: s.seq, msg: s.msg, signature: EdSignature(sig.0) };
+                    self.pool.insert(s.id, e);
+                }
+            }
             self.pool_since.get_or_insert(at);
         }
     }
@@ -329,7 +353,9 @@ impl Broker {
         for (i, (_, e)) in entries.iter().enumerate() {
             let proof = batch.proof(&tree, per_leaf, i, &fate);
             let inc = pb::Inclusion { root: r1.to_vec(), raise, proof: Some(proof), top: self.top.clone() };
-            send_frame(ctx, e.from, Frame::Inclusion(inc));
+            for &to in &e.to {
+                send_frame(ctx, to, Frame::Inclusion(inc.clone()));
+            }
         }
         let deadline = now + p.reduction_timeout_ns;
         let lane_seq = self.lanes[lane].0;
@@ -655,7 +681,9 @@ impl Broker {
             let Fate::Seq(seq) = fates[i] else { continue };
             let proof = b.batch.proof(&tree, per_leaf, i, &fate);
             let delivery = pb::Delivery { record: Some(record.clone()), seq, proof: Some(proof) };
-            send_frame(ctx, e.from, Frame::Delivery(delivery));
+            for &to in &e.to {
+                send_frame(ctx, to, Frame::Delivery(delivery.clone()));
+            }
         }
         if self.top.as_ref().is_none_or(|t| t.height < d.height) {
             self.top = Some(record);
@@ -709,6 +737,14 @@ impl Broker {
             }
         }
     }
+}
+
+/// Adds `from` to a submission's addresses, newest first, forgetting the oldest beyond
+/// [`MAX_ANSWERED`].
+fn answer_also(to: &mut Vec<NodeId>, from: NodeId) {
+    to.retain(|&a| a != from);
+    to.insert(0, from);
+    to.truncate(MAX_ANSWERED);
 }
 
 /// Whether the sum of `shares` verifies under the sum of their clients' keys (every id
@@ -823,6 +859,8 @@ mod tests {
         keys: Vec<(EdSecretKey, BlsSecretKey)>,
         servers: Vec<BlsSecretKey>,
         root: Vec<u8>,
+        /// The addresses inclusion proofs went to.
+        included: Vec<NodeId>,
     }
 
     fn frame(kind: Frame) -> Vec<u8> {
@@ -863,7 +901,7 @@ mod tests {
                 drive(&mut node, 1, Input::Message { from: server, bytes: lanes });
             }
             let keys: Vec<_> = (0..CLIENTS).map(|id| generated_secrets(CryptoMode::Real, 4, id)).collect();
-            Reducing { node, sys, keys, servers, root: vec![] }
+            Reducing { node, sys, keys, servers, root: vec![], included: vec![] }
         }
 
         /// Every client submits at `seq`; the broker batches them and sends the root.
@@ -875,10 +913,7 @@ mod tests {
         /// submission again, from its own address, right after the client.
         fn submit_replayed(&mut self, seq: u64, replays: &[(u64, NodeId)]) {
             for id in 0..CLIENTS {
-                let msg = vec![id as u8, seq as u8];
-                let signature =
-                    self.keys[id as usize].0.sign(&broadcast_statement(&self.sys, id, seq, &msg)).0.to_vec();
-                let submit = frame(Frame::Submit(pb::Submit { id, seq, msg, signature, ..Default::default() }));
+                let submit = self.submission(id, seq);
                 let client = CLIENT_ADDRESS_BASE + id as u32;
                 let again = replays.iter().filter(|(r, _)| *r == id).map(|(_, from)| (*from, submit.clone()));
                 let sends: Vec<(NodeId, Vec<u8>)> = std::iter::once((client, submit.clone())).chain(again).collect();
@@ -889,11 +924,19 @@ mod tests {
             }
         }
 
+        /// Client `id`'s signed submission at `seq`, framed.
+        fn submission(&self, id: u64, seq: u64) -> Vec<u8> {
+            let msg = vec![id as u8, seq as u8];
+            let signature = self.keys[id as usize].0.sign(&broadcast_statement(&self.sys, id, seq, &msg)).0.to_vec();
+            frame(Frame::Submit(pb::Submit { id, seq, msg, signature, ..Default::default() }))
+        }
+
         fn take_inclusion(&mut self, from: NodeId, submit: Vec<u8>) {
             for o in drive(&mut self.node, 1, Input::Message { from, bytes: submit }) {
-                if let Output::Send { bytes, .. } = o
+                if let Output::Send { to, bytes } = o
                     && let Some(Frame::Inclusion(inc)) = pb::DistillFrame::decode(bytes.as_slice()).unwrap().kind
                 {
+                    self.included.push(to);
                     self.root = inc.root;
                 }
             }
@@ -1041,35 +1084,58 @@ mod tests {
         assert_eq!(kept, 1, "one faulty server left {kept} delivery shards in one lane");
     }
 
+    /// The addresses the broker sent a delivery to in `outs`.
+    fn delivered_to(outs: &[Output]) -> Vec<NodeId> {
+        outs.iter()
+            .filter_map(|o| match o {
+                Output::Send { to, bytes } => match pb::DistillFrame::decode(bytes.as_slice()).unwrap().kind {
+                    Some(Frame::Delivery(_)) => Some(*to),
+                    _ => None,
+                },
+                _ => None,
+            })
+            .collect()
+    }
+
     /// A Byzantine broker that got a client's submission sends it on to a correct broker
-    /// from its own address, right after the client's own copy (and may do so again and
+    /// from its own addresses, right after the client's own copy (and may do so again and
     /// again: the latest copy wins the pool). The correct broker must still answer the
     /// client: else the client never sees its delivery certificate, and its resubmissions
     /// to this broker meet the same replay, so it never completes.
     #[test]
-    #[ignore = "finding: a replayed submission takes the client's answers to the replayer's address"]
     fn a_submission_replayed_from_another_address_still_answers_its_client() {
-        const REPLAYER: NodeId = 999;
+        const REPLAYERS: [NodeId; 2] = [998, 999];
         let client = CLIENT_ADDRESS_BASE;
         let mut b = Reducing::ready();
-        b.submit_replayed(0, &[(0, REPLAYER)]);
-        // Client 0 saw no inclusion proof: the others reduce, it straggles.
+        let replays = [(0, REPLAYERS[0]), (0, REPLAYERS[1]), (0, REPLAYERS[0]), (0, REPLAYERS[1])];
+        b.submit_replayed(0, &replays);
+        assert!(b.included.contains(&client), "client 0's inclusion proof went to {:?}, not to it", b.included);
+        // Client 0 does not reduce: its entry straggles, with its own signature.
         let mut outs: Vec<Output> = (1..CLIENTS).flat_map(|id| b.reduce(id, id, false)).collect();
         outs.extend(drive(&mut b.node, 2 + REDUCTION_TIMEOUT, Input::Timeout));
         assert_eq!(offered_stragglers(&outs), Some(vec![0]));
-        let delivered_to = |outs: &[Output]| -> Vec<NodeId> {
-            outs.iter()
-                .filter_map(|o| match o {
-                    Output::Send { to, bytes } => match pb::DistillFrame::decode(bytes.as_slice()).unwrap().kind {
-                        Some(Frame::Delivery(_)) => Some(*to),
-                        _ => None,
-                    },
-                    _ => None,
-                })
-                .collect()
-        };
         let to = delivered_to(&b.deliver(&outs, 1));
         assert!(to.contains(&(client + 1)), "the other clients get their deliveries: {to:?}");
+        assert!(to.contains(&client), "client 0's delivery went to {to:?}, not to it");
+    }
+
+    /// The replayer's copy got there first and was batched; the client's own copy (its
+    /// resubmission) arrives while the batch is in flight: the delivery reaches it.
+    #[test]
+    fn a_submission_resent_while_batched_from_a_replay_gets_its_delivery() {
+        const REPLAYER: NodeId = 999;
+        let client = CLIENT_ADDRESS_BASE;
+        let mut b = Reducing::ready();
+        b.take_inclusion(REPLAYER, b.submission(0, 0));
+        for id in 1..CLIENTS {
+            b.take_inclusion(CLIENT_ADDRESS_BASE + id as u32, b.submission(id, 0));
+        }
+        assert!(!b.included.contains(&client), "batched before client 0's own copy came");
+        b.take_inclusion(client, b.submission(0, 0));
+        let mut outs: Vec<Output> = (1..CLIENTS).flat_map(|id| b.reduce(id, id, false)).collect();
+        outs.extend(drive(&mut b.node, 2 + REDUCTION_TIMEOUT, Input::Timeout));
+        assert_eq!(offered_stragglers(&outs), Some(vec![0]));
+        let to = delivered_to(&b.deliver(&outs, 1));
         assert!(to.contains(&client), "client 0's delivery went to {to:?}, not to it");
     }
 

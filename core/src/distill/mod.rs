@@ -17,13 +17,14 @@
 //! Only servers are cluster members sharing MAC keys. Brokers and clients are addressed
 //! by the `NodeId` their host gives them (a connection, a UDP source); a node reads their
 //! frames itself ([`crate::role::RoleMachine::on_unkeyed`]). What they send is signed:
-//! a client's id is inside its statements, so a broker answers a submission at the
-//! address it came from and never trusts an address for an id. A broker opens a session
-//! with each server by a signed hello (a nonce above its last); the server then takes
-//! that address's offers as the broker's, keyed by its Ed25519 identity (lanes belong to
-//! identities, not addresses). Hosts map their transport addresses to `NodeId`s outside
-//! the servers' ids. In the simulator and the tests, a generated client's address is
-//! [`CLIENT_ADDRESS_BASE`] + its directory id.
+//! a client's id is inside its statements, so a broker never trusts an address for an
+//! id. It answers a submission at every address that sent it (the few newest), so that
+//! a replay of it from elsewhere cannot take its client's answers away. A broker opens a
+//! session with each server by a signed hello (a nonce above its last); the server then
+//! takes that address's offers as the broker's, keyed by its Ed25519 identity (lanes
+//! belong to identities, not addresses). Hosts map their transport addresses to
+//! `NodeId`s outside the servers' ids. In the simulator and the tests, a generated
+//! client's address is [`CLIENT_ADDRESS_BASE`] + its directory id.
 //!
 //! # Safety and liveness (spec §6)
 //!
