@@ -46,6 +46,8 @@ pub(crate) struct Client {
     broker: usize,
     lo: u64,
     hi: u64,
+    /// The highest certified height record seen (of a delivery, or the top that
+    /// justified a raise signed): it justifies the next seq, which may reach hi.
     record: Option<pb::HeightRecord>,
     queue: VecDeque<(u64, Vec<u8>)>,
     current: Option<Current>,
@@ -203,6 +205,8 @@ impl Client {
         if inc.raise > self.hi {
             // Durable before the share leaves: a restart must not reuse a seq up to it.
             self.hi = inc.raise;
+            // Verified above (the raise is above 0): it justifies a next seq up to it.
+            self.keep_higher(inc.top);
             self.persist(ctx);
         }
         // Uncompressed: the client takes the square root the broker would.
@@ -231,9 +235,15 @@ impl Client {
         }
         let request = cur.request;
         let height = record.height;
-        self.record = Some(record.clone());
+        self.keep_higher(Some(record.clone()));
         self.last = Some((d.seq, sent));
-        self.lo = self.hi + 1;
+        // The next seq: at least every raise this message was signed at, so that a copy
+        // of it at a seq up to hi, ordered later, is nudged to d.seq until the next
+        // message is delivered and dropped after (that one's seq is at least hi); above
+        // the seq delivered (the next is not dropped) and its own (one message a seq).
+        // Not hi + 1: after a faulty broker's raise to its top and a lower delivery, that
+        // outruns every certified height, and no correct broker takes it.
+        self.lo = self.hi.max(d.seq.max(self.lo) + 1);
         self.hi = self.lo;
         self.current = None;
         // One record for the delivery and the next message, if one goes out.
@@ -244,6 +254,13 @@ impl Client {
             let mut result = height.to_le_bytes().to_vec();
             result.extend_from_slice(&d.seq.to_le_bytes());
             ctx.push(Output::Completed { request, result });
+        }
+    }
+
+    /// Keeps `record` if it is higher than the one kept.
+    fn keep_higher(&mut self, record: Option<pb::HeightRecord>) {
+        if record.as_ref().map(|r| r.height) > self.record.as_ref().map(|r| r.height) {
+            self.record = record;
         }
     }
 
@@ -404,12 +421,12 @@ mod tests {
 
     /// A faulty broker has the client sign its entry at a raise up to the highest height
     /// certified (50, say) and withholds the batch; a correct broker's older batch
-    /// delivers the message at height 40. The client's next message goes at seq 51: the
-    /// height record it carries must justify that seq, or every correct broker refuses it
-    /// (seq > top) until some batch is delivered at 51 or above, which, with no other
-    /// client sending, never happens.
+    /// delivers the message at height 40. The height record the client's next message
+    /// carries must justify its seq, or every correct broker refuses it (seq > top) until
+    /// some batch is delivered at that seq or above, which, with no other client sending,
+    /// never happens (as with seq 51 = raise + 1). That seq must still be at least the
+    /// raise, so that the withheld batch, ordered later, cannot deliver the message again.
     #[test]
-    #[ignore = "finding: after a faulty broker's raise, the next seq outruns every certified height"]
     fn a_clients_next_submission_is_justified_by_the_record_it_carries() {
         let configs = generate_distill(&DistillSpec::new(1, 2, 1), [3; 32]).unwrap();
         let servers: Vec<BlsSecretKey> = configs.iter().filter(|c| c.id < 4).map(|c| c.bls_secret.clone()).collect();
@@ -432,5 +449,6 @@ mod tests {
         let [(_, Frame::Submit(s))] = &sent[..] else { panic!("one submission: {sent:?}") };
         let height = s.record.as_ref().map_or(0, |r| r.height);
         assert!(s.seq <= height, "seq {} with a record at height {height}", s.seq);
+        assert!(s.seq >= 50, "seq {} below the raise signed at 50", s.seq);
     }
 }
