@@ -945,7 +945,7 @@ mod tests {
         /// f+1 servers certify the offered batch at `height` (as if witnessed and ordered),
         /// which frees its lane and lets clients go on to the next seq.
         fn deliver(&mut self, outs: &[Output], height: u64) -> Vec<Output> {
-            let offer = offer_in(&outs);
+            let offer = offer_in(outs);
             let mut sent = vec![];
             for server in 0..2 {
                 let msg = delivery_statement(&self.sys, height, &offer.root);
