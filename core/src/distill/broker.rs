@@ -294,11 +294,13 @@ impl Broker {
                 ctx.stats.refused += 1;
                 continue;
             }
+            // A correct client's seqs only grow: a submission below the one batched or
+            // pooled for its id is a replay, and must not displace that one.
             if let Some(&(lane, i)) = in_flight.get(&s.id) {
                 let (_, e) = &mut self.lanes[lane].1.as_mut().expect("in flight").entries[i];
-                if e.seq == s.seq {
+                if s.seq <= e.seq {
                     // Batched already; if it is the same submission, its delivery goes there too.
-                    if e.msg == s.msg {
+                    if (e.seq, &e.msg) == (s.seq, &s.msg) {
                         answer_also(&mut e.to, from);
                     }
                     ctx.stats.refused += 1;
@@ -307,6 +309,10 @@ impl Broker {
             }
             match self.pool.get_mut(&s.id) {
                 Some(e) if e.seq == s.seq && e.msg == s.msg => answer_also(&mut e.to, from),
+                Some(e) if s.seq < e.seq => {
+                    ctx.stats.refused += 1;
+                    continue;
+                }
                 _ => {
                     let e = Pooled { to: vec![from], seq: s.seq, msg: s.msg, signature: EdSignature(sig.0) };
                     self.pool.insert(s.id, e);
@@ -1137,6 +1143,26 @@ mod tests {
         assert_eq!(offered_stragglers(&outs), Some(vec![0]));
         let to = delivered_to(&b.deliver(&outs, 1));
         assert!(to.contains(&client), "client 0's delivery went to {to:?}, not to it");
+    }
+
+    /// A replayer re-sends a client's older submission (validly signed, seq within the
+    /// top) right after its current one: it must not displace the current one from the
+    /// pool, or it keeps the client's message out of every broker it replays to.
+    #[test]
+    fn an_older_submission_replayed_does_not_displace_the_current_one() {
+        const REPLAYER: NodeId = 999;
+        let client = CLIENT_ADDRESS_BASE;
+        let mut b = Reducing::new();
+        let outs: Vec<Output> = (0..CLIENTS).flat_map(|id| b.reduce(id, id, false)).collect();
+        b.deliver(&outs, 1);
+        b.included.clear();
+        b.take_inclusion(client, b.submission(0, 1));
+        b.take_inclusion(REPLAYER, b.submission(0, 0));
+        for id in 1..CLIENTS {
+            b.take_inclusion(CLIENT_ADDRESS_BASE + id as u32, b.submission(id, 1));
+        }
+        assert!(b.included.contains(&client), "client 0's inclusion proof went to {:?}, not to it", b.included);
+        assert!(!b.included.contains(&REPLAYER), "the older submission was batched: {:?}", b.included);
     }
 
     #[test]
