@@ -849,4 +849,105 @@ mod tests {
         replica.on_view_change(ctx, 0, 3, vc);
         assert_eq!(ctx.stats.stale, 1);
     }
+
+    /// f = 1. Slot 1 prepared D in view 0 at replicas 0 and 2 (and committed there, with
+    /// the faulty replica 3's votes); replica 1, primary of view 1, never got it. The
+    /// NEW-VIEW for view 1 chose D there, and 1 went to fetch it, but restarted before it
+    /// came. Back in view 1, it must not propose a batch of its own at slot 1: that vote,
+    /// reported in its next VIEW-CHANGE, contradicts D's claims, and with one made-up
+    /// vote of the faulty replica it settles slot 1 empty (or, with a made-up prepared
+    /// claim, binds another batch) though D committed.
+    #[test]
+    fn a_primary_restarted_while_fetching_a_chosen_batch_proposes_nothing_of_its_own_there() {
+        use crate::order::Bundle;
+        use crate::{ClusterSpec, Node, Output, crypto::CryptoMode, generate_cluster, wire::bodies_of};
+        let spec = ClusterSpec { crypto: CryptoMode::InsecureTest, ..ClusterSpec::pbft(1, 1) };
+        let cfgs = generate_cluster(&spec, [5; 32]).unwrap();
+        let mut client = Node::new(cfgs[4].clone()).unwrap();
+        let mut nodes: Vec<Node> = cfgs.iter().take(4).map(|c| Node::new(c.clone()).unwrap()).collect();
+        let mut replicas: Vec<Replica> = nodes.iter_mut().map(|n| Replica::new(n.ctx_mut())).collect();
+        let ids: Vec<NodeId> = (0..4).collect();
+        let mut bundle = |first: u64, op: &[u8]| {
+            let r = Bundle::seal(&client.ctx_mut().keys, &ids, first, 0, vec![bytes::Bytes::copy_from_slice(op)]);
+            Bundle::parse(r).unwrap()
+        };
+        // What a node sent (each body), and the records it persisted (at once).
+        let drain = |node: &mut Node, records: &mut Vec<Vec<u8>>| -> Vec<pb::body::Kind> {
+            let mut bodies = Vec::new();
+            while let Some(o) = node.poll() {
+                match o {
+                    Output::Send { bytes, .. } => bodies.extend(bodies_of(&bytes).unwrap()),
+                    Output::Persist { token, record } => {
+                        records.push(record);
+                        node.handle(0, crate::Input::Persisted { token }).unwrap()
+                    }
+                    _ => {}
+                }
+            }
+            bodies
+        };
+        let d = EncodedBatch::new(vec![Arc::new(bundle(1, b"d"))]);
+        for r in [0, 2] {
+            replicas[r].note_voted(1, 0, d.clone());
+            replicas[r].prepared.insert(1, (0, d.digest));
+        }
+        let (mut records, mut ignored) = (Vec::new(), Vec::new());
+        let mut view_changes = Vec::new();
+        for r in 0..3 {
+            replicas[r].start_view_change(nodes[r].ctx_mut(), 0, 1);
+            let out = if r == 1 { &mut records } else { &mut ignored };
+            view_changes.extend(drain(&mut nodes[r], out).into_iter().filter_map(|b| match b {
+                pb::body::Kind::ViewChange(vc) => Some((r as NodeId, *vc)),
+                _ => None,
+            }));
+        }
+        for (from, vc) in view_changes.into_iter().filter(|(from, _)| *from != 1) {
+            replicas[1].on_view_change(nodes[1].ctx_mut(), 0, from, vc);
+        }
+        drain(&mut nodes[1], &mut records);
+        assert_eq!((replicas[1].view, replicas[1].reproposed), (1, 1), "view 1 chose D at slot 1");
+        assert!(replicas[1].held_batch(1, &d.digest).is_none(), "replica 1 fetches D");
+
+        // Replica 1 restarts from its records, and a request comes in.
+        let mut node = Node::new(cfgs[1].clone()).unwrap();
+        let mut restarted = Replica::new(node.ctx_mut());
+        for record in &records {
+            restarted.recover(node.ctx_mut(), 0, record).unwrap();
+        }
+        assert_eq!((restarted.view, restarted.reproposed, restarted.changing.is_none()), (1, 1, true));
+        let x = bundle(2, b"x");
+        restarted.queue_requests(node.ctx_mut(), 0, x);
+        restarted.propose(node.ctx_mut(), 1 << 40);
+        let proposed: Vec<u64> = drain(&mut node, &mut Vec::new())
+            .into_iter()
+            .filter_map(|b| match b {
+                pb::body::Kind::PrePrepare(pp) => Some(pp.seq),
+                _ => None,
+            })
+            .collect();
+        let own: Vec<(u64, Digest)> =
+            restarted.voted.get(&1).into_iter().flatten().map(|v| (v.view, v.batch.digest)).collect();
+        // The VIEW-CHANGEs for view 2 of replicas 1 and 0 (which claims D), and the faulty
+        // replica 3's, which makes up a vote at slot 1 in view 1.
+        let view_change_claims = |replica: &mut Replica, node: &mut Node| {
+            replica.start_view_change(node.ctx_mut(), 1 << 40, 2);
+            let vc = drain(node, &mut Vec::new()).into_iter().find_map(|b| match b {
+                pb::body::Kind::ViewChange(vc) => Some(*vc),
+                _ => None,
+            });
+            replica.claims(node.ctx_mut(), &vc.expect("a VIEW-CHANGE")).expect("valid claims")
+        };
+        let faulty = Claims { voted: [(1, vec![(1, [7; 32])])].into_iter().collect(), ..Claims::default() };
+        let all = [
+            view_change_claims(&mut restarted, &mut node),
+            faulty,
+            view_change_claims(&mut replicas[0], &mut nodes[0]),
+        ];
+        let chosen = decide(&all.iter().collect::<Vec<_>>(), Quorums::new(4, 1)).map(|d| d.choices);
+        assert_ne!(chosen.and_then(|c| c.get(&1).copied()), Some(Choice::Empty), "D committed at slot 1");
+        assert!(
+            own.iter().all(|&(_, x)| x == d.digest) && proposed.iter().all(|&s| s > 1),
+            "replica 1 proposed at {proposed:?} and voted {own:?} at slot 1, which view 1 gave D"
+        );
+    }
 }
