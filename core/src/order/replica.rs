@@ -1133,6 +1133,11 @@ impl Replica {
                 self.changing = Some(view_change::Changing::new(v, now, ctx.cfg.cluster.params.request_timeout_ns));
             }
             Some(Record::Entered(e)) if e.view >= self.view => {
+                // The NEW-VIEW chose the slots up to `reproposed`: as primary, it proposes
+                // above them (even where it had not voted for the chosen batch yet), and
+                // from there (an earlier view's proposals are no more), as `enter_view` does.
+                let above = e.reproposed.max(self.low) + 1;
+                self.next_seq = if e.view > self.view { above } else { self.next_seq.max(above) };
                 self.view = e.view;
                 self.reproposed = e.reproposed;
                 self.durable_view = self.durable_view.max(e.view);
