@@ -191,6 +191,9 @@ pub(crate) struct Replica {
     view_changes: BTreeMap<NodeId, view_change::Received>,
     /// The NEW-VIEW this replica entered its view by, and the replicas it relayed it to.
     entered: Option<view_change::Entered>,
+    /// The highest view whose NEW-VIEW withdrew claims here: one for a view no higher is
+    /// not checked again (each costs 2f+1 signature checks).
+    withdrawn_through: u64,
     /// An application composed in the core (a distillation server's) rather than the
     /// host's: `Execute` and `Restore` wait here for it instead of going out, and
     /// replicas may submit requests of their own (its ops), which get no replies.
@@ -278,6 +281,7 @@ impl Replica {
             early: BTreeMap::new(),
             view_changes: BTreeMap::new(),
             entered: None,
+            withdrawn_through: 0,
             embedded: None,
             own_sent: BTreeMap::new(),
             outside: BTreeSet::new(),

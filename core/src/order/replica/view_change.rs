@@ -457,7 +457,8 @@ impl Replica {
     /// (any 2f+1 VIEW-CHANGEs for a view choose what committed before it).
     pub(super) fn on_new_view(&mut self, ctx: &mut Ctx, now: Nanos, from: NodeId, nv: pb::NewView) {
         let enters = from == primary(&self.replicas, nv.view) && nv.view >= self.durable_view;
-        let withdraws = self.prepared.range(self.low + 1..).any(|(_, &(v, _))| v < nv.view);
+        let withdraws =
+            nv.view > self.withdrawn_through && self.prepared.range(self.low + 1..).any(|(_, &(v, _))| v < nv.view);
         if nv.view <= self.view || !(enters || withdraws) {
             return ctx.stats.stale += 1;
         }
@@ -487,6 +488,7 @@ impl Replica {
     /// Withdraws the prepared claims a NEW-VIEW for `view` shows did not commit: a claim
     /// kept would only keep later view changes from settling its slot.
     fn withdraw_unchosen(&mut self, view: u64, decision: &Decision) {
+        self.withdrawn_through = self.withdrawn_through.max(view);
         self.prepared.retain(|&seq, &mut p| !decision.withdraws(view, seq, p));
     }
 
@@ -833,6 +835,12 @@ mod tests {
         replicas[3].on_new_view(nodes[3].ctx_mut(), 0, 0, relayed.clone());
         assert!(replicas[3].prepared.is_empty(), "replica 3 still claims {:?}", replicas[3].prepared);
         assert_eq!((replicas[3].view, replicas[3].changing.as_ref().map(|c| c.target)), (0, Some(2)));
+        // The same NEW-VIEW again is not checked again (a faulty replica could send it
+        // forever), even with a claim it would withdraw.
+        replicas[3].prepared.insert(2, (0, D));
+        let stale = nodes[3].ctx_mut().stats.stale;
+        replicas[3].on_new_view(nodes[3].ctx_mut(), 0, 0, relayed.clone());
+        assert_eq!((replicas[3].prepared.len(), nodes[3].ctx_mut().stats.stale), (1, stale + 1));
     }
 
     /// A stale VIEW-CHANGE's claims are read unverified (only to decide whether to relay
