@@ -2,15 +2,18 @@
 //! client or server runs the real role, and what it sends is rewritten here with its own
 //! keys (read from its configuration), so its lies are well-formed and signed.
 
+use std::collections::BTreeMap;
+
 use prost::Message;
 
+use crate::config::Role;
 use crate::crypto::{BlsSecretKey, EdSecretKey};
 use crate::distill::{
     self, Batch, broadcast_statement, delivery_statement, reduction_auth_statement, sign_up_statement,
 };
 use crate::wire::pb;
 use crate::wire::pb::distill_frame::Kind as Frame;
-use crate::{NodeConfig, NodeId};
+use crate::{Nanos, NodeConfig, NodeId};
 
 /// A lie a faulty node tells (each names the row of spec §7 or the issue it plays).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -33,6 +36,13 @@ pub enum Lie {
     ForgeOffers,
     /// Broker: sends every offer and witness again with the next one (replayed batches).
     Replay,
+    /// Broker: answers no client itself (no inclusion proof, no delivery), and sends each
+    /// client submission it gets on to the other brokers from its own address, followed
+    /// by the older ones it got from that client; it sends them all again and again while
+    /// the client may come back (a client's copy at a correct broker is soon followed by
+    /// the replay). A correct broker must answer the client still, and keep its current
+    /// submission over an older one.
+    ForwardSubmits,
     /// Client: a share that is not a signature of the root, with a valid auth.
     PoisonShare,
     /// Client: reductions in another client's name (its auth cannot verify).
@@ -51,13 +61,14 @@ pub enum Lie {
 }
 
 impl Lie {
-    pub const BROKER: [Lie; 6] = [
+    pub const BROKER: [Lie; 7] = [
         Lie::EquivocateRoots,
         Lie::InflateRaise,
         Lie::WithholdWitness,
         Lie::WithholdDeliveries,
         Lie::SplitOffers,
         Lie::Replay,
+        Lie::ForwardSubmits,
     ];
     pub const CLIENT: [Lie; 4] = [Lie::PoisonShare, Lie::SpoofReduction, Lie::InflateSeq, Lie::ReplaySubmits];
     pub const SERVER: [Lie; 2] = [Lie::BadWitnessShards, Lie::BadDeliveryShards];
@@ -67,9 +78,25 @@ impl Lie {
 #[derive(Default)]
 pub struct Liar {
     sent: Vec<(NodeId, Vec<u8>)>,
+    /// [`Lie::ForwardSubmits`]: the submissions heard, by client id.
+    heard: BTreeMap<u64, Heard>,
+    /// When it acts next of itself ([`Liar::wake`]).
+    wake_at: Option<Nanos>,
+}
+
+/// A client's submissions a [`Lie::ForwardSubmits`] broker heard, framed, the latest
+/// last, and until when it sends them again.
+#[derive(Default)]
+struct Heard {
+    frames: Vec<Vec<u8>>,
+    until: Nanos,
 }
 
 const REPLAY_KEPT: usize = 32;
+
+/// Submissions a [`Lie::ForwardSubmits`] broker keeps per client, and clients it keeps.
+const SUBMITS_KEPT: usize = 4;
+const CLIENTS_KEPT: usize = 64;
 
 /// The message [`Lie::ForgeOffers`] puts in a batch: no client ever signs it.
 pub const FORGED: &[u8] = b"forged by the broker";
@@ -92,7 +119,9 @@ impl Liar {
                 inc.raise = 1 << 40;
                 out.push((to, frame(Frame::Inclusion(inc))));
             }
-            (Lie::WithholdWitness, Frame::Witness(_)) | (Lie::WithholdDeliveries, Frame::Delivery(_)) => {}
+            (Lie::WithholdWitness, Frame::Witness(_))
+            | (Lie::WithholdDeliveries, Frame::Delivery(_))
+            | (Lie::ForwardSubmits, Frame::Inclusion(_) | Frame::Delivery(_)) => {}
             (Lie::SplitOffers, Frame::Offer(mut o)) if to % 2 == 1 => {
                 let p = &cfg.cluster.params;
                 let split =
@@ -178,12 +207,82 @@ impl Liar {
         out
     }
 
+    /// What node `cfg` sends, besides its own answers, on hearing `bytes` from `from` at
+    /// `now`.
+    pub fn heard(
+        &mut self,
+        lie: &Lie,
+        cfg: &NodeConfig,
+        now: Nanos,
+        from: NodeId,
+        bytes: &[u8],
+    ) -> Vec<(NodeId, Vec<u8>)> {
+        let brokers = other_brokers(cfg);
+        if *lie != Lie::ForwardSubmits || brokers.contains(&from) {
+            return vec![];
+        }
+        let Some(Frame::Submit(s)) = pb::DistillFrame::decode(bytes).ok().and_then(|f| f.kind) else {
+            return vec![];
+        };
+        // Until the client may have come back to it after trying every other broker.
+        let until = now + (brokers.len() as u64 + 2) * cfg.cluster.params.resubmit_timeout_ns;
+        let h = self.heard.entry(s.id).or_default();
+        h.frames.retain(|f| f != bytes);
+        h.frames.push(bytes.to_vec());
+        if h.frames.len() > SUBMITS_KEPT {
+            h.frames.remove(0);
+        }
+        h.until = until;
+        let out = forwarded(h, &brokers);
+        if self.heard.len() > CLIENTS_KEPT
+            && let Some(oldest) = self.heard.iter().min_by_key(|(_, h)| h.until).map(|(id, _)| *id)
+        {
+            self.heard.remove(&oldest);
+        }
+        self.wake_at.get_or_insert(now + replay_every(cfg));
+        out
+    }
+
+    /// When it acts next of itself: then the simulator calls [`Liar::wake`].
+    pub fn wake_at(&self) -> Option<Nanos> {
+        self.wake_at
+    }
+
+    /// What node `cfg` sends of itself at `now`, its [`Liar::wake_at`]: every submission
+    /// it heard again, of clients that may still come back.
+    pub fn wake(&mut self, cfg: &NodeConfig, now: Nanos) -> Vec<(NodeId, Vec<u8>)> {
+        if self.wake_at.is_none_or(|t| t > now) {
+            return vec![];
+        }
+        let brokers = other_brokers(cfg);
+        let live: Vec<&Heard> = self.heard.values().filter(|h| h.until > now).collect();
+        let out = live.iter().flat_map(|h| forwarded(h, &brokers)).collect();
+        self.wake_at = (!live.is_empty()).then(|| now + replay_every(cfg));
+        out
+    }
+
     fn remember(&mut self, to: NodeId, bytes: Vec<u8>) {
         self.sent.push((to, bytes));
         if self.sent.len() > REPLAY_KEPT {
             self.sent.remove(0);
         }
     }
+}
+
+/// The brokers of node `cfg`'s deployment but itself.
+fn other_brokers(cfg: &NodeConfig) -> Vec<NodeId> {
+    cfg.cluster.nodes.iter().filter(|n| n.role == Role::DistillBroker && n.id != cfg.id).map(|n| n.id).collect()
+}
+
+/// A client's submissions to every broker: the latest first, then the older ones.
+fn forwarded(h: &Heard, brokers: &[NodeId]) -> Vec<(NodeId, Vec<u8>)> {
+    brokers.iter().flat_map(|&b| h.frames.iter().rev().map(move |f| (b, f.clone()))).collect()
+}
+
+/// How often a [`Lie::ForwardSubmits`] broker sends its submissions again: well within
+/// the time a correct broker pools a submission before batching it.
+fn replay_every(cfg: &NodeConfig) -> Nanos {
+    (cfg.cluster.params.pool_timeout_ns / 4).max(1)
 }
 
 /// A client's keys from its configuration.

@@ -283,6 +283,19 @@ mod tests {
         assert_eq!(completed(b"ping", b"ping", true), vec![1, 1], "the same message twice");
     }
 
+    /// A faulty broker answers none of its clients and replays their submissions (the
+    /// older ones after the current) to the correct broker from its own address, again
+    /// and again: every correct client's messages are delivered and accepted all the same.
+    #[test]
+    fn clients_of_a_broker_replaying_their_submissions_complete_at_the_correct_one() {
+        for seed in 1..4 {
+            let s = Scenario { faults: vec![Fault::Broker(1, Lie::ForwardSubmits)], ..Scenario::new(seed, 1) };
+            if let Err(e) = s.run() {
+                panic!("{e}");
+            }
+        }
+    }
+
     /// A client that crashed with a message in flight, delivered meanwhile, sends the
     /// next after its restart: that one is delivered, and so is the same one again.
     #[test]

@@ -226,6 +226,12 @@ enum Event {
         nodes: Vec<NodeId>,
     },
     Heal,
+    /// A distillation liar acts of itself ([`distill_adversary::Liar::wake`]), if this is
+    /// still when it means to.
+    LieWake {
+        host: usize,
+        at: Nanos,
+    },
     /// A host stops taking input (SIGSTOP), and runs again (SIGCONT).
     Pause {
         host: usize,
@@ -565,7 +571,7 @@ impl Sim {
         let target = match &event {
             Event::Message { to, .. } => Some(*to),
             Event::Timer { host, .. } | Event::Requests { host, .. } | Event::Sync { host, .. } => Some(*host),
-            Event::Inject { host, .. } => Some(*host),
+            Event::Inject { host, .. } | Event::LieWake { host, .. } => Some(*host),
             _ => None,
         };
         if let Some(waiting) = target.and_then(|h| self.hosts[h].paused.as_mut()) {
@@ -582,6 +588,7 @@ impl Sim {
                     if matches!(h.behavior, Behavior::Replay) && h.seen.len() < SEEN_CAP {
                         h.seen.push((from, bytes.clone()));
                     }
+                    self.liar_acts(to, Some((from, &bytes)));
                     self.input(to, Input::Message { from, bytes });
                 }
             }
@@ -656,6 +663,11 @@ impl Sim {
             }
             Event::Isolate { nodes } => self.isolated = nodes,
             Event::Inject { host, left } => self.inject(host, left),
+            Event::LieWake { host, at } => {
+                if self.liars.get(&host).is_some_and(|(_, l)| l.wake_at() == Some(at)) {
+                    self.liar_acts(host, None);
+                }
+            }
             Event::Pause { host } => self.hosts[host].paused = Some(Vec::new()),
             Event::Continue { host } => {
                 let mut waiting = self.hosts[host].paused.take().unwrap_or_default();
@@ -858,6 +870,25 @@ impl Sim {
     /// Makes `host`, a distillation node, tell `lie` in what it sends.
     pub fn lie(&mut self, host: usize, lie: distill_adversary::Lie) {
         self.liars.insert(host, (lie, distill_adversary::Liar::default()));
+    }
+
+    /// What `host`, a distillation liar, sends besides its node's answers on hearing a
+    /// frame (or, `None`, when it wakes); a crashed liar wakes to send nothing.
+    fn liar_acts(&mut self, host: usize, heard: Option<(NodeId, &[u8])>) {
+        let Some((lie, liar)) = self.liars.get_mut(&host) else { return };
+        let (cfg, before) = (&self.hosts[host].config, liar.wake_at());
+        let frames = match heard {
+            Some((from, bytes)) => liar.heard(lie, cfg, self.now, from, bytes),
+            None => liar.wake(cfg, self.now),
+        };
+        if let Some(at) = liar.wake_at().filter(|at| heard.is_none() || before != Some(*at)) {
+            self.schedule(at, Event::LieWake { host, at });
+        }
+        if !self.hosts[host].crashed {
+            for (to, bytes) in frames {
+                self.send_as_is(host, to, bytes);
+            }
+        }
     }
 
     /// A send from `host`, through its adversary behaviour, onto the network.
