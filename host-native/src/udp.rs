@@ -9,9 +9,9 @@
 //!
 //! UDP adds no authentication and trusts nothing: the ids in the header only say whom to
 //! answer, and the core checks every frame (clients' signatures on submissions and
-//! shares, servers' certificates on deliveries). A broker learns a client's address from
-//! the datagrams that claim its id and answers its [`MAX_PER_ID`] newest addresses, so a
-//! stranger claiming the id cannot cut the client off. Malformed datagrams are dropped
+//! shares, servers' certificates on deliveries). A broker gives each (source address,
+//! claimed id) its own address id, which the core answers, so a stranger claiming a
+//! client's id cannot cut the client off. Malformed datagrams are dropped
 //! and counted (`phalanx_frames_dropped_total{reason="malformed"}`), and so are datagrams
 //! from a source address past its token bucket (`reason="rate_limited"`).
 //!
@@ -31,9 +31,10 @@ use std::time::Instant;
 use mio::net::UdpSocket;
 use mio::{Events, Interest, Poll, Token, Waker};
 use phalanx_core::NodeId;
+use phalanx_core::distill::CLIENT_ADDRESS_BASE;
 
 use crate::metrics::{DropReason, Metrics};
-use crate::net::{Divert, MAX_PER_ID, Received};
+use crate::net::{Divert, Received};
 
 pub const MAGIC: [u8; 4] = *b"PHU1";
 pub const HEADER: usize = 12;
@@ -49,7 +50,7 @@ const SOCKET_BUFFER: usize = 4 << 20;
 const SEND_BATCH: usize = 64;
 /// Most frames handed to the protocol thread in one message.
 const DELIVER_FRAMES: usize = 1024;
-/// Source addresses with a token bucket, and client ids with learned addresses, at most.
+/// Source addresses with a token bucket, and senders with address ids, at most.
 const MAX_TRACKED: usize = 1 << 20;
 const SOCKET: Token = Token(0);
 const WAKER: Token = Token(1);
@@ -443,35 +444,56 @@ impl Divert for UdpOutbox {
     }
 }
 
-/// Where peers reached over UDP are: fixed, or the newest addresses their datagrams came from.
+/// Where peers reached over UDP are. A fixed peer (a client's broker) is at its address.
+/// Any other sender is a (source address, claimed id) pair with an *address id* of its
+/// own, which the core sees as the frame's sender and answers: a stranger claiming a
+/// client's id is a sender of its own and cannot take the client's answers. (The core
+/// answers a submission at its newest few senders, so it bounds them, not this table.)
+/// A pair's address id is its claimed id while no other pair holds that, so a client
+/// seen from one address keeps its own id.
 struct Peers {
     fixed: BTreeMap<NodeId, SocketAddr>,
-    learned: HashMap<NodeId, VecDeque<SocketAddr>>,
+    ids: HashMap<(SocketAddr, NodeId), NodeId>,
+    routes: HashMap<NodeId, (SocketAddr, NodeId)>,
+    /// The next address id tried for a pair whose claimed id is held: counting down
+    /// through the clients' half of the ids, never reaching a server's.
+    next: NodeId,
 }
 
 impl Peers {
-    fn learn(&mut self, id: NodeId, addr: SocketAddr) {
-        if self.fixed.contains_key(&id) {
-            return;
-        }
-        if !self.learned.contains_key(&id) && self.learned.len() >= MAX_TRACKED {
-            // A client forgotten here is learned again from its next datagram.
-            let any = *self.learned.keys().next().expect("full");
-            self.learned.remove(&any);
-        }
-        let addrs = self.learned.entry(id).or_default();
-        if addrs.front() == Some(&addr) {
-            return;
-        }
-        addrs.retain(|a| *a != addr);
-        addrs.push_front(addr);
-        addrs.truncate(MAX_PER_ID);
+    fn new(fixed: BTreeMap<NodeId, SocketAddr>) -> Self {
+        Peers { fixed, ids: HashMap::new(), routes: HashMap::new(), next: NodeId::MAX }
     }
 
-    fn of(&self, id: NodeId) -> Vec<SocketAddr> {
-        match self.fixed.get(&id) {
-            Some(a) => vec![*a],
-            None => self.learned.get(&id).map(|a| a.iter().copied().collect()).unwrap_or_default(),
+    /// The address id of datagrams from `addr` claiming `claimed`.
+    fn sender(&mut self, claimed: NodeId, addr: SocketAddr) -> NodeId {
+        if self.fixed.contains_key(&claimed) {
+            return claimed;
+        }
+        if let Some(&id) = self.ids.get(&(addr, claimed)) {
+            return id;
+        }
+        if self.routes.len() >= MAX_TRACKED {
+            // A sender forgotten here gets an address id again from its next datagram.
+            let any = *self.routes.keys().next().expect("full");
+            let route = self.routes.remove(&any).expect("present");
+            self.ids.remove(&route);
+        }
+        let mut id = claimed;
+        while self.routes.contains_key(&id) || self.fixed.contains_key(&id) {
+            id = self.next;
+            self.next = if self.next > CLIENT_ADDRESS_BASE { self.next - 1 } else { NodeId::MAX };
+        }
+        self.ids.insert((addr, claimed), id);
+        self.routes.insert(id, (addr, claimed));
+        id
+    }
+
+    /// Where a frame for address id `to` goes, and the id its header names.
+    fn route(&self, to: NodeId) -> Option<(SocketAddr, NodeId)> {
+        match self.fixed.get(&to) {
+            Some(&addr) => Some((addr, to)),
+            None => self.routes.get(&to).copied(),
         }
     }
 }
@@ -534,7 +556,7 @@ impl<D: FnMut(Received) -> bool> UdpTransport<D> {
             poll,
             endpoint,
             outbox: outbox.clone(),
-            peers: Peers { fixed: cfg.fixed, learned: HashMap::new() },
+            peers: Peers::new(cfg.fixed),
             limiter: cfg.limit.map(|l| Limiter::new(l, MAX_TRACKED)),
             queue: VecDeque::new(),
             queued_bytes: 0,
@@ -625,10 +647,10 @@ impl<D: FnMut(Received) -> bool> UdpTransport<D> {
         if to != self.me || from == self.me || !self.known.contains(&from) {
             return self.metrics.dropped(DropReason::Malformed);
         }
-        self.peers.learn(from, addr);
         self.metrics.bytes_in(Some(from), datagram.len() as u64);
+        let sender = self.peers.sender(from, addr);
         datagram.drain(..HEADER);
-        self.received.push((from, datagram));
+        self.received.push((sender, datagram));
     }
 
     fn route(&mut self) {
@@ -638,24 +660,22 @@ impl<D: FnMut(Received) -> bool> UdpTransport<D> {
                 self.metrics.dropped(DropReason::Oversized);
                 continue;
             }
-            let addrs = self.peers.of(to);
-            if addrs.is_empty() {
+            let Some((addr, named)) = self.peers.route(to) else {
                 // A client not heard from: it resubmits, and is answered then.
                 self.metrics.dropped(DropReason::UnknownPeer);
+                continue;
+            };
+            if self.loss.drops() {
+                continue;
             }
-            for addr in addrs {
-                if self.loss.drops() {
-                    continue;
-                }
-                let out = Outgoing::new(addr, self.me, to, bytes.clone());
-                if self.queued_bytes + out.len() > self.send_queue_bytes {
-                    self.metrics.dropped(DropReason::SendQueueFull);
-                    continue;
-                }
-                self.metrics.bytes_out(to, out.len() as u64);
-                self.queued_bytes += out.len();
-                self.queue.push_back(out);
+            let out = Outgoing::new(addr, self.me, named, bytes);
+            if self.queued_bytes + out.len() > self.send_queue_bytes {
+                self.metrics.dropped(DropReason::SendQueueFull);
+                continue;
             }
+            self.metrics.bytes_out(named, out.len() as u64);
+            self.queued_bytes += out.len();
+            self.queue.push_back(out);
         }
         self.flush();
     }
@@ -776,15 +796,16 @@ mod tests {
         assert_eq!(frames, sent);
     }
 
-    /// A broker answers a client at the addresses that claimed its id. A stranger who
+    /// A broker answers a client at the address its submission came from. A stranger who
     /// knows only the id (ids are dense) and the broker's address sends a junk datagram
-    /// claiming it from each of a few ports of its own, after the client's submission: the
-    /// broker's answer (an inclusion proof, a delivery) must still reach the client.
+    /// claiming it from each of many ports of its own, after the client's submission: each
+    /// is a sender of its own, and the broker's answer (an inclusion proof, a delivery)
+    /// still reaches the client.
     #[test]
-    #[ignore = "finding: a stranger claiming a client's id from MAX_PER_ID ports cuts it off"]
     fn a_stranger_claiming_a_clients_id_from_many_ports_does_not_cut_it_off() {
         const BROKER: NodeId = 100;
         const CLIENT: NodeId = 1 << 31;
+        const STRANGERS: usize = 8;
         let local = |port| SocketAddr::from(([127, 0, 0, 1], port));
         let cfg = UdpConfig {
             me: BROKER,
@@ -796,22 +817,22 @@ mod tests {
             send_queue_bytes: 1 << 20,
             loss: 0.0,
         };
-        let got = Arc::new(Mutex::new(0usize));
-        let counted = got.clone();
+        let senders = Arc::new(Mutex::new(Vec::new()));
+        let seen = senders.clone();
         let deliver = move |r: Received| {
-            *counted.lock().unwrap() += r.len();
+            seen.lock().unwrap().extend(r.into_iter().map(|(from, _)| from));
             true
         };
         let metrics = Arc::new(Metrics::new(BROKER, &[]));
-        let (broker, outbox) = spawn(cfg, Box::new(|to| to == CLIENT), metrics, deliver, None).unwrap();
+        let (broker, outbox) = spawn(cfg, Box::new(|to| to != BROKER), metrics, deliver, None).unwrap();
         let client = std::net::UdpSocket::bind(local(0)).unwrap();
         client.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
         let datagram = |body: &[u8]| [&header(CLIENT, BROKER)[..], body].concat();
         client.send_to(&datagram(b"a submission"), broker).unwrap();
-        let strangers: Vec<_> = (0..MAX_PER_ID).map(|_| std::net::UdpSocket::bind(local(0)).unwrap()).collect();
+        let strangers: Vec<_> = (0..STRANGERS).map(|_| std::net::UdpSocket::bind(local(0)).unwrap()).collect();
         let wait_for = |n: usize| {
             let deadline = Instant::now() + Duration::from_secs(2);
-            while *got.lock().unwrap() < n && Instant::now() < deadline {
+            while senders.lock().unwrap().len() < n && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(2));
             }
         };
@@ -819,12 +840,50 @@ mod tests {
         for s in &strangers {
             s.send_to(&datagram(b"junk"), broker).unwrap();
         }
-        wait_for(1 + MAX_PER_ID);
-        outbox.take(&mut vec![(CLIENT, b"an inclusion proof".to_vec())]);
+        wait_for(1 + STRANGERS);
+        let senders = senders.lock().unwrap().clone();
+        assert_eq!(senders.len(), 1 + STRANGERS);
+        assert_eq!(senders[0], CLIENT, "a client alone at its id keeps it");
+        assert_eq!(senders.iter().collect::<BTreeSet<_>>().len(), senders.len(), "a sender per address");
+        // The core answers the client's submission at its sender, and a stranger's at its own.
+        outbox.take(&mut vec![(CLIENT, b"an inclusion proof".to_vec()), (senders[1], b"an answer".to_vec())]);
         let mut buf = [0u8; 256];
-        let answered = client.recv_from(&mut buf).is_ok_and(|(len, _)| parse(&buf[..len]).is_some());
+        let got = |socket: &std::net::UdpSocket, buf: &mut [u8]| {
+            socket.recv_from(buf).ok().and_then(|(len, _)| parse(&buf[..len]).map(|(f, t, b)| (f, t, b.to_vec())))
+        };
+        assert_eq!(got(&client, &mut buf), Some((BROKER, CLIENT, b"an inclusion proof".to_vec())));
+        let answered: Vec<_> = strangers
+            .iter()
+            .filter_map(|s| {
+                s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+                got(s, &mut buf)
+            })
+            .collect();
         outbox.shutdown();
-        assert!(answered, "the broker's answer went only to the strangers' ports");
+        // Named by the id it claimed: it reads as an answer to that id.
+        assert_eq!(answered, vec![(BROKER, CLIENT, b"an answer".to_vec())]);
+    }
+
+    #[test]
+    fn senders_get_address_ids_of_their_own_and_fixed_peers_keep_theirs() {
+        let addr = |port| SocketAddr::from(([127, 0, 0, 1], port));
+        let mut peers = Peers::new([(7, addr(7))].into_iter().collect());
+        assert_eq!(peers.sender(7, addr(99)), 7, "a fixed peer is itself from anywhere");
+        assert_eq!(peers.route(7), Some((addr(7), 7)));
+        assert_eq!(peers.sender(20, addr(1)), 20);
+        assert_eq!(peers.sender(20, addr(1)), 20, "stable");
+        let other = peers.sender(20, addr(2));
+        assert_ne!(other, 20);
+        // A client claiming the id taken by another's address gets one of its own.
+        let taken = peers.sender(other, addr(3));
+        assert!(![20, other, 7].contains(&taken));
+        assert_eq!(peers.route(20), Some((addr(1), 20)));
+        assert_eq!(peers.route(other), Some((addr(2), 20)));
+        assert_eq!(peers.route(taken), Some((addr(3), other)));
+        assert_eq!(peers.route(21), None);
+        // A stranger claiming a fixed peer's id from elsewhere gets no new route to it.
+        assert_eq!(peers.sender(7, addr(4)), 7);
+        assert_eq!(peers.route(7), Some((addr(7), 7)));
     }
 
     #[test]
