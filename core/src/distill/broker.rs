@@ -11,8 +11,8 @@ use super::batch::{Batch, Fate, Messages, Straggler};
 use super::directory::{Directory, ed_key};
 use super::{
     Rng, Servers, assign_statement, broadcast_auth_statement, broadcast_statement, delivery_statement, earliest,
-    hello_statement, open_frame, record_root, reduction_auth_statement, reduction_statement, send_frame, verify_record,
-    witness_statement,
+    hello_statement, open_frame, record_root, reduction_auth_statement, reduction_statement, send_frame, send_frame_to,
+    verify_record, witness_statement,
 };
 use crate::crypto::ed25519::{EdItem, verify_each};
 use crate::crypto::{
@@ -359,9 +359,7 @@ impl Broker {
         for (i, (_, e)) in entries.iter().enumerate() {
             let proof = batch.proof(&tree, per_leaf, i, &fate);
             let inc = pb::Inclusion { root: r1.to_vec(), raise, proof: Some(proof), top: self.top.clone() };
-            for &to in &e.to {
-                send_frame(ctx, to, Frame::Inclusion(inc.clone()));
-            }
+            send_frame_to(ctx, &e.to, Frame::Inclusion(inc));
         }
         let deadline = now + p.reduction_timeout_ns;
         let lane_seq = self.lanes[lane].0;
@@ -624,9 +622,7 @@ impl Broker {
             root: b.r2.to_vec(),
             witness: Some(witness),
         };
-        for &server in &self.servers.ids {
-            send_frame(ctx, server, Frame::Witness(r.clone()));
-        }
+        send_frame_to(ctx, &self.servers.ids, Frame::Witness(r.clone()));
         let deadline = now + ctx.cfg.cluster.params.witness_timeout_ns;
         b.stage = Stage::Certifying { deadline, witness: r };
     }
@@ -687,9 +683,7 @@ impl Broker {
             let Fate::Seq(seq) = fates[i] else { continue };
             let proof = b.batch.proof(&tree, per_leaf, i, &fate);
             let delivery = pb::Delivery { record: Some(record.clone()), seq, proof: Some(proof) };
-            for &to in &e.to {
-                send_frame(ctx, to, Frame::Delivery(delivery.clone()));
-            }
+            send_frame_to(ctx, &e.to, Frame::Delivery(delivery));
         }
         if self.top.as_ref().is_none_or(|t| t.height < d.height) {
             self.top = Some(record);
@@ -712,31 +706,29 @@ impl Broker {
                     // servers. Later, the servers without a shard get the offer again to
                     // verify (one may have lost it, or its shard been lost).
                     if pending.is_empty() {
-                        let batch = b.batch.to_pb();
-                        let without_shard =
-                            self.servers.ids.iter().enumerate().filter(|(i, _)| !shards.contains_key(i));
-                        for (_, &server) in without_shard {
-                            let offer = pb::Offer {
-                                lane: lane as u32,
-                                lane_seq: b.lane_seq,
-                                root: b.r2.to_vec(),
-                                batch: Some(batch.clone()),
-                                verify: true,
-                            };
-                            send_frame(ctx, server, Frame::Offer(offer));
-                        }
+                        let without_shard: Vec<NodeId> = self
+                            .servers
+                            .ids
+                            .iter()
+                            .enumerate()
+                            .filter_map(|(i, &server)| (!shards.contains_key(&i)).then_some(server))
+                            .collect();
+                        let offer = pb::Offer {
+                            lane: lane as u32,
+                            lane_seq: b.lane_seq,
+                            root: b.r2.to_vec(),
+                            batch: Some(b.batch.to_pb()),
+                            verify: true,
+                        };
+                        send_frame_to(ctx, &without_shard, Frame::Offer(offer));
                     } else {
                         let v = pb::VerifyOffer { lane: lane as u32, lane_seq: b.lane_seq, root: b.r2.to_vec() };
-                        for server in std::mem::take(pending) {
-                            send_frame(ctx, server, Frame::Verify(v.clone()));
-                        }
+                        send_frame_to(ctx, &std::mem::take(pending), Frame::Verify(v));
                     }
                     *deadline = now + ctx.cfg.cluster.params.witness_timeout_ns;
                 }
                 Stage::Certifying { deadline, witness: r } if *deadline <= now => {
-                    for &server in &self.servers.ids {
-                        send_frame(ctx, server, Frame::Witness(r.clone()));
-                    }
+                    send_frame_to(ctx, &self.servers.ids, Frame::Witness(r.clone()));
                     *deadline = now + ctx.cfg.cluster.params.witness_timeout_ns;
                 }
                 _ => {}

@@ -242,8 +242,17 @@ pub fn hello_statement(sys: &Digest, broker: &[u8], server: NodeId, nonce: u64) 
 
 /// Sends a frame to a broker or client (no cluster MAC: its contents are signed).
 pub(crate) fn send_frame(ctx: &mut Ctx, to: NodeId, kind: pb::distill_frame::Kind) {
+    send_frame_to(ctx, &[to], kind);
+}
+
+/// Sends one frame to each of `to`, in order: encoded once, not once per address.
+pub(crate) fn send_frame_to(ctx: &mut Ctx, to: &[NodeId], kind: pb::distill_frame::Kind) {
+    let Some((&last, rest)) = to.split_last() else { return };
     let bytes = pb::DistillFrame { kind: Some(kind) }.encode_to_vec();
-    ctx.push(Output::Send { to, bytes });
+    for &to in rest {
+        ctx.push(Output::Send { to, bytes: bytes.clone() });
+    }
+    ctx.push(Output::Send { to: last, bytes });
 }
 
 /// A frame from a broker or client: `None` (and a fault) if oversized or malformed.
