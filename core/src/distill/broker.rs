@@ -33,7 +33,9 @@ const MAX_LEARNED: usize = 1 << 20;
 /// Clients remembered for a bad share, at most (the lowest ids are forgotten first).
 const MAX_SUSPECTS: usize = 1 << 16;
 
-/// Addresses answered for one submission, at most (the newest senders of it).
+/// Addresses answered for one submission, at most (the newest senders of it). Hosts rely
+/// on this bound: phalanxd's UDP host gives each (source address, claimed id) its own
+/// address id and bounds no client's addresses itself.
 const MAX_ANSWERED: usize = 4;
 
 /// A submission that passed the filter, and where to answer its client.
