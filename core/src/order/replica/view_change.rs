@@ -643,6 +643,7 @@ impl Replica {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{ClusterSpec, Node, NodeConfig, Output, crypto::CryptoMode, generate_cluster, wire::bodies_of};
 
     const A: Digest = [1; 32];
     const B: Digest = [2; 32];
@@ -666,6 +667,33 @@ mod tests {
     fn choices(all: &[Claims], f: usize) -> Option<Vec<(u64, Choice)>> {
         let refs: Vec<&Claims> = all.iter().collect();
         decide(&refs, Quorums::new(3 * f + 1, f)).map(|d| d.choices.into_iter().collect())
+    }
+
+    /// A cluster of four replicas (f = 1) and a client: the configurations, and the
+    /// replicas' nodes with a `Replica` each.
+    fn cluster() -> (Vec<NodeConfig>, Vec<Node>, Vec<Replica>) {
+        let spec = ClusterSpec { crypto: CryptoMode::InsecureTest, ..ClusterSpec::pbft(1, 1) };
+        let cfgs = generate_cluster(&spec, [5; 32]).unwrap();
+        let mut nodes: Vec<Node> = cfgs.iter().take(4).map(|c| Node::new(c.clone()).unwrap()).collect();
+        let replicas = nodes.iter_mut().map(|n| Replica::new(n.ctx_mut())).collect();
+        (cfgs, nodes, replicas)
+    }
+
+    /// What a node sent (each body, with its addressee), and the records it persisted
+    /// (at once).
+    fn drain(node: &mut Node, records: &mut Vec<Vec<u8>>) -> Vec<(NodeId, pb::body::Kind)> {
+        let mut bodies = Vec::new();
+        while let Some(o) = node.poll() {
+            match o {
+                Output::Send { to, bytes } => bodies.extend(bodies_of(&bytes).unwrap().into_iter().map(|b| (to, b))),
+                Output::Persist { token, record } => {
+                    records.push(record);
+                    node.handle(0, crate::Input::Persisted { token }).unwrap()
+                }
+                _ => {}
+            }
+        }
+        bodies
     }
 
     /// f = 1. In view 1 the primary (replica 0) sent A to replicas 1 and 2 and B to 3; 1
@@ -756,12 +784,8 @@ mod tests {
     /// another batch, or left open above every claim), and keeps the one it chose.
     #[test]
     fn entering_a_view_withdraws_the_prepared_claims_it_did_not_choose() {
-        use crate::{ClusterSpec, Node, crypto::CryptoMode, generate_cluster};
-        let spec = ClusterSpec { crypto: CryptoMode::InsecureTest, ..ClusterSpec::pbft(1, 1) };
-        let cfg = generate_cluster(&spec, [5; 32]).unwrap().remove(1);
-        let mut node = Node::new(cfg).unwrap();
-        let ctx = node.ctx_mut();
-        let mut replica = Replica::new(ctx);
+        let (_, mut nodes, mut replicas) = cluster();
+        let (ctx, mut replica) = (nodes[1].ctx_mut(), replicas.remove(1));
         for (seq, d) in [(5, A), (6, A), (7, B), (8, A)] {
             replica.prepared.insert(seq, (1, d));
         }
@@ -777,26 +801,9 @@ mod tests {
     /// (not entering view 1, which it left already, from a replica not its primary).
     #[test]
     fn a_replica_that_missed_a_new_view_withdraws_the_claims_it_did_not_choose() {
-        use crate::{ClusterSpec, Node, Output, crypto::CryptoMode, generate_cluster, wire::bodies_of};
         const D: Digest = [9; 32];
-        let spec = ClusterSpec { crypto: CryptoMode::InsecureTest, ..ClusterSpec::pbft(1, 1) };
-        let mut nodes: Vec<Node> =
-            generate_cluster(&spec, [5; 32]).unwrap().into_iter().take(4).map(|c| Node::new(c).unwrap()).collect();
-        let mut replicas: Vec<Replica> = nodes.iter_mut().map(|n| Replica::new(n.ctx_mut())).collect();
-        // What a node sent (each body, with its addressee), its records persisted at once.
-        let sent = |node: &mut Node| -> Vec<(NodeId, pb::body::Kind)> {
-            let mut bodies = Vec::new();
-            while let Some(o) = node.poll() {
-                match o {
-                    Output::Send { to, bytes } => {
-                        bodies.extend(bodies_of(&bytes).unwrap().into_iter().map(|b| (to, b)))
-                    }
-                    Output::Persist { token, .. } => node.handle(0, crate::Input::Persisted { token }).unwrap(),
-                    _ => {}
-                }
-            }
-            bodies
-        };
+        let (_, mut nodes, mut replicas) = cluster();
+        let sent = |node: &mut Node| drain(node, &mut Vec::new());
         replicas[3].prepared.insert(1, (0, D));
         let mut view_changes = Vec::new();
         for r in 0..3 {
@@ -847,11 +854,8 @@ mod tests {
     /// to its sender): a stable checkpoint at the last seq is no overflow.
     #[test]
     fn a_stale_view_change_with_any_stable_seq_is_read_safely() {
-        use crate::{ClusterSpec, Node, crypto::CryptoMode, generate_cluster};
-        let spec = ClusterSpec { crypto: CryptoMode::InsecureTest, ..ClusterSpec::pbft(1, 1) };
-        let mut node = Node::new(generate_cluster(&spec, [5; 32]).unwrap().remove(0)).unwrap();
-        let ctx = node.ctx_mut();
-        let mut replica = Replica::new(ctx);
+        let (_, mut nodes, mut replicas) = cluster();
+        let (ctx, replica) = (nodes[0].ctx_mut(), &mut replicas[0]);
         replica.view = 1;
         let vc = pb::ViewChange { view: 1, stable: stable(u64::MAX), ..Default::default() };
         replica.on_view_change(ctx, 0, 3, vc);
@@ -868,31 +872,12 @@ mod tests {
     #[test]
     fn a_primary_restarted_while_fetching_a_chosen_batch_proposes_nothing_of_its_own_there() {
         use crate::order::Bundle;
-        use crate::{ClusterSpec, Node, Output, crypto::CryptoMode, generate_cluster, wire::bodies_of};
-        let spec = ClusterSpec { crypto: CryptoMode::InsecureTest, ..ClusterSpec::pbft(1, 1) };
-        let cfgs = generate_cluster(&spec, [5; 32]).unwrap();
+        let (cfgs, mut nodes, mut replicas) = cluster();
         let mut client = Node::new(cfgs[4].clone()).unwrap();
-        let mut nodes: Vec<Node> = cfgs.iter().take(4).map(|c| Node::new(c.clone()).unwrap()).collect();
-        let mut replicas: Vec<Replica> = nodes.iter_mut().map(|n| Replica::new(n.ctx_mut())).collect();
         let ids: Vec<NodeId> = (0..4).collect();
         let mut bundle = |first: u64, op: &[u8]| {
             let r = Bundle::seal(&client.ctx_mut().keys, &ids, first, 0, vec![bytes::Bytes::copy_from_slice(op)]);
             Bundle::parse(r).unwrap()
-        };
-        // What a node sent (each body), and the records it persisted (at once).
-        let drain = |node: &mut Node, records: &mut Vec<Vec<u8>>| -> Vec<pb::body::Kind> {
-            let mut bodies = Vec::new();
-            while let Some(o) = node.poll() {
-                match o {
-                    Output::Send { bytes, .. } => bodies.extend(bodies_of(&bytes).unwrap()),
-                    Output::Persist { token, record } => {
-                        records.push(record);
-                        node.handle(0, crate::Input::Persisted { token }).unwrap()
-                    }
-                    _ => {}
-                }
-            }
-            bodies
         };
         let d = EncodedBatch::new(vec![Arc::new(bundle(1, b"d"))]);
         for r in [0, 2] {
@@ -904,7 +889,7 @@ mod tests {
         for r in 0..3 {
             replicas[r].start_view_change(nodes[r].ctx_mut(), 0, 1);
             let out = if r == 1 { &mut records } else { &mut ignored };
-            view_changes.extend(drain(&mut nodes[r], out).into_iter().filter_map(|b| match b {
+            view_changes.extend(drain(&mut nodes[r], out).into_iter().filter_map(|(_, b)| match b {
                 pb::body::Kind::ViewChange(vc) => Some((r as NodeId, *vc)),
                 _ => None,
             }));
@@ -928,7 +913,7 @@ mod tests {
         restarted.propose(node.ctx_mut(), 1 << 40);
         let proposed: Vec<u64> = drain(&mut node, &mut Vec::new())
             .into_iter()
-            .filter_map(|b| match b {
+            .filter_map(|(_, b)| match b {
                 pb::body::Kind::PrePrepare(pp) => Some(pp.seq),
                 _ => None,
             })
@@ -939,7 +924,7 @@ mod tests {
         // replica 3's, which makes up a vote at slot 1 in view 1.
         let view_change_claims = |replica: &mut Replica, node: &mut Node| {
             replica.start_view_change(node.ctx_mut(), 1 << 40, 2);
-            let vc = drain(node, &mut Vec::new()).into_iter().find_map(|b| match b {
+            let vc = drain(node, &mut Vec::new()).into_iter().find_map(|(_, b)| match b {
                 pb::body::Kind::ViewChange(vc) => Some(*vc),
                 _ => None,
             });
