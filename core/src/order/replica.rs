@@ -715,10 +715,16 @@ impl Replica {
     /// votes for the batch (the PRE-PREPARE and backups' PREPAREs), one of them by a
     /// correct replica that authenticated every request itself (a faulty client may have
     /// sent this replica other bytes, or none, and the others a copy whose authenticator
-    /// fails here). A
-    /// batch no correct primary cuts (overlapping requests, beyond the caps) is refused as
-    /// the primary's fault.
+    /// fails here). A batch no correct primary cuts (overlapping requests, beyond the
+    /// caps) is refused as the primary's fault.
+    ///
+    /// While changing views nothing is accepted: the VIEW-CHANGE told what this replica
+    /// voted for in the old view, and a vote after it, untold, could help a batch commit
+    /// that the new view does not choose. A NEW-VIEW drops what is parked.
     fn unpark(&mut self, ctx: &mut Ctx, now: Nanos) {
+        if self.changing.is_some() {
+            return;
+        }
         let primary = primary(&self.replicas, self.view);
         let mut ready = Vec::new();
         for (&seq, parked) in &mut self.parked {

@@ -862,6 +862,45 @@ mod tests {
         assert_eq!(ctx.stats.stale, 1);
     }
 
+    /// A backup parked a PRE-PREPARE of view 0 (its request's authenticator failed here)
+    /// and then started changing to view 1. The client's own copy of the request arrives,
+    /// and a PREPARE for the slot: the backup takes no part in view 0 any more (its
+    /// VIEW-CHANGE told what it voted for there), so it neither votes nor prepares.
+    #[test]
+    fn a_replica_changing_views_does_not_vote_for_a_batch_it_parked_in_the_old_view() {
+        use crate::order::Bundle;
+        let (cfgs, mut nodes, mut replicas) = cluster();
+        let mut client = Node::new(cfgs[4].clone()).unwrap();
+        let ids: Vec<NodeId> = (0..4).collect();
+        let r = Bundle::seal(&client.ctx_mut().keys, &ids, 1, 0, vec![bytes::Bytes::from_static(b"op")]);
+        let request = Bundle::parse(r).unwrap();
+        let batch = EncodedBatch::new(vec![Arc::new(request.clone())]);
+        let parked = super::super::Parked {
+            seen_at: 0,
+            view: 0,
+            encoded: batch.encoded.clone(),
+            digest: batch.digest,
+            requests: vec![Err(request.clone())],
+        };
+        let (ctx, backup) = (nodes[3].ctx_mut(), &mut replicas[3]);
+        backup.parked.insert(1, parked);
+        backup.start_view_change(ctx, 0, 1);
+        drain(&mut nodes[3], &mut Vec::new());
+
+        let (ctx, backup) = (nodes[3].ctx_mut(), &mut replicas[3]);
+        backup.queue_requests(ctx, 0, request);
+        for from in [0, 1, 2] {
+            backup.on_prepare(ctx, 0, from, pb::Vote { view: 0, seq: 1, digest: batch.digest.to_vec() });
+        }
+        let mut records = Vec::new();
+        let votes: Vec<_> = drain(&mut nodes[3], &mut records)
+            .into_iter()
+            .filter(|(_, b)| matches!(b, pb::body::Kind::Prepare(_) | pb::body::Kind::Commit(_)))
+            .collect();
+        assert!(votes.is_empty() && records.is_empty(), "voted in view 0 while changing: {votes:?}");
+        assert!(replicas[3].voted.is_empty() && replicas[3].prepared.is_empty());
+    }
+
     /// f = 1. Slot 1 prepared D in view 0 at replicas 0 and 2 (and committed there, with
     /// the faulty replica 3's votes); replica 1, primary of view 1, never got it. The
     /// NEW-VIEW for view 1 chose D there, and 1 went to fetch it, but restarted before it
