@@ -111,6 +111,10 @@ impl KeptDeliveries {
         self.by_lane.get(key).map(|(_, shard)| shard)
     }
 
+    fn len(&self) -> usize {
+        self.by_lane.len()
+    }
+
     /// Keeps `shard` as `key`'s last, in place of the one before; then forgets the oldest
     /// (never this one) while more than `max_shards`, or `max_amendments`, are kept.
     fn keep(&mut self, key: LaneKey, shard: pb::DeliveryShard, max_shards: usize, max_amendments: usize) {
@@ -940,7 +944,13 @@ impl RoleMachine for Server {
     }
 
     fn live_instances(&self) -> usize {
-        self.replica.live_instances() + self.offers.len() + self.store.len() + self.queue.len() + self.sign_ups.len()
+        let kept = self.last_shards.len() + self.last_deliveries.len() + self.submitted.len();
+        self.replica.live_instances()
+            + self.offers.len()
+            + self.store.len()
+            + self.queue.len()
+            + self.sign_ups.len()
+            + kept
     }
 }
 
