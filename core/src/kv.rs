@@ -343,6 +343,25 @@ impl Kv {
     }
 }
 
+impl Application for Kv {
+    fn execute(&mut self, _seq: u64, ops: &[Operation]) -> Vec<Vec<u8>> {
+        ops.iter().map(|o| Kv::execute(self, &o.op)).collect()
+    }
+
+    fn snapshot(&self) -> Vec<u8> {
+        Kv::snapshot(self)
+    }
+
+    fn restore(&mut self, _seq: u64, snapshot: &[u8]) -> Result<(), String> {
+        *self = Kv::restore(snapshot)?;
+        Ok(())
+    }
+
+    fn query(&self, op: &[u8]) -> Option<Vec<u8>> {
+        Some(Kv::query(self, op))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -500,24 +519,5 @@ mod tests {
             field(&mut dup, b"1");
         }
         assert!(Kv::restore(&dup).is_err());
-    }
-}
-
-impl Application for Kv {
-    fn execute(&mut self, _seq: u64, ops: &[Operation]) -> Vec<Vec<u8>> {
-        ops.iter().map(|o| Kv::execute(self, &o.op)).collect()
-    }
-
-    fn snapshot(&self) -> Vec<u8> {
-        Kv::snapshot(self)
-    }
-
-    fn restore(&mut self, _seq: u64, snapshot: &[u8]) -> Result<(), String> {
-        *self = Kv::restore(snapshot)?;
-        Ok(())
-    }
-
-    fn query(&self, op: &[u8]) -> Option<Vec<u8>> {
-        Some(Kv::query(self, op))
     }
 }

@@ -343,10 +343,13 @@ struct ClusterToml {
     member: Vec<ReplicaToml>,
 }
 
+/// A protocol's replica and client tables.
+type Members<'a> = (&'a [ReplicaToml], &'a [ClientToml]);
+
 impl ClusterToml {
     /// The replica and client tables of `protocol`, by their role names; an error names a
     /// table of another protocol's roles.
-    fn members(&self, protocol: Protocol) -> Result<(&[ReplicaToml], &[ClientToml]), (String, String)> {
+    fn members(&self, protocol: Protocol) -> Result<Members<'_>, (String, String)> {
         // Distillation's servers are PBFT replicas; its brokers are read by
         // `distill_brokers`, its clients come from the generated directory.
         let (replicas, clients, own): (_, _, &[&str]) = match protocol {

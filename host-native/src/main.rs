@@ -334,8 +334,9 @@ const EXIT_ADDRESS_IN_USE: u8 = local_cluster::EXIT_ADDRESS_IN_USE;
 /// Why a command failed; each kind has its exit status (the README lists them; clap's
 /// usage errors exit with 2).
 enum Failure {
-    /// 1. For `client`: the operation was not sent (bad arguments or configuration, a
-    /// request the client refused, or nothing reached any replica before the timeout).
+    /// Exit status 1. For `client`: the operation was not sent (bad arguments or
+    /// configuration, a request the client refused, or nothing reached any replica
+    /// before the timeout).
     Failed(String),
     /// [`EXIT_OUTCOME_UNKNOWN`].
     OutcomeUnknown(String),

@@ -290,10 +290,10 @@ mod batch {
 #[cfg(not(target_os = "linux"))]
 use portable as batch;
 
-/// Elsewhere (and in Linux tests, so it is exercised here too).
 #[cfg(any(not(target_os = "linux"), test))]
 mod portable {
-    //! One datagram per system call.
+    //! One datagram per system call: elsewhere (and in Linux tests, so it is exercised
+    //! here too).
     use std::io;
     use std::net::SocketAddr;
 

@@ -109,6 +109,10 @@ fn machine() {
     );
 }
 
+/// What the broker has for each (lane, lane_seq): the witness shards that came, as
+/// (server, signature), until f+1 make the certificate, then (9, the encoded reference).
+type Shards = BTreeMap<(u32, u64), Vec<(usize, Vec<u8>)>>;
+
 /// Four servers (f = 1) and a load broker.
 struct Servers {
     nodes: Vec<Node>,
@@ -116,7 +120,7 @@ struct Servers {
     ingress: Vec<u64>,
     delivered: Vec<u64>,
     queue: VecDeque<(NodeId, NodeId, Vec<u8>)>,
-    shards: BTreeMap<(u32, u64), Vec<(usize, Vec<u8>)>>,
+    shards: Shards,
     now: u64,
 }
 
@@ -145,7 +149,7 @@ impl Servers {
         loop {
             while let Some((from, to, bytes)) = self.queue.pop_front() {
                 if to == BROKER {
-                    self.to_broker(from as usize, bytes);
+                    self.deliver_to_broker(from as usize, bytes);
                 } else {
                     self.ingress[to as usize] += bytes.len() as u64;
                     self.step(to as usize, Input::Message { from, bytes });
@@ -164,7 +168,7 @@ impl Servers {
         }
     }
 
-    fn to_broker(&mut self, server: usize, bytes: Vec<u8>) {
+    fn deliver_to_broker(&mut self, server: usize, bytes: Vec<u8>) {
         if let Some(Frame::WitnessShard(w)) = pb::DistillFrame::decode(bytes.as_slice()).ok().and_then(|f| f.kind) {
             let got = self.shards.entry((w.lane, w.lane_seq)).or_default();
             got.push((server, w.signature));

@@ -43,9 +43,11 @@ fn pubsub_with_histories_survives_adversarial_seeds() {
 /// Seeds the long offline sweep found failing, beyond the CI budget: each reruns here.
 /// AB f=1 seed 8571: a broker altering a lying publisher's publication numbered u64::MAX
 /// overflowed in the adversary's own seq + 1.
+const FOUND: &[(Protocol, u32, u64)] = &[(Protocol::Ab, 1, 8571)];
+
 #[test]
 fn seeds_the_offline_sweep_found() {
-    for (protocol, f, seed) in [(Protocol::Ab, 1, 8571)] {
+    for &(protocol, f, seed) in FOUND {
         let result = sweep(protocol, f, seed..seed + 1, 25);
         assert!(result.failures.is_empty(), "{}", result.failures.join("\n"));
     }

@@ -221,7 +221,7 @@ pub fn fold(mut hash: Digest, mut index: usize, mut leaves: usize, siblings: &[D
         let sibling = index ^ 1;
         if sibling < leaves {
             let s = siblings.next()?;
-            hash = if index % 2 == 0 { node_hash(&hash, s) } else { node_hash(s, &hash) };
+            hash = if index.is_multiple_of(2) { node_hash(&hash, s) } else { node_hash(s, &hash) };
         }
         index /= 2;
         leaves = leaves.div_ceil(2);
@@ -261,20 +261,20 @@ mod tests {
             let tree = Tree::new(ls.clone());
             assert_eq!(tree.root(), rfc6962(&ls), "{n}");
             assert_eq!(root_in_place(&mut ls.clone()), Some(tree.root()));
-            for i in 0..n {
+            for (i, &leaf) in ls.iter().enumerate() {
                 let path = tree.siblings(i);
-                assert_eq!(fold(ls[i], i, n, &path), Some(tree.root()), "{n} {i}");
+                assert_eq!(fold(leaf, i, n, &path), Some(tree.root()), "{n} {i}");
                 // A wrong position, a missing or an extra sibling, a flipped bit: no root.
                 if n > 1 {
-                    assert_ne!(fold(ls[i], i ^ 1, n, &path), Some(tree.root()), "{n} {i}");
+                    assert_ne!(fold(leaf, i ^ 1, n, &path), Some(tree.root()), "{n} {i}");
                     let mut flipped = path.clone();
                     flipped[0][0] ^= 1;
-                    assert_ne!(fold(ls[i], i, n, &flipped), Some(tree.root()));
-                    assert_eq!(fold(ls[i], i, n, &path[1..]), None);
+                    assert_ne!(fold(leaf, i, n, &flipped), Some(tree.root()));
+                    assert_eq!(fold(leaf, i, n, &path[1..]), None);
                 }
                 let mut extra = path.clone();
                 extra.push([0; 32]);
-                assert_eq!(fold(ls[i], i, n, &extra), None);
+                assert_eq!(fold(leaf, i, n, &extra), None);
             }
             assert_eq!(fold(ls[0], n, n, &[]), None);
         }

@@ -180,6 +180,10 @@ pub type Frame = (NodeId, NodeId, Vec<u8>);
 
 /// Applies `behavior` to one frame that node `me` sends to `to`. The coalition holds
 /// the keys of `me` and of every other faulty node.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "a sim helper: each argument is a disjoint borrow of the simulator or its host, needed by some behavior"
+)]
 pub fn tamper(
     behavior: &Behavior,
     me: NodeId,

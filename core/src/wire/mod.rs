@@ -157,6 +157,10 @@ pub struct Opened {
 /// own, or each of a bundle's. A bundled body that does not decode (or is itself a
 /// bundle) yields `Err(Malformed)`; what follows it is not to be trusted either.
 #[derive(Debug)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "returned for every received frame, mostly `Lone`: boxing it would add an allocation per frame"
+)]
 pub enum Bodies {
     Lone(Option<Opened>),
     Bundle { sender: NodeId, bodies: std::vec::IntoIter<pb::BundledBody> },

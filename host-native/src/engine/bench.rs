@@ -212,8 +212,11 @@ pub fn run(args: EngineBenchArgs) -> Result<(), String> {
     for round in 1..=args.rounds {
         for c in contenders.iter_mut().filter(|c| args.only.as_ref().is_none_or(|only| c.key == only)) {
             let (engine, rounds) = ((c.make)()?, workload.rounds.clone());
-            let (took, cpu) = drive(engine, rounds, |_, o| Ok(drop(std::hint::black_box(o))))
-                .map_err(|e| format!("{}: {e}", c.name))?;
+            let (took, cpu) = drive(engine, rounds, |_, o| {
+                std::hint::black_box(o);
+                Ok(())
+            })
+            .map_err(|e| format!("{}: {e}", c.name))?;
             c.best = c.best.min(took);
             c.cpu.push(cpu);
         }

@@ -153,7 +153,8 @@ fn relevant(ops: &[Operation]) -> Vec<&Operation> {
 }
 
 /// Checks one key's history, starting from an absent value.
-pub fn check(ops: &[Operation]) -> Result<(), Violation> {
+/// A violation is boxed: it is rare, and large next to `Ok(())`.
+pub fn check(ops: &[Operation]) -> Result<(), Box<Violation>> {
     let ops = relevant(ops);
     let mut values = Values(BTreeMap::new(), Vec::new());
     let steps: Vec<(Step, Option<NumberedReturn>)> = ops
@@ -190,11 +191,8 @@ pub fn check(ops: &[Operation]) -> Result<(), Violation> {
     }
     events.sort_unstable();
     let list = List::new(events.iter().map(|&(_, is_return, op)| (op, is_return)).collect(), ops.len());
-    search(list, &steps).map_err(|(stuck, state, placed)| Violation {
-        stuck: ops[stuck].clone(),
-        state: values.bytes(state),
-        placed,
-        considered: ops.len(),
+    search(list, &steps).map_err(|(stuck, state, placed)| {
+        Box::new(Violation { stuck: ops[stuck].clone(), state: values.bytes(state), placed, considered: ops.len() })
     })
 }
 
