@@ -486,9 +486,8 @@ fn pubsub_brokers_deliver_publications_to_a_subscriber() {
 #[test]
 fn many_clients_in_one_event_loop_each_complete_every_request_exactly_once() {
     use std::collections::BTreeMap;
-    use std::sync::mpsc;
 
-    use phalanx_host::client::{self, ClientLoop, News};
+    use phalanx_host::client::{self, ClientLoop, NewsTo};
     use phalanx_host::driver::{AppEvent, Event};
 
     const CLIENTS: u32 = 20;
@@ -498,7 +497,7 @@ fn many_clients_in_one_event_loop_each_complete_every_request_exactly_once() {
     let mut c = LocalCluster::create(&test_dir("one-loop"), &spec, Path::new(BINARY)).unwrap();
     c.start_all().unwrap();
     let event_loop = ClientLoop::start("test-loop").unwrap();
-    let (tx, news) = mpsc::channel::<News>();
+    let (tx, news) = NewsTo::channel();
     let ids = &c.cluster.clients[..CLIENTS as usize];
     let nodes: Vec<_> = ids
         .iter()
@@ -523,18 +522,21 @@ fn many_clients_in_one_event_loop_each_complete_every_request_exactly_once() {
         let mut results: BTreeMap<NodeId, BTreeMap<u64, Vec<u8>>> = BTreeMap::new();
         let deadline = Instant::now() + TIMEOUT;
         while results.values().map(BTreeMap::len).sum::<usize>() < CLIENTS as usize * PUTS {
-            let n = news.recv_timeout(deadline.saturating_duration_since(Instant::now())).expect("every put completes");
-            for e in n.events.unwrap() {
-                match e {
-                    AppEvent::Submitted { requests, refused } => {
-                        assert_eq!((requests.clone().count(), refused), (PUTS / 2, None), "client {}", n.id);
-                        numbers.entry(n.id).or_default().extend(requests);
+            let batch =
+                news.recv_timeout(deadline.saturating_duration_since(Instant::now())).expect("every put completes");
+            for n in batch {
+                for e in n.events.unwrap() {
+                    match e {
+                        AppEvent::Submitted { requests, refused } => {
+                            assert_eq!((requests.clone().count(), refused), (PUTS / 2, None), "client {}", n.id);
+                            numbers.entry(n.id).or_default().extend(requests);
+                        }
+                        AppEvent::Completed { request, result } => {
+                            let earlier = results.entry(n.id).or_default().insert(request, result);
+                            assert!(earlier.is_none(), "client {} request {request} completed twice", n.id);
+                        }
+                        other => panic!("client {}: {other:?}", n.id),
                     }
-                    AppEvent::Completed { request, result } => {
-                        let earlier = results.entry(n.id).or_default().insert(request, result);
-                        assert!(earlier.is_none(), "client {} request {request} completed twice", n.id);
-                    }
-                    other => panic!("client {}: {other:?}", n.id),
                 }
             }
         }

@@ -17,7 +17,7 @@ use super::BenchArgs;
 use super::cpu::CpuSample;
 use super::histogram::Histogram;
 use super::series::Second;
-use crate::client::{self, ClientLoop, Hosted, News};
+use crate::client::{self, ClientLoop, Hosted, News, NewsTo};
 use crate::config::ClusterFile;
 use crate::driver::{AppEvent, Event};
 use crate::metrics::{scrape, value};
@@ -82,7 +82,8 @@ impl Recorder {
 /// One load thread's clients: their nodes, hosted in one event loop, and their news.
 pub(super) struct Share {
     clients: Vec<Hosted>,
-    news: Receiver<News>,
+    /// The clients' news, a turn of their loop's in each message.
+    news: Receiver<Vec<News>>,
 }
 
 /// Hosts the clients `ids` in `threads` event loops (client `i` in loop `i % threads`),
@@ -92,7 +93,7 @@ pub(super) fn connect(cluster: &ClusterFile, ids: &[NodeId], threads: usize) -> 
     for t in 0..threads.clamp(1, ids.len()) {
         let event_loop =
             ClientLoop::start(&format!("bench-loop-{t}")).map_err(|e| format!("a client event loop: {e}"))?;
-        let (tx, news) = mpsc::channel();
+        let (tx, news) = NewsTo::channel();
         let mut clients = Vec::new();
         for &id in ids.iter().skip(t).step_by(threads) {
             let node = client::prepare(cluster, id, None).map_err(|e| format!("client {id}: {e}"))?;
@@ -110,14 +111,17 @@ pub(super) fn connect(cluster: &ClusterFile, ids: &[NodeId], threads: usize) -> 
         let mut ready = 0;
         while ready < share.clients.len() {
             let wait = deadline.saturating_duration_since(Instant::now());
-            let news = share.news.recv_timeout(wait).map_err(|_| "the clients' first puts did not complete in 30 s")?;
-            for e in news.events.map_err(|e| format!("client {}: {e}", news.id))? {
-                match e {
-                    AppEvent::Completed { .. } => ready += 1,
-                    AppEvent::Submitted { requests, refused: Some(e) } if requests.is_empty() => {
-                        return Err(format!("client {}: the first put was refused: {e}", news.id));
+            let batch =
+                share.news.recv_timeout(wait).map_err(|_| "the clients' first puts did not complete in 30 s")?;
+            for news in batch {
+                for e in news.events.map_err(|e| format!("client {}: {e}", news.id))? {
+                    match e {
+                        AppEvent::Completed { .. } => ready += 1,
+                        AppEvent::Submitted { requests, refused: Some(e) } if requests.is_empty() => {
+                            return Err(format!("client {}: the first put was refused: {e}", news.id));
+                        }
+                        _ => {}
                     }
-                    _ => {}
                 }
             }
         }
@@ -252,7 +256,7 @@ fn drive(share: Share, first_index: u64, threads: u64, plan: Plan, ticks: Sender
 fn load(
     clients: &mut [Client],
     by_id: &HashMap<NodeId, usize>,
-    news: &Receiver<News>,
+    news: &Receiver<Vec<News>>,
     plan: &Plan,
     rec: &mut Recorder,
 ) -> Result<(), String> {
@@ -273,7 +277,7 @@ fn load(
         if !rec.advance(now) {
             return Ok(());
         }
-        for n in std::iter::once(first).chain(std::iter::from_fn(|| news.try_recv().ok())) {
+        for n in std::iter::once(first).chain(std::iter::from_fn(|| news.try_recv().ok())).flatten() {
             let Some(&i) = by_id.get(&n.id) else { continue };
             let events = n.events.map_err(|e| format!("client {}: {e}", n.id))?;
             clients[i].hear(events, now, plan, rec)?;

@@ -11,9 +11,11 @@
 //! only when it is not already due to look (one wake-up takes every command queued by
 //! then), so submitting never waits for the loop. What each node's rounds produce comes
 //! back as [`News`] tagged with the node's id, on a channel the caller chose when it
-//! added the node (one per node, or one shared by many).
+//! added the node (one per node, or one shared by many: [`NewsTo`]). Each turn sends a
+//! channel all its nodes' news in one message, so a consumer sharing the loop's core is
+//! woken once a turn, not once per node between the sends.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
@@ -50,11 +52,25 @@ pub struct News {
     pub events: Result<Vec<AppEvent>, String>,
 }
 
+/// Where hosted nodes' news go: the nodes added with clones of one `NewsTo` share its
+/// channel, and each turn of the loop sends them what all of those nodes said in one
+/// message, in the order they said it.
+#[derive(Clone)]
+pub struct NewsTo(Arc<Sender<Vec<News>>>);
+
+impl NewsTo {
+    /// A channel for news: where nodes tell them, and where they are received.
+    pub fn channel() -> (NewsTo, Receiver<Vec<News>>) {
+        let (tx, rx) = mpsc::channel();
+        (NewsTo(Arc::new(tx)), rx)
+    }
+}
+
 enum Command {
     Add {
         slot: usize,
         node: Box<Prepared>,
-        news: Sender<News>,
+        news: NewsTo,
     },
     Event {
         slot: usize,
@@ -122,7 +138,7 @@ impl ClientLoop {
     }
 
     /// Hosts `node` in the loop; its rounds' news go to `news`.
-    pub fn add(self: &Arc<Self>, node: Prepared, news: Sender<News>) -> Result<Hosted, String> {
+    pub fn add(self: &Arc<Self>, node: Prepared, news: NewsTo) -> Result<Hosted, String> {
         let slot = self.next_slot.fetch_add(1, Ordering::Relaxed);
         if slot >= SHARED_SLOTS {
             return Err(format!("a client event loop hosts at most {} nodes over its life", SHARED_SLOTS - 1));
@@ -246,7 +262,7 @@ struct Node {
     shared: usize,
     divert: Option<Arc<dyn Divert>>,
     driver: Driver,
-    news: Sender<News>,
+    news: NewsTo,
     /// When the node's core next wants a timeout, as entered in the loop's timers.
     timer: Option<Instant>,
 }
@@ -262,7 +278,7 @@ impl Node {
     /// Ends the node's round: settles it (queueing on its shared links, through its
     /// divert first) and queues its news in `told`. False if the node failed and must
     /// leave.
-    fn end_round(&mut self, links: &mut Links, told: &mut Vec<(Sender<News>, News)>) -> bool {
+    fn end_round(&mut self, links: &mut Links, told: &mut Vec<(NewsTo, News)>) -> bool {
         let Node { id, divert, driver, news, .. } = self;
         let now = driver.now();
         let mut send = |frames: &mut Vec<(NodeId, Vec<u8>)>| links.send(*id, divert.as_ref(), frames);
@@ -320,7 +336,7 @@ struct EventLoop {
     timers: BTreeSet<(Instant, usize)>,
     /// The turn's news, told once its frames are written: a consumer woken by the first
     /// would otherwise run (on a shared core) before the rest are sent, once per node.
-    told: Vec<(Sender<News>, News)>,
+    told: Vec<(NewsTo, News)>,
 }
 
 impl EventLoop {
@@ -412,10 +428,20 @@ impl EventLoop {
         }
     }
 
+    /// Sends the turn's news, one message per channel.
     fn tell(&mut self) {
-        for (news, told) in self.told.drain(..) {
+        let mut batches: Vec<(NewsTo, Vec<News>)> = Vec::new();
+        let mut by_channel = HashMap::new();
+        for (to, told) in self.told.drain(..) {
+            let i = *by_channel.entry(Arc::as_ptr(&to.0)).or_insert(batches.len());
+            if i == batches.len() {
+                batches.push((to, Vec::new()));
+            }
+            batches[i].1.push(told);
+        }
+        for (to, batch) in batches {
             // A caller that went away leaves the node running until it is removed.
-            let _ = news.send(told);
+            let _ = to.0.send(batch);
         }
     }
 

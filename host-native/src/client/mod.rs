@@ -12,7 +12,7 @@ use std::collections::{BTreeSet, VecDeque};
 use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use phalanx_core::{Algorithm, Delivery, HandleError, NodeId, Request};
@@ -20,7 +20,7 @@ use phalanx_core::{Algorithm, Delivery, HandleError, NodeId, Request};
 use crate::config::ClusterFile;
 use crate::driver::{AppEvent, Event};
 use crate::runtime::{self, StartError, StartOptions};
-pub use event_loop::{ClientLoop, Hosted, News};
+pub use event_loop::{ClientLoop, Hosted, News, NewsTo};
 
 #[derive(Debug)]
 pub enum ClientError {
@@ -52,7 +52,8 @@ impl std::error::Error for ClientError {}
 
 pub struct ClusterClient {
     node: Hosted,
-    news: Receiver<News>,
+    /// The node's news, a turn of its loop's in each message.
+    news: Receiver<Vec<News>>,
     /// Why the node stopped, once it did.
     failed: Option<String>,
     /// What the node's rounds said and nobody has taken yet, by kind.
@@ -82,7 +83,7 @@ impl ClusterClient {
         id: NodeId,
         data_dir: Option<PathBuf>,
     ) -> Result<Self, StartError> {
-        let (tx, news) = mpsc::channel();
+        let (tx, news) = NewsTo::channel();
         let node = event_loop.add(prepare(cluster, id, data_dir)?, tx).map_err(StartError::Loop)?;
         // A distillation client reaches brokers over UDP, on a thread of its own.
         if let Some((udp, carries)) = crate::distill::udp_config(cluster, id, None, 0.0) {
@@ -126,7 +127,7 @@ impl ClusterClient {
             return Err(ClientError::Stopped(why.clone()));
         }
         let loop_gone = || ClientError::Stopped("the client event loop stopped".into());
-        let news = match deadline {
+        let batch = match deadline {
             Some(deadline) => {
                 let wait = deadline.saturating_duration_since(Instant::now());
                 self.news.recv_timeout(wait).map_err(|e| match e {
@@ -136,6 +137,14 @@ impl ClusterClient {
             }
             None => self.news.recv().map_err(|_| loop_gone()),
         }?;
+        for news in batch {
+            self.sort(news)?;
+        }
+        Ok(())
+    }
+
+    /// Sorts what the node said in one round.
+    fn sort(&mut self, news: News) -> Result<(), ClientError> {
         let events = match news.events {
             Ok(events) => events,
             Err(why) => {
@@ -290,8 +299,8 @@ impl ClusterClient {
     pub fn stop(mut self) -> Result<(), String> {
         self.node.remove()?;
         // Everything the node said came before its removal was acknowledged.
-        while let Ok(news) = self.news.try_recv() {
-            if let Err(why) = news.events {
+        while let Ok(batch) = self.news.try_recv() {
+            for why in batch.into_iter().filter_map(|news| news.events.err()) {
                 self.failed = Some(why);
             }
         }
