@@ -308,6 +308,17 @@ fn pbft_seeds_the_offline_sweep_found() {
     }
 }
 
+/// f = 2, seed 3,800,890 of stop 51's sweep: the primary told replica 7 another batch
+/// than the rest for slot 7, so 7 PREPAREd its own and sent COMMIT for the one that
+/// prepared. Restarted, 7 sent its votes again with a COMMIT for its own batch, not the
+/// one it had committed to: equivocation by a correct replica (and, with enough replicas
+/// lied to, COMMITs for a batch that never prepared).
+#[test]
+fn a_replica_sends_its_commit_again_for_the_batch_that_prepared() {
+    let result = sweep(2, 3_800_890..3_800_891, 25);
+    assert!(result.failures.is_empty(), "{}", result.failures.join("\n"));
+}
+
 /// Liveness failures the 100,000-seed offline sweep found at f = 1, each a seed:
 /// - 26455, 34196: a replica that alone committed a slot answered a peer's catch-up with
 ///   the batch (one offer of the f+1 needed) but not its COMMIT, which the peers that

@@ -1099,8 +1099,8 @@ impl Replica {
     }
 
     /// This replica's votes in its view for the slots from `from` on: its PRE-PREPARE (as
-    /// primary, above the NEW-VIEW's slots) or PREPARE, and its COMMIT if it sent one. For peers that may have lost
-    /// them to a crash, theirs or this replica's.
+    /// primary, above the NEW-VIEW's slots) or PREPARE, and its COMMIT if it sent one. For
+    /// peers that may have lost them to a crash, theirs or this replica's.
     fn own_votes(&self, ctx: &Ctx, from: u64) -> Vec<pb::body::Kind> {
         let primary = self.is_primary(ctx);
         let view = self.view;
@@ -1121,8 +1121,11 @@ impl Replica {
             } else {
                 pb::body::Kind::Prepare(vote.clone())
             });
-            if slot.commit_sent {
-                bodies.push(pb::body::Kind::Commit(vote));
+            // Its COMMIT was for the batch that prepared here, which a primary that told
+            // this replica another story makes other than its PREPARE's.
+            let commit = slot.commits.iter().find(|&&(r, _)| r == ctx.me()).filter(|_| slot.commit_sent);
+            if let Some(&(_, d)) = commit {
+                bodies.push(pb::body::Kind::Commit(pb::Vote { view, seq, digest: d.to_vec() }));
             }
         }
         bodies
