@@ -1151,6 +1151,11 @@ impl Replica {
                 // from there (an earlier view's proposals are no more), as `enter_view` does.
                 let above = e.reproposed.max(self.low) + 1;
                 self.next_seq = if e.view > self.view { above } else { self.next_seq.max(above) };
+                // An earlier view's slots are no more (`enter_view` clears them too): their
+                // votes would count in this view, and its COMMIT be sent again here.
+                if e.view > self.view {
+                    self.log.clear();
+                }
                 self.view = e.view;
                 self.reproposed = e.reproposed;
                 self.durable_view = self.durable_view.max(e.view);

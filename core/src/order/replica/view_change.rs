@@ -901,6 +901,49 @@ mod tests {
         assert!(replicas[3].voted.is_empty() && replicas[3].prepared.is_empty());
     }
 
+    /// Replica 3 prepared P at slot 1 in view 0 (and sent COMMIT for it); the NEW-VIEW for
+    /// view 1 settled slot 1 empty, and 3 voted for that, then restarted. Recovered, its
+    /// slot holds view 1's batch alone: it sends again its PREPARE for the empty batch and
+    /// no COMMIT (it sent none in view 1), and takes view 1's votes without calling
+    /// anyone an equivocator.
+    #[test]
+    fn a_replica_restarted_in_a_new_view_keeps_nothing_of_the_old_views_slots() {
+        use crate::order::Bundle;
+        let (cfgs, _, _) = cluster();
+        let mut client = Node::new(cfgs[4].clone()).unwrap();
+        let ids: Vec<NodeId> = (0..4).collect();
+        let r = Bundle::seal(&client.ctx_mut().keys, &ids, 1, 0, vec![bytes::Bytes::from_static(b"p")]);
+        let p = EncodedBatch::new(vec![Arc::new(Bundle::parse(r).unwrap())]);
+        let mut node = Node::new(cfgs[3].clone()).unwrap();
+        let mut replica = Replica::new(node.ctx_mut());
+        let prepared = pb::SlotVote { seq: 1, view: 0, digest: p.digest.to_vec() };
+        let empty = EncodedBatch::new(vec![]);
+        let records = [
+            p.accepted_record(0, 1),
+            record(Record::Prepared(prepared)),
+            record(Record::View(1)),
+            record(Record::Entered(pb::EnteredView { view: 1, reproposed: 1 })),
+            empty.accepted_record(1, 1),
+        ];
+        for r in &records {
+            replica.recover(node.ctx_mut(), 0, r).unwrap();
+        }
+        let votes: Vec<(u64, Vec<u8>, bool)> = replica
+            .own_votes(node.ctx_mut(), 1)
+            .into_iter()
+            .filter_map(|b| match b {
+                pb::body::Kind::Prepare(v) => Some((v.view, v.digest, false)),
+                pb::body::Kind::Commit(v) => Some((v.view, v.digest, true)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(votes, vec![(1, empty.digest.to_vec(), false)]);
+        let vote = pb::Vote { view: 1, seq: 1, digest: empty.digest.to_vec() };
+        replica.on_prepare(node.ctx_mut(), 0, 0, vote);
+        let faults: Vec<_> = std::iter::from_fn(|| node.poll()).filter(|o| matches!(o, Output::Fault { .. })).collect();
+        assert!(faults.is_empty(), "{faults:?}");
+    }
+
     /// f = 1. Slot 1 prepared D in view 0 at replicas 0 and 2 (and committed there, with
     /// the faulty replica 3's votes); replica 1, primary of view 1, never got it. The
     /// NEW-VIEW for view 1 chose D there, and 1 went to fetch it, but restarted before it
