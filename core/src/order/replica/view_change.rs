@@ -696,6 +696,15 @@ mod tests {
         bodies
     }
 
+    /// A request `op` numbered `first`, sealed for the four replicas by the cluster's
+    /// client (`cfgs[4]`).
+    fn request(cfgs: &[NodeConfig], first: u64, op: &[u8]) -> crate::order::Bundle {
+        let mut client = Node::new(cfgs[4].clone()).unwrap();
+        let ids: Vec<NodeId> = (0..4).collect();
+        let ops = vec![bytes::Bytes::copy_from_slice(op)];
+        crate::order::Bundle::parse(crate::order::Bundle::seal(&client.ctx_mut().keys, &ids, first, 0, ops)).unwrap()
+    }
+
     /// f = 1. In view 1 the primary (replica 0) sent A to replicas 1 and 2 and B to 3; 1
     /// and 2 prepared and committed A. Replica 0 now lies that B prepared.
     fn equivocation() -> Vec<Claims> {
@@ -868,12 +877,8 @@ mod tests {
     /// VIEW-CHANGE told what it voted for there), so it neither votes nor prepares.
     #[test]
     fn a_replica_changing_views_does_not_vote_for_a_batch_it_parked_in_the_old_view() {
-        use crate::order::Bundle;
         let (cfgs, mut nodes, mut replicas) = cluster();
-        let mut client = Node::new(cfgs[4].clone()).unwrap();
-        let ids: Vec<NodeId> = (0..4).collect();
-        let r = Bundle::seal(&client.ctx_mut().keys, &ids, 1, 0, vec![bytes::Bytes::from_static(b"op")]);
-        let request = Bundle::parse(r).unwrap();
+        let request = request(&cfgs, 1, b"op");
         let batch = EncodedBatch::new(vec![Arc::new(request.clone())]);
         let parked = super::super::Parked {
             seen_at: 0,
@@ -908,12 +913,8 @@ mod tests {
     /// anyone an equivocator.
     #[test]
     fn a_replica_restarted_in_a_new_view_keeps_nothing_of_the_old_views_slots() {
-        use crate::order::Bundle;
         let (cfgs, _, _) = cluster();
-        let mut client = Node::new(cfgs[4].clone()).unwrap();
-        let ids: Vec<NodeId> = (0..4).collect();
-        let r = Bundle::seal(&client.ctx_mut().keys, &ids, 1, 0, vec![bytes::Bytes::from_static(b"p")]);
-        let p = EncodedBatch::new(vec![Arc::new(Bundle::parse(r).unwrap())]);
+        let p = EncodedBatch::new(vec![Arc::new(request(&cfgs, 1, b"p"))]);
         let mut node = Node::new(cfgs[3].clone()).unwrap();
         let mut replica = Replica::new(node.ctx_mut());
         let prepared = pb::SlotVote { seq: 1, view: 0, digest: p.digest.to_vec() };
@@ -953,15 +954,8 @@ mod tests {
     /// claim, binds another batch) though D committed.
     #[test]
     fn a_primary_restarted_while_fetching_a_chosen_batch_proposes_nothing_of_its_own_there() {
-        use crate::order::Bundle;
         let (cfgs, mut nodes, mut replicas) = cluster();
-        let mut client = Node::new(cfgs[4].clone()).unwrap();
-        let ids: Vec<NodeId> = (0..4).collect();
-        let mut bundle = |first: u64, op: &[u8]| {
-            let r = Bundle::seal(&client.ctx_mut().keys, &ids, first, 0, vec![bytes::Bytes::copy_from_slice(op)]);
-            Bundle::parse(r).unwrap()
-        };
-        let d = EncodedBatch::new(vec![Arc::new(bundle(1, b"d"))]);
+        let d = EncodedBatch::new(vec![Arc::new(request(&cfgs, 1, b"d"))]);
         for r in [0, 2] {
             replicas[r].note_voted(1, 0, d.clone());
             replicas[r].prepared.insert(1, (0, d.digest));
@@ -990,8 +984,7 @@ mod tests {
             restarted.recover(node.ctx_mut(), 0, record).unwrap();
         }
         assert_eq!((restarted.view, restarted.reproposed, restarted.changing.is_none()), (1, 1, true));
-        let x = bundle(2, b"x");
-        restarted.queue_requests(node.ctx_mut(), 0, x);
+        restarted.queue_requests(node.ctx_mut(), 0, request(&cfgs, 2, b"x"));
         restarted.propose(node.ctx_mut(), 1 << 40);
         let proposed: Vec<u64> = drain(&mut node, &mut Vec::new())
             .into_iter()
