@@ -38,8 +38,8 @@ struct Slot {
     wanted: Option<Digest>,
     /// PREPARE votes (a PRE-PREPARE counts as its primary's).
     prepares: Votes,
+    /// COMMIT votes, this replica's own among them once it sent one.
     commits: Votes,
-    commit_sent: bool,
     committed: bool,
     /// When this replica first saw the proposal, for the consensus time in `Status`.
     seen_at: Nanos,
@@ -61,6 +61,11 @@ impl Slot {
     fn prepared(&self, quorum: usize) -> Option<Digest> {
         let d = self.proposal.as_ref()?.digest;
         (self.prepares.iter().filter(|(_, x)| *x == d).count() >= quorum).then_some(d)
+    }
+
+    /// The batch this replica sent COMMIT for, if it did.
+    fn own_commit(&self, me: NodeId) -> Option<Digest> {
+        self.commits.iter().find(|&&(r, _)| r == me).map(|&(_, d)| d)
     }
 }
 
@@ -932,8 +937,7 @@ impl Replica {
         let (quorum, view, me) = (ctx.quorums.intersecting(), self.view, ctx.me());
         let Some(slot) = self.log.get_mut(&seq) else { return };
         let Some(d) = slot.prepared(quorum) else { return };
-        if !slot.commit_sent {
-            slot.commit_sent = true;
+        if slot.own_commit(me).is_none() {
             let _ = add_vote(&mut slot.commits, me, d);
             self.prepared.insert(seq, (view, d));
             let vote = pb::SlotVote { seq, view, digest: d.to_vec() };
@@ -1123,8 +1127,7 @@ impl Replica {
             });
             // Its COMMIT was for the batch that prepared here, which a primary that told
             // this replica another story makes other than its PREPARE's.
-            let commit = slot.commits.iter().find(|&&(r, _)| r == ctx.me()).filter(|_| slot.commit_sent);
-            if let Some(&(_, d)) = commit {
+            if let Some(d) = slot.own_commit(ctx.me()) {
                 bodies.push(pb::body::Kind::Commit(pb::Vote { view, seq, digest: d.to_vec() }));
             }
         }
@@ -1192,7 +1195,6 @@ impl Replica {
                     self.prepared.insert(v.seq, (v.view, d));
                 }
                 if let Some(slot) = self.log.get_mut(&v.seq).filter(|_| v.view == self.view) {
-                    slot.commit_sent = true;
                     let _ = add_vote(&mut slot.commits, ctx.me(), d);
                 }
             }
