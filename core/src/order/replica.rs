@@ -640,13 +640,19 @@ impl Replica {
     }
 
     /// Records this replica's vote for `batch` at `seq` in the current view, durably
-    /// before the vote leaves; or, for a decided slot, nothing: it takes no vote for any
-    /// batch (a primary that restarted into a view the others left proposes unaware, and
-    /// a fetched NEW-VIEW batch may arrive after catch-up committed its slot). Returns
-    /// whether it voted; the caller sends the vote only then.
+    /// before the vote leaves; or nothing:
+    /// - for a decided slot, it takes no vote for any batch (a primary that restarted into
+    ///   a view the others left proposes unaware, and a fetched NEW-VIEW batch may arrive
+    ///   after catch-up committed its slot);
+    /// - where it voted for another batch in this view: checked here, not left to the log
+    ///   holding the slot's proposal, which recovery rebuilds only from records in order.
+    ///
+    /// Returns whether it voted; the caller sends the vote only then.
     #[must_use]
     fn vote_for(&mut self, ctx: &mut Ctx, seq: u64, batch: &Arc<EncodedBatch>) -> bool {
-        if self.decided(seq) {
+        let voted_other =
+            |votes: &Vec<Voted>| votes.iter().any(|v| v.view == self.view && v.batch.digest != batch.digest);
+        if self.decided(seq) || self.voted.get(&seq).is_some_and(voted_other) {
             ctx.stats.stale += 1;
             return false;
         }

@@ -911,6 +911,40 @@ mod tests {
     /// slot holds view 1's batch alone: it sends again its PREPARE for the empty batch and
     /// no COMMIT (it sent none in view 1), and takes view 1's votes without calling
     /// anyone an equivocator.
+    /// A replica votes for one batch per slot and view, whatever its log holds: here its
+    /// vote for A in view 1 was read before the record of entering view 1 (which empties
+    /// the log), so no slot shows it, and it must still refuse the primary's B there.
+    #[test]
+    fn a_replica_never_votes_for_two_batches_at_one_slot_in_one_view() {
+        use crate::order::Bundle;
+        let (cfgs, _, _) = cluster();
+        let mut client = Node::new(cfgs[4].clone()).unwrap();
+        let ids: Vec<NodeId> = (0..4).collect();
+        let r = Bundle::seal(&client.ctx_mut().keys, &ids, 1, 0, vec![bytes::Bytes::from_static(b"a")]);
+        let a = EncodedBatch::new(vec![Arc::new(Bundle::parse(r).unwrap())]);
+        let b = EncodedBatch::new(vec![]);
+        let mut node = Node::new(cfgs[3].clone()).unwrap();
+        let mut replica = Replica::new(node.ctx_mut());
+        let records = [
+            record(Record::View(1)),
+            a.accepted_record(1, 2),
+            record(Record::Entered(pb::EnteredView { view: 1, reproposed: 1 })),
+        ];
+        for r in &records {
+            replica.recover(node.ctx_mut(), 0, r).unwrap();
+        }
+        std::iter::from_fn(|| node.poll()).for_each(drop);
+        let Some(Record::Accepted(pp)) = pb::ReplicaRecord::decode(&b.accepted_record(1, 2)[..]).unwrap().kind else {
+            unreachable!("an accepted record")
+        };
+        replica.on_pre_prepare(node.ctx_mut(), 0, 1, pp);
+        let out: Vec<_> = std::iter::from_fn(|| node.poll()).collect();
+        assert!(
+            out.iter().all(|o| !matches!(o, Output::Persist { .. } | Output::Send { .. })),
+            "voted for a second batch: {out:?}"
+        );
+    }
+
     #[test]
     fn a_replica_restarted_in_a_new_view_keeps_nothing_of_the_old_views_slots() {
         let (cfgs, _, _) = cluster();
