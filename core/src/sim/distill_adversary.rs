@@ -61,12 +61,13 @@ pub enum Lie {
 }
 
 impl Lie {
-    pub const BROKER: [Lie; 7] = [
+    pub const BROKER: [Lie; 8] = [
         Lie::EquivocateRoots,
         Lie::InflateRaise,
         Lie::WithholdWitness,
         Lie::WithholdDeliveries,
         Lie::SplitOffers,
+        Lie::ForgeOffers,
         Lie::Replay,
         Lie::ForwardSubmits,
     ];
