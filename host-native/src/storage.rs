@@ -79,6 +79,25 @@
 //! p50 of 1.28–1.36 ms to 1.14–1.23. Zeros after the last intact record are the end of
 //! the log, not damage.
 //!
+//! Under `sync` the room is also written with zeros, by a thread of its own, while the
+//! records still have half their room left. Why: a sync into room that is only
+//! `fallocate`d also writes the extent's change from unwritten to written, and the inode.
+//! On a virtual disk each write costs an exit to the hypervisor, so that doubled a sync's
+//! cost. Over written zeros a sync writes the records' pages and flushes, nothing else.
+//! Measured pinned to one core (`phalanxd bench`):
+//! - 50 clients × 1: 18.6k → 21.0k ops/s, system time 16 → 12 µs per op;
+//! - 1 client × 1: 963 → 1,013 ops/s;
+//! - 50 × 1 with 1 KiB operations: even (their zeros double what reaches the disk).
+//!
+//! How the thread writes:
+//! - 16 KiB at a time: one write of the whole stretch leaves page-cache folios of up to
+//!   2 MiB, and each small append into one then walks its 512 block buffers;
+//! - writing each 256 KiB back before the next, so the log's own syncs meanwhile find
+//!   little of it dirty; then syncing the allocation;
+//! - through a file handle of its own, so a write-back error it meets is not taken from
+//!   the log's handle, whose next sync must report it;
+//! - only past the room the log uses, which grows only once the thread is joined.
+//!
 //! After a failed write or sync the file's contents are unknown (the kernel may have
 //! dropped the dirty pages), so the [`Wal`] refuses further use: reopen it to recover.
 
@@ -196,6 +215,10 @@ pub struct Wal {
     punches: bool,
     /// The thread punching the last compaction's hole, and whether it did.
     punching: Option<std::thread::JoinHandle<bool>>,
+    /// Whether the filesystem took written room when asked; once it has not, room is only reserved.
+    fills: bool,
+    /// The thread writing zeros past `allocated`, and the file length it reached.
+    filling: Option<std::thread::JoinHandle<u64>>,
     /// Set when a write or sync failed: the file's state is unknown.
     poisoned: bool,
 }
@@ -315,6 +338,8 @@ impl Wal {
             pending: Vec::new(),
             punches: true,
             punching: None,
+            fills: true,
+            filling: None,
             poisoned: false,
         }
     }
@@ -348,6 +373,9 @@ impl Wal {
         }
         let end = self.written + self.pending.len() as u64;
         if end > self.allocated {
+            self.finish_filling();
+        }
+        if end > self.allocated {
             self.allocated = reserve(&self.file, self.allocated, end, end - self.start()).max(end);
         }
         self.poisoned = true;
@@ -358,7 +386,37 @@ impl Wal {
         self.poisoned = false;
         self.written += self.pending.len() as u64;
         self.pending.clear();
+        if durability == Durability::Sync {
+            self.fill_ahead();
+        }
         Ok(())
+    }
+
+    /// Starts writing zeros over the next stretch of room once the records have used half
+    /// of what they want (see the module docs), unless that is under way.
+    fn fill_ahead(&mut self) {
+        if self.filling.as_ref().is_some_and(|f| f.is_finished()) {
+            self.finish_filling();
+        }
+        let want = room_for(self.written - self.start());
+        if !self.fills || self.filling.is_some() || self.allocated - self.written >= want / 2 {
+            return;
+        }
+        // Its own open file, not a clone of the log's handle: see the module docs.
+        let Ok(file) = File::options().write(true).open(&self.path) else { return };
+        let (from, to) = (self.allocated, self.written + want);
+        let spawned = std::thread::Builder::new().name("wal-room".into()).spawn(move || fill(&file, from, to));
+        self.filling = spawned.ok();
+    }
+
+    /// Waits for the zeros being written past the room, and takes what they reached as
+    /// room; once the filesystem took none, later room is only reserved.
+    fn finish_filling(&mut self) {
+        let Some(filling) = self.filling.take() else { return };
+        match filling.join() {
+            Ok(reached) if reached > self.allocated => self.allocated = reached,
+            _ => self.fills = false,
+        }
     }
 
     /// Atomically replaces the whole log with `records` (write a temp file, sync, rename
@@ -475,6 +533,8 @@ impl Wal {
 
     /// Installs `content` (header block and encoded records starting at `starts`) as the log.
     fn replace(&mut self, content: Vec<u8>, starts: Vec<u64>) -> Result<(), StorageError> {
+        // Zeros still being written go to the file about to be replaced.
+        self.finish_filling();
         // A failed rename leaves the old log in place (and the temp file for `open` to remove).
         let (file, allocated) = install(&self.dir, &content)?;
         self.file = file;
@@ -521,6 +581,16 @@ impl Wal {
     }
 }
 
+impl Drop for Wal {
+    /// Joins the thread writing zeros: a log opened again on this file afterwards could
+    /// already have appended records where they were still to go.
+    fn drop(&mut self) {
+        if let Some(filling) = self.filling.take() {
+            let _ = filling.join();
+        }
+    }
+}
+
 /// Writes `content` to the temp file, reserves room after it, syncs it and renames it
 /// over the log (the caller syncs the directory). Returns the new log's file, positioned
 /// at the end of `content`, and its length. On error before the rename the old log is
@@ -552,18 +622,53 @@ fn install(dir: &Path, content: &[u8]) -> Result<(File, u64), StorageError> {
 /// [`PREALLOCATE_MAX`]), without moving its position; returns its new length. Where the
 /// filesystem cannot, it stays as it is and appends extend it.
 fn reserve(file: &File, from: u64, end: u64, held: u64) -> u64 {
-    let target = end + held.clamp(PREALLOCATE_MIN, PREALLOCATE_MAX);
+    let target = end + room_for(held);
+    if reserve_exactly(file, from, target) { target } else { from }
+}
+
+/// Extends `file` from its length `from` to `to` with reserved zeros (`fallocate`); whether
+/// the filesystem did.
+fn reserve_exactly(file: &File, from: u64, to: u64) -> bool {
     #[cfg(target_os = "linux")]
     {
         use std::os::fd::AsRawFd;
         // SAFETY: a plain system call on a file descriptor this `File` owns.
-        let done = unsafe { libc::fallocate(file.as_raw_fd(), 0, from as libc::off_t, (target - from) as libc::off_t) };
-        if done == 0 {
-            return target;
-        }
+        unsafe { libc::fallocate(file.as_raw_fd(), 0, from as libc::off_t, (to - from) as libc::off_t) == 0 }
     }
-    let _ = file;
-    from
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = (file, from, to);
+        false
+    }
+}
+
+/// The room wanted past records that hold `held` bytes.
+fn room_for(held: u64) -> u64 {
+    held.clamp(PREALLOCATE_MIN, PREALLOCATE_MAX)
+}
+
+/// Extends `file` from its length `from` to `to` with written zeros (see the module docs):
+/// reserves the stretch, writes it in small pieces, writing each back before the next so
+/// the log's own syncs meanwhile find little of it dirty, then syncs it. Returns the
+/// length up to which the file holds room, `from` if the filesystem gave none.
+fn fill(file: &File, from: u64, to: u64) -> u64 {
+    const WRITE: u64 = 16 << 10;
+    const WRITE_BACK: u64 = 256 << 10;
+    static ZEROS: [u8; WRITE as usize] = [0; WRITE as usize];
+    let reserved = reserve_exactly(file, from, to);
+    let mut at = from;
+    while at < to {
+        let piece = (to - at).min(WRITE_BACK);
+        let wrote = (at..at + piece).step_by(WRITE as usize).try_for_each(|w| {
+            std::os::unix::fs::FileExt::write_all_at(file, &ZEROS[..(at + piece - w).min(WRITE) as usize], w)
+        });
+        if wrote.and_then(|()| write_back(file, at, piece)).is_err() {
+            break;
+        }
+        at += piece;
+    }
+    let _ = file.sync_data();
+    if reserved { to } else { at }
 }
 
 /// Frees the blocks of `file` in `from..to` (they read as zeros), keeping its length;
@@ -588,18 +693,27 @@ fn punch_hole(file: &File, from: u64, to: u64) -> bool {
 
 /// Writes the header block of `file` to the disk, not the rest of the file's dirty pages.
 fn sync_header(file: &File) -> io::Result<()> {
+    write_back(file, 0, BLOCK)
+}
+
+/// Writes `len` bytes of `file`'s dirty pages from `from` to the disk and waits for them,
+/// without the metadata or a flush of the disk's cache (`sync_data` elsewhere).
+fn write_back(file: &File, from: u64, len: u64) -> io::Result<()> {
     #[cfg(target_os = "linux")]
     {
         use std::os::fd::AsRawFd;
         let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE | libc::SYNC_FILE_RANGE_WRITE | libc::SYNC_FILE_RANGE_WAIT_AFTER;
         // SAFETY: a plain system call on a file descriptor this `File` owns.
-        if unsafe { libc::sync_file_range(file.as_raw_fd(), 0, BLOCK as libc::off64_t, flags) } == 0 {
+        if unsafe { libc::sync_file_range(file.as_raw_fd(), from as libc::off64_t, len as libc::off64_t, flags) } == 0 {
             return Ok(());
         }
         Err(io::Error::last_os_error())
     }
     #[cfg(not(target_os = "linux"))]
-    file.sync_data()
+    {
+        let _ = (from, len);
+        file.sync_data()
+    }
 }
 
 /// A fresh log's header block: the magic, the records starting right after it, and `key`.
@@ -1138,6 +1252,32 @@ mod tests {
         drop(wal);
         assert_eq!(Wal::open(&d.0, Recovery::Strict).unwrap().1, records);
         assert_ends_at(&d.log(), offset_of(&records, 5));
+    }
+
+    #[test]
+    fn under_sync_the_room_ahead_is_written_zeros_that_never_cover_a_record() {
+        let d = TempDir::new("filled");
+        let (mut wal, _) = Wal::open(&d.0, Recovery::Strict).unwrap();
+        // 1.6 MB in syncs of one to three records: the room is filled many times over.
+        let records: Vec<Vec<u8>> = (0..3000usize).map(|i| vec![(i % 251) as u8 + 1; 100 + i * 37 % 900]).collect();
+        for (i, r) in records.iter().enumerate() {
+            wal.append(r).unwrap();
+            if i % 3 != 1 {
+                wal.sync().unwrap();
+            }
+        }
+        wal.finish_filling();
+        let (written, allocated) = (wal.written, wal.allocated);
+        assert!(allocated - written >= PREALLOCATE_MIN, "room {written}..{allocated}");
+        // Room that is only reserved reads as a hole where the filesystem keeps unwritten
+        // extents (ext4, XFS); written zeros are data.
+        use std::os::fd::AsRawFd;
+        // SAFETY: a plain system call on a file descriptor the log owns.
+        let hole = unsafe { libc::lseek(wal.file.as_raw_fd(), written as libc::off_t, libc::SEEK_HOLE) };
+        assert_eq!(hole as u64, allocated, "the room from {written} is not all written");
+        drop(wal);
+        assert_eq!(fs::metadata(d.log()).unwrap().len(), allocated);
+        assert_eq!(Wal::open(&d.0, Recovery::Strict).unwrap().1, records);
     }
 
     #[test]
