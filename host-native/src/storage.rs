@@ -1280,6 +1280,108 @@ mod tests {
         assert_eq!(Wal::open(&d.0, Recovery::Strict).unwrap().1, records);
     }
 
+    /// Stops a thread where it is, inside a signal handler, until [`Held::release`]: the
+    /// thread writing a log's room ahead, made to take as long as a slower disk would.
+    struct Held {
+        release: std::os::fd::OwnedFd,
+    }
+
+    /// The write end of the pipe a held thread says it is held on, and the read end of
+    /// the one it waits on.
+    static HOLDING: [std::sync::atomic::AtomicI32; 2] =
+        [std::sync::atomic::AtomicI32::new(-1), std::sync::atomic::AtomicI32::new(-1)];
+
+    extern "C" fn held(_: libc::c_int) {
+        let mut byte = 0u8;
+        // SAFETY: `write` and `read` are async-signal-safe, on pipes `Held::hold` made.
+        unsafe {
+            libc::write(HOLDING[0].load(Ordering::SeqCst), (&raw const byte).cast(), 1);
+            libc::read(HOLDING[1].load(Ordering::SeqCst), (&raw mut byte).cast(), 1);
+        }
+    }
+
+    impl Held {
+        /// Holds `thread`, which must not have finished, until released.
+        fn hold<T>(thread: &std::thread::JoinHandle<T>) -> Held {
+            use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+            use std::os::unix::thread::JoinHandleExt;
+            let pipe = || {
+                let mut fds = [0; 2];
+                // SAFETY: `pipe` fills `fds` with two new descriptors, each owned once.
+                unsafe {
+                    assert_eq!(libc::pipe(fds.as_mut_ptr()), 0);
+                    (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1]))
+                }
+            };
+            let ((told, tell), (wait, release)) = (pipe(), pipe());
+            HOLDING[0].store(tell.as_raw_fd(), Ordering::SeqCst);
+            HOLDING[1].store(wait.as_raw_fd(), Ordering::SeqCst);
+            // SAFETY: a handler of async-signal-safe calls, for a signal only this test sends.
+            unsafe {
+                let mut action: libc::sigaction = std::mem::zeroed();
+                action.sa_sigaction = held as *const () as usize;
+                action.sa_flags = libc::SA_RESTART;
+                assert_eq!(libc::sigaction(libc::SIGUSR2, &action, std::ptr::null_mut()), 0);
+                assert_eq!(libc::pthread_kill(thread.as_pthread_t(), libc::SIGUSR2), 0);
+            }
+            let mut poll = libc::pollfd { fd: told.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+            // SAFETY: one live `pollfd`.
+            assert_eq!(unsafe { libc::poll(&mut poll, 1, 10_000) }, 1, "the thread finished before it was held");
+            // Open for good: a handler may still use them.
+            std::mem::forget((told, tell, wait));
+            Held { release }
+        }
+
+        fn release(self) {
+            let byte = 0u8;
+            // SAFETY: one byte of a live buffer, to a pipe this owns.
+            let wrote =
+                unsafe { libc::write(std::os::fd::AsRawFd::as_raw_fd(&self.release), (&raw const byte).cast(), 1) };
+            assert_eq!(wrote, 1);
+        }
+    }
+
+    #[test]
+    fn a_log_opened_again_while_the_first_lives_on_keeps_what_it_syncs() {
+        // What the node binding's `new Wal(dir)` does after a restart: the first object
+        // lives on until the garbage collector takes it, and so may its thread writing
+        // the room ahead.
+        let d = TempDir::new("twice");
+        let (mut first, _) = Wal::open(&d.0, Recovery::Strict).unwrap();
+        let record = vec![7u8; 100 << 10];
+        let thread = |wal: &Wal| wal.filling.as_ref().map(|f| f.thread().id());
+        let mut n = 0;
+        loop {
+            first.append(&record).unwrap();
+            let before = thread(&first);
+            first.sync().unwrap();
+            n += 1;
+            if first.written >= PREALLOCATE_MAX && thread(&first).is_some_and(|t| Some(t) != before) {
+                break;
+            }
+        }
+        // It has just started on 4 to 8 MiB of zeros; held there, as a slower disk would.
+        let held = Held::hold(first.filling.as_ref().unwrap());
+        let to = first.written + room_for(first.written - first.start());
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let releasing = std::thread::spawn(move || {
+            let _ = released.recv_timeout(std::time::Duration::from_secs(1));
+            held.release();
+        });
+        let (mut again, got) = Wal::open(&d.0, Recovery::Strict).unwrap();
+        assert_eq!(got.len(), n);
+        // One record through the room the first log's thread is still to write.
+        let long = vec![9u8; (to - (64 << 10) - again.written) as usize];
+        again.append(&long).unwrap();
+        again.sync().unwrap();
+        let _ = release.send(());
+        releasing.join().unwrap();
+        drop((first, again));
+        let (_, got) = Wal::open(&d.0, Recovery::Strict).unwrap();
+        assert_eq!(got.len(), n + 1, "the record the log opened again synced is lost");
+        assert!(got[n] == long, "the record the log opened again synced is damaged");
+    }
+
     #[test]
     fn any_tail_after_the_records_recovers_them_and_the_log_continues() {
         let d = TempDir::new("tails");
