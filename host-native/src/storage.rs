@@ -96,7 +96,9 @@
 //!   little of it dirty; then syncing the allocation;
 //! - through a file handle of its own, so a write-back error it meets is not taken from
 //!   the log's handle, whose next sync must report it;
-//! - only past the room the log uses, which grows only once the thread is joined.
+//! - only past the room the log uses, which grows only once the thread is joined; a log
+//!   opened again on the file meanwhile, in this process, waits for it to finish (the
+//!   node binding's restart opens the log again while the first object lives on).
 //!
 //! After a failed write or sync the file's contents are unknown (the kernel may have
 //! dropped the dirty pages), so the [`Wal`] refuses further use: reopen it to recover.
@@ -250,6 +252,8 @@ impl Wal {
             }
             Err(e) => return Err(io_err(&path, "open")(e)),
         };
+        // A log still open on this file may be writing zeros past its end: where this one appends.
+        Filling::wait_for(&file).map_err(io_err(&path, "stat"))?;
         let Some(LogFile { version, generation, start, sums, data }) = read_log(&path, &mut file)? else {
             // Never left by this code (logs are created with their header), and holds nothing.
             let key = fresh_key(&path)?;
@@ -404,8 +408,12 @@ impl Wal {
         }
         // Its own open file, not a clone of the log's handle: see the module docs.
         let Ok(file) = File::options().write(true).open(&self.path) else { return };
+        let Ok(filling) = Filling::start(&file) else { return };
         let (from, to) = (self.allocated, self.written + want);
-        let spawned = std::thread::Builder::new().name("wal-room".into()).spawn(move || fill(&file, from, to));
+        let spawned = std::thread::Builder::new().name("wal-room".into()).spawn(move || {
+            let _filling = filling;
+            fill(&file, from, to)
+        });
         self.filling = spawned.ok();
     }
 
@@ -582,13 +590,61 @@ impl Wal {
 }
 
 impl Drop for Wal {
-    /// Joins the thread writing zeros: a log opened again on this file afterwards could
-    /// already have appended records where they were still to go.
+    /// Joins the thread writing zeros: none outlives its log (a log opened again on this
+    /// file waits for it anyway, see [`Filling`]).
     fn drop(&mut self) {
         if let Some(filling) = self.filling.take() {
             let _ = filling.join();
         }
     }
+}
+
+/// The files (device, inode) whose room a thread of this process is writing zeros over,
+/// once for each thread, and the signal that one finished.
+static FILLING: std::sync::Mutex<Vec<(u64, u64)>> = std::sync::Mutex::new(Vec::new());
+static FILLED: std::sync::Condvar = std::sync::Condvar::new();
+
+/// A thread writing zeros over the room of a file, while it lives: a log opened on the
+/// same file meanwhile waits for it (see the module docs).
+struct Filling((u64, u64));
+
+impl Filling {
+    fn start(file: &File) -> io::Result<Filling> {
+        let id = file_id(file)?;
+        filling().push(id);
+        Ok(Filling(id))
+    }
+
+    /// Waits until no thread writes zeros over the room of `file`.
+    fn wait_for(file: &File) -> io::Result<()> {
+        let id = file_id(file)?;
+        let mut filling = filling();
+        while filling.contains(&id) {
+            filling = FILLED.wait(filling).unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Filling {
+    fn drop(&mut self) {
+        let mut filling = filling();
+        if let Some(at) = filling.iter().position(|&id| id == self.0) {
+            filling.swap_remove(at);
+        }
+        FILLED.notify_all();
+    }
+}
+
+fn filling() -> std::sync::MutexGuard<'static, Vec<(u64, u64)>> {
+    FILLING.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The device and inode of `file`: which file it is, whatever its name.
+fn file_id(file: &File) -> io::Result<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = file.metadata()?;
+    Ok((meta.dev(), meta.ino()))
 }
 
 /// Writes `content` to the temp file, reserves room after it, syncs it and renames it
