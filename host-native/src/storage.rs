@@ -93,7 +93,9 @@
 //! - 16 KiB at a time: one write of the whole stretch leaves page-cache folios of up to
 //!   2 MiB, and each small append into one then walks its 512 block buffers;
 //! - writing each 256 KiB back before the next, so the log's own syncs meanwhile find
-//!   little of it dirty; then syncing the allocation;
+//!   little of it dirty; then syncing the allocation (a failed sync poisons the log);
+//! - stopping before the next piece when the log needs the room, so a write waits for
+//!   one piece at most (records that outrun the zeros go into room only reserved);
 //! - through a file handle of its own, so a write-back error it meets is not taken from
 //!   the log's handle, whose next sync must report it;
 //! - only past the room the log uses, which grows only once the thread is joined; a log
@@ -220,7 +222,7 @@ pub struct Wal {
     /// Whether the filesystem took written room when asked; once it has not, room is only reserved.
     fills: bool,
     /// The thread writing zeros past `allocated`, and the file length it reached.
-    filling: Option<std::thread::JoinHandle<u64>>,
+    filling: Option<RoomFill>,
     /// Set when a write or sync failed: the file's state is unknown.
     poisoned: bool,
 }
@@ -377,7 +379,7 @@ impl Wal {
         }
         let end = self.written + self.pending.len() as u64;
         if end > self.allocated {
-            self.finish_filling();
+            self.finish_filling().map_err(io_err(&self.path, "write room"))?;
         }
         if end > self.allocated {
             self.allocated = reserve(&self.file, self.allocated, end, end - self.start()).max(end);
@@ -399,8 +401,9 @@ impl Wal {
     /// Starts writing zeros over the next stretch of room once the records have used half
     /// of what they want (see the module docs), unless that is under way.
     fn fill_ahead(&mut self) {
-        if self.filling.as_ref().is_some_and(|f| f.is_finished()) {
-            self.finish_filling();
+        // A failure poisons the log: the next call reports it.
+        if self.filling.as_ref().is_some_and(|f| f.thread.is_finished()) && self.finish_filling().is_err() {
+            return;
         }
         let want = room_for(self.written - self.start());
         if !self.fills || self.filling.is_some() || self.allocated - self.written >= want / 2 {
@@ -410,21 +413,31 @@ impl Wal {
         let Ok(file) = File::options().write(true).open(&self.path) else { return };
         let Ok(filling) = Filling::start(&file) else { return };
         let (from, to) = (self.allocated, self.written + want);
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stops = stop.clone();
         let spawned = std::thread::Builder::new().name("wal-room".into()).spawn(move || {
             let _filling = filling;
-            fill(&file, from, to)
+            fill(&file, from, to, &stops)
         });
-        self.filling = spawned.ok();
+        self.filling = spawned.ok().map(|thread| RoomFill { thread, stop });
     }
 
-    /// Waits for the zeros being written past the room, and takes what they reached as
-    /// room; once the filesystem took none, later room is only reserved.
-    fn finish_filling(&mut self) {
-        let Some(filling) = self.filling.take() else { return };
-        match filling.join() {
-            Ok(reached) if reached > self.allocated => self.allocated = reached,
+    /// Stops the thread writing zeros past the room before its next piece, waits for it,
+    /// and takes what it reached as room; once the filesystem took none, later room is
+    /// only reserved. A failed sync of the room poisons the log: its allocation may not
+    /// be on the disk, and the error went to the thread's file handle, not the log's.
+    fn finish_filling(&mut self) -> io::Result<()> {
+        let Some(RoomFill { thread, stop }) = self.filling.take() else { return Ok(()) };
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        match thread.join() {
+            Ok(Ok(reached)) if reached > self.allocated => self.allocated = reached,
+            Ok(Err(e)) => {
+                self.poisoned = true;
+                return Err(e);
+            }
             _ => self.fills = false,
         }
+        Ok(())
     }
 
     /// Atomically replaces the whole log with `records` (write a temp file, sync, rename
@@ -542,7 +555,7 @@ impl Wal {
     /// Installs `content` (header block and encoded records starting at `starts`) as the log.
     fn replace(&mut self, content: Vec<u8>, starts: Vec<u64>) -> Result<(), StorageError> {
         // Zeros still being written go to the file about to be replaced.
-        self.finish_filling();
+        self.finish_filling().map_err(io_err(&self.path, "write room"))?;
         // A failed rename leaves the old log in place (and the temp file for `open` to remove).
         let (file, allocated) = install(&self.dir, &content)?;
         self.file = file;
@@ -593,9 +606,7 @@ impl Drop for Wal {
     /// Joins the thread writing zeros: none outlives its log (a log opened again on this
     /// file waits for it anyway, see [`Filling`]).
     fn drop(&mut self) {
-        if let Some(filling) = self.filling.take() {
-            let _ = filling.join();
-        }
+        let _ = self.finish_filling();
     }
 }
 
@@ -703,17 +714,26 @@ fn room_for(held: u64) -> u64 {
     held.clamp(PREALLOCATE_MIN, PREALLOCATE_MAX)
 }
 
+/// A thread writing zeros past a log's room, and what tells it to stop.
+struct RoomFill {
+    thread: std::thread::JoinHandle<io::Result<u64>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
 /// Extends `file` from its length `from` to `to` with written zeros (see the module docs):
 /// reserves the stretch, writes it in small pieces, writing each back before the next so
-/// the log's own syncs meanwhile find little of it dirty, then syncs it. Returns the
-/// length up to which the file holds room, `from` if the filesystem gave none.
-fn fill(file: &File, from: u64, to: u64) -> u64 {
+/// the log's own syncs meanwhile find little of it dirty, then syncs it. Stops before the
+/// next piece once `stop` is set (the log is waiting to write there), or when a write
+/// fails (the log's own sync reports a failed write-back), and then leaves the sync to
+/// the log. Returns the length up to which the file holds room, `from` if the filesystem
+/// gave none; an error if its sync failed.
+fn fill(file: &File, from: u64, to: u64, stop: &std::sync::atomic::AtomicBool) -> io::Result<u64> {
     const WRITE: u64 = 16 << 10;
     const WRITE_BACK: u64 = 256 << 10;
     static ZEROS: [u8; WRITE as usize] = [0; WRITE as usize];
     let reserved = reserve_exactly(file, from, to);
     let mut at = from;
-    while at < to {
+    while at < to && !stop.load(std::sync::atomic::Ordering::Relaxed) {
         let piece = (to - at).min(WRITE_BACK);
         let wrote = (at..at + piece).step_by(WRITE as usize).try_for_each(|w| {
             std::os::unix::fs::FileExt::write_all_at(file, &ZEROS[..(at + piece - w).min(WRITE) as usize], w)
@@ -723,8 +743,10 @@ fn fill(file: &File, from: u64, to: u64) -> u64 {
         }
         at += piece;
     }
-    let _ = file.sync_data();
-    if reserved { to } else { at }
+    if at == to {
+        file.sync_data()?;
+    }
+    Ok(if reserved { to } else { at })
 }
 
 /// Frees the blocks of `file` in `from..to` (they read as zeros), keeping its length;
@@ -1322,7 +1344,10 @@ mod tests {
                 wal.sync().unwrap();
             }
         }
-        wal.finish_filling();
+        while wal.filling.as_ref().is_some_and(|f| !f.thread.is_finished()) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        wal.finish_filling().unwrap();
         let (written, allocated) = (wal.written, wal.allocated);
         assert!(allocated - written >= PREALLOCATE_MIN, "room {written}..{allocated}");
         // Room that is only reserved reads as a hole where the filesystem keeps unwritten
@@ -1405,7 +1430,7 @@ mod tests {
         let d = TempDir::new("twice");
         let (mut first, _) = Wal::open(&d.0, Recovery::Strict).unwrap();
         let record = vec![7u8; 100 << 10];
-        let thread = |wal: &Wal| wal.filling.as_ref().map(|f| f.thread().id());
+        let thread = |wal: &Wal| wal.filling.as_ref().map(|f| f.thread.thread().id());
         let mut n = 0;
         loop {
             first.append(&record).unwrap();
@@ -1417,7 +1442,7 @@ mod tests {
             }
         }
         // It has just started on 4 to 8 MiB of zeros; held there, as a slower disk would.
-        let held = Held::hold(first.filling.as_ref().unwrap());
+        let held = Held::hold(&first.filling.as_ref().unwrap().thread);
         let to = first.written + room_for(first.written - first.start());
         let (release, released) = std::sync::mpsc::channel::<()>();
         let releasing = std::thread::spawn(move || {
