@@ -1483,17 +1483,22 @@ mod tests {
             [&[0; 100][..], &noise[..], &[0; 100][..]].concat(),
         ];
         for (i, tail) in tails.iter().enumerate() {
-            for recovery in [Recovery::Strict, Recovery::Repair] {
-                fs::write(d.log(), [&log[..end], &tail[..]].concat()).unwrap();
-                let (mut wal, got) = Wal::open(&d.0, recovery).unwrap_or_else(|e| panic!("tail {i}: {e}"));
-                assert_eq!((got, wal.len_bytes()), (records.clone(), end as u64), "tail {i}");
-                wal.append(b"after").unwrap();
-                wal.sync().unwrap();
-                drop(wal);
-                let (_, got) = Wal::open(&d.0, Recovery::Strict).unwrap();
-                assert_eq!(got.last().map(Vec::as_slice), Some(&b"after"[..]), "tail {i}");
-                assert_eq!(got[..6], records, "tail {i}");
-            }
+            recovers_then_continues(&d, &[&log[..end], &tail[..]].concat(), &records, end as u64, &format!("tail {i}"));
+        }
+    }
+
+    /// Opens the log in `d`, holding `data`, in either mode: it recovers `records` and ends
+    /// at `end`, and a record appended then follows them.
+    fn recovers_then_continues(d: &TempDir, data: &[u8], records: &[Vec<u8>], end: u64, what: &str) {
+        for recovery in [Recovery::Strict, Recovery::Repair] {
+            fs::write(d.log(), data).unwrap();
+            let (mut wal, got) = Wal::open(&d.0, recovery).unwrap_or_else(|e| panic!("{what}, {recovery:?}: {e}"));
+            assert_eq!((got, wal.len_bytes()), (records.to_vec(), end), "{what}, {recovery:?}");
+            wal.append(b"after").unwrap();
+            wal.sync().unwrap();
+            drop(wal);
+            let (_, got) = Wal::open(&d.0, Recovery::Strict).unwrap();
+            assert_eq!(got, [records, &[b"after".to_vec()]].concat(), "{what}, {recovery:?}");
         }
     }
 
@@ -1797,18 +1802,9 @@ mod tests {
         wal.sync().unwrap();
         drop(wal);
         let mut data = fs::read(d.log()).unwrap();
-        let first = offset_of(&records, 3) as usize;
-        data[first + HEADER + 2] ^= 0x40;
-        for recovery in [Recovery::Strict, Recovery::Repair] {
-            fs::write(d.log(), &data).unwrap();
-            let (mut wal, got) = Wal::open(&d.0, recovery).unwrap_or_else(|e| panic!("{recovery:?}: {e}"));
-            assert_eq!((got, wal.len_bytes()), (records.clone(), first as u64), "{recovery:?}");
-            wal.append(b"after").unwrap();
-            wal.sync().unwrap();
-            drop(wal);
-            let (_, got) = Wal::open(&d.0, Recovery::Strict).unwrap();
-            assert_eq!(got, [&records[..], &[b"after".to_vec()]].concat(), "{recovery:?}");
-        }
+        let first = offset_of(&records, 3);
+        data[first as usize + HEADER + 2] ^= 0x40;
+        recovers_then_continues(&d, &data, &records, first, "the torn write");
     }
 
     /// The same damage with a record of a later write after it: that write began once the
