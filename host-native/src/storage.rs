@@ -388,6 +388,7 @@ impl Wal {
         self.file.write_all(&self.pending).map_err(io_err(&self.path, "write"))?;
         if durability == Durability::Sync {
             self.file.sync_data().map_err(io_err(&self.path, "sync"))?;
+            self.synced();
         }
         self.poisoned = false;
         self.written += self.pending.len() as u64;
@@ -518,9 +519,17 @@ impl Wal {
             Durability::Replicated => sync_header(&self.file),
         }
         .map_err(io_err(&self.path, "sync header"))?;
+        self.synced();
         self.poisoned = false;
         self.generation = generation;
         Ok(())
+    }
+
+    /// A sync of the log's file returned. Tests keep a copy of the file at each, to build
+    /// what a power loss during the next one can leave.
+    fn synced(&self) {
+        #[cfg(test)]
+        tests::synced(&self.path);
     }
 
     /// Replaces the log with a copy of its records from record `n` on, pending ones
@@ -1660,6 +1669,61 @@ mod tests {
         let (wal, got) = Wal::open(&d.0, Recovery::Strict).unwrap();
         assert!(got.is_empty());
         assert_eq!((wal.records(), wal.len_bytes()), (0, BLOCK));
+    }
+
+    thread_local! {
+        /// Copies of the log at each sync this thread made, while a test collects them.
+        static SYNCED: std::cell::RefCell<Option<Vec<Vec<u8>>>> = const { std::cell::RefCell::new(None) };
+    }
+
+    /// See [`Wal::synced`].
+    pub(super) fn synced(path: &Path) {
+        SYNCED.with(|s| {
+            if let Some(copies) = s.borrow_mut().as_mut() {
+                copies.push(fs::read(path).unwrap());
+            }
+        });
+    }
+
+    /// The log's file as each sync that `run` made left it on the disk.
+    fn syncs_of(run: impl FnOnce()) -> Vec<Vec<u8>> {
+        SYNCED.with(|s| *s.borrow_mut() = Some(Vec::new()));
+        run();
+        SYNCED.with(|s| s.borrow_mut().take().unwrap())
+    }
+
+    /// A replica persists its checkpoint and asks to compact before it syncs, so the
+    /// records a compaction keeps may not be on the disk yet. A power loss during the sync
+    /// that writes the new start can persist the header block and not those records
+    /// (writeback even writes the header first): the log must then still hold either the
+    /// old records or the new ones, never neither.
+    #[test]
+    fn a_compaction_cut_short_never_leaves_a_start_past_what_is_on_the_disk() {
+        let d = TempDir::new("compaction-order");
+        let records = recs(6);
+        let mut wal = write(&d.0, &records);
+        let before = fs::read(d.log()).unwrap();
+        let checkpoint = [b"checkpoint".to_vec(), b"what a restart needs with it".to_vec()];
+        for r in &checkpoint {
+            wal.append(r).unwrap();
+        }
+        let syncs = syncs_of(|| wal.compact_before(6, Durability::Sync).unwrap());
+        wal.finish_punching();
+        assert!(wal.punches, "the filesystem under {} punches holes", d.0.display());
+        drop(wal);
+        // The last sync cut short: the header block it wrote landed, nothing else it wrote did.
+        let (last, durable) = match &syncs[..] {
+            [.., durable, last] => (last, durable),
+            [last] => (last, &before),
+            [] => panic!("the compaction synced nothing"),
+        };
+        let mut crashed = durable.clone();
+        crashed.resize(crashed.len().max(BLOCK as usize), 0);
+        crashed[..BLOCK as usize].copy_from_slice(&last[..BLOCK as usize]);
+        fs::write(d.log(), &crashed).unwrap();
+        let (_, got) = Wal::open(&d.0, Recovery::Strict).unwrap();
+        let all = [&records[..], &checkpoint[..]].concat();
+        assert!(got == checkpoint || got == all, "recovered {} records, the acknowledged ones gone", got.len());
     }
 
     /// Runs `compaction` on a log that punches holes, and on one that rewrites.
