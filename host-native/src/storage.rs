@@ -40,8 +40,11 @@
 //! Dropping the records before a cut writes the cut into the older slot, syncs it, and
 //! then punches a hole (`fallocate(PUNCH_HOLE)`, on a thread of its own) over the whole
 //! blocks before the cut: the disk space is freed without copying what is kept, so
-//! compaction costs one small sync, not a rewrite of the checkpoint state. A crash while the slot is written leaves
-//! the other slot, and nothing was punched yet. Where the filesystem cannot punch holes,
+//! compaction costs one small sync, not a rewrite of the checkpoint state (and first a
+//! sync of the records kept that were not synced yet, as a replica's checkpoint is not
+//! when it asks to compact: the slot must never reach the disk before what it points
+//! to, and one sync of both may persist the header block alone). A crash while the slot
+//! is written leaves the other slot, and nothing was punched yet. Where the filesystem cannot punch holes,
 //! and once the records start [`REWRITE_AT`] bytes into the file, the records kept are
 //! copied into a new file instead, renamed over the log.
 //!
@@ -475,7 +478,9 @@ impl Wal {
         }
         self.finish_punching();
         if self.punches && cut < REWRITE_AT {
-            self.write(Durability::Replicated)?;
+            // Synced before the slot is written: a power loss during one sync of both
+            // could persist the slot and not them, a start past every record on the disk.
+            self.write(durability)?;
             self.set_start(cut, durability)?;
             self.starts.drain(..n as usize);
             // Freeing the blocks waits on the filesystem for milliseconds (0.4 ms of CPU
