@@ -61,8 +61,9 @@
 //!   one, by the last write, which was never acknowledged if the sync was cut short: a
 //!   torn tail, truncated with a warning in either mode. (Were that write acknowledged
 //!   and its bytes damaged later, this loses its records as a torn tail does; the log
-//!   trusts that a completed sync persisted what it wrote.) Damage with a later write's
-//!   record after it is corruption, below.
+//!   trusts that a completed sync persisted what it wrote; under `replicated`, where
+//!   no write is synced, a power loss may so lose acknowledged writes, as that mode
+//!   allows.) Damage with a later write's record after it is corruption, below.
 //! - **Corruption.** A record that fails its checksum or has an impossible length while
 //!   an intact record of a later write follows it (any intact record, in a log of an
 //!   earlier version) means acknowledged data was damaged. [`Recovery::Strict`]
@@ -405,8 +406,11 @@ impl Wal {
     /// Starts writing zeros over the next stretch of room once the records have used half
     /// of what they want (see the module docs), unless that is under way.
     fn fill_ahead(&mut self) {
-        // A failure poisons the log: the next call reports it.
-        if self.filling.as_ref().is_some_and(|f| f.thread.is_finished()) && self.finish_filling().is_err() {
+        // A failure poisons the log: the next call fails, and this says why.
+        if self.filling.as_ref().is_some_and(|f| f.thread.is_finished())
+            && let Err(e) = self.finish_filling()
+        {
+            tracing::error!(path = %self.path.display(), "syncing the room ahead failed, the log refuses further use: {e}");
             return;
         }
         let want = room_for(self.written - self.start());
@@ -512,8 +516,9 @@ impl Wal {
     /// otherwise (the records are not promised to survive power loss then). Under
     /// `replicated` that write does not flush the disk's cache: after a power loss the
     /// header may lag a punch the filesystem's journal already holds, and recovery then
-    /// finds the old start's records gone (in `strict`, an error; in `repair`, an empty
-    /// log), a replica that catches up from the others, as that mode promises.
+    /// finds the old start's records gone (in `strict`, an error, or a log truncated with
+    /// a warning where what follows is one write; in `repair`, an empty log), a replica
+    /// that catches up from the others, as that mode promises.
     fn set_start(&mut self, start: u64, durability: Durability) -> Result<(), StorageError> {
         let generation = self.generation + 1;
         self.poisoned = true;
