@@ -526,7 +526,7 @@ impl Wal {
             .map_err(io_err(&self.path, "write header"))?;
         match durability {
             Durability::Sync => self.file.sync_data(),
-            Durability::Replicated => sync_header(&self.file),
+            Durability::Replicated => write_back(&self.file, 0, BLOCK),
         }
         .map_err(io_err(&self.path, "sync header"))?;
         self.synced();
@@ -786,11 +786,6 @@ fn punch_hole(file: &File, from: u64, to: u64) -> bool {
         let _ = file;
         false
     }
-}
-
-/// Writes the header block of `file` to the disk, not the rest of the file's dirty pages.
-fn sync_header(file: &File) -> io::Result<()> {
-    write_back(file, 0, BLOCK)
 }
 
 /// Writes `len` bytes of `file`'s dirty pages from `from` to the disk and waits for them,

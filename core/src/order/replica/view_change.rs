@@ -906,22 +906,13 @@ mod tests {
         assert!(replicas[3].voted.is_empty() && replicas[3].prepared.is_empty());
     }
 
-    /// Replica 3 prepared P at slot 1 in view 0 (and sent COMMIT for it); the NEW-VIEW for
-    /// view 1 settled slot 1 empty, and 3 voted for that, then restarted. Recovered, its
-    /// slot holds view 1's batch alone: it sends again its PREPARE for the empty batch and
-    /// no COMMIT (it sent none in view 1), and takes view 1's votes without calling
-    /// anyone an equivocator.
     /// A replica votes for one batch per slot and view, whatever its log holds: here its
     /// vote for A in view 1 was read before the record of entering view 1 (which empties
     /// the log), so no slot shows it, and it must still refuse the primary's B there.
     #[test]
     fn a_replica_never_votes_for_two_batches_at_one_slot_in_one_view() {
-        use crate::order::Bundle;
         let (cfgs, _, _) = cluster();
-        let mut client = Node::new(cfgs[4].clone()).unwrap();
-        let ids: Vec<NodeId> = (0..4).collect();
-        let r = Bundle::seal(&client.ctx_mut().keys, &ids, 1, 0, vec![bytes::Bytes::from_static(b"a")]);
-        let a = EncodedBatch::new(vec![Arc::new(Bundle::parse(r).unwrap())]);
+        let a = EncodedBatch::new(vec![Arc::new(request(&cfgs, 1, b"a"))]);
         let b = EncodedBatch::new(vec![]);
         let mut node = Node::new(cfgs[3].clone()).unwrap();
         let mut replica = Replica::new(node.ctx_mut());
@@ -945,6 +936,11 @@ mod tests {
         );
     }
 
+    /// Replica 3 prepared P at slot 1 in view 0 (and sent COMMIT for it); the NEW-VIEW for
+    /// view 1 settled slot 1 empty, and 3 voted for that, then restarted. Recovered, its
+    /// slot holds view 1's batch alone: it sends again its PREPARE for the empty batch and
+    /// no COMMIT (it sent none in view 1), and takes view 1's votes without calling
+    /// anyone an equivocator.
     #[test]
     fn a_replica_restarted_in_a_new_view_keeps_nothing_of_the_old_views_slots() {
         let (cfgs, _, _) = cluster();
