@@ -227,7 +227,7 @@ fn drawn(
         duplicate_ppm,
         drop_ppm,
         lossy_until: lossy_until_ms * MS,
-        slow: vec![],
+        ..NetConfig::default()
     };
     s.replicas = vec![Behavior::Correct; n as usize];
     s.client_behaviors = vec![Behavior::Correct; clients as usize];

@@ -84,6 +84,10 @@ pub struct NetConfig {
     /// Nodes whose every frame takes up to this much longer, drawn per frame and per
     /// receiver: what they send reaches different nodes at very different times.
     pub slow: Vec<(NodeId, Nanos)>,
+    /// How long a storage sync may take, drawn per sync (none by default): a crash before
+    /// it completes loses what it would have made durable, while what did not wait for
+    /// it is out.
+    pub max_sync_latency: Nanos,
 }
 
 impl Default for NetConfig {
@@ -95,6 +99,7 @@ impl Default for NetConfig {
             drop_ppm: 0,
             lossy_until: Nanos::MAX,
             slow: vec![],
+            max_sync_latency: 0,
         }
     }
 }
@@ -182,6 +187,8 @@ struct Host {
     /// synced; a restart runs a fresh node and application on it.
     run: SimHost,
     crashed: bool,
+    /// A sync of its storage is under way.
+    syncing: bool,
     /// Stopped (SIGSTOP): what is for it waits, in order, until it runs again.
     paused: Option<Vec<Event>>,
     /// Bumped on crash and on every reschedule, so stale timer events are ignored.
@@ -445,6 +452,7 @@ impl Sim {
             serves,
             run: HostLoop::new(machine, MemoryStorage::default(), SimApp::default()),
             crashed: false,
+            syncing: false,
             paused: None,
             timer_generation: 0,
             timer_at: None,
@@ -625,6 +633,7 @@ impl Sim {
             }
             Event::Sync { host, incarnation } => {
                 if self.alive(host, incarnation) {
+                    self.hosts[host].syncing = false;
                     let result = self.hosts[host].run.sync(self.now).map(|_| ());
                     self.check(host, result);
                     self.after_input(host);
@@ -633,6 +642,7 @@ impl Sim {
             Event::Crash { host } => {
                 let h = &mut self.hosts[host];
                 h.crashed = true;
+                h.syncing = false;
                 h.run.storage_mut().crash();
                 h.timer_generation += 1;
                 h.timer_at = None;
@@ -851,9 +861,13 @@ impl Sim {
                 self.hijack(host, seq);
             }
         }
-        // Storage that completes at once, acknowledged as an event of its own.
-        if self.hosts[host].run.unsynced() > 0 {
-            self.schedule(self.now, Event::Sync { host, incarnation });
+        // A sync completes as an event of its own, after its latency; one at a time.
+        if self.hosts[host].run.unsynced() > 0 && !std::mem::replace(&mut self.hosts[host].syncing, true) {
+            let latency = match self.net.max_sync_latency {
+                0 => 0,
+                max => self.rng.below(max + 1),
+            };
+            self.schedule(self.now + latency, Event::Sync { host, incarnation });
         }
         let h = &mut self.hosts[host];
         let next = h.run.poll_timeout();

@@ -475,7 +475,8 @@ pub fn sweep(f: u32, seeds: std::ops::Range<u64>, real_every: u64) -> Sweep {
     let mut out = Sweep::default();
     for seed in seeds {
         let crypto = if seed % real_every.max(1) == 0 { CryptoMode::Real } else { CryptoMode::InsecureTest };
-        let s = Scenario::adversarial(f, seed, crypto);
+        let mut s = Scenario::adversarial(f, seed, crypto);
+        s.net.max_sync_latency = adversary::sweep_sync_latency(seed);
         let outcome = s.run();
         let exp = s.expectations(outcome.sim_time);
         out.seeds += 1;

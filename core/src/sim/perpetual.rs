@@ -678,7 +678,8 @@ pub fn sweep(n_c: u32, n_t: u32, seeds: std::ops::Range<u64>, real_every: u64) -
     let mut out = Sweep::default();
     for seed in seeds {
         let crypto = if seed % real_every.max(1) == 0 { CryptoMode::Real } else { CryptoMode::InsecureTest };
-        let s = Scenario { crypto, ..Scenario::adversarial(n_c, n_t, seed) };
+        let mut s = Scenario { crypto, ..Scenario::adversarial(n_c, n_t, seed) };
+        s.net.max_sync_latency = adversary::sweep_sync_latency(seed);
         out.seeds += 1;
         let violations = match super::scenario::run_caught(|| s.run()) {
             Ok(run) => {
