@@ -69,8 +69,8 @@ impl Slot {
     }
 }
 
-/// A batch this replica voted for (PREPARE, or PRE-PREPARE as primary), in the latest
-/// view it did: what a VIEW-CHANGE reports and a fetch is answered from.
+/// A batch this replica voted for (its PREPARE), in the latest view it did: what a
+/// VIEW-CHANGE reports and a fetch is answered from.
 struct Voted {
     view: u64,
     batch: Arc<EncodedBatch>,
@@ -187,6 +187,12 @@ pub(crate) struct Replica {
     changing: Option<view_change::Changing>,
     /// The highest view persisted: a restart resumes in it.
     durable_view: u64,
+    /// The view this run persisted it proposes in (`Record::Proposing`), before its first
+    /// PRE-PREPARE there.
+    proposing: Option<u64>,
+    /// The latest view an earlier run proposed in: a PRE-PREPARE it sent there may never
+    /// have been persisted, so this run proposes nothing more in that view.
+    proposed_before: Option<u64>,
     /// Consecutive view changes without progress, for exponential back-off.
     failed_views: u32,
     /// PRE-PREPAREs, PREPAREs and COMMITs for a view this replica has not entered yet
@@ -229,7 +235,6 @@ enum Early {
 /// or waiting for the client's own copy, byte for byte the same.
 struct Parked {
     seen_at: Nanos,
-    view: u64,
     encoded: Bytes,
     digest: Digest,
     requests: Vec<Result<Arc<Bundle>, Bundle>>,
@@ -280,6 +285,8 @@ impl Replica {
             offered_states: BTreeMap::new(),
             prepared: BTreeMap::new(),
             voted: BTreeMap::new(),
+            proposing: None,
+            proposed_before: None,
             changing: None,
             durable_view: 0,
             failed_views: 0,
@@ -549,7 +556,9 @@ impl Replica {
         // Cleared first: a timer armed in an earlier view must not outlive primaryship,
         // or it would fire at once, forever.
         self.batch_deadline = None;
-        if !self.is_primary(ctx) || self.changing.is_some() {
+        // An earlier run's PRE-PREPARE in this view may never have been persisted: another
+        // at its slot would be equivocation, so this view goes on without proposals here.
+        if !self.is_primary(ctx) || self.changing.is_some() || self.proposed_before == Some(self.view) {
             return;
         }
         let p = &ctx.cfg.cluster.params;
@@ -569,6 +578,11 @@ impl Replica {
             if !full && !caught_up && oldest.saturating_add(timeout) > now {
                 self.batch_deadline = Some(oldest.saturating_add(timeout));
                 return;
+            }
+            // (A group of one sends its proposals to nobody.)
+            if self.proposing != Some(self.view) && self.replicas.len() > 1 {
+                ctx.persist(record(Record::Proposing(self.view)));
+                self.proposing = Some(self.view);
             }
             let bundles = self.cut_batch(now, patience, max_count, max_bytes);
             self.pre_prepare(ctx, now, bundles);
@@ -626,11 +640,14 @@ impl Replica {
         let requests: usize = bundles.iter().map(|b| b.ops.len()).sum();
         let batch = EncodedBatch::new(bundles);
         // A slot catch-up committed is passed by; its bundles wait for the next one.
-        if !self.vote_for(ctx, seq, &batch) {
+        if !self.may_vote(ctx, seq, &batch) {
             return;
         }
         self.recent_batch_requests = requests.max(self.recent_batch_requests - self.recent_batch_requests.div_ceil(8));
+        // The proposal is no vote, so it leaves at once: the backups persist their votes
+        // while the primary persists its own, which follows as a PREPARE.
         ctx.send_encoded_to_replicas(&batch.pre_prepare_body(self.view, seq), &[]);
+        self.vote(ctx, seq, &batch);
         self.accept(ctx, now, now, seq, batch);
     }
 
@@ -639,26 +656,30 @@ impl Replica {
         self.log.get(&seq).is_some_and(|s| s.committed)
     }
 
-    /// Records this replica's vote for `batch` at `seq` in the current view, durably
-    /// before the vote leaves; or nothing:
+    /// Whether this replica may vote for `batch` at `seq` in the current view. Not:
     /// - for a decided slot, it takes no vote for any batch (a primary that restarted into
     ///   a view the others left proposes unaware, and a fetched NEW-VIEW batch may arrive
     ///   after catch-up committed its slot);
     /// - where it voted for another batch in this view: checked here, not left to the log
     ///   holding the slot's proposal, which recovery rebuilds only from records in order.
-    ///
-    /// Returns whether it voted; the caller sends the vote only then.
-    #[must_use]
-    fn vote_for(&mut self, ctx: &mut Ctx, seq: u64, batch: &Arc<EncodedBatch>) -> bool {
+    fn may_vote(&self, ctx: &mut Ctx, seq: u64, batch: &EncodedBatch) -> bool {
         let voted_other =
             |votes: &Vec<Voted>| votes.iter().any(|v| v.view == self.view && v.batch.digest != batch.digest);
         if self.decided(seq) || self.voted.get(&seq).is_some_and(voted_other) {
             ctx.stats.stale += 1;
             return false;
         }
+        true
+    }
+
+    /// Votes for `batch` at `seq` in the current view (as `may_vote` allows): records the
+    /// vote, and sends the PREPARE once the record is durable. The primary votes so too,
+    /// after its PRE-PREPARE.
+    fn vote(&mut self, ctx: &mut Ctx, seq: u64, batch: &Arc<EncodedBatch>) {
         ctx.persist(batch.accepted_record(self.view, seq));
         self.note_voted(seq, self.view, batch.clone());
-        true
+        let vote = pb::Vote { view: self.view, seq, digest: batch.digest.to_vec() };
+        ctx.send_to_replicas(pb::body::Kind::Prepare(vote), &[]);
     }
 
     /// Adds a vote to `voted`: a later view for the same digest replaces the earlier, and
@@ -716,7 +737,7 @@ impl Replica {
                 None => return ctx.fault(from, FaultKind::Malformed),
             }
         }
-        self.parked.insert(pp.seq, Parked { seen_at: now, view: pp.view, encoded: pp.batch, digest: d, requests });
+        self.parked.insert(pp.seq, Parked { seen_at: now, encoded: pp.batch, digest: d, requests });
         self.unpark(ctx, now);
     }
 
@@ -756,22 +777,17 @@ impl Replica {
             }
         }
         for seq in ready {
-            let Parked { seen_at, view, encoded, digest, requests } = self.parked.remove(&seq).expect("parked");
+            let Parked { seen_at, encoded, digest, requests } = self.parked.remove(&seq).expect("parked");
             let bundles: Vec<Arc<Bundle>> = requests.into_iter().map(|r| r.unwrap_or_else(Arc::new)).collect();
             if !cuttable(&ctx.cfg.cluster.params, &bundles) {
                 ctx.fault(primary, FaultKind::Unexpected);
                 continue;
             }
             let batch = EncodedBatch::received(encoded, digest, bundles);
-            if !self.vote_for(ctx, seq, &batch) {
+            if !self.may_vote(ctx, seq, &batch) {
                 continue;
             }
-            let vote = pb::Vote { view, seq, digest: digest.to_vec() };
-            ctx.send_to_replicas(pb::body::Kind::Prepare(vote), &[]);
-            if let Some(slot) = self.slot(seq) {
-                // The PRE-PREPARE is the primary's vote.
-                let _ = add_vote(&mut slot.prepares, primary, digest);
-            }
+            self.vote(ctx, seq, &batch);
             self.accept(ctx, now, seen_at, seq, batch);
         }
     }
@@ -1109,7 +1125,7 @@ impl Replica {
     }
 
     /// This replica's votes in its view for the slots from `from` on: its PRE-PREPARE (as
-    /// primary, above the NEW-VIEW's slots) or PREPARE, and its COMMIT if it sent one. For
+    /// primary, above the NEW-VIEW's slots) and PREPARE, and its COMMIT if it sent one. For
     /// peers that may have lost them to a crash, theirs or this replica's.
     fn own_votes(&self, ctx: &Ctx, from: u64) -> Vec<pb::body::Kind> {
         let primary = self.is_primary(ctx);
@@ -1124,13 +1140,12 @@ impl Replica {
             if !voted_here {
                 continue;
             }
-            let vote = pb::Vote { view, seq, digest: batch.digest.to_vec() };
-            // The NEW-VIEW proposed the slots up to `reproposed`; everyone PREPAREs those.
-            bodies.push(if primary && seq > self.reproposed {
-                pb::body::Kind::PrePrepare(pb::PrePrepare { view, seq, batch: batch.encoded.clone() })
-            } else {
-                pb::body::Kind::Prepare(vote.clone())
-            });
+            // The NEW-VIEW proposed the slots up to `reproposed`; the primary proposed those
+            // above, and everyone PREPAREs all of them.
+            if primary && seq > self.reproposed {
+                bodies.push(pb::body::Kind::PrePrepare(pb::PrePrepare { view, seq, batch: batch.encoded.clone() }));
+            }
+            bodies.push(pb::body::Kind::Prepare(pb::Vote { view, seq, digest: batch.digest.to_vec() }));
             // Its COMMIT was for the batch that prepared here, which a primary that told
             // this replica another story makes other than its PREPARE's.
             if let Some(d) = slot.own_commit(ctx.me()) {
@@ -1178,21 +1193,15 @@ impl Replica {
                 self.note_voted(pp.seq, pp.view, batch.clone());
                 if pp.view == self.view {
                     self.next_seq = self.next_seq.max(pp.seq + 1);
-                    let (me, primary) = (ctx.me(), primary(&self.replicas, pp.view));
                     let slot = self.log.entry(pp.seq).or_default();
-                    let _ = add_vote(&mut slot.prepares, me, batch.digest);
-                    // Taken from the primary's PRE-PREPARE, which is its vote: the one it
-                    // sends again after a restart is known and so not counted then, and
-                    // with f faulty replicas silent the others need it.
-                    if pp.seq > self.reproposed {
-                        let _ = add_vote(&mut slot.prepares, primary, batch.digest);
-                    }
+                    let _ = add_vote(&mut slot.prepares, ctx.me(), batch.digest);
                     slot.proposal = Some(batch);
                     slot.seen_at = now;
                 }
             }
             Some(Record::Delivered(seq)) => self.answer_from = self.answer_from.max(seq),
             Some(Record::OwnRequests(lease)) => self.own_lease = self.own_lease.max(lease),
+            Some(Record::Proposing(view)) => self.proposed_before = self.proposed_before.max(Some(view)),
             Some(Record::Prepared(v)) if v.seq > self.low => {
                 self.answer_from = self.answer_from.max(v.seq);
                 let d =

@@ -199,6 +199,7 @@ fn replica_record(bytes: &[u8]) -> String {
                 format!("stable checkpoint {} state {} bytes", certificate(s.certificate.as_ref()), s.state.len())
             }
             Kind::OwnRequests(n) => format!("own request numbers below {n} may be used"),
+            Kind::Proposing(v) => format!("proposing in view {v}"),
         },
         Ok(pb::ReplicaRecord { kind: None }) => "empty record".into(),
         Err(_) => undecodable(bytes.len()),

@@ -217,6 +217,9 @@ impl Replica {
         }
         ctx.persist(record(Record::View(self.durable_view)));
         ctx.persist(record(Record::Entered(pb::EnteredView { view: self.view, reproposed: self.reproposed })));
+        if self.proposing == Some(self.view) || self.proposed_before == Some(self.view) {
+            ctx.persist(record(Record::Proposing(self.view)));
+        }
         for (&seq, votes) in &self.voted {
             for v in votes {
                 ctx.persist(v.batch.accepted_record(v.view, seq));

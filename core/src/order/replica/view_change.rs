@@ -595,11 +595,10 @@ impl Replica {
 
     /// A batch chosen by the NEW-VIEW: voted for in this view like a PRE-PREPARE.
     fn repropose(&mut self, ctx: &mut Ctx, now: Nanos, seq: u64, batch: Arc<EncodedBatch>) {
-        if !self.vote_for(ctx, seq, &batch) {
+        if !self.may_vote(ctx, seq, &batch) {
             return;
         }
-        let vote = pb::Vote { view: self.view, seq, digest: batch.digest.to_vec() };
-        ctx.send_to_replicas(pb::body::Kind::Prepare(vote), &[]);
+        self.vote(ctx, seq, &batch);
         self.accept(ctx, now, now, seq, batch);
     }
 
@@ -882,7 +881,6 @@ mod tests {
         let batch = EncodedBatch::new(vec![Arc::new(request.clone())]);
         let parked = super::super::Parked {
             seen_at: 0,
-            view: 0,
             encoded: batch.encoded.clone(),
             digest: batch.digest,
             requests: vec![Err(request.clone())],
@@ -1047,5 +1045,46 @@ mod tests {
             own.iter().all(|&(_, x)| x == d.digest) && proposed.iter().all(|&s| s > 1),
             "replica 1 proposed at {proposed:?} and voted {own:?} at slot 1, which view 1 gave D"
         );
+    }
+
+    /// The primary's PRE-PREPARE leaves before its vote is durable (its PREPARE waits for
+    /// that). Restarted after a crash that lost the vote's record, the primary cannot know
+    /// what it proposed, so it proposes nothing more in that view: another batch at the
+    /// slot would be equivocation.
+    #[test]
+    fn a_primary_restarted_before_its_proposal_was_synced_proposes_nothing_more_in_its_view() {
+        let (cfgs, mut nodes, mut replicas) = cluster();
+        let (node, replica) = (&mut nodes[0], &mut replicas[0]);
+        replica.queue_requests(node.ctx_mut(), 0, request(&cfgs, 1, b"a"));
+        replica.propose(node.ctx_mut(), 0);
+        // Syncs the record that it proposes in view 0, and not the vote's.
+        let (mut synced, mut sent, mut unsynced) = (Vec::new(), Vec::new(), Vec::new());
+        while let Some(o) = node.poll() {
+            match o {
+                Output::Send { bytes, .. } => sent.extend(bodies_of(&bytes).unwrap()),
+                Output::Persist { token, record } if synced.is_empty() => {
+                    synced.push(record);
+                    node.handle(0, crate::Input::Persisted { token }).unwrap();
+                }
+                Output::Persist { record, .. } => unsynced.push(record),
+                _ => {}
+            }
+        }
+        let kind = |r: &Vec<u8>| pb::ReplicaRecord::decode(&r[..]).unwrap().kind;
+        assert!(matches!(kind(&synced[0]), Some(Record::Proposing(0))));
+        assert!(matches!(unsynced.iter().map(kind).collect::<Vec<_>>()[..], [Some(Record::Accepted(_))]));
+        let proposed = sent.iter().filter(|b| matches!(b, pb::body::Kind::PrePrepare(_))).count();
+        assert_eq!((proposed, sent.len()), (3, 3), "a PRE-PREPARE to each backup, and no PREPARE: {sent:?}");
+
+        let mut node = Node::new(cfgs[0].clone()).unwrap();
+        let mut restarted = Replica::new(node.ctx_mut());
+        for record in &synced {
+            restarted.recover(node.ctx_mut(), 0, record).unwrap();
+        }
+        restarted.queue_requests(node.ctx_mut(), 0, request(&cfgs, 1, b"b"));
+        restarted.propose(node.ctx_mut(), 1 << 40);
+        let sent = drain(&mut node, &mut Vec::new());
+        assert!(sent.is_empty(), "proposed again in view 0: {sent:?}");
+        assert_eq!(restarted.view, 0);
     }
 }
