@@ -317,8 +317,13 @@ impl Driver {
         inbox: InboxReceiver,
         mut app_events: Option<Sender<Vec<AppEvent>>>,
     ) -> Result<(), DriverError> {
-        let told = self.recover(&mut |frames| network.send(frames))?;
-        network.flush();
+        // Written before each sync: what does not wait for it (a PRE-PREPARE, say) should
+        // not wait for it on the socket either.
+        let send = &mut |network: &mut Network, frames: &mut Vec<(NodeId, Vec<u8>)>| {
+            network.send(frames);
+            network.flush();
+        };
+        let told = self.recover(&mut |frames| send(&mut network, frames))?;
         tell(&mut app_events, told);
         let mut events = Events::with_capacity(1024);
         loop {
@@ -329,9 +334,8 @@ impl Driver {
             for ev in inbox.try_iter().take(ROUND_EVENTS) {
                 stop |= !self.take(now, ev);
             }
-            let told = self.end_round(now, &mut |frames| network.send(frames))?;
+            let told = self.end_round(now, &mut |frames| send(&mut network, frames))?;
             tell(&mut app_events, told);
-            network.flush();
             if stop {
                 return Ok(());
             }
