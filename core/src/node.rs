@@ -546,6 +546,20 @@ impl Ctx {
         self.other_replicas = peers;
     }
 
+    /// Sends an already encoded body to every broker but this node once the record of
+    /// `token` (and every one before it) is durable: at once if it is, ahead of sends
+    /// that wait for later records.
+    pub fn send_encoded_to_replicas_after(&mut self, token: u64, body: &Bytes) {
+        if token > self.acked {
+            return self.send_encoded_to_replicas(body, &[]);
+        }
+        let peers = std::mem::take(&mut self.other_replicas);
+        for &to in &peers {
+            self.release(Queued::Send(Unsealed { to, body: body.clone(), macs: Vec::new() }));
+        }
+        self.other_replicas = peers;
+    }
+
     /// Sends an encoded body to every receiver, carrying the MAC entries `macs` appends
     /// for it.
     pub fn send_with_macs(

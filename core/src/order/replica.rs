@@ -36,7 +36,7 @@ struct Slot {
     proposal: Option<Arc<EncodedBatch>>,
     /// The batch a NEW-VIEW chose for this slot, while it is fetched.
     wanted: Option<Digest>,
-    /// PREPARE votes (a PRE-PREPARE counts as its primary's).
+    /// PREPARE votes, this replica's own among them once it voted.
     prepares: Votes,
     /// COMMIT votes, this replica's own among them once it sent one.
     commits: Votes,
@@ -190,6 +190,10 @@ pub(crate) struct Replica {
     /// The view this run persisted it proposes in (`Record::Proposing`), before its first
     /// PRE-PREPARE there.
     proposing: Option<u64>,
+    /// The record a PRE-PREPARE waits for: the latest of that one and of the lease on
+    /// this replica's own request numbers. Nothing else it holds depends on what a
+    /// restart remembers, since a restart silences the primary in its view.
+    proposals_wait_for: u64,
     /// The latest view an earlier run proposed in: a PRE-PREPARE it sent there may never
     /// have been persisted, so this run proposes nothing more in that view.
     proposed_before: Option<u64>,
@@ -286,6 +290,7 @@ impl Replica {
             prepared: BTreeMap::new(),
             voted: BTreeMap::new(),
             proposing: None,
+            proposals_wait_for: 0,
             proposed_before: None,
             changing: None,
             durable_view: 0,
@@ -349,7 +354,7 @@ impl Replica {
     /// Leases this replica's own request numbers below `lease`, durably before any is used.
     pub(super) fn lease_own(&mut self, ctx: &mut Ctx, lease: u64) {
         self.own_lease = lease;
-        ctx.persist(record(Record::OwnRequests(lease)));
+        self.proposals_wait_for = ctx.persist(record(Record::OwnRequests(lease)));
     }
 
     /// The view this replica is in (for a Perpetual member's hints to callers).
@@ -581,7 +586,7 @@ impl Replica {
             }
             // (A group of one sends its proposals to nobody.)
             if self.proposing != Some(self.view) && self.replicas.len() > 1 {
-                ctx.persist(record(Record::Proposing(self.view)));
+                self.proposals_wait_for = ctx.persist(record(Record::Proposing(self.view)));
                 self.proposing = Some(self.view);
             }
             let bundles = self.cut_batch(now, patience, max_count, max_bytes);
@@ -644,9 +649,10 @@ impl Replica {
             return;
         }
         self.recent_batch_requests = requests.max(self.recent_batch_requests - self.recent_batch_requests.div_ceil(8));
-        // The proposal is no vote, so it leaves at once: the backups persist their votes
-        // while the primary persists its own, which follows as a PREPARE.
-        ctx.send_encoded_to_replicas(&batch.pre_prepare_body(self.view, seq), &[]);
+        // The proposal is no vote, so it does not wait for the records before it: the
+        // backups persist their votes while the primary persists its own, which follows as
+        // a PREPARE.
+        ctx.send_encoded_to_replicas_after(self.proposals_wait_for, &batch.pre_prepare_body(self.view, seq));
         self.vote(ctx, seq, &batch);
         self.accept(ctx, now, now, seq, batch);
     }
@@ -817,7 +823,7 @@ impl Replica {
         if slot.committed && slot.proposal.as_ref().is_some_and(|p| p.digest != batch.digest) {
             return ctx.stats.stale += 1;
         }
-        // This replica's own vote: its PREPARE, or its PRE-PREPARE as primary.
+        // This replica's own vote (its PREPARE leaves once the vote is durable).
         let _ = add_vote(&mut slot.prepares, me, batch.digest);
         slot.proposal = Some(batch);
         slot.wanted = None;
@@ -870,9 +876,10 @@ impl Replica {
         view > self.view && view <= self.view.saturating_add(self.replicas.len() as u64) && self.in_window(ctx, seq)
     }
 
-    /// Bounded: per (view, sender), three messages per slot of the window.
+    /// Bounded: per (view, sender), four messages per slot of the window (a primary sends
+    /// three, and a resend may come).
     fn keep_early(&mut self, ctx: &mut Ctx, from: NodeId, view: u64, m: Early) {
-        let cap = 12 * ctx.cfg.cluster.params.checkpoint_interval as usize;
+        let cap = 16 * ctx.cfg.cluster.params.checkpoint_interval as usize;
         let kept = self.early.entry((view, from)).or_default();
         if kept.len() >= cap {
             return ctx.stats.beyond_window += 1;
