@@ -444,8 +444,7 @@ impl Replica {
         let claims: Vec<&Claims> = proofs.iter().map(|r| &r.claims).collect();
         let Some(decision) = decide(&claims, ctx.quorums) else { return };
         let nv = pb::NewView { view: target, view_changes: proofs.iter().map(|r| r.signed.clone()).collect() };
-        ctx.send_to_replicas(pb::body::Kind::NewView(nv.clone()), &[]);
-        self.enter_view(ctx, now, nv, decision);
+        self.enter_view(ctx, now, nv, decision, true);
     }
 
     /// A NEW-VIEW: valid if it relays valid VIEW-CHANGEs for its view from 2f+1 distinct
@@ -479,7 +478,7 @@ impl Replica {
         }
         let claims: Vec<&Claims> = proofs.values().collect();
         match decide(&claims, ctx.quorums).filter(|_| proofs.len() >= ctx.quorums.intersecting()) {
-            Some(decision) if enters => self.enter_view(ctx, now, nv, decision),
+            Some(decision) if enters => self.enter_view(ctx, now, nv, decision, false),
             Some(decision) => self.withdraw_unchosen(nv.view, &decision),
             None => ctx.fault(from, FaultKind::Unexpected),
         }
@@ -494,14 +493,19 @@ impl Replica {
 
     /// Installs `view` with `decision`: adopts its stable checkpoint if newer, returns
     /// every pending request to the queue, and votes for the chosen batches (fetching
-    /// those it lacks) before the primary proposes above them.
-    fn enter_view(&mut self, ctx: &mut Ctx, now: Nanos, new_view: pb::NewView, decision: Decision) {
+    /// those it lacks) before the primary proposes above them. As the view's primary
+    /// (`announce`), it sends the NEW-VIEW once it persisted entering the view: a restart
+    /// that forgot it could announce another.
+    fn enter_view(&mut self, ctx: &mut Ctx, now: Nanos, new_view: pb::NewView, decision: Decision, announce: bool) {
         let view = new_view.view;
         let last = decision.choices.keys().next_back().copied().unwrap_or(0);
         self.view = view;
         self.reproposed = last;
         self.durable_view = self.durable_view.max(view);
         ctx.persist(record(Record::Entered(pb::EnteredView { view, reproposed: last })));
+        if announce {
+            ctx.send_to_replicas(pb::body::Kind::NewView(new_view.clone()), &[]);
+        }
         ctx.counters.view_changes += 1;
         self.changing = None;
         self.progress_at = now;
@@ -799,7 +803,7 @@ mod tests {
         }
         let choices = [(5, Choice::Empty), (6, Choice::Batch(A)), (7, Choice::Batch(A))].into_iter().collect();
         let new_view = pb::NewView { view: 2, view_changes: vec![] };
-        replica.enter_view(ctx, 0, new_view, Decision { stable: None, choices });
+        replica.enter_view(ctx, 0, new_view, Decision { stable: None, choices }, false);
         assert_eq!(replica.prepared.into_iter().collect::<Vec<_>>(), vec![(6, (1, A))]);
     }
 
