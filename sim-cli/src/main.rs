@@ -10,6 +10,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use phalanx_core::crypto::CryptoMode;
+use phalanx_core::sim::adversary::Syncs;
 use phalanx_core::sim::distill_scenario::Scenario as DistillScenario;
 use phalanx_core::sim::order_scenario;
 use phalanx_core::sim::perpetual;
@@ -47,6 +48,10 @@ enum Command {
         /// Real crypto on every K-th seed (1 = all).
         #[arg(long, default_value_t = 25)]
         real_every: u64,
+        /// Syncs take no time, as for seeds pinned before they took up to 1 ms in half
+        /// the seeds (PBFT, distillation, Perpetual).
+        #[arg(long)]
+        instant_syncs: bool,
     },
     /// Trace files: show, replay, or record the reference set.
     Trace {
@@ -105,7 +110,10 @@ enum TraceCommand {
 fn main() -> ExitCode {
     match Cli::parse().command {
         Command::Demo { publications } => demo::run(publications),
-        Command::Seeds { protocol, f, from, count, real_every } => seeds(&protocol, f, from, count, real_every),
+        Command::Seeds { protocol, f, from, count, real_every, instant_syncs } => {
+            let syncs = if instant_syncs { Syncs::Instant } else { Syncs::Drawn };
+            seeds(&protocol, f, from, count, real_every, syncs)
+        }
         Command::Trace { command } => trace(command),
         Command::DistillBench { batches, entries, directory_bits, broker_batch, stragglers, fresh_signers } => {
             if u64::from(entries) > 1 << directory_bits {
@@ -122,7 +130,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn seeds(protocol: &str, f: u32, from: u64, count: u64, real_every: u64) -> ExitCode {
+fn seeds(protocol: &str, f: u32, from: u64, count: u64, real_every: u64, syncs: Syncs) -> ExitCode {
     let (protocols, pbft, distill, perpetual): (Vec<Protocol>, bool, bool, bool) =
         match (protocol, Protocol::from_name(protocol)) {
             ("all", _) => (Protocol::ALL.to_vec(), true, true, true),
@@ -147,12 +155,12 @@ fn seeds(protocol: &str, f: u32, from: u64, count: u64, real_every: u64) -> Exit
             println!("{} f={f}: {count} seeds from {from}, {} deliveries checked", p.name(), result.deliveries);
         }
         if pbft {
-            let result = order_scenario::sweep(f, from..from + count, real_every);
+            let result = order_scenario::sweep(f, from..from + count, real_every, syncs);
             failed += report(&result.failures);
             println!("pbft f={f}: {count} seeds from {from}, {} completions checked", result.completions);
         }
         if distill {
-            let (failures, messages) = distill_sweep(f, from..from + count, real_every);
+            let (failures, messages) = distill_sweep(f, from..from + count, real_every, syncs);
             failed += report(&failures);
             println!("distill f={f}: {count} seeds from {from}, {messages} delivered messages checked");
         }
@@ -162,7 +170,7 @@ fn seeds(protocol: &str, f: u32, from: u64, count: u64, real_every: u64) -> Exit
         let sizes = if f == 0 { vec![1, 4, 7] } else { vec![3 * f + 1] };
         for &n_c in &sizes {
             for &n_t in &sizes {
-                let result = perpetual::sweep(n_c, n_t, from..from + count, real_every);
+                let result = perpetual::sweep(n_c, n_t, from..from + count, real_every, syncs);
                 failed += report(&result.failures);
                 println!(
                     "perpetual n_c={n_c} n_t={n_t}: {count} seeds from {from}, {} completed calls checked",
@@ -178,14 +186,15 @@ fn seeds(protocol: &str, f: u32, from: u64, count: u64, real_every: u64) -> Exit
 
 /// Distillation's random scenarios checked against spec §6: the failures, and how many
 /// messages correct clients had delivered.
-fn distill_sweep(f: u32, seeds: std::ops::Range<u64>, real_every: u64) -> (Vec<String>, u64) {
+fn distill_sweep(f: u32, seeds: std::ops::Range<u64>, real_every: u64, syncs: Syncs) -> (Vec<String>, u64) {
     let (mut failures, mut messages) = (vec![], 0);
     for seed in seeds {
         let crypto = if seed % real_every.max(1) == 0 { CryptoMode::Real } else { CryptoMode::InsecureTest };
-        match (DistillScenario { crypto, ..DistillScenario::random(seed, f) }).run() {
+        match (DistillScenario { crypto, ..DistillScenario::random(seed, f) }).syncing(syncs).run() {
             Ok(o) => messages += o.stats.messages,
             Err(e) => failures.push(format!(
-                "FAILED distill f={f} seed {seed}\n  rerun: cargo run -p phalanx-sim -- seeds --protocol distill --f {f} --from {seed} --count 1\n  {e}"
+                "FAILED distill f={f} seed {seed}\n  rerun: cargo run -p phalanx-sim -- seeds --protocol distill --f {f} --from {seed} --count 1{}\n  {e}",
+                syncs.flag()
             )),
         }
     }

@@ -6,6 +6,7 @@
 use std::collections::BTreeSet;
 
 use phalanx_core::crypto::CryptoMode;
+use phalanx_core::sim::adversary::Syncs;
 use phalanx_core::sim::distill_adversary::Lie;
 use phalanx_core::sim::distill_check::Stats;
 use phalanx_core::sim::distill_scenario::{Fault, Scenario};
@@ -166,7 +167,7 @@ fn seeds() {
     let start: u64 = std::env::var("PHALANX_SEED_START").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
     for f in [1, 2] {
         for seed in start..start + seeds {
-            if let Err(e) = Scenario::random(seed, f).run() {
+            if let Err(e) = Scenario::random(seed, f).syncing(Syncs::Drawn).run() {
                 panic!("{e}");
             }
         }

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use phalanx_core::crypto::CryptoMode;
 use phalanx_core::kv;
-use phalanx_core::sim::adversary::Behavior;
+use phalanx_core::sim::adversary::{Behavior, Syncs};
 use phalanx_core::sim::order_scenario::{Outcome, Scenario, sweep};
 use phalanx_core::sim::{Applied, NetConfig};
 use phalanx_core::{FaultKind, Nanos, Operation, Status};
@@ -283,7 +283,7 @@ fn every_correct_replica_catches_up() {
 fn pbft_survives_adversarial_seeds() {
     let count = seed_count(1000);
     for f in [1, 2] {
-        let result = sweep(f, 0..count, 25);
+        let result = sweep(f, 0..count, 25, Syncs::Drawn);
         assert!(
             result.failures.is_empty(),
             "{} of {count} seeds failed at f={f}:\n{}",
@@ -303,7 +303,7 @@ fn pbft_survives_adversarial_seeds() {
 #[test]
 fn pbft_seeds_the_offline_sweep_found() {
     for (f, seed) in [(1, 7239), (1, 8588), (2, 4578), (2, 9064)] {
-        let result = sweep(f, seed..seed + 1, 25);
+        let result = sweep(f, seed..seed + 1, 25, Syncs::Instant);
         assert!(result.failures.is_empty(), "{}", result.failures.join("\n"));
     }
 }
@@ -315,7 +315,7 @@ fn pbft_seeds_the_offline_sweep_found() {
 /// lied to, COMMITs for a batch that never prepared).
 #[test]
 fn a_replica_sends_its_commit_again_for_the_batch_that_prepared() {
-    let result = sweep(2, 3_800_890..3_800_891, 25);
+    let result = sweep(2, 3_800_890..3_800_891, 25, Syncs::Instant);
     assert!(result.failures.is_empty(), "{}", result.failures.join("\n"));
 }
 
@@ -332,7 +332,7 @@ fn a_replica_sends_its_commit_again_for_the_batch_that_prepared() {
 #[test]
 fn pbft_seeds_the_100k_sweep_found() {
     for seed in [10200, 21962, 26455, 34196, 46911] {
-        let result = sweep(1, seed..seed + 1, 25);
+        let result = sweep(1, seed..seed + 1, 25, Syncs::Instant);
         assert!(result.failures.is_empty(), "{}", result.failures.join("\n"));
     }
 }
@@ -348,7 +348,7 @@ fn pbft_seeds_the_100k_sweep_found() {
 #[test]
 fn a_faulty_vote_in_a_checkpoint_quorum_delays_no_certificate() {
     for seed in [7032, 23876] {
-        let result = sweep(2, seed..seed + 1, 25);
+        let result = sweep(2, seed..seed + 1, 25, Syncs::Instant);
         assert!(result.failures.is_empty(), "{}", result.failures.join("\n"));
     }
 }

@@ -6,7 +6,7 @@
 //! checked.
 
 use phalanx_core::crypto::CryptoMode;
-use phalanx_core::sim::adversary::Behavior;
+use phalanx_core::sim::adversary::{Behavior, Syncs};
 use phalanx_core::sim::perpetual::{Executor, Outcome, Scenario, Work, sweep};
 use phalanx_core::sim::{NetConfig, Sim};
 use phalanx_core::{Event, Params, PerpetualSpec, generate_perpetual};
@@ -289,7 +289,7 @@ fn seeds() {
     let start: u64 = std::env::var("PHALANX_SEED_START").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
     for n_c in SIZES {
         for n_t in SIZES {
-            let result = sweep(n_c, n_t, start..start + seeds, 25);
+            let result = sweep(n_c, n_t, start..start + seeds, 25, Syncs::Drawn);
             assert!(
                 result.failures.is_empty(),
                 "{n_c}x{n_t}: {} failing seeds:\n{}",
@@ -303,12 +303,13 @@ fn seeds() {
 }
 
 /// PHALANX_DEBUG="n_c n_t seed [node...]": one adversarial seed, with its events printed
-/// (and the traces of the nodes named).
+/// (and the traces of the nodes named); PHALANX_SYNC_NS, its longest sync (none if unset).
 #[test]
 #[ignore]
 fn debug_seed() {
     let v: Vec<u64> = std::env::var("PHALANX_DEBUG").unwrap().split(' ').map(|x| x.parse().unwrap()).collect();
     let mut s = Scenario::adversarial(v[0] as u32, v[1] as u32, v[2]);
+    s.net.max_sync_latency = std::env::var("PHALANX_SYNC_NS").map_or(0, |ns| ns.parse().unwrap());
     s.record = v[3..].iter().map(|&id| id as u32).collect();
     println!("{s}");
     let out = s.run();

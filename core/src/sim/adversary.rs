@@ -175,11 +175,33 @@ pub fn draw_net(rng: &mut Rng, lossy_for_good: bool) -> NetConfig {
     net
 }
 
-/// How long a sweep lets seed `seed`'s syncs take: up to a millisecond for half the
-/// seeds, so a crash can fall between a send and the sync of a record it did not wait
-/// for. Chosen from the seed apart from the scenario's draws, which it leaves alone.
-pub fn sweep_sync_latency(seed: u64) -> Nanos {
-    if (seed / 2) % 2 == 1 { 1_000_000 } else { 0 }
+/// How long a sweep's storage syncs take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Syncs {
+    /// No time: the schedules of the seeds pinned before syncs took time.
+    Instant,
+    /// Up to a millisecond for half the seeds (chosen from the seed apart from the
+    /// scenario's draws), so a crash can fall between a send and the sync of a record it
+    /// did not wait for.
+    Drawn,
+}
+
+impl Syncs {
+    /// The longest sync for seed `seed`.
+    pub fn max_latency(self, seed: u64) -> Nanos {
+        match self {
+            Syncs::Drawn if (seed / 2) % 2 == 1 => 1_000_000,
+            _ => 0,
+        }
+    }
+
+    /// What a rerun command adds to say so.
+    pub fn flag(self) -> &'static str {
+        match self {
+            Syncs::Instant => " --instant-syncs",
+            Syncs::Drawn => "",
+        }
+    }
 }
 
 /// A frame to put on the network: (receiver, claimed sender, bytes).

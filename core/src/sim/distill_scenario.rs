@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::adversary::Behavior;
+use super::adversary::{Behavior, Syncs};
 use super::distill_adversary::Lie;
 use super::distill_check::{DistillCheck, Stats, Submitted};
 use super::{NetConfig, Rng, Sim};
@@ -64,6 +64,12 @@ impl Scenario {
             horizon: 30_000 * MS,
             record: vec![],
         }
+    }
+
+    /// This run with its syncs as a sweep's `syncs` make them for its seed.
+    pub fn syncing(mut self, syncs: Syncs) -> Self {
+        self.net.max_sync_latency = syncs.max_latency(self.seed);
+        self
     }
 
     /// A random run for seed sweeps: a few faults of every kind, at most f servers.

@@ -470,20 +470,21 @@ pub struct Sweep {
 }
 
 /// Runs adversarial seeds `seeds` at `f`, with real crypto on every `real_every`-th
-/// seed and insecure test crypto on the others.
-pub fn sweep(f: u32, seeds: std::ops::Range<u64>, real_every: u64) -> Sweep {
+/// seed and insecure test crypto on the others, and syncs as `syncs` says.
+pub fn sweep(f: u32, seeds: std::ops::Range<u64>, real_every: u64, syncs: adversary::Syncs) -> Sweep {
     let mut out = Sweep::default();
     for seed in seeds {
         let crypto = if seed % real_every.max(1) == 0 { CryptoMode::Real } else { CryptoMode::InsecureTest };
         let mut s = Scenario::adversarial(f, seed, crypto);
-        s.net.max_sync_latency = adversary::sweep_sync_latency(seed);
+        s.net.max_sync_latency = syncs.max_latency(seed);
         let outcome = s.run();
         let exp = s.expectations(outcome.sim_time);
         out.seeds += 1;
         out.completions += outcome.log.completed.iter().filter(|c| exp.correct_clients.contains(&c.host)).count();
         if !outcome.violations.is_empty() {
             out.failures.push(format!(
-                "FAILED {s}\n  rerun: cargo run -p phalanx-sim -- seeds --protocol pbft --f {f} --from {seed} --count 1 --real-every {real_every}\n  {}",
+                "FAILED {s}\n  rerun: cargo run -p phalanx-sim -- seeds --protocol pbft --f {f} --from {seed} --count 1 --real-every {real_every}{}\n  {}",
+                syncs.flag(),
                 outcome.violations.join("\n  ")
             ));
         }

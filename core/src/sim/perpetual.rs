@@ -672,14 +672,14 @@ impl fmt::Display for Scenario {
 }
 
 /// Runs adversarial seeds `seeds` for groups of `n_c` and `n_t` members, with real crypto
-/// on every `real_every`-th seed and insecure test crypto on the others; completions
-/// count the calls caller executors completed.
-pub fn sweep(n_c: u32, n_t: u32, seeds: std::ops::Range<u64>, real_every: u64) -> Sweep {
+/// on every `real_every`-th seed and insecure test crypto on the others, and syncs as
+/// `syncs` says; completions count the calls caller executors completed.
+pub fn sweep(n_c: u32, n_t: u32, seeds: std::ops::Range<u64>, real_every: u64, syncs: adversary::Syncs) -> Sweep {
     let mut out = Sweep::default();
     for seed in seeds {
         let crypto = if seed % real_every.max(1) == 0 { CryptoMode::Real } else { CryptoMode::InsecureTest };
         let mut s = Scenario { crypto, ..Scenario::adversarial(n_c, n_t, seed) };
-        s.net.max_sync_latency = adversary::sweep_sync_latency(seed);
+        s.net.max_sync_latency = syncs.max_latency(seed);
         out.seeds += 1;
         let violations = match super::scenario::run_caught(|| s.run()) {
             Ok(run) => {
@@ -690,7 +690,8 @@ pub fn sweep(n_c: u32, n_t: u32, seeds: std::ops::Range<u64>, real_every: u64) -
         };
         if !violations.is_empty() {
             out.failures.push(format!(
-                "FAILED {s}\n  rerun: PHALANX_DEBUG=\"{n_c} {n_t} {seed}\" cargo test -p phalanx-tests --test perpetual debug_seed -- --ignored --nocapture\n  {}",
+                "FAILED {s}\n  rerun: PHALANX_DEBUG=\"{n_c} {n_t} {seed}\" PHALANX_SYNC_NS={} cargo test -p phalanx-tests --test perpetual debug_seed -- --ignored --nocapture\n  {}",
+                s.net.max_sync_latency,
                 violations.join("\n  ")
             ));
         }

@@ -500,8 +500,7 @@ pub fn sweep(protocol: Protocol, f: u32, seeds: std::ops::Range<u64>, real_every
     let mut out = Sweep::default();
     for seed in seeds {
         let crypto = if seed % real_every.max(1) == 0 { CryptoMode::Real } else { CryptoMode::InsecureTest };
-        let mut s = Scenario::adversarial(protocol, f, seed, crypto);
-        s.net.max_sync_latency = adversary::sweep_sync_latency(seed);
+        let s = Scenario::adversarial(protocol, f, seed, crypto);
         out.seeds += 1;
         let violations = match run_caught(|| s.run()) {
             Ok(outcome) => {
