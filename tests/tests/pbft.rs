@@ -72,7 +72,7 @@ fn assert_normal_case_status(s: &Scenario, outcome: &Outcome) {
         assert_eq!(st.executed, last_applied(outcome, r), "{s}: replica {r}");
         assert_eq!(st.stable, st.executed / k * k, "{s}: replica {r}");
         assert_eq!(st.pending_requests, 0, "{s}: replica {r}");
-        assert_eq!((st.batches, st.batched_requests), (st.executed, requests), "{s}: replica {r}");
+        assert_eq!((st.batches, st.batched_requests), (st.executed, requests), "{s}: replica {r}: {st:?}");
         assert!(st.consensus_ns_total > 0, "{s}: replica {r}: {st:?}");
         assert!(st.macs_verified > 0 && st.signatures_verified > 0, "{s}: replica {r}: {st:?}");
     }

@@ -1291,7 +1291,7 @@ impl RoleMachine for Replica {
     }
 
     fn next_deadline(&self) -> Option<Nanos> {
-        let certify = self.quorum_checkpoint.as_ref().map(|q| q.turn);
+        let certify = self.quorum_checkpoint.as_ref().map(|q| self.certify_at(q));
         self.batch_deadline
             .into_iter()
             .chain(self.forward_at)

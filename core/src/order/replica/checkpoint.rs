@@ -119,19 +119,34 @@ impl Replica {
             let n = self.replicas.len() as u64;
             let me = self.replicas.iter().position(|&r| r == ctx.me()).unwrap_or(0) as u64;
             let place = (me + n - self.view % n) % n;
-            let turn = now.saturating_add(place * CERTIFY_TURN_NS);
+            // A checkpoint still waiting hands its turn on: a replica behind a run of them
+            // waits no longer than for the first.
+            let turn = now
+                .saturating_add(place * CERTIFY_TURN_NS)
+                .min(self.quorum_checkpoint.as_ref().map_or(Nanos::MAX, |q| q.turn));
             self.quorum_checkpoint = Some(QuorumCheckpoint { seq: c.seq, digest: d, votes, turn });
         }
     }
 
-    /// Certifies the checkpoint a quorum voted for once this replica's turn came (see
-    /// [`CERTIFY_TURN_NS`]), or half an interval of batches executed since; at once if it
-    /// did not execute that far (the checkpoint is how it learns it is behind) or changes
-    /// views.
+    /// When this replica certifies the checkpoint a quorum voted for: on its turn (see
+    /// [`CERTIFY_TURN_NS`]). Not having executed that far, at once (the checkpoint is how
+    /// it learns it is behind, and certifying frees the slots below it for a state
+    /// transfer), unless it holds a proposal for every slot up to it: then their commits
+    /// are likely on the way, and it waits for them until a turn after its own.
+    pub(super) fn certify_at(&self, q: &QuorumCheckpoint) -> Nanos {
+        if self.delivered >= q.seq {
+            return q.turn;
+        }
+        let held = |seq: u64| self.log.get(&seq).is_some_and(|slot| slot.proposal.is_some());
+        if (self.delivered + 1..=q.seq).all(held) { q.turn.saturating_add(CERTIFY_TURN_NS) } else { 0 }
+    }
+
+    /// Certifies the checkpoint a quorum voted for when `certify_at` says, or once half an
+    /// interval of batches executed since, or at once if this replica changes views.
     pub(super) fn certify_if_due(&mut self, ctx: &mut Ctx, now: Nanos) {
         let half_interval = ctx.cfg.cluster.params.checkpoint_interval as u64 / 2;
         let due = self.quorum_checkpoint.as_ref().is_some_and(|q| {
-            q.turn <= now || self.executed >= q.seq + half_interval || self.delivered < q.seq || self.changing.is_some()
+            self.certify_at(q) <= now || self.executed >= q.seq + half_interval || self.changing.is_some()
         });
         let Some(q) = self.quorum_checkpoint.take_if(|_| due) else { return };
         if q.seq > self.low {
