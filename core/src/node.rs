@@ -548,7 +548,7 @@ impl Ctx {
 
     /// Sends an already encoded body to every broker but this node once the record of
     /// `token` (and every one before it) is durable: at once if it is, ahead of sends
-    /// that wait for later records.
+    /// that wait for later records; otherwise like any send, after every record so far.
     pub fn send_encoded_to_replicas_after(&mut self, token: u64, body: &Bytes) {
         if token > self.acked {
             return self.send_encoded_to_replicas(body, &[]);

@@ -503,6 +503,8 @@ impl Replica {
         self.reproposed = last;
         self.durable_view = self.durable_view.max(view);
         ctx.persist(record(Record::Entered(pb::EnteredView { view, reproposed: last })));
+        // (A crash between that sync and the write of the NEW-VIEW leaves the view
+        // unannounced: the others move on to the next.)
         if announce {
             ctx.send_to_replicas(pb::body::Kind::NewView(new_view.clone()), &[]);
         }
