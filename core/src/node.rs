@@ -366,7 +366,9 @@ pub(crate) struct Ctx {
     /// Sends in `out` per receiver, so sealing stops looking once it has them all.
     sends_out: BTreeMap<NodeId, usize>,
     /// Persist before send (DESIGN §2 rule 4): outputs produced after a `Persist` wait
-    /// here, tagged with its token, until the host acknowledges every token up to it.
+    /// here, tagged with the token they depend on (the latest, unless a send names an
+    /// earlier one), until the host acknowledges every token up to it; in order, so one
+    /// leaves no sooner than those held before it.
     held: VecDeque<(u64, Queued)>,
     next_token: u64,
     /// Every token up to this one is acknowledged; `acked_ahead` holds later ones
@@ -437,8 +439,13 @@ impl Ctx {
     }
 
     fn enqueue(&mut self, q: Queued) {
-        if self.next_token > self.acked + 1 {
-            self.held.push_back((self.next_token - 1, q));
+        self.enqueue_after(self.next_token - 1, q);
+    }
+
+    /// Queues an output behind the record of `token` and every one before it (0: none).
+    fn enqueue_after(&mut self, token: u64, q: Queued) {
+        if token > self.acked {
+            self.held.push_back((token, q));
         } else {
             self.release(q);
         }
@@ -541,22 +548,15 @@ impl Ctx {
 
     /// Sends an already encoded body to every broker but this node, then to `also`.
     pub fn send_encoded_to_replicas(&mut self, body: &Bytes, also: &[NodeId]) {
-        let peers = std::mem::take(&mut self.other_replicas);
-        self.send_encoded(body, peers.iter().chain(also).copied());
-        self.other_replicas = peers;
+        self.send_encoded_to_replicas_after(self.next_token - 1, body, also);
     }
 
-    /// Sends an already encoded body to every broker but this node once the record of
-    /// `token` (and every one before it) is durable: at once if it is, ahead of sends
-    /// that wait for later records; otherwise like any send, after every record so far.
-    pub fn send_encoded_to_replicas_after(&mut self, token: u64, body: &Bytes) {
-        if token > self.acked {
-            return self.send_encoded_to_replicas(body, &[]);
-        }
+    /// Sends an already encoded body to every broker but this node, then to `also`, once
+    /// the record of `token` (and every one before it) is durable: ahead of sends that
+    /// wait for later records.
+    pub fn send_encoded_to_replicas_after(&mut self, token: u64, body: &Bytes, also: &[NodeId]) {
         let peers = std::mem::take(&mut self.other_replicas);
-        for &to in &peers {
-            self.release(Queued::Send(Unsealed { to, body: body.clone(), macs: Vec::new() }));
-        }
+        self.send_after(token, body, peers.iter().chain(also).copied(), |_, _, _, _| {});
         self.other_replicas = peers;
     }
 
@@ -568,10 +568,21 @@ impl Ctx {
         to: impl IntoIterator<Item = NodeId>,
         macs: impl Fn(&Keyring, NodeId, &[u8], &mut Vec<pb::Mac>),
     ) {
+        self.send_after(self.next_token - 1, body, to, macs);
+    }
+
+    /// `send_with_macs`, behind the record of `token` and every one before it.
+    fn send_after(
+        &mut self,
+        token: u64,
+        body: &Bytes,
+        to: impl IntoIterator<Item = NodeId>,
+        macs: impl Fn(&Keyring, NodeId, &[u8], &mut Vec<pb::Mac>),
+    ) {
         for t in to {
             let mut carried = Vec::new();
             macs(&self.keys, t, body, &mut carried);
-            self.enqueue(Queued::Send(Unsealed { to: t, body: body.clone(), macs: carried }));
+            self.enqueue_after(token, Queued::Send(Unsealed { to: t, body: body.clone(), macs: carried }));
         }
     }
 }

@@ -652,7 +652,7 @@ impl Replica {
         // The proposal is no vote, so it does not wait for the records before it: the
         // backups persist their votes while the primary persists its own, which follows as
         // a PREPARE.
-        ctx.send_encoded_to_replicas_after(self.proposals_wait_for, &batch.pre_prepare_body(self.view, seq));
+        ctx.send_encoded_to_replicas_after(self.proposals_wait_for, &batch.pre_prepare_body(self.view, seq), &[]);
         self.vote(ctx, seq, &batch);
         self.accept(ctx, now, now, seq, batch);
     }
