@@ -432,18 +432,19 @@ impl Wal {
 
     /// Stops the thread writing zeros past the room before its next piece, waits for it,
     /// and takes what it reached as room; once the filesystem took none, later room is
-    /// only reserved. A failed sync of the room poisons the log: its allocation may not
-    /// be on the disk, and the error went to the thread's file handle, not the log's.
+    /// only reserved. A failed sync of the room poisons the log at once: its allocation
+    /// may not be on the disk.
     fn finish_filling(&mut self) -> io::Result<()> {
         let Some(RoomFill { thread, stop }) = self.filling.take() else { return Ok(()) };
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         match thread.join() {
-            Ok(Ok(reached)) if reached > self.allocated => self.allocated = reached,
+            Ok(Ok(Some(reached))) => self.allocated = self.allocated.max(reached),
             Ok(Err(e)) => {
                 self.poisoned = true;
                 return Err(e);
             }
-            _ => self.fills = false,
+            // Refused, or the thread panicked.
+            Ok(Ok(None)) | Err(_) => self.fills = false,
         }
         Ok(())
     }
@@ -712,18 +713,25 @@ fn reserve(file: &File, from: u64, end: u64, held: u64) -> u64 {
     if reserve_exactly(file, from, target) { target } else { from }
 }
 
-/// Extends `file` from its length `from` to `to` with reserved zeros (`fallocate`); whether
-/// the filesystem did.
+/// Extends `file` from its length `from` to `to` with reserved zeros; whether the
+/// filesystem did.
 fn reserve_exactly(file: &File, from: u64, to: u64) -> bool {
+    fallocate(file, from, to, false)
+}
+
+/// `fallocate(2)` over `from..to`: reserves its blocks, or with `punch` frees them (they
+/// read as zeros) keeping the length; whether the filesystem did.
+fn fallocate(file: &File, from: u64, to: u64, punch: bool) -> bool {
     #[cfg(target_os = "linux")]
     {
         use std::os::fd::AsRawFd;
+        let mode = if punch { libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE } else { 0 };
         // SAFETY: a plain system call on a file descriptor this `File` owns.
-        unsafe { libc::fallocate(file.as_raw_fd(), 0, from as libc::off_t, (to - from) as libc::off_t) == 0 }
+        unsafe { libc::fallocate(file.as_raw_fd(), mode, from as libc::off_t, (to - from) as libc::off_t) == 0 }
     }
     #[cfg(not(target_os = "linux"))]
     {
-        let _ = (file, from, to);
+        let _ = (file, from, to, punch);
         false
     }
 }
@@ -735,7 +743,7 @@ fn room_for(held: u64) -> u64 {
 
 /// A thread writing zeros past a log's room, and what tells it to stop.
 struct RoomFill {
-    thread: std::thread::JoinHandle<io::Result<u64>>,
+    thread: std::thread::JoinHandle<io::Result<Option<u64>>>,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
@@ -744,9 +752,10 @@ struct RoomFill {
 /// the log's own syncs meanwhile find little of it dirty, then syncs it. Stops before the
 /// next piece once `stop` is set (the log is waiting to write there), or when a write
 /// fails (the log's own sync reports a failed write-back), and then leaves the sync to
-/// the log. Returns the length up to which the file holds room, `from` if the filesystem
-/// gave none; an error if its sync failed.
-fn fill(file: &File, from: u64, to: u64, stop: &std::sync::atomic::AtomicBool) -> io::Result<u64> {
+/// the log. Returns the length up to which the file holds room (`from` if stopped before
+/// the first piece), `None` if the filesystem took none (it neither reserves nor
+/// writes); an error if its sync failed.
+fn fill(file: &File, from: u64, to: u64, stop: &std::sync::atomic::AtomicBool) -> io::Result<Option<u64>> {
     const WRITE: u64 = 16 << 10;
     const WRITE_BACK: u64 = 256 << 10;
     static ZEROS: [u8; WRITE as usize] = [0; WRITE as usize];
@@ -758,6 +767,9 @@ fn fill(file: &File, from: u64, to: u64, stop: &std::sync::atomic::AtomicBool) -
             std::os::unix::fs::FileExt::write_all_at(file, &ZEROS[..(at + piece - w).min(WRITE) as usize], w)
         });
         if wrote.and_then(|()| write_back(file, at, piece)).is_err() {
+            if !reserved && at == from {
+                return Ok(None);
+            }
             break;
         }
         at += piece;
@@ -765,27 +777,13 @@ fn fill(file: &File, from: u64, to: u64, stop: &std::sync::atomic::AtomicBool) -
     if at == to {
         file.sync_data()?;
     }
-    Ok(if reserved { to } else { at })
+    Ok(Some(if reserved { to } else { at }))
 }
 
 /// Frees the blocks of `file` in `from..to` (they read as zeros), keeping its length;
 /// whether the filesystem did.
 fn punch_hole(file: &File, from: u64, to: u64) -> bool {
-    if to <= from {
-        return true;
-    }
-    #[cfg(target_os = "linux")]
-    {
-        use std::os::fd::AsRawFd;
-        let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
-        // SAFETY: a plain system call on a file descriptor this `File` owns.
-        unsafe { libc::fallocate(file.as_raw_fd(), mode, from as libc::off_t, (to - from) as libc::off_t) == 0 }
-    }
-    #[cfg(not(target_os = "linux"))]
-    {
-        let _ = file;
-        false
-    }
+    to <= from || fallocate(file, from, to, true)
 }
 
 /// Writes `len` bytes of `file`'s dirty pages from `from` to the disk and waits for them,
@@ -1039,14 +1037,14 @@ impl Sums {
         }
     }
 
-    /// A header's record length, and whether the record opens a write (never, in the
+    /// A header's record length, and whether the record may open a write (any may, in the
     /// earlier versions: their records carry no mark, and a set top bit is an impossible
     /// length).
     fn length(self, header: &[u8]) -> (usize, bool) {
         let field = u32::from_le_bytes(header[..4].try_into().unwrap_or_default());
         match self {
             Sums::Marked(_) => ((field & !OPENS_WRITE) as usize, field & OPENS_WRITE != 0),
-            Sums::Keyed(_) | Sums::Legacy => (field as usize, false),
+            Sums::Keyed(_) | Sums::Legacy => (field as usize, true),
         }
     }
 }
@@ -1105,7 +1103,8 @@ fn intact_records(data: &[u8], sums: Sums) -> Intact<'_> {
     (intact, off, None)
 }
 
-/// The record at `off`, or why there is no intact record there.
+/// The record at `off` and whether it may open a write, or why there is no intact record
+/// there.
 fn parse(data: &[u8], off: usize, sums: Sums) -> Result<(&[u8], bool), String> {
     let (rest, header) = (&data[off..], sums.header());
     if rest.len() < header {
@@ -1156,7 +1155,7 @@ fn intact_after(data: &[u8], off: usize, sums: Sums) -> Option<After> {
             return None;
         }
         match parse(data, p, sums) {
-            Ok((_, opens_write)) if opens_write || !matches!(sums, Sums::Marked(_)) => return Some(After::Other),
+            Ok((_, true)) => return Some(After::Other),
             Ok(_) => {
                 found = After::SameWrite;
                 p += header + len;
