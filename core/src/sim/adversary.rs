@@ -246,7 +246,15 @@ pub fn tamper(
         }
         Behavior::AlterTo(_) => vec![(to, me, bytes)],
         Behavior::Equivocate if to % 2 == 1 => {
-            vec![(to, me, coalition.rewrite(me, to, me, &bytes, |kind, _| equivocate(kind)))]
+            let mut forge = Forge { rng, pool, coalition, me };
+            vec![(
+                to,
+                me,
+                coalition.rewrite(me, to, me, &bytes, |kind, _| match kind {
+                    pb::body::Kind::NewView(nv) => forge.regroup(nv),
+                    _ => equivocate(kind),
+                }),
+            )]
         }
         Behavior::Equivocate => vec![(to, me, bytes)],
         Behavior::CorruptMacs => {
@@ -337,7 +345,8 @@ fn alter(kind: &mut pb::body::Kind, macs: &mut Vec<pb::Mac>, field: u64, me: Nod
 
 /// The other content an equivocating node sends some receivers: a different payload,
 /// op, result or digest, for a PRE-PREPARE another batch of the same requests, and for a
-/// VIEW-CHANGE claims that other batches prepared (and that it voted for them).
+/// VIEW-CHANGE claims that other batches prepared (and that it voted for them). (A
+/// NEW-VIEW relays another set of VIEW-CHANGEs: [`Forge::regroup`].)
 fn equivocate(kind: &mut pb::body::Kind) {
     fn flip(digest: &mut [u8]) {
         if let Some(b) = digest.first_mut() {

@@ -259,8 +259,8 @@ impl Coalition {
     }
 
     /// Makes valid again what colluders authenticate inside a changed body: a colluding
-    /// client's request authenticator, a VIEW-CHANGE (signed by `signer`), a Perpetual
-    /// result's MACs.
+    /// client's request authenticator, a VIEW-CHANGE or CHECKPOINT vote (signed by
+    /// `signer`), a Perpetual result's MACs.
     fn reauthenticate(&self, signer: NodeId, kind: &mut pb::body::Kind) {
         match kind {
             pb::body::Kind::Requests(r) => {
@@ -273,6 +273,9 @@ impl Coalition {
                 }
             }
             pb::body::Kind::ViewChange(vc) => self.sign_view_change(signer, vc),
+            pb::body::Kind::Checkpoint(c) if self.contains(signer) => {
+                c.signature = self.sign(signer, Statement::Checkpoint, 0, c.seq, &c.digest).0.to_vec();
+            }
             pb::body::Kind::PerpetualResult(r) => {
                 let statement = crate::perpetual::result_statement(r.target, r.caller, r.call, &r.result);
                 for m in r.macs.iter_mut() {
@@ -332,10 +335,13 @@ impl<T: Clone + PartialEq> Recent<T> {
 pub struct Pool {
     numbers: Recent<u64>,
     digests: Recent<Vec<u8>>,
+    /// (view, seq, digest) of proposals and votes seen.
+    votes: Recent<(u64, u64, Vec<u8>)>,
     batches: Recent<Bytes>,
     requests: Recent<pb::Requests>,
     certificates: Recent<pb::Certificate>,
     view_changes: Recent<pb::SignedViewChange>,
+    new_views: Recent<pb::NewView>,
     states: Recent<Vec<u8>>,
     payloads: Recent<Bytes>,
 }
@@ -354,12 +360,14 @@ impl Pool {
                 self.numbers.add(pp.view);
                 self.numbers.add(pp.seq);
                 self.digests.add(digest(&pp.batch).to_vec());
+                self.votes.add((pp.view, pp.seq, digest(&pp.batch).to_vec()));
                 self.batches.add(pp.batch.clone());
             }
             Kind::Prepare(v) | Kind::Commit(v) => {
                 self.numbers.add(v.view);
                 self.numbers.add(v.seq);
                 self.digests.add(v.digest.clone());
+                self.votes.add((v.view, v.seq, v.digest.clone()));
             }
             Kind::Reply(r) => self.payloads.extend(r.results.iter()),
             Kind::ReadReply(r) => self.payloads.add(r.result.clone()),
@@ -375,6 +383,7 @@ impl Pool {
             Kind::NewView(nv) => {
                 self.numbers.add(nv.view);
                 nv.view_changes.iter().for_each(|s| self.view_changes.add(s.clone()));
+                self.new_views.add(nv.clone());
             }
             Kind::State(s) => {
                 self.certificates.extend(s.checkpoint.iter());
@@ -417,7 +426,7 @@ pub struct Forge<'a> {
 }
 
 /// Body kinds [`Forge::invent`] makes.
-const KINDS: u64 = 19;
+const KINDS: u64 = 22;
 
 impl Forge<'_> {
     /// A number that looks like the run's (one it saw, or one off), or an extreme.
@@ -533,11 +542,33 @@ impl Forge<'_> {
             .collect()
     }
 
+    /// The coalition's shared story for a view change to `view`: a real slot, claimed
+    /// prepared and voted in a view just below `view` (or the one it was seen in), for
+    /// the batch seen there or another. Every colluder telling it for `view` tells the
+    /// same one while they have seen the same votes, so their claims add up.
+    fn story(&self, view: u64) -> Option<pb::SlotVote> {
+        let votes = &self.pool.votes.items;
+        let (seen_view, seq, mut d) = votes.get((view % votes.len().max(1) as u64) as usize)?.clone();
+        match view % 4 {
+            0 => {}
+            1 => d.iter_mut().take(1).for_each(|b| *b ^= 0xff),
+            _ if seen_view < view => return Some(pb::SlotVote { seq, view: seen_view, digest: d }),
+            _ => {}
+        }
+        Some(pb::SlotVote { seq, view: view.saturating_sub(1), digest: d })
+    }
+
     /// A VIEW-CHANGE for `view` claiming what the forger likes, signed by `signer`.
     fn view_change(&mut self, view: u64, signer: NodeId) -> pb::ViewChange {
         let stable = self.rng.chance(500_000).then(|| self.certificate());
-        let (prepared, voted) =
-            if self.rng.chance(500_000) { (vec![], vec![]) } else { (self.slot_votes(), self.slot_votes()) };
+        let (prepared, voted) = match self.rng.below(4) {
+            0 => (vec![], vec![]),
+            1 => {
+                let story: Vec<pb::SlotVote> = self.story(view).into_iter().collect();
+                (story.clone(), story)
+            }
+            _ => (self.slot_votes(), self.slot_votes()),
+        };
         let mut vc = pb::ViewChange { view, stable, prepared, voted, signature: vec![] };
         self.coalition.sign_view_change(signer, &mut vc);
         vc
@@ -556,6 +587,46 @@ impl Forge<'_> {
             view_changes.push(seen);
         }
         pb::NewView { view, view_changes }
+    }
+
+    /// `nv` relaying instead another set of the VIEW-CHANGEs seen for its view, one per
+    /// sender: a primary choosing per receiver which valid quorum settles the view.
+    pub fn regroup(&mut self, nv: &mut pb::NewView) {
+        let mut by_sender: BTreeMap<NodeId, pb::SignedViewChange> = BTreeMap::new();
+        for s in self.pool.view_changes.items.iter().chain(&nv.view_changes) {
+            let view = pb::ViewChange::decode(&s.view_change[..]).map(|vc| vc.view);
+            if view == Ok(nv.view) && (!by_sender.contains_key(&s.sender) || self.rng.chance(500_000)) {
+                by_sender.insert(s.sender, s.clone());
+            }
+        }
+        let mut chosen: Vec<pb::SignedViewChange> =
+            by_sender.into_values().filter(|_| self.rng.chance(800_000)).collect();
+        let turn = self.rng.below(chosen.len().max(1) as u64) as usize;
+        chosen.rotate_left(turn);
+        nv.view_changes = chosen;
+    }
+
+    /// A checkpoint's state transfer that holds together: a certificate seen, with its
+    /// seq and a state seen that has its digest, whether asked for or not.
+    fn certified_state(&mut self) -> Option<pb::State> {
+        let checkpoint = self.pool.certificates.pick(self.rng)?;
+        let state = self.pool.states.items.iter().find(|s| digest(s)[..] == checkpoint.digest[..])?.clone();
+        Some(pb::State { seq: checkpoint.seq, checkpoint: Some(checkpoint), state })
+    }
+
+    /// A Perpetual result from a colluding member, MACed for a few nodes.
+    fn perpetual_result(&mut self) -> pb::PerpetualResult {
+        let (target, caller, call, result) =
+            (self.rng.below(3) as u32, self.rng.below(3) as u32, self.number(), self.bytes());
+        let statement = crate::perpetual::result_statement(target, caller, call, &result);
+        let from = self.coalition.pick(self.rng);
+        let macs = (0..1 + self.rng.below(4))
+            .filter_map(|_| {
+                let to = self.node();
+                self.coalition.members[&from].keys.result_mac_to(to, &statement)
+            })
+            .collect();
+        pb::PerpetualResult { target, caller, call, result, view: self.number(), macs }
     }
 
     fn publication(&mut self) -> pb::Publication {
@@ -601,11 +672,21 @@ impl Forge<'_> {
                     (self.number(), if self.rng.chance(700_000) { self.me } else { self.coalition.pick(self.rng) });
                 Kind::ViewChange(Box::new(self.view_change(view, signer)))
             }
+            10 if self.rng.chance(300_000)
+                && let Some(nv) = self.pool.new_views.pick(self.rng) =>
+            {
+                Kind::NewView(nv)
+            }
             10 => {
                 let view = self.number();
                 Kind::NewView(self.new_view(view))
             }
             11 => Kind::FetchState(pb::FetchState { seq: self.number() }),
+            12 if self.rng.chance(300_000)
+                && let Some(s) = self.certified_state() =>
+            {
+                Kind::State(Box::new(s))
+            }
             12 => {
                 let state = match self.pool.states.pick(self.rng) {
                     Some(s) if self.rng.chance(500_000) => s,
@@ -619,6 +700,19 @@ impl Forge<'_> {
             15 => Kind::Proposal(pb::Proposal { seq: self.number(), batch: self.batch() }),
             16 => Kind::Read(pb::Read { request: self.number(), op: self.bytes() }),
             17 => Kind::ReadReply(pb::ReadReply { request: self.number(), result: self.bytes() }),
+            18 => Kind::PerpetualResult(self.perpetual_result()),
+            19 => Kind::DistillFetch(pb::DistillFetch {
+                broker: self.bytes().to_vec(),
+                lane: self.rng.below(4) as u32,
+                lane_seq: self.number(),
+                root: self.digest(),
+            }),
+            20 => Kind::DistillFetched(pb::DistillFetched {
+                broker: self.bytes().to_vec(),
+                lane: self.rng.below(4) as u32,
+                lane_seq: self.number(),
+                batch: self.rng.chance(500_000).then(pb::DistilledBatch::default),
+            }),
             _ => {
                 // A bundle of invented bodies, each under the sender's MAC to someone.
                 let bodies = (0..1 + self.rng.below(3))
@@ -662,7 +756,12 @@ impl Forge<'_> {
             Kind::Requests(r) => match pick {
                 _ if self.coalition.perpetual && pick > 0 && self.lie_in_call(r) => {}
                 0 => *r = self.requests(),
-                1 => r.authenticator.clear(),
+                1 if self.rng.chance(500_000) => r.authenticator.clear(),
+                // Valid for some replicas only: the MAC attack on PBFT's authenticators.
+                1 => {
+                    let rng = &mut *self.rng;
+                    r.authenticator.retain(|_| rng.chance(500_000));
+                }
                 _ => {
                     if let Ok(mut body) = pb::RequestsBody::decode(r.body.clone()) {
                         match self.rng.below(3) {
@@ -693,15 +792,17 @@ impl Forge<'_> {
                     }
                 }
             },
+            // Signed again by the signer `rewrite` chose.
             Kind::Checkpoint(c) => match pick {
                 0 => c.seq = self.number(),
                 1 => c.digest = self.digest(),
-                _ => {
-                    let signer = self.coalition.pick(self.rng);
-                    c.signature = self.coalition.sign(signer, Statement::Checkpoint, 0, c.seq, &c.digest).0.to_vec();
-                }
+                _ => (c.seq, c.digest) = (self.number(), self.digest()),
             },
-            Kind::ViewChange(vc) => match pick {
+            Kind::ViewChange(vc) => match self.rng.below(5) {
+                4 => {
+                    vc.prepared = self.story(vc.view).into_iter().collect();
+                    vc.voted = vc.prepared.clone();
+                }
                 0 => vc.view = self.number(),
                 1 => vc.stable = self.rng.chance(500_000).then(|| self.certificate()),
                 2 => vc.prepared = self.slot_votes(),
@@ -710,8 +811,9 @@ impl Forge<'_> {
                     vc.voted = self.slot_votes();
                 }
             },
-            Kind::NewView(nv) => match pick {
+            Kind::NewView(nv) => match self.rng.below(6) {
                 0 => nv.view_changes.truncate(nv.view_changes.len().saturating_sub(1)),
+                4 | 5 => self.regroup(nv),
                 1 => {
                     let view = nv.view;
                     *nv = self.new_view(view);
@@ -773,20 +875,29 @@ impl Forge<'_> {
     }
 
     /// A Perpetual caller member's copy of a call with another op (or for another group,
-    /// or under another call id); false if `r` is not a copy.
+    /// or under another call id), its vouch for another result (or call, or target), or
+    /// its abort of another call or turned into a vouch; false if `r` holds none of them.
     fn lie_in_call(&mut self, r: &mut pb::Requests) -> bool {
         use crate::wire::pb::perpetual_op::Kind as Op;
         let Ok(mut body) = pb::RequestsBody::decode(r.body.clone()) else { return false };
         let Some(first) = body.ops.first_mut() else { return false };
-        let Ok(pb::PerpetualOp { kind: Some(Op::Call(mut call)) }) = pb::PerpetualOp::decode(first.clone()) else {
+        let Ok(pb::PerpetualOp { kind: Some(mut op) }) = pb::PerpetualOp::decode(first.clone()) else {
             return false;
         };
-        match self.rng.below(4) {
-            0 => call.target = self.rng.below(3) as u32,
-            1 => body.first = self.number(),
-            _ => call.op = [&call.op[..], b"/lie"].concat().into(),
+        match (&mut op, self.rng.below(4)) {
+            (_, 0) => body.first = self.number(),
+            (Op::Call(call), 1) => call.target = self.rng.below(3) as u32,
+            (Op::Call(call), _) => call.op = [&call.op[..], b"/lie"].concat().into(),
+            (Op::Vouch(vouch), 1) => vouch.call = self.number(),
+            (Op::Vouch(vouch), 2) => vouch.target = self.rng.below(3) as u32,
+            (Op::Vouch(vouch), _) => vouch.result = [&vouch.result[..], b"/lie"].concat().into(),
+            (Op::Abort(call), 1) => *call = self.number(),
+            (Op::Abort(call), _) => {
+                let (call, result) = (*call, self.bytes());
+                op = Op::Vouch(pb::PerpetualVouch { call, target: self.rng.below(3) as u32, result });
+            }
         }
-        *first = pb::PerpetualOp { kind: Some(Op::Call(call)) }.encode_to_vec().into();
+        *first = pb::PerpetualOp { kind: Some(op) }.encode_to_vec().into();
         r.body = body.encode_to_vec().into();
         true
     }
