@@ -303,13 +303,17 @@ fn seeds() {
 }
 
 /// PHALANX_DEBUG="n_c n_t seed [node...]": one adversarial seed, with its events printed
-/// (and the traces of the nodes named); PHALANX_SYNC_NS, its longest sync (none if unset).
+/// (and the traces of the nodes named); PHALANX_SYNC_NS, its longest sync (none if unset);
+/// PHALANX_REAL_CRYPTO set, real crypto (as the sweep's every 25th seed has).
 #[test]
 #[ignore]
 fn debug_seed() {
     let v: Vec<u64> = std::env::var("PHALANX_DEBUG").unwrap().split(' ').map(|x| x.parse().unwrap()).collect();
     let mut s = Scenario::adversarial(v[0] as u32, v[1] as u32, v[2]);
     s.net.max_sync_latency = std::env::var("PHALANX_SYNC_NS").map_or(0, |ns| ns.parse().unwrap());
+    if std::env::var_os("PHALANX_REAL_CRYPTO").is_some() {
+        s.crypto = phalanx_core::crypto::CryptoMode::Real;
+    }
     s.record = v[3..].iter().map(|&id| id as u32).collect();
     println!("{s}");
     let out = s.run();

@@ -498,6 +498,12 @@ impl Sim {
         self.hosts.len()
     }
 
+    /// Whether `host` holds records not yet synced: outputs that wait on them (an
+    /// execution among them) have not come out yet.
+    pub fn unsynced(&self, host: usize) -> bool {
+        self.hosts[host].run.unsynced() > 0
+    }
+
     /// A Perpetual member host's executor.
     pub fn executor(&self, host: usize) -> Option<&perpetual::Executor> {
         self.hosts[host].executor.as_ref()

@@ -388,9 +388,9 @@ impl Scenario {
 
     /// A scenario drawn from `seed` for groups of `n_c` and `n_t` members: batching and
     /// checkpoint parameters, up to f keyed Byzantine members per group (the first
-    /// primaries among them half the time), a network with random latency, duplicates and
-    /// drops for a while, sometimes a crash and restart of a correct member, sometimes
-    /// calls in parallel and an abort policy.
+    /// primaries among them half the time; one seed in ten, f+1 in one group), a network
+    /// with random latency, duplicates and drops for a while, sometimes a crash and
+    /// restart of a correct member, sometimes calls in parallel and an abort policy.
     pub fn adversarial(n_c: u32, n_t: u32, seed: u64) -> Self {
         let mut rng = Rng::new(seed ^ 0x7065_7270);
         let mut s = Scenario::new(n_c, n_t, seed);
@@ -413,6 +413,31 @@ impl Scenario {
             let correct: Vec<NodeId> = (0..n_c + n_t).filter(|&id| !s.faulty(id)).collect();
             let down = rng.below(40) * MS;
             s.crash = Some((*rng.pick(&correct), down, down + (1 + rng.below(60)) * MS));
+        }
+        // Drawn last, so that the other draws of a seed stay as they were (pinned seeds):
+        // now and then one group compromised, f+1 of its members faulty. The other group
+        // must be isolated from it.
+        if rng.chance(100_000) {
+            let (members, ids) =
+                if rng.chance(500_000) { (&mut s.callers, 0..n_c) } else { (&mut s.targets, n_c..n_c + n_t) };
+            let (first, crashed) = (ids.start, s.crash.map(|c| c.0));
+            let mut correct: Vec<usize> = ids
+                .filter(|&id| Some(id) != crashed && members[(id - first) as usize] == Behavior::Correct)
+                .map(|id| (id - first) as usize)
+                .collect();
+            let faulty = members.iter().filter(|b| **b != Behavior::Correct).count();
+            for _ in faulty..=f_of(members.len() as u32) as usize {
+                if correct.is_empty() {
+                    break;
+                }
+                let m = correct.remove(rng.below(correct.len() as u64) as usize);
+                members[m] = draw_behavior(&mut rng, &everyone);
+            }
+        }
+        // A compromised target may never answer: its calls abort, and stay aborted.
+        if s.target_compromised() {
+            s.abort_after = Some((300 + rng.below(2000)) * MS);
+            s.retry_aborted = false;
         }
         s
     }
@@ -492,11 +517,12 @@ impl Scenario {
         if callers.is_empty() || !callers.iter().all(|&c| sim.executor(c as usize).is_some_and(Executor::finished)) {
             return false;
         }
-        // Every correct member of each group executed as far as the others.
+        // Every correct member of each group executed as far as the others (and synced
+        // what its last executions wait on).
         for ids in [self.caller_ids(), self.target_ids()] {
-            let executed: BTreeSet<u64> =
-                self.correct(ids).iter().map(|&m| sim.node(m as usize).status().executed).collect();
-            if executed.len() > 1 {
+            let correct = self.correct(ids);
+            let executed: BTreeSet<u64> = correct.iter().map(|&m| sim.node(m as usize).status().executed).collect();
+            if executed.len() > 1 || correct.iter().any(|&m| sim.unsynced(m as usize)) {
                 return false;
             }
         }
@@ -515,11 +541,13 @@ impl Scenario {
         // Agreement at the target: one op per request.
         let mut requests: BTreeMap<(u32, u64), (NodeId, Vec<u8>)> = BTreeMap::new();
         let mut aborts = 0;
+        // A compromised group's own members may disagree; the other group's may not.
+        let (caller_compromised, target_compromised) = (self.caller_compromised(), self.target_compromised());
         for e in &log.events {
             let (correct_caller, correct_target) =
                 (correct_callers.contains(&e.node), correct_targets.contains(&e.node));
             match &e.event {
-                Event::Reply { call, .. } | Event::Aborted { call } if correct_caller => {
+                Event::Reply { call, .. } | Event::Aborted { call } if correct_caller && !caller_compromised => {
                     aborts += matches!(e.event, Event::Aborted { .. }) as usize;
                     match outcomes.get(call) {
                         Some((other, first)) if *first != e.event => v.push(format!(
@@ -532,7 +560,7 @@ impl Scenario {
                         }
                     }
                 }
-                Event::Request { caller, call, op } if correct_target => {
+                Event::Request { caller, call, op } if correct_target && !target_compromised => {
                     match requests.get(&(*caller, *call)) {
                         Some((other, first)) if first != op => v.push(format!(
                             "target members {other} and {} disagree on call {call} of group {caller}",
@@ -560,7 +588,7 @@ impl Scenario {
         // The target's correct members computed the same result for each call (the
         // counter's value: the same order of requests).
         let mut results: BTreeMap<u64, (NodeId, Vec<u8>)> = BTreeMap::new();
-        for r in log.responses.iter().filter(|r| correct_targets.contains(&r.node)) {
+        for r in log.responses.iter().filter(|r| correct_targets.contains(&r.node) && !target_compromised) {
             match results.get(&r.call) {
                 Some((other, first)) if *first != r.result => v.push(format!(
                     "target members {other} and {} computed different results for call {}",
@@ -573,7 +601,7 @@ impl Scenario {
             }
         }
         // With a correct target, a reply is what its correct members computed.
-        if !self.target_compromised() {
+        if !target_compromised {
             for (call, (node, e)) in &outcomes {
                 if let Event::Reply { result, .. } = e
                     && results.get(call).is_none_or(|(_, r)| r != result)
@@ -583,7 +611,7 @@ impl Scenario {
             }
         }
         // Liveness: correct callers finish (unless their own group is compromised).
-        if !self.caller_compromised() && !correct_callers.is_empty() {
+        if !caller_compromised && !correct_callers.is_empty() {
             for &c in &correct_callers {
                 if !sim.executor(c as usize).is_some_and(Executor::finished) {
                     let s = sim.executor(c as usize).map(|e| e.state().clone());
@@ -592,7 +620,7 @@ impl Scenario {
             }
             // The counter is back where it began, if no call aborted (an aborted call may
             // still have run at the target).
-            if aborts == 0 && !self.target_compromised() && v.is_empty() {
+            if aborts == 0 && !target_compromised && v.is_empty() {
                 for &t in &correct_targets {
                     let Some(e) = sim.executor(t as usize) else { continue };
                     if e.state().counter != 0 {
@@ -613,9 +641,8 @@ impl Scenario {
     }
 }
 
-/// Up to f Byzantine members of a group of n, the first primary among
-/// them half the time: silent, selective, replaying, corrupting MACs, equivocating, lying
-/// with the coalition's keys, injecting invented bodies.
+/// Up to f Byzantine members of a group of n, the first primary among them half the
+/// time, each behaving as [`draw_behavior`] draws.
 fn draw_faults(rng: &mut Rng, n: u32, everyone: &[NodeId]) -> Vec<Behavior> {
     let mut behaviors = vec![Behavior::Correct; n as usize];
     let budget = rng.below(f_of(n) as u64 + 1) as usize;
@@ -629,20 +656,26 @@ fn draw_faults(rng: &mut Rng, n: u32, everyone: &[NodeId]) -> Vec<Behavior> {
             faulty.push(m);
         }
     }
-    let some = |rng: &mut Rng| -> Vec<NodeId> { everyone.iter().copied().filter(|_| rng.chance(500_000)).collect() };
     for m in faulty {
-        behaviors[m] = match rng.below(8) {
-            0 => Behavior::Silent,
-            1 => Behavior::DropTo(some(rng)),
-            2 => Behavior::Replay,
-            3 => Behavior::CorruptMacs,
-            4 => Behavior::Equivocate,
-            5 => Behavior::Lie(some(rng)),
-            6 => Behavior::Inject(10 + rng.below(40) as u32),
-            _ => Behavior::AlterTo(some(rng)),
-        };
+        behaviors[m] = draw_behavior(rng, everyone);
     }
     behaviors
+}
+
+/// A Byzantine member: silent, selective, replaying, corrupting MACs, equivocating, lying
+/// with the coalition's keys, injecting invented bodies.
+fn draw_behavior(rng: &mut Rng, everyone: &[NodeId]) -> Behavior {
+    let some = |rng: &mut Rng| -> Vec<NodeId> { everyone.iter().copied().filter(|_| rng.chance(500_000)).collect() };
+    match rng.below(8) {
+        0 => Behavior::Silent,
+        1 => Behavior::DropTo(some(rng)),
+        2 => Behavior::Replay,
+        3 => Behavior::CorruptMacs,
+        4 => Behavior::Equivocate,
+        5 => Behavior::Lie(some(rng)),
+        6 => Behavior::Inject(10 + rng.below(40) as u32),
+        _ => Behavior::AlterTo(some(rng)),
+    }
 }
 
 impl fmt::Display for Scenario {
@@ -690,8 +723,9 @@ pub fn sweep(n_c: u32, n_t: u32, seeds: std::ops::Range<u64>, real_every: u64, s
         };
         if !violations.is_empty() {
             out.failures.push(format!(
-                "FAILED {s}\n  rerun: PHALANX_DEBUG=\"{n_c} {n_t} {seed}\" PHALANX_SYNC_NS={} cargo test -p phalanx-tests --test perpetual debug_seed -- --ignored --nocapture\n  {}",
+                "FAILED {s}\n  rerun: PHALANX_DEBUG=\"{n_c} {n_t} {seed}\" PHALANX_SYNC_NS={}{} cargo test -p phalanx-tests --test perpetual debug_seed -- --ignored --nocapture\n  {}",
                 s.net.max_sync_latency,
+                if crypto == CryptoMode::Real { " PHALANX_REAL_CRYPTO=1" } else { "" },
                 violations.join("\n  ")
             ));
         }
