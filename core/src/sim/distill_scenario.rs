@@ -28,6 +28,9 @@ pub enum Fault {
     Server(u32, Lie),
     /// Server `i` crashes at the first time and restarts at the second.
     ServerCrash(u32, Nanos, Nanos),
+    /// Server `i` behaves so throughout, with the keys of every faulty node: lies,
+    /// equivocation or invented bodies in its ordering and fetches too.
+    ServerBehaves(u32, Behavior),
     /// Broker `b` never reaches server `s`: the server fetches what is ordered.
     Unreachable { broker: u32, server: u32 },
 }
@@ -101,6 +104,7 @@ impl Scenario {
             }
         }
         let mut servers: Vec<u32> = (0..3 * f + 1).collect();
+        let mut spare = None;
         for _ in 0..f {
             let i = rng.below(servers.len() as u64) as usize;
             let server = servers.remove(i);
@@ -110,12 +114,22 @@ impl Scenario {
                     let at = rng.below(3_000) * MS;
                     s.faults.push(Fault::ServerCrash(server, at, at + (500 + rng.below(3_000)) * MS));
                 }
-                _ => {}
+                _ => spare = Some(server),
             }
         }
         // Drawn last, so that the other draws of a seed stay as they were.
         if s.unregistered > 0 && rng.chance(150_000) {
             s.faults.push(Fault::Client(s.clients, Lie::RogueKey));
+        }
+        if let Some(server) = spare.filter(|_| rng.chance(500_000)) {
+            let spec = s.spec();
+            let everyone: Vec<NodeId> = (0..spec.servers()).chain(spec.broker_ids()).chain(spec.client_ids()).collect();
+            let behavior = match rng.below(3) {
+                0 => Behavior::Equivocate,
+                1 => Behavior::Lie(everyone),
+                _ => Behavior::Inject(20 + rng.below(200) as u32),
+            };
+            s.faults.push(Fault::ServerBehaves(server, behavior));
         }
         s
     }
@@ -149,8 +163,20 @@ impl Scenario {
                 _ => None,
             })
             .collect();
+        let behaving: BTreeMap<NodeId, Behavior> = self
+            .faults
+            .iter()
+            .filter_map(|f| match f {
+                Fault::ServerBehaves(server, behavior) => Some((*server, behavior.clone())),
+                _ => None,
+            })
+            .collect();
         for cfg in configs {
-            let behavior = unreachable.get(&cfg.id).map_or(Behavior::Correct, |s| Behavior::DropTo(s.clone()));
+            let behavior = match (behaving.get(&cfg.id), unreachable.get(&cfg.id)) {
+                (Some(b), _) => b.clone(),
+                (None, Some(servers)) => Behavior::DropTo(servers.clone()),
+                (None, None) => Behavior::Correct,
+            };
             let id = cfg.id;
             let label = format!("distill seed {} f {} node {id}", self.seed, self.f);
             hosts.insert(id, sim.add(cfg, behavior, self.record.contains(&id).then_some(label.as_str())));
@@ -174,6 +200,9 @@ impl Scenario {
                 Fault::ServerCrash(s, at, back) => {
                     sim.crash_at(*at, hosts[s]);
                     sim.restart_at(*back, hosts[s]);
+                }
+                Fault::ServerBehaves(s, _) => {
+                    correct_servers.remove(s);
                 }
                 Fault::Unreachable { .. } => {}
             }
