@@ -309,7 +309,7 @@ fn seeds() {
 #[ignore]
 fn debug_seed() {
     let v: Vec<u64> = std::env::var("PHALANX_DEBUG").unwrap().split(' ').map(|x| x.parse().unwrap()).collect();
-    let mut s = Scenario::adversarial(v[0] as u32, v[1] as u32, v[2]);
+    let mut s = Scenario::adversarial(v[0] as u32, v[1] as u32, v[2]).compromising();
     s.net.max_sync_latency = std::env::var("PHALANX_SYNC_NS").map_or(0, |ns| ns.parse().unwrap());
     if std::env::var_os("PHALANX_REAL_CRYPTO").is_some() {
         s.crypto = phalanx_core::crypto::CryptoMode::Real;

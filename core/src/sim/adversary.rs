@@ -10,6 +10,7 @@ use prost::Message;
 
 use super::keyed::{Coalition, Forge, Pool};
 use super::{NetConfig, Rng};
+use crate::statement::Statement;
 use crate::wire::{self, pb};
 use crate::{Algorithm, Nanos, NodeId};
 
@@ -250,9 +251,15 @@ pub fn tamper(
             vec![(
                 to,
                 me,
-                coalition.rewrite(me, to, me, &bytes, |kind, _| match kind {
-                    pb::body::Kind::NewView(nv) => forge.regroup(nv),
-                    _ => equivocate(kind),
+                coalition.rewrite(me, to, me, &bytes, |kind, _| {
+                    if let pb::body::Kind::NewView(nv) = kind {
+                        return forge.regroup(nv);
+                    }
+                    equivocate(kind);
+                    // Its other checkpoint vote is signed too.
+                    if let pb::body::Kind::Checkpoint(c) = kind {
+                        c.signature = coalition.sign(me, Statement::Checkpoint, 0, c.seq, &c.digest).0.to_vec();
+                    }
                 }),
             )]
         }
@@ -345,8 +352,10 @@ fn alter(kind: &mut pb::body::Kind, macs: &mut Vec<pb::Mac>, field: u64, me: Nod
 
 /// The other content an equivocating node sends some receivers: a different payload,
 /// op, result or digest, for a PRE-PREPARE another batch of the same requests, and for a
-/// VIEW-CHANGE claims that other batches prepared (and that it voted for them). (A
-/// NEW-VIEW relays another set of VIEW-CHANGEs: [`Forge::regroup`].)
+/// VIEW-CHANGE claims that other batches prepared (and that it voted for them). (An
+/// equivocating node also relays another set of VIEW-CHANGEs in a NEW-VIEW,
+/// [`Forge::regroup`], and signs its other checkpoint vote; what [`alter`] changes is
+/// left unsigned.)
 fn equivocate(kind: &mut pb::body::Kind) {
     fn flip(digest: &mut [u8]) {
         if let Some(b) = digest.first_mut() {

@@ -28,8 +28,8 @@ pub enum Fault {
     Server(u32, Lie),
     /// Server `i` crashes at the first time and restarts at the second.
     ServerCrash(u32, Nanos, Nanos),
-    /// Server `i` behaves so throughout, with the keys of every faulty node: lies,
-    /// equivocation or invented bodies in its ordering and fetches too.
+    /// Server `i` behaves so throughout, with its own keys: lies, equivocation or
+    /// invented bodies in its ordering and fetches too.
     ServerBehaves(u32, Behavior),
     /// Broker `b` never reaches server `s`: the server fetches what is ordered.
     Unreachable { broker: u32, server: u32 },

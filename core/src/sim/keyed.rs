@@ -259,8 +259,8 @@ impl Coalition {
     }
 
     /// Makes valid again what colluders authenticate inside a changed body: a colluding
-    /// client's request authenticator, a VIEW-CHANGE or CHECKPOINT vote (signed by
-    /// `signer`), a Perpetual result's MACs.
+    /// client's request authenticator, a VIEW-CHANGE (signed by `signer`), a Perpetual
+    /// result's MACs.
     fn reauthenticate(&self, signer: NodeId, kind: &mut pb::body::Kind) {
         match kind {
             pb::body::Kind::Requests(r) => {
@@ -273,9 +273,6 @@ impl Coalition {
                 }
             }
             pb::body::Kind::ViewChange(vc) => self.sign_view_change(signer, vc),
-            pb::body::Kind::Checkpoint(c) if self.contains(signer) => {
-                c.signature = self.sign(signer, Statement::Checkpoint, 0, c.seq, &c.digest).0.to_vec();
-            }
             pb::body::Kind::PerpetualResult(r) => {
                 let statement = crate::perpetual::result_statement(r.target, r.caller, r.call, &r.result);
                 for m in r.macs.iter_mut() {
@@ -792,12 +789,18 @@ impl Forge<'_> {
                     }
                 }
             },
-            // Signed again by the signer `rewrite` chose.
-            Kind::Checkpoint(c) => match pick {
-                0 => c.seq = self.number(),
-                1 => c.digest = self.digest(),
-                _ => (c.seq, c.digest) = (self.number(), self.digest()),
-            },
+            // A changed vote validly signed by the sender, or the vote signed by another
+            // colluder (valid only if it happens to pick the sender).
+            Kind::Checkpoint(c) => {
+                match pick {
+                    0 => c.seq = self.number(),
+                    1 => c.digest = self.digest(),
+                    2 => (c.seq, c.digest) = (self.number(), self.digest()),
+                    _ => {}
+                }
+                let signer = if pick < 3 { self.me } else { self.coalition.pick(self.rng) };
+                c.signature = self.coalition.sign(signer, Statement::Checkpoint, 0, c.seq, &c.digest).0.to_vec();
+            }
             Kind::ViewChange(vc) => match self.rng.below(5) {
                 4 => {
                     vc.prepared = self.story(vc.view).into_iter().collect();

@@ -255,14 +255,16 @@ impl Scenario {
             }
         }
         // Drawn last, so that the other draws of a seed stay as they were (pinned seeds).
-        // With a fault to spare, now and then the second primary lies in its NEW-VIEW, the
-        // first cut off for a while so that view 1 begins.
+        // With a fault to spare, now and then replica 1, view 1's primary, equivocates or
+        // lies in all it sends, its NEW-VIEW among it, and replica 0 is cut off for longer
+        // than the request timeout, so that view 1 begins.
         let faulty = (0..n).filter(|&r| s.faulty(r) || s.crash.is_some_and(|c| c.0 == r)).count() as u32;
         if faulty < f && !s.faulty(1) && s.crash.is_none_or(|c| c.0 != 1) && rng.chance(150_000) {
             s.replicas[1] = if rng.chance(500_000) { Behavior::Equivocate } else { Behavior::Lie(everyone.clone()) };
             if s.partition.is_none() {
                 let at = rng.below(20) * MS;
-                s.partition = Some((at, at + (20 + rng.below(30)) * MS, vec![0]));
+                let heal = at + s.params.request_timeout_ns + (100 + rng.below(200)) * MS;
+                s.partition = Some((at, heal, vec![0]));
             }
         }
         // A client that sends its requests only to the primary, or not to some replicas.

@@ -388,9 +388,9 @@ impl Scenario {
 
     /// A scenario drawn from `seed` for groups of `n_c` and `n_t` members: batching and
     /// checkpoint parameters, up to f keyed Byzantine members per group (the first
-    /// primaries among them half the time; one seed in ten, f+1 in one group), a network
-    /// with random latency, duplicates and drops for a while, sometimes a crash and
-    /// restart of a correct member, sometimes calls in parallel and an abort policy.
+    /// primaries among them half the time), a network with random latency, duplicates and
+    /// drops for a while, sometimes a crash and restart of a correct member, sometimes
+    /// calls in parallel and an abort policy.
     pub fn adversarial(n_c: u32, n_t: u32, seed: u64) -> Self {
         let mut rng = Rng::new(seed ^ 0x7065_7270);
         let mut s = Scenario::new(n_c, n_t, seed);
@@ -414,10 +414,18 @@ impl Scenario {
             let down = rng.below(40) * MS;
             s.crash = Some((*rng.pick(&correct), down, down + (1 + rng.below(60)) * MS));
         }
-        // Drawn last, so that the other draws of a seed stay as they were (pinned seeds):
-        // now and then one group compromised, f+1 of its members faulty. The other group
-        // must be isolated from it.
+        s
+    }
+
+    /// This seed as the sweeps run it: one seed in ten has one group compromised, f+1 of
+    /// its members faulty, and the other group must be isolated from it. (Pinned seeds
+    /// are [`Self::adversarial`]'s, which never compromise a group.)
+    pub fn compromising(mut self) -> Self {
+        let (n_c, n_t) = (self.n_c, self.n_t);
+        let mut rng = Rng::new(self.seed ^ 0x636f_6d70);
+        let everyone: Vec<NodeId> = (0..n_c + n_t).collect();
         if rng.chance(100_000) {
+            let s = &mut self;
             let (members, ids) =
                 if rng.chance(500_000) { (&mut s.callers, 0..n_c) } else { (&mut s.targets, n_c..n_c + n_t) };
             let (first, crashed) = (ids.start, s.crash.map(|c| c.0));
@@ -435,11 +443,11 @@ impl Scenario {
             }
         }
         // A compromised target may never answer: its calls abort, and stay aborted.
-        if s.target_compromised() {
-            s.abort_after = Some((300 + rng.below(2000)) * MS);
-            s.retry_aborted = false;
+        if self.target_compromised() {
+            self.abort_after = Some((300 + rng.below(2000)) * MS);
+            self.retry_aborted = false;
         }
-        s
+        self
     }
 
     /// When the last fault that ends ends: the network stops losing messages, the crashed
@@ -513,13 +521,17 @@ impl Scenario {
         if sim.now() < self.stable_at() + 50 * MS {
             return false;
         }
+        // A compromised group promises nothing of its own: the other one's members must
+        // be done.
         let callers = self.correct(self.caller_ids());
-        if callers.is_empty() || !callers.iter().all(|&c| sim.executor(c as usize).is_some_and(Executor::finished)) {
+        let finished = |c: &NodeId| sim.executor(*c as usize).is_some_and(Executor::finished);
+        if !self.caller_compromised() && (callers.is_empty() || !callers.iter().all(finished)) {
             return false;
         }
         // Every correct member of each group executed as far as the others (and synced
         // what its last executions wait on).
-        for ids in [self.caller_ids(), self.target_ids()] {
+        let groups = [(self.caller_ids(), self.caller_compromised()), (self.target_ids(), self.target_compromised())];
+        for (ids, _) in groups.into_iter().filter(|(_, compromised)| !compromised) {
             let correct = self.correct(ids);
             let executed: BTreeSet<u64> = correct.iter().map(|&m| sim.node(m as usize).status().executed).collect();
             if executed.len() > 1 || correct.iter().any(|&m| sim.unsynced(m as usize)) {
@@ -711,7 +723,7 @@ pub fn sweep(n_c: u32, n_t: u32, seeds: std::ops::Range<u64>, real_every: u64, s
     let mut out = Sweep::default();
     for seed in seeds {
         let crypto = if seed % real_every.max(1) == 0 { CryptoMode::Real } else { CryptoMode::InsecureTest };
-        let mut s = Scenario { crypto, ..Scenario::adversarial(n_c, n_t, seed) };
+        let mut s = Scenario { crypto, ..Scenario::adversarial(n_c, n_t, seed).compromising() };
         s.net.max_sync_latency = syncs.max_latency(seed);
         out.seeds += 1;
         let violations = match super::scenario::run_caught(|| s.run()) {
