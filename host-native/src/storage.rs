@@ -710,13 +710,7 @@ fn install(dir: &Path, content: &[u8]) -> Result<(File, u64), StorageError> {
 /// filesystem cannot, it stays as it is and appends extend it.
 fn reserve(file: &File, from: u64, end: u64, held: u64) -> u64 {
     let target = end + room_for(held);
-    if reserve_exactly(file, from, target) { target } else { from }
-}
-
-/// Extends `file` from its length `from` to `to` with reserved zeros; whether the
-/// filesystem did.
-fn reserve_exactly(file: &File, from: u64, to: u64) -> bool {
-    fallocate(file, from, to, false)
+    if fallocate(file, from, target, false) { target } else { from }
 }
 
 /// `fallocate(2)` over `from..to`: reserves its blocks, or with `punch` frees them (they
@@ -759,7 +753,7 @@ fn fill(file: &File, from: u64, to: u64, stop: &std::sync::atomic::AtomicBool) -
     const WRITE: u64 = 16 << 10;
     const WRITE_BACK: u64 = 256 << 10;
     static ZEROS: [u8; WRITE as usize] = [0; WRITE as usize];
-    let reserved = reserve_exactly(file, from, to);
+    let reserved = fallocate(file, from, to, false);
     let mut at = from;
     while at < to && !stop.load(std::sync::atomic::Ordering::Relaxed) {
         let piece = (to - at).min(WRITE_BACK);

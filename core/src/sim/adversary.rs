@@ -10,7 +10,6 @@ use prost::Message;
 
 use super::keyed::{Coalition, Forge, Pool};
 use super::{NetConfig, Rng};
-use crate::statement::Statement;
 use crate::wire::{self, pb};
 use crate::{Algorithm, Nanos, NodeId};
 
@@ -258,7 +257,7 @@ pub fn tamper(
                     equivocate(kind);
                     // Its other checkpoint vote is signed too.
                     if let pb::body::Kind::Checkpoint(c) = kind {
-                        c.signature = coalition.sign(me, Statement::Checkpoint, 0, c.seq, &c.digest).0.to_vec();
+                        coalition.sign_checkpoint(me, c);
                     }
                 }),
             )]

@@ -155,28 +155,20 @@ impl Scenario {
         let mut sim = Sim::new(self.seed, self.net.clone());
         let mut hosts: BTreeMap<NodeId, usize> = BTreeMap::new();
         let brokers: Vec<NodeId> = spec.broker_ids().collect();
-        let unreachable: BTreeMap<NodeId, Vec<NodeId>> = self
+        // What nodes do from the start: unreachable brokers drop, keyed servers lie.
+        let behaviors: BTreeMap<NodeId, Behavior> = self
             .faults
             .iter()
             .filter_map(|f| match f {
-                Fault::Unreachable { broker, server } => Some((brokers[*broker as usize], vec![*server])),
-                _ => None,
-            })
-            .collect();
-        let behaving: BTreeMap<NodeId, Behavior> = self
-            .faults
-            .iter()
-            .filter_map(|f| match f {
+                Fault::Unreachable { broker, server } => {
+                    Some((brokers[*broker as usize], Behavior::DropTo(vec![*server])))
+                }
                 Fault::ServerBehaves(server, behavior) => Some((*server, behavior.clone())),
                 _ => None,
             })
             .collect();
         for cfg in configs {
-            let behavior = match (behaving.get(&cfg.id), unreachable.get(&cfg.id)) {
-                (Some(b), _) => b.clone(),
-                (None, Some(servers)) => Behavior::DropTo(servers.clone()),
-                (None, None) => Behavior::Correct,
-            };
+            let behavior = behaviors.get(&cfg.id).cloned().unwrap_or(Behavior::Correct);
             let id = cfg.id;
             let label = format!("distill seed {} f {} node {id}", self.seed, self.f);
             hosts.insert(id, sim.add(cfg, behavior, self.record.contains(&id).then_some(label.as_str())));

@@ -108,6 +108,11 @@ impl Coalition {
         vc.signature = self.sign(signer, Statement::ViewChange, vc.view, 0, &d).0.to_vec();
     }
 
+    /// A CHECKPOINT vote signed by `signer` (its signature field replaced).
+    pub fn sign_checkpoint(&self, signer: NodeId, c: &mut pb::CheckpointVote) {
+        c.signature = self.sign(signer, Statement::Checkpoint, 0, c.seq, &c.digest).0.to_vec();
+    }
+
     /// A checkpoint certificate on (seq, digest) signed by `signers` (all members).
     pub fn certificate(&self, signers: Vec<NodeId>, seq: u64, digest: Vec<u8>) -> pb::Certificate {
         let sigs: Vec<BlsSignature> =
@@ -143,9 +148,7 @@ impl Coalition {
     /// For a fuzzer's bodies: whatever it picks gets past authentication.
     pub fn seal_authenticated(&self, from: NodeId, to: NodeId, mut kind: pb::body::Kind) -> Vec<u8> {
         match &mut kind {
-            pb::body::Kind::Checkpoint(c) if self.contains(from) => {
-                c.signature = self.sign(from, Statement::Checkpoint, 0, c.seq, &c.digest).0.to_vec();
-            }
+            pb::body::Kind::Checkpoint(c) if self.contains(from) => self.sign_checkpoint(from, c),
             pb::body::Kind::NewView(nv) => {
                 for s in nv.view_changes.iter_mut().filter(|s| self.contains(s.sender)) {
                     if let Ok(mut vc) = pb::ViewChange::decode(&s.view_change[..]) {
@@ -659,10 +662,9 @@ impl Forge<'_> {
             6 => Kind::Commit(pb::Vote { view: self.number(), seq: self.number(), digest: self.digest() }),
             7 => Kind::Reply(pb::Reply { view: self.number(), first: self.number(), results: vec![self.bytes()] }),
             8 => {
-                let (seq, d) = (self.number(), self.digest());
-                let signer = self.coalition.pick(self.rng);
-                let signature = self.coalition.sign(signer, Statement::Checkpoint, 0, seq, &d).0.to_vec();
-                Kind::Checkpoint(pb::CheckpointVote { seq, digest: d, signature })
+                let mut vote = pb::CheckpointVote { seq: self.number(), digest: self.digest(), signature: vec![] };
+                self.coalition.sign_checkpoint(self.coalition.pick(self.rng), &mut vote);
+                Kind::Checkpoint(vote)
             }
             9 => {
                 let (view, signer) =
@@ -799,7 +801,7 @@ impl Forge<'_> {
                     _ => {}
                 }
                 let signer = if pick < 3 { self.me } else { self.coalition.pick(self.rng) };
-                c.signature = self.coalition.sign(signer, Statement::Checkpoint, 0, c.seq, &c.digest).0.to_vec();
+                self.coalition.sign_checkpoint(signer, c);
             }
             Kind::ViewChange(vc) => match self.rng.below(5) {
                 4 => {

@@ -425,13 +425,10 @@ impl Scenario {
         let mut rng = Rng::new(self.seed ^ 0x636f_6d70);
         let everyone: Vec<NodeId> = (0..n_c + n_t).collect();
         if rng.chance(100_000) {
-            let s = &mut self;
-            let (members, ids) =
-                if rng.chance(500_000) { (&mut s.callers, 0..n_c) } else { (&mut s.targets, n_c..n_c + n_t) };
-            let (first, crashed) = (ids.start, s.crash.map(|c| c.0));
-            let mut correct: Vec<usize> = ids
-                .filter(|&id| Some(id) != crashed && members[(id - first) as usize] == Behavior::Correct)
-                .map(|id| (id - first) as usize)
+            let crashed = self.crash.map(|c| c.0);
+            let (members, first) = if rng.chance(500_000) { (&mut self.callers, 0) } else { (&mut self.targets, n_c) };
+            let mut correct: Vec<usize> = (0..members.len())
+                .filter(|&m| members[m] == Behavior::Correct && crashed != Some(first + m as NodeId))
                 .collect();
             let faulty = members.iter().filter(|b| **b != Behavior::Correct).count();
             for _ in faulty..=f_of(members.len() as u32) as usize {
