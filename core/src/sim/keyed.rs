@@ -8,7 +8,7 @@
 //! make is a correct node's MAC or signature.
 //!
 //! - [`Forge::mutate`] changes one field of a body the node sends: a view, a sequence
-//!   number, a digest, a prepared claim, a vote, a signer list, a certificate, a request
+//!   number (often at an edge of the replicas' windows, or one past), a digest, a prepared claim, a vote, a signer list, a certificate, a request
 //!   number, an op, a result, a history entry, an algorithm or step.
 //! - [`Forge::invent`] makes a body of any kind, including kinds the node's role must
 //!   never send (a client's VIEW-CHANGE, NEW-VIEW, CHECKPOINT or PRE-PREPARE; a replica's
@@ -51,6 +51,14 @@ pub struct Coalition {
     chain: Option<ChainPath>,
     /// A Perpetual cluster: lies also change the calls inside caller members' copies.
     perpetual: bool,
+    /// The replicas' windows, for numbers at their edges: the checkpoint interval, the
+    /// views ahead a replica keeps messages for (its group's size), and a view-change
+    /// quorum.
+    checkpoint_interval: u64,
+    group: u64,
+    quorum: usize,
+    /// A publication stream's window.
+    window: u64,
 }
 
 impl Coalition {
@@ -59,19 +67,25 @@ impl Coalition {
         let mut crypto = CryptoMode::Real;
         let mut chain = None;
         let mut perpetual = false;
+        let (mut checkpoint_interval, mut group, mut quorum, mut window) = (1, 1, 1, 1);
         let members = faulty
             .into_iter()
             .map(|c| {
                 crypto = c.cluster.crypto;
                 perpetual = c.cluster.protocol == crate::Protocol::Perpetual;
                 let replicas: Vec<NodeId> = c.cluster.replicas().map(|r| r.id).collect();
-                chain = Some(ChainPath::new(&replicas, Quorums::new(replicas.len(), c.cluster.f as usize)));
+                let quorums = Quorums::new(replicas.len(), c.cluster.f as usize);
+                checkpoint_interval = c.cluster.params.checkpoint_interval as u64;
+                window = c.cluster.params.window as u64;
+                group = replicas.len() as u64;
+                quorum = quorums.intersecting();
+                chain = Some(ChainPath::new(&replicas, quorums));
                 let role = c.cluster.node(c.id).expect("a member of its cluster").role;
                 let keys = c.keyring();
                 (c.id, Member { keys, bls: c.bls_secret.clone(), role })
             })
             .collect();
-        Coalition { crypto, members, everyone, chain, perpetual }
+        Coalition { crypto, members, everyone, chain, perpetual, checkpoint_interval, group, quorum, window }
     }
 
     pub fn contains(&self, id: NodeId) -> bool {
@@ -344,6 +358,10 @@ pub struct Pool {
     new_views: Recent<pb::NewView>,
     states: Recent<Vec<u8>>,
     payloads: Recent<Bytes>,
+    /// The highest view, checkpoint and publication seen: where the windows now are.
+    view: u64,
+    checkpoint: u64,
+    publication: u64,
 }
 
 impl Pool {
@@ -352,11 +370,13 @@ impl Pool {
         use pb::body::Kind;
         match kind {
             Kind::Publication(p) => {
+                self.publication = self.publication.max(p.seq);
                 self.numbers.add(p.seq);
                 self.payloads.add(p.payload.clone());
             }
             Kind::Requests(r) => self.requests.add(r.clone()),
             Kind::PrePrepare(pp) => {
+                self.view = self.view.max(pp.view);
                 self.numbers.add(pp.view);
                 self.numbers.add(pp.seq);
                 self.digests.add(digest(&pp.batch).to_vec());
@@ -364,6 +384,7 @@ impl Pool {
                 self.batches.add(pp.batch.clone());
             }
             Kind::Prepare(v) | Kind::Commit(v) => {
+                self.view = self.view.max(v.view);
                 self.numbers.add(v.view);
                 self.numbers.add(v.seq);
                 self.digests.add(v.digest.clone());
@@ -372,15 +393,18 @@ impl Pool {
             Kind::Reply(r) => self.payloads.extend(r.results.iter()),
             Kind::ReadReply(r) => self.payloads.add(r.result.clone()),
             Kind::Checkpoint(c) => {
+                self.checkpoint = self.checkpoint.max(c.seq);
                 self.numbers.add(c.seq);
                 self.digests.add(c.digest.clone());
             }
             Kind::ViewChange(vc) => {
+                self.view = self.view.max(vc.view);
                 self.numbers.add(vc.view);
                 self.certificates.extend(vc.stable.iter());
                 self.view_changes.add(pb::SignedViewChange { sender: from, view_change: vc.encode_to_vec() });
             }
             Kind::NewView(nv) => {
+                self.view = self.view.max(nv.view);
                 self.numbers.add(nv.view);
                 nv.view_changes.iter().for_each(|s| self.view_changes.add(s.clone()));
                 self.new_views.add(nv.clone());
@@ -441,6 +465,37 @@ impl Forge<'_> {
             5 => self.rng.below(1 << 20),
             _ => seen,
         }
+    }
+
+    /// One time in four, `base` (where the run is) plus one of `offsets` (the edges of a
+    /// window, and one past each); otherwise a [`Self::number`].
+    fn near(&mut self, base: u64, offsets: &[u64]) -> u64 {
+        if !self.rng.chance(250_000) {
+            return self.number();
+        }
+        base.saturating_add(*self.rng.pick(offsets))
+    }
+
+    /// A PBFT sequence number, often at an edge of a replica's windows reckoned from the
+    /// latest checkpoint seen: the stable point, the end of the proposal window (twice
+    /// the checkpoint interval) and of the acceptance window (four times).
+    fn seq(&mut self) -> u64 {
+        let k = self.coalition.checkpoint_interval;
+        self.near(self.pool.checkpoint, &[0, 1, 2 * k, 2 * k + 1, 4 * k, 4 * k + 1])
+    }
+
+    /// A view, often the latest seen or the furthest ahead a replica keeps early messages
+    /// for (its group's size), or one past either.
+    fn view(&mut self) -> u64 {
+        let n = self.coalition.group;
+        self.near(self.pool.view, &[0, 1, n, n + 1])
+    }
+
+    /// A publication's sequence number, often at the end of a stream's window reckoned
+    /// from the highest seen.
+    fn publication_seq(&mut self) -> u64 {
+        let w = self.coalition.window;
+        self.near(self.pool.publication, &[0, 1, w - 1, w])
     }
 
     fn node(&mut self) -> NodeId {
@@ -522,7 +577,7 @@ impl Forge<'_> {
                 match self.rng.below(3) {
                     0 => c.signers.push(self.node()),
                     1 => c.signers.truncate(c.signers.len().saturating_sub(1)),
-                    _ => c.seq = self.number(),
+                    _ => c.seq = self.seq(),
                 }
                 c
             }
@@ -530,7 +585,7 @@ impl Forge<'_> {
             _ => {
                 let mut signers: Vec<NodeId> = self.coalition.members.keys().copied().collect();
                 signers.truncate(1 + self.rng.below(signers.len() as u64) as usize);
-                let (seq, d) = (self.number(), self.digest());
+                let (seq, d) = (self.seq(), self.digest());
                 self.coalition.certificate(signers, seq, d)
             }
         }
@@ -538,7 +593,7 @@ impl Forge<'_> {
 
     fn slot_votes(&mut self) -> Vec<pb::SlotVote> {
         (0..self.rng.below(4))
-            .map(|_| pb::SlotVote { seq: self.number(), view: self.number(), digest: self.digest() })
+            .map(|_| pb::SlotVote { seq: self.seq(), view: self.view(), digest: self.digest() })
             .collect()
     }
 
@@ -590,7 +645,9 @@ impl Forge<'_> {
     }
 
     /// `nv` relaying instead another set of the VIEW-CHANGEs seen for its view, one per
-    /// sender: a primary choosing per receiver which valid quorum settles the view.
+    /// sender: a primary choosing per receiver which valid quorum settles the view. Half
+    /// the time the set is a bare quorum of those that claim least (prepared and voted
+    /// slots), the one most likely to let the new view forget a batch.
     pub fn regroup(&mut self, nv: &mut pb::NewView) {
         let mut by_sender: BTreeMap<NodeId, pb::SignedViewChange> = BTreeMap::new();
         for s in self.pool.view_changes.items.iter().chain(&nv.view_changes) {
@@ -599,8 +656,17 @@ impl Forge<'_> {
                 by_sender.insert(s.sender, s.clone());
             }
         }
-        let mut chosen: Vec<pb::SignedViewChange> =
-            by_sender.into_values().filter(|_| self.rng.chance(800_000)).collect();
+        let mut chosen: Vec<pb::SignedViewChange> = by_sender.into_values().collect();
+        if self.rng.chance(500_000) {
+            let claims = |s: &pb::SignedViewChange| {
+                pb::ViewChange::decode(&s.view_change[..]).map_or(0, |vc| vc.prepared.len() + vc.voted.len())
+            };
+            chosen.sort_by_key(claims);
+            chosen.truncate(self.coalition.quorum);
+        } else {
+            let rng = &mut *self.rng;
+            chosen.retain(|_| rng.chance(800_000));
+        }
         let turn = self.rng.below(chosen.len().max(1) as u64) as usize;
         chosen.rotate_left(turn);
         nv.view_changes = chosen;
@@ -626,7 +692,7 @@ impl Forge<'_> {
                 self.coalition.members[&from].keys.result_mac_to(to, &statement)
             })
             .collect();
-        pb::PerpetualResult { target, caller, call, result, view: self.number(), macs }
+        pb::PerpetualResult { target, caller, call, result, view: self.view(), macs }
     }
 
     fn publication(&mut self) -> pb::Publication {
@@ -635,7 +701,7 @@ impl Forge<'_> {
             step: self.rng.below(7) as i32,
             publisher: self.node(),
             topic: if self.rng.chance(800_000) { 0 } else { self.number() },
-            seq: self.number(),
+            seq: self.publication_seq(),
             history: self.rng.chance(300_000),
             payload: if self.rng.chance(300_000) { self.history() } else { self.bytes() },
         }
@@ -657,18 +723,18 @@ impl Forge<'_> {
             }
             2 => Kind::Subscribe(pb::Subscribe { topics: (0..self.rng.below(4)).map(|_| self.number()).collect() }),
             3 => Kind::Requests(self.requests()),
-            4 => Kind::PrePrepare(pb::PrePrepare { view: self.number(), seq: self.number(), batch: self.batch() }),
-            5 => Kind::Prepare(pb::Vote { view: self.number(), seq: self.number(), digest: self.digest() }),
-            6 => Kind::Commit(pb::Vote { view: self.number(), seq: self.number(), digest: self.digest() }),
-            7 => Kind::Reply(pb::Reply { view: self.number(), first: self.number(), results: vec![self.bytes()] }),
+            4 => Kind::PrePrepare(pb::PrePrepare { view: self.view(), seq: self.seq(), batch: self.batch() }),
+            5 => Kind::Prepare(pb::Vote { view: self.view(), seq: self.seq(), digest: self.digest() }),
+            6 => Kind::Commit(pb::Vote { view: self.view(), seq: self.seq(), digest: self.digest() }),
+            7 => Kind::Reply(pb::Reply { view: self.view(), first: self.number(), results: vec![self.bytes()] }),
             8 => {
-                let mut vote = pb::CheckpointVote { seq: self.number(), digest: self.digest(), signature: vec![] };
+                let mut vote = pb::CheckpointVote { seq: self.seq(), digest: self.digest(), signature: vec![] };
                 self.coalition.sign_checkpoint(self.coalition.pick(self.rng), &mut vote);
                 Kind::Checkpoint(vote)
             }
             9 => {
                 let (view, signer) =
-                    (self.number(), if self.rng.chance(700_000) { self.me } else { self.coalition.pick(self.rng) });
+                    (self.view(), if self.rng.chance(700_000) { self.me } else { self.coalition.pick(self.rng) });
                 Kind::ViewChange(Box::new(self.view_change(view, signer)))
             }
             10 if self.rng.chance(300_000)
@@ -677,10 +743,10 @@ impl Forge<'_> {
                 Kind::NewView(nv)
             }
             10 => {
-                let view = self.number();
+                let view = self.view();
                 Kind::NewView(self.new_view(view))
             }
-            11 => Kind::FetchState(pb::FetchState { seq: self.number() }),
+            11 => Kind::FetchState(pb::FetchState { seq: self.seq() }),
             12 if self.rng.chance(300_000)
                 && let Some(s) = self.certified_state() =>
             {
@@ -692,11 +758,11 @@ impl Forge<'_> {
                     _ => pb::CheckpointState { app: self.bytes().to_vec(), clients: vec![] }.encode_to_vec(),
                 };
                 let checkpoint = self.rng.chance(600_000).then(|| self.certificate());
-                Kind::State(Box::new(pb::State { seq: self.number(), checkpoint, state }))
+                Kind::State(Box::new(pb::State { seq: self.seq(), checkpoint, state }))
             }
-            13 => Kind::Committed(pb::Committed { seq: self.number(), batch: self.batch() }),
-            14 => Kind::FetchBatch(pb::FetchBatch { seq: self.number(), digest: self.digest() }),
-            15 => Kind::Proposal(pb::Proposal { seq: self.number(), batch: self.batch() }),
+            13 => Kind::Committed(pb::Committed { seq: self.seq(), batch: self.batch() }),
+            14 => Kind::FetchBatch(pb::FetchBatch { seq: self.seq(), digest: self.digest() }),
+            15 => Kind::Proposal(pb::Proposal { seq: self.seq(), batch: self.batch() }),
             16 => Kind::Read(pb::Read { request: self.number(), op: self.bytes() }),
             17 => Kind::ReadReply(pb::ReadReply { request: self.number(), result: self.bytes() }),
             18 => Kind::PerpetualResult(self.perpetual_result()),
@@ -737,7 +803,7 @@ impl Forge<'_> {
         let pick = self.rng.below(4);
         match kind {
             Kind::Publication(p) => match self.rng.below(8) {
-                0 => p.seq = self.number(),
+                0 => p.seq = self.publication_seq(),
                 1 => p.publisher = self.node(),
                 2 => p.topic = self.number(),
                 3 => p.algorithm = self.rng.below(4) as i32,
@@ -773,13 +839,13 @@ impl Forge<'_> {
                 }
             },
             Kind::PrePrepare(pp) => match pick {
-                0 => pp.view = self.number(),
-                1 => pp.seq = self.number(),
+                0 => pp.view = self.view(),
+                1 => pp.seq = self.seq(),
                 _ => pp.batch = self.batch(),
             },
             Kind::Prepare(v) | Kind::Commit(v) => match pick {
-                0 => v.view = self.number(),
-                1 => v.seq = self.number(),
+                0 => v.view = self.view(),
+                1 => v.seq = self.seq(),
                 _ => v.digest = self.digest(),
             },
             Kind::Reply(r) => match pick {
@@ -795,9 +861,9 @@ impl Forge<'_> {
             // colluder (valid only if it happens to pick the sender).
             Kind::Checkpoint(c) => {
                 match pick {
-                    0 => c.seq = self.number(),
+                    0 => c.seq = self.seq(),
                     1 => c.digest = self.digest(),
-                    2 => (c.seq, c.digest) = (self.number(), self.digest()),
+                    2 => (c.seq, c.digest) = (self.seq(), self.digest()),
                     _ => {}
                 }
                 let signer = if pick < 3 { self.me } else { self.coalition.pick(self.rng) };
@@ -808,7 +874,7 @@ impl Forge<'_> {
                     vc.prepared = self.story(vc.view).into_iter().collect();
                     vc.voted = vc.prepared.clone();
                 }
-                0 => vc.view = self.number(),
+                0 => vc.view = self.view(),
                 1 => vc.stable = self.rng.chance(500_000).then(|| self.certificate()),
                 2 => vc.prepared = self.slot_votes(),
                 _ => {
@@ -834,22 +900,22 @@ impl Forge<'_> {
                     }
                 }
             },
-            Kind::FetchState(f) => f.seq = self.number(),
+            Kind::FetchState(f) => f.seq = self.seq(),
             Kind::State(s) => match pick {
-                0 => s.seq = self.number(),
+                0 => s.seq = self.seq(),
                 1 => s.checkpoint = self.rng.chance(500_000).then(|| self.certificate()),
                 _ => s.state = self.bytes().to_vec(),
             },
             Kind::Committed(c) => match pick {
-                0 => c.seq = self.number(),
+                0 => c.seq = self.seq(),
                 _ => c.batch = self.batch(),
             },
             Kind::FetchBatch(f) => match pick {
-                0 => f.seq = self.number(),
+                0 => f.seq = self.seq(),
                 _ => f.digest = self.digest(),
             },
             Kind::Proposal(p) => match pick {
-                0 => p.seq = self.number(),
+                0 => p.seq = self.seq(),
                 _ => p.batch = self.batch(),
             },
             Kind::Read(r) => match pick {
@@ -870,7 +936,7 @@ impl Forge<'_> {
             },
             Kind::PerpetualResult(r) => match self.rng.below(5) {
                 0 => r.call = self.number(),
-                1 => r.view = self.number(),
+                1 => r.view = self.view(),
                 2 => r.macs.clear(),
                 3 => r.caller = self.rng.below(3) as u32,
                 _ => r.result = [&r.result[..], b"/lie"].concat().into(),
