@@ -790,3 +790,30 @@ fn catch_up_offers_from_a_faulty_replica_do_not_pile_up() {
     let live = net.nodes[1].live_instances();
     assert!(live <= 40, "replica 1 holds {live} items after 100 slots");
 }
+
+/// f+1 faulty replicas (one more than the group tolerates, as in a compromised Perpetual
+/// group) offer the same uncertified state at the last sequence number. A replica takes
+/// f+1 matching offers for a correct one's; here it must at least not overflow its
+/// windows (it panicked in the sweep, 4x4 seed 870): a checkpoint that far is refused.
+#[test]
+fn a_state_offered_at_the_last_sequence_number_is_refused() {
+    use crate::sim::keyed::Coalition;
+    use crate::wire::{self, pb};
+    use prost::Message;
+    let spec = ClusterSpec { crypto: CryptoMode::InsecureTest, params: params(), ..ClusterSpec::pbft(1, 1) };
+    let cfgs = generate_cluster(&spec, [5; 32]).unwrap();
+    let coalition = Coalition::new([&cfgs[2], &cfgs[3]], (0..cfgs.len() as NodeId).collect());
+    let mut net = Net::new(1, 1, params());
+    net.submit(4, b"op");
+    net.run();
+    let state = pb::CheckpointState { app: vec![], clients: vec![] }.encode_to_vec();
+    for from in [2, 3] {
+        let offer = pb::State { seq: u64::MAX, checkpoint: None, state: state.clone() };
+        let bytes = coalition.seal(from, 1, &wire::encode_body(pb::body::Kind::State(Box::new(offer))), vec![]);
+        net.input(1, Input::Message { from, bytes });
+    }
+    assert_eq!(net.nodes[1].status().executed, 1);
+    net.submit(4, b"op2");
+    net.run();
+    assert_eq!(net.nodes[1].status().executed, 2);
+}

@@ -26,6 +26,12 @@ use crate::{FaultKind, Nanos, NodeId};
 /// Checkpoint votes kept per replica: enough to see the latest ones become stable.
 const CHECKPOINT_VOTES_KEPT: usize = 4;
 
+/// The highest checkpoint a replica installs: beyond any run (at a batch a nanosecond,
+/// 146 years), and low enough that the windows above it (four checkpoint intervals,
+/// each below 2^32) and the slots after it never overflow. Only f+1 faulty replicas,
+/// offering one state, or a certificate 2f+1 of them signed, could name a higher one.
+const MAX_CHECKPOINT: u64 = 1 << 62;
+
 /// How long after a quorum voted for a checkpoint a replica waits, per place after the
 /// primary in the group, to certify it (at most until half an interval more executed, so
 /// its window never lags). Certifying costs an aggregate BLS check and persisting the
@@ -418,6 +424,9 @@ impl Replica {
         if s.seq <= self.delivered {
             return ctx.stats.stale += 1;
         }
+        if s.seq > MAX_CHECKPOINT {
+            return ctx.fault(from, FaultKind::Unexpected);
+        }
         let d = digest(&s.state);
         let certified = match &s.checkpoint {
             Some(cert) if cert.seq == s.seq && verify_certificate(ctx, cert) => Some(cert.clone()),
@@ -536,7 +545,7 @@ fn certify(ctx: &mut Ctx, seq: u64, d: &Digest, votes: &[(NodeId, Vec<u8>)]) -> 
 /// statement.
 pub(super) fn verify_certificate(ctx: &mut Ctx, cert: &pb::Certificate) -> bool {
     let signers: BTreeSet<NodeId> = cert.signers.iter().copied().collect();
-    if signers.len() != cert.signers.len() || signers.len() < ctx.quorums.intersecting() {
+    if signers.len() != cert.signers.len() || signers.len() < ctx.quorums.intersecting() || cert.seq > MAX_CHECKPOINT {
         return false;
     }
     ctx.verify_statement_aggregate(checkpoint(cert.seq, &cert.digest), &cert.signers, &cert.signature)
