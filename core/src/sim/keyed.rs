@@ -358,25 +358,27 @@ pub struct Pool {
     new_views: Recent<pb::NewView>,
     states: Recent<Vec<u8>>,
     payloads: Recent<Bytes>,
-    /// The highest view, checkpoint and publication seen: where the windows now are.
+    /// The highest view, checkpoint and publication correct nodes sent: where the
+    /// windows now are (a lie's would move them anywhere).
     view: u64,
     checkpoint: u64,
     publication: u64,
 }
 
 impl Pool {
-    /// Takes the material of a body sent by `from`.
-    pub fn observe(&mut self, from: NodeId, kind: &pb::body::Kind) {
+    /// Takes the material of a body sent by `from`, a correct node or not.
+    pub fn observe(&mut self, from: NodeId, correct: bool, kind: &pb::body::Kind) {
         use pb::body::Kind;
+        if correct {
+            self.note_progress(kind);
+        }
         match kind {
             Kind::Publication(p) => {
-                self.publication = self.publication.max(p.seq);
                 self.numbers.add(p.seq);
                 self.payloads.add(p.payload.clone());
             }
             Kind::Requests(r) => self.requests.add(r.clone()),
             Kind::PrePrepare(pp) => {
-                self.view = self.view.max(pp.view);
                 self.numbers.add(pp.view);
                 self.numbers.add(pp.seq);
                 self.digests.add(digest(&pp.batch).to_vec());
@@ -384,7 +386,6 @@ impl Pool {
                 self.batches.add(pp.batch.clone());
             }
             Kind::Prepare(v) | Kind::Commit(v) => {
-                self.view = self.view.max(v.view);
                 self.numbers.add(v.view);
                 self.numbers.add(v.seq);
                 self.digests.add(v.digest.clone());
@@ -393,18 +394,15 @@ impl Pool {
             Kind::Reply(r) => self.payloads.extend(r.results.iter()),
             Kind::ReadReply(r) => self.payloads.add(r.result.clone()),
             Kind::Checkpoint(c) => {
-                self.checkpoint = self.checkpoint.max(c.seq);
                 self.numbers.add(c.seq);
                 self.digests.add(c.digest.clone());
             }
             Kind::ViewChange(vc) => {
-                self.view = self.view.max(vc.view);
                 self.numbers.add(vc.view);
                 self.certificates.extend(vc.stable.iter());
                 self.view_changes.add(pb::SignedViewChange { sender: from, view_change: vc.encode_to_vec() });
             }
             Kind::NewView(nv) => {
-                self.view = self.view.max(nv.view);
                 self.numbers.add(nv.view);
                 nv.view_changes.iter().for_each(|s| self.view_changes.add(s.clone()));
                 self.new_views.add(nv.clone());
@@ -419,6 +417,20 @@ impl Pool {
                 self.numbers.add(r.call);
                 self.payloads.add(r.result.clone());
             }
+            _ => {}
+        }
+    }
+
+    /// Where a correct node's body says the run is.
+    fn note_progress(&mut self, kind: &pb::body::Kind) {
+        use pb::body::Kind;
+        match kind {
+            Kind::Publication(p) => self.publication = self.publication.max(p.seq),
+            Kind::PrePrepare(pp) => self.view = self.view.max(pp.view),
+            Kind::Prepare(v) | Kind::Commit(v) => self.view = self.view.max(v.view),
+            Kind::Checkpoint(c) => self.checkpoint = self.checkpoint.max(c.seq),
+            Kind::ViewChange(vc) => self.view = self.view.max(vc.view),
+            Kind::NewView(nv) => self.view = self.view.max(nv.view),
             _ => {}
         }
     }

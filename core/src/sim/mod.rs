@@ -1012,8 +1012,9 @@ impl Sim {
 
     /// The coalition remembers the bodies of a frame one of its members sent or received.
     fn observe(&mut self, from: NodeId, bytes: &[u8]) {
+        let correct = !self.faulty.contains(&from);
         for body in wire::bodies_of(bytes).unwrap_or_default() {
-            self.pool.observe(from, &body);
+            self.pool.observe(from, correct, &body);
         }
     }
 
