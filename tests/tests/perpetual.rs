@@ -252,6 +252,28 @@ fn a_lying_caller_primary_does_not_stall_its_group() {
 /// authenticator having no entry for themselves, and with two faulty members no quorum
 /// was left to vouch for it (7x4 seed 3300623: a silent member, and one whose requests'
 /// authenticators fail at every member).
+/// Two faulty caller primaries in a row (one equivocating, one lying in everything it
+/// sends, its own vouches included): the batches holding the correct members' vouches
+/// fail in both views, so their group's PBFT drops those requests (as it drops any after
+/// two failed proposals, for the submitter to send again). The members send their
+/// vouches again until the call is decided, and the third primary orders them. Before,
+/// a vouch was sent once, and the call was never decided (found by the sweep, 7x7 seed
+/// 7000346 of an earlier adversary; these two seeds stall without the resends).
+#[test]
+fn vouches_dropped_after_two_failed_views_are_sent_again() {
+    for (n_t, seed) in [(1, 4), (4, 2)] {
+        let mut s = Scenario::new(7, n_t, seed);
+        s.callers[0] = Behavior::Equivocate;
+        s.callers[1] = Behavior::Lie((0..7 + n_t).collect());
+        let out = run(s);
+        assert_eq!(aborted(&out), 0);
+        for c in 2..7 {
+            assert_eq!(out.executors[&c].completed, 20, "n_t={n_t} caller {c}");
+            assert!(out.status[&c].view >= 2, "n_t={n_t}: caller member {c} in view {}", out.status[&c].view);
+        }
+    }
+}
+
 #[test]
 fn seeds_found_by_the_sweep() {
     let seeds = [

@@ -38,12 +38,14 @@
 //!    on one result (so a correct target member computed it) vouches for it to its own
 //!    group: a [`pb::PerpetualVouch`] it sends every fellow member, and each holds it
 //!    until f_c+1 members' vouches (or abort requests) agree, which its group's PBFT then
-//!    orders together. When the vouches and abort requests of a call execute, the first
-//!    outcome to gather f_c+1 from distinct caller members wins: f_c+1 vouches for one
-//!    result make `Event::Reply`, f_c+1 abort requests `Event::Aborted`. Decided in
-//!    execution order, the outcome is the same at every correct caller member, even if a
-//!    compromised target sent different, validly-quorumed results to different caller
-//!    members.
+//!    orders together. A member sends its vouch (and abort request) again every
+//!    `client_retry_ns` until the call is decided: PBFT drops a request whose batches
+//!    failed in two view changes, for its submitter to send again. When the vouches and
+//!    abort requests of a call execute, the first outcome to gather f_c+1 from distinct
+//!    caller members wins: f_c+1 vouches for one result make `Event::Reply`, f_c+1 abort
+//!    requests `Event::Aborted`. Decided in execution order, the outcome is the same at
+//!    every correct caller member, even if a compromised target sent different,
+//!    validly-quorumed results to different caller members.
 //! 4. Timeout. A caller member that has not vouched `client_retry_ns` after sending a
 //!    call sends its copy to every target member, again every `client_retry_ns`: backups
 //!    hold it (until f_c+1 match, as above), forward it to their primary and, if it is
@@ -146,6 +148,18 @@ struct Outstanding {
     results: BTreeMap<Digest, Bytes>,
     vouched: bool,
     abort_sent: bool,
+    /// This member's own votes on the call (its vouch, its abort request), sent again
+    /// every `client_retry_ns` until the call is decided: its group's PBFT drops a
+    /// request whose batches failed in two view changes, for its submitter to send again.
+    votes: Vec<Bundle>,
+}
+
+impl Outstanding {
+    /// Whether anything of this member's goes again at `resend_at`: the copy (until it
+    /// vouches) or its votes.
+    fn resends(&self) -> bool {
+        !self.vouched || !self.votes.is_empty()
+    }
 }
 
 /// Votes on one call: a member's first value, and its abort request.
@@ -353,6 +367,7 @@ impl Member {
             results: BTreeMap::new(),
             vouched: false,
             abort_sent: false,
+            votes: Vec::new(),
         };
         self.outstanding.insert(call, o);
         Ok(())
@@ -361,7 +376,7 @@ impl Member {
     fn abort(&mut self, ctx: &mut Ctx, now: Nanos, call: u64) {
         let Some(o) = self.outstanding.get_mut(&call).filter(|o| !o.abort_sent) else { return };
         o.abort_sent = true;
-        self.submit(ctx, now, Op::Abort(call));
+        self.submit(ctx, now, call, Op::Abort(call));
     }
 
     fn respond(&mut self, ctx: &mut Ctx, caller: u32, call: u64, result: Vec<u8>) -> Result<(), HandleError> {
@@ -401,13 +416,17 @@ impl Member {
         ctx.send(pb::body::Kind::PerpetualResult(pb::PerpetualResult { macs, view, ..msg.clone() }), [to]);
     }
 
-    /// Sends the group a vote of this member's own (a vouch or an abort request), to be
-    /// ordered through its PBFT once f_c+1 members' agree.
-    fn submit(&mut self, ctx: &mut Ctx, now: Nanos, op: Op) {
+    /// Sends the group a vote of this member's own on `call` (a vouch or an abort
+    /// request), to be ordered through its PBFT once f_c+1 members' agree, and sent again
+    /// until the call is decided.
+    fn submit(&mut self, ctx: &mut Ctx, now: Nanos, call: u64, op: Op) {
         let op = Bytes::from(pb::PerpetualOp { kind: Some(op) }.encode_to_vec());
-        if let Some(bundle) = self.own.send(ctx, &mut self.replica, op) {
-            self.hold_vote(ctx, now, ctx.me(), bundle);
+        let Some(bundle) = self.own.send(ctx, &mut self.replica, op) else { return };
+        if let Some(o) = self.outstanding.get_mut(&call) {
+            o.votes.push(bundle.clone());
+            o.resend_at = now.saturating_add(ctx.cfg.cluster.params.client_retry_ns);
         }
+        self.hold_vote(ctx, now, ctx.me(), bundle);
     }
 
     /// A member's request sent to its group (its own, straight from it: the frame MAC
@@ -514,7 +533,7 @@ impl Member {
         if o.replies.values().filter(|x| **x == d).count() > targets.f {
             o.vouched = true;
             let vouch = pb::PerpetualVouch { call: r.call, target: t, result: o.results[&d].clone() };
-            self.submit(ctx, now, Op::Vouch(vouch));
+            self.submit(ctx, now, r.call, Op::Vouch(vouch));
         }
     }
 
@@ -749,6 +768,7 @@ impl Member {
                 results: BTreeMap::new(),
                 vouched: false,
                 abort_sent: false,
+                votes: Vec::new(),
             };
             self.outstanding.insert(o.call, entry);
         }
@@ -786,14 +806,25 @@ impl Member {
         ctx.push(Output::Event(Event::Restore { seq, state: s.executor }));
     }
 
-    /// Calls not vouched for here after `client_retry_ns`: their copy to every target member.
+    /// Every `client_retry_ns` while a call is undecided: its copy to every target
+    /// member until this member vouches, and this member's votes on it to its group (and
+    /// through its own gate, which lets a vote it let through before go on again).
     fn resend(&mut self, ctx: &mut Ctx, now: Nanos) {
         let retry = ctx.cfg.cluster.params.client_retry_ns;
-        for (&call, o) in self.outstanding.iter_mut().filter(|(_, o)| !o.vouched && o.resend_at <= now) {
+        let mut votes = Vec::new();
+        for (&call, o) in self.outstanding.iter_mut().filter(|(_, o)| o.resend_at <= now && o.resends()) {
             o.resend_at = now.saturating_add(retry);
+            votes.extend(o.votes.iter().cloned());
+            if o.vouched {
+                continue;
+            }
             let targets = &self.groups[o.target as usize];
             self.slow_responders.insert(targets.responder(call));
             ctx.send(pb::body::Kind::Requests(o.copy.clone()), targets.members.clone());
+        }
+        for vote in votes {
+            ctx.send_to_replicas(pb::body::Kind::Requests(vote.to_pb()), &[]);
+            self.hold_vote(ctx, now, ctx.me(), vote);
         }
     }
 }
@@ -842,7 +873,7 @@ impl RoleMachine for Member {
     }
 
     fn next_deadline(&self) -> Option<Nanos> {
-        let resend = self.outstanding.values().filter(|o| !o.vouched).map(|o| o.resend_at).min();
+        let resend = self.outstanding.values().filter(|o| o.resends()).map(|o| o.resend_at).min();
         crate::distill::earliest([self.replica.next_deadline(), resend])
     }
 
