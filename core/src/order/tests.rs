@@ -817,3 +817,33 @@ fn a_state_offered_at_the_last_sequence_number_is_refused() {
     net.run();
     assert_eq!(net.nodes[1].status().executed, 2);
 }
+
+/// No CHECKPOINT vote reaches replica 3 (in the sweep, a lying replica's and those of
+/// replicas that skipped the slots by state transfer were missing), so it certifies
+/// nothing and its window stays at the start; it executes every slot of that window, and
+/// the batch after it is beyond. The others certified the last checkpoint, and nothing
+/// else moves on: the client's last request is done. Replica 3 asked for the slots after
+/// what it executed, and the peers, holding no checkpoint that far, sent the committed
+/// batch (beyond its window, dropped) but not the certificate it lacked; a state it had
+/// executed was dropped whole (8x2 seed 7401977 stalled for good). It now asks from its
+/// stable point once its window is done, and takes the certificate of a state it executed.
+#[test]
+fn a_replica_that_could_not_certify_its_window_takes_a_peers_certificate() {
+    use crate::wire::pb::body::Kind;
+    let params = Params { checkpoint_interval: 2, pipeline: 1, batch_max_count: 1, ..params() };
+    let mut net = Net::new(1, 1, params);
+    let mut held = Vec::new();
+    let no_votes_to_3 =
+        |_: NodeId, to: NodeId, bodies: &[Kind]| to == 3 && bodies.iter().any(|b| matches!(b, Kind::Checkpoint(_)));
+    for i in 0..9 {
+        net.submit(4, format!("op{i}").as_bytes());
+        let until = net.now + 5_000_000;
+        timers(&mut net, &mut held, until, &no_votes_to_3);
+    }
+    assert_eq!(net.nodes[0].status().stable, 8);
+    assert_eq!(net.nodes[3].status().stable, 0);
+    let until = net.now + 10 * Params::default().request_timeout_ns;
+    timers(&mut net, &mut held, until, &no_votes_to_3);
+    assert_eq!(net.nodes[3].status().executed, 9);
+    assert_eq!(net.nodes[3].status().stable, 8);
+}

@@ -333,8 +333,13 @@ impl Replica {
         }
     }
 
+    /// Asks for what follows what this replica executed; with every slot of its window
+    /// executed, from its stable point on instead: then what it lacks is the certificate
+    /// of a checkpoint it executed (too few matching votes reached it to certify one), and
+    /// a peer answers with its stable state and certificate first.
     pub(super) fn catch_up_request(&mut self, ctx: &mut Ctx) {
-        let seq = self.executed + 1;
+        let window_done = self.executed >= self.low && !self.in_window(ctx, self.executed + 1);
+        let seq = if window_done { self.low + 1 } else { self.executed + 1 };
         ctx.send_to_replicas(pb::body::Kind::FetchState(pb::FetchState { seq }), &[]);
     }
 
@@ -422,7 +427,7 @@ impl Replica {
         // A state this replica's host will reach by executing what it was handed: a
         // restore to it would come after those batches and take the store back in time.
         if s.seq <= self.delivered {
-            return ctx.stats.stale += 1;
+            return self.on_certificate_of_executed(ctx, from, s);
         }
         if s.seq > MAX_CHECKPOINT {
             return ctx.fault(from, FaultKind::Unexpected);
@@ -475,6 +480,18 @@ impl Replica {
         if self.short_of_known() {
             self.fetch_state(ctx);
         }
+    }
+
+    /// A state this replica executed already: nothing to install, but its certificate,
+    /// if newer than the stable checkpoint, moves the window on.
+    fn on_certificate_of_executed(&mut self, ctx: &mut Ctx, from: NodeId, s: pb::State) {
+        let Some(cert) = s.checkpoint.filter(|c| c.seq == s.seq && c.seq > self.low) else {
+            return ctx.stats.stale += 1;
+        };
+        if digest(&s.state).as_slice() != cert.digest || !verify_certificate(ctx, &cert) {
+            return ctx.fault(from, FaultKind::BadSignature);
+        }
+        self.adopt_stable(ctx, cert, Some(s.state));
     }
 
     /// Replaces what this replica executed with the state of checkpoint `seq`: the
