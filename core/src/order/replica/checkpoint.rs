@@ -425,7 +425,8 @@ impl Replica {
     /// checkpoint certificate names (the one sent along, or our own stable one).
     pub(super) fn on_state(&mut self, ctx: &mut Ctx, now: Nanos, from: NodeId, s: pb::State) {
         // A state this replica's host will reach by executing what it was handed: a
-        // restore to it would come after those batches and take the store back in time.
+        // restore to it would come after those batches and take the store back in time
+        // (its certificate may still be news).
         if s.seq <= self.delivered {
             return self.on_certificate_of_executed(ctx, from, s);
         }
@@ -482,10 +483,11 @@ impl Replica {
         }
     }
 
-    /// A state this replica executed already: nothing to install, but its certificate,
-    /// if newer than the stable checkpoint, moves the window on.
+    /// A state this replica handed over already: nothing to install, but if its host
+    /// executed that far, the state's certificate, newer than the stable checkpoint, moves
+    /// the window on.
     fn on_certificate_of_executed(&mut self, ctx: &mut Ctx, from: NodeId, s: pb::State) {
-        let Some(cert) = s.checkpoint.filter(|c| c.seq == s.seq && c.seq > self.low) else {
+        let Some(cert) = s.checkpoint.filter(|c| c.seq == s.seq && c.seq > self.low && c.seq <= self.executed) else {
             return ctx.stats.stale += 1;
         };
         if digest(&s.state).as_slice() != cert.digest || !verify_certificate(ctx, &cert) {
