@@ -171,6 +171,15 @@ impl Net {
     }
 }
 
+/// The faulty nodes `ids` of the 1-fault, 1-client cluster `Net::new` makes with
+/// `params`, colluding with their keys.
+fn colluders(params: &Params, ids: &[NodeId]) -> crate::sim::keyed::Coalition {
+    let spec = ClusterSpec { crypto: CryptoMode::InsecureTest, params: params.clone(), ..ClusterSpec::pbft(1, 1) };
+    let cfgs = generate_cluster(&spec, [5; 32]).unwrap();
+    let everyone = (0..cfgs.len() as NodeId).collect();
+    crate::sim::keyed::Coalition::new(ids.iter().map(|&id| &cfgs[id as usize]), everyone)
+}
+
 fn params() -> Params {
     Params { checkpoint_interval: 4, pipeline: 4, batch_max_count: 3, batch_timeout_ns: 1_000, ..Params::default() }
 }
@@ -453,11 +462,8 @@ fn a_lone_request_after_a_burst_is_soon_proposed_at_once_again() {
 /// in the past and have the host time the replica out at one instant forever.
 #[test]
 fn a_replica_led_to_the_last_view_stops_timing_out() {
-    use crate::sim::keyed::Coalition;
     use crate::wire::{self, pb};
-    let spec = ClusterSpec { crypto: CryptoMode::InsecureTest, params: params(), ..ClusterSpec::pbft(1, 1) };
-    let cfgs = generate_cluster(&spec, [5; 32]).unwrap();
-    let coalition = Coalition::new([&cfgs[2], &cfgs[3]], (0..cfgs.len() as NodeId).collect());
+    let coalition = colluders(&params(), &[2, 3]);
     let mut net = Net::new(1, 1, params());
     for from in [2, 3] {
         let mut vc = pb::ViewChange { view: u64::MAX, ..Default::default() };
@@ -769,12 +775,9 @@ fn a_primary_that_censors_one_client_while_serving_another_is_replaced() {
 /// good: only a catch-up that succeeded pruned them).
 #[test]
 fn catch_up_offers_from_a_faulty_replica_do_not_pile_up() {
-    use crate::sim::keyed::Coalition;
     use crate::wire::{self, pb};
     let params = Params { checkpoint_interval: 4, pipeline: 1, batch_max_count: 1, ..params() };
-    let spec = ClusterSpec { crypto: CryptoMode::InsecureTest, params: params.clone(), ..ClusterSpec::pbft(1, 1) };
-    let cfgs = generate_cluster(&spec, [5; 32]).unwrap();
-    let coalition = Coalition::new([&cfgs[3]], (0..cfgs.len() as NodeId).collect());
+    let coalition = colluders(&params, &[3]);
     let mut net = Net::new(1, 1, params);
     net.silent = vec![3];
     net.run_timers(2_000_000_000);
@@ -797,12 +800,9 @@ fn catch_up_offers_from_a_faulty_replica_do_not_pile_up() {
 /// windows (it panicked in the sweep, 4x4 seed 870): a checkpoint that far is refused.
 #[test]
 fn a_state_offered_at_the_last_sequence_number_is_refused() {
-    use crate::sim::keyed::Coalition;
     use crate::wire::{self, pb};
     use prost::Message;
-    let spec = ClusterSpec { crypto: CryptoMode::InsecureTest, params: params(), ..ClusterSpec::pbft(1, 1) };
-    let cfgs = generate_cluster(&spec, [5; 32]).unwrap();
-    let coalition = Coalition::new([&cfgs[2], &cfgs[3]], (0..cfgs.len() as NodeId).collect());
+    let coalition = colluders(&params(), &[2, 3]);
     let mut net = Net::new(1, 1, params());
     net.submit(4, b"op");
     net.run();

@@ -673,7 +673,7 @@ impl Forge<'_> {
             let claims = |s: &pb::SignedViewChange| {
                 pb::ViewChange::decode(&s.view_change[..]).map_or(0, |vc| vc.prepared.len() + vc.voted.len())
             };
-            chosen.sort_by_key(claims);
+            chosen.sort_by_cached_key(claims);
             chosen.truncate(self.coalition.quorum);
         } else {
             let rng = &mut *self.rng;
