@@ -35,7 +35,7 @@ impl Bundle {
         ops: Vec<Bytes>,
     ) -> pb::Requests {
         let body = Bytes::from(pb::RequestsBody { client: keys.me, first, ops, completed_below }.encode_to_vec());
-        let authenticator = replicas.iter().filter_map(|&r| keys.request_mac_to(r, &body)).collect();
+        let authenticator = keys.request_authenticator(replicas.iter().copied(), &body);
         pb::Requests { body, authenticator }
     }
 

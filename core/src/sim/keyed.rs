@@ -285,8 +285,7 @@ impl Coalition {
                 let client = pb::RequestsBody::decode(r.body.clone()).ok().map(|b| b.client);
                 if let Some(m) = client.and_then(|client| self.members.get(&client)) {
                     let replicas = r.authenticator.iter().map(|a| a.to).collect::<Vec<_>>();
-                    r.authenticator =
-                        replicas.into_iter().filter_map(|to| m.keys.request_mac_to(to, &r.body)).collect();
+                    r.authenticator = m.keys.request_authenticator(replicas, &r.body);
                 }
             }
             pb::body::Kind::ViewChange(vc) => self.sign_view_change(signer, vc),
@@ -574,7 +573,7 @@ impl Forge<'_> {
         let body = Bytes::from(pb::RequestsBody { client, first, ops, completed_below }.encode_to_vec());
         let replicas = self.coalition.everyone.clone();
         let authenticator = match self.coalition.members.get(&client) {
-            Some(m) => replicas.iter().filter_map(|&to| m.keys.request_mac_to(to, &body)).collect(),
+            Some(m) => m.keys.request_authenticator(replicas.iter().copied(), &body),
             None => vec![],
         };
         pb::Requests { body, authenticator }

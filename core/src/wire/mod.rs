@@ -106,15 +106,18 @@ impl Keyring {
         self.verify_with(from, body, macs, |k| &k.frame)
     }
 
-    /// A PBFT client's authenticator entry for replica `to` over a `Requests` body.
-    pub fn request_mac_to(&self, to: NodeId, body: &[u8]) -> Option<pb::Mac> {
-        self.tag_to(to, body, |k| &k.request)
+    /// A PBFT client's authenticator for `replicas` over a `Requests` body: one entry per
+    /// replica, each over the body's BLAKE3 digest, so the body is hashed once however
+    /// many replicas there are.
+    pub fn request_authenticator(&self, replicas: impl IntoIterator<Item = NodeId>, body: &[u8]) -> Vec<pb::Mac> {
+        let digest = blake3::hash(body);
+        replicas.into_iter().filter_map(|to| self.tag_to(to, digest.as_bytes(), |k| &k.request)).collect()
     }
 
     /// Whether a `Requests` authenticator holds a valid entry from client `from` to this
     /// node over `body`.
     pub fn verify_request_from(&self, from: NodeId, body: &[u8], macs: &[pb::Mac]) -> bool {
-        self.verify_with(from, body, macs, |k| &k.request)
+        self.verify_with(from, blake3::hash(body).as_bytes(), macs, |k| &k.request)
     }
 
     /// Perpetual: this target member's MAC entry for caller member `to` over a result
