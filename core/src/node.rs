@@ -582,8 +582,18 @@ impl Ctx {
         for t in to {
             let mut carried = Vec::new();
             macs(&self.keys, t, body, &mut carried);
-            self.enqueue_after(token, Queued::Send(Unsealed { to: t, body: body.clone(), macs: carried }));
+            self.enqueue_after(token, Queued::Send(Unsealed { to: t, body: body.clone(), macs: carried, hop: true }));
         }
+    }
+
+    /// Sends a client's own encoded `Requests` to every replica, in frames that need no
+    /// hop MAC when it travels alone: its authenticator covers it.
+    pub fn send_own_requests(&mut self, body: &Bytes) {
+        let replicas = std::mem::take(&mut self.other_replicas);
+        for &to in &replicas {
+            self.enqueue(Queued::Send(Unsealed { to, body: body.clone(), macs: Vec::new(), hop: false }));
+        }
+        self.other_replicas = replicas;
     }
 }
 

@@ -179,7 +179,7 @@ impl Client {
         let completed_below = waiting.into_iter().flatten().copied().min().expect("first");
         let requests = Bundle::seal(&ctx.keys, &ctx.replicas, first, completed_below, ops);
         let encoded = wire::encode_body(pb::body::Kind::Requests(requests));
-        ctx.send_encoded_to_replicas(&encoded, &[]);
+        ctx.send_own_requests(&encoded);
         self.pending.insert(first, Pending { encoded, count, sent_at, replies: Votes::default() });
         self.by_time.insert((sent_at, first));
     }
@@ -289,7 +289,7 @@ impl RoleMachine for Client {
             self.by_time.insert((now, number));
             let p = self.pending.get_mut(&number).expect("indexed requests are pending or read");
             p.sent_at = now;
-            ctx.send_encoded_to_replicas(&p.encoded, &[]);
+            ctx.send_own_requests(&p.encoded);
         }
     }
 
@@ -377,8 +377,12 @@ mod tests {
         let mut sent = Vec::new();
         for o in outputs {
             let Output::Send { to, bytes } = o else { panic!("not a send: {o:?}") };
-            assert_eq!(pb::Frame::decode(bytes.as_slice()).unwrap().sender, CLIENT);
-            for body in wire::bodies_of(bytes).unwrap() {
+            let frame = pb::Frame::decode(bytes.as_slice()).unwrap();
+            assert_eq!(frame.sender, CLIENT);
+            let bodies = wire::bodies_of(bytes).unwrap();
+            // A lone Requests travels under its authenticator alone, without a hop MAC.
+            assert_eq!(frame.macs.is_empty(), bodies.len() == 1);
+            for body in bodies {
                 let pb::body::Kind::Requests(r) = body else { panic!("not requests") };
                 let b = Bundle::parse(r).unwrap();
                 assert_eq!(b.client, CLIENT);

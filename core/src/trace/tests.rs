@@ -290,7 +290,7 @@ fn pbft_client_trace_replays_and_dumps() {
         "node 4 (client) of 5 nodes, 4 replicas, f = 1",
         "#0 0.001 ms Request Submit op 4 bytes",
         "-> Send to 0 (",
-        "sender 4 Requests client 4 requests 1..=1 (4 bytes), 1 MAC",
+        "sender 4 Requests client 4 requests 1..=1 (4 bytes), 0 MACs",
         "-> Persist token 1 (3 bytes): lease: request numbers below 1025",
         "#2 0.002 ms Message from 1",
         "sender 1 Reply view 0 requests from 1: 1 results (4 bytes), 1 MAC",

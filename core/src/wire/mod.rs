@@ -194,8 +194,24 @@ pub fn open(keys: &Keyring, from: NodeId, bytes: Vec<u8>, max_bytes: u32) -> Res
         return Err(FaultKind::Oversized);
     }
     let frame = pb::Frame::decode(Bytes::from(bytes)).map_err(|_| FaultKind::Malformed)?;
+    if frame.macs.is_empty() && frame.sender == from {
+        return own_requests(keys, frame);
+    }
     authenticate(keys, from, &frame)?;
     bodies(frame)
+}
+
+/// A frame without MACs: only a client's own lone `Requests`, which its authenticator
+/// entry for this node authenticates as a hop MAC would (so a client hashes its requests
+/// once for every replica, not once more per frame). Anything else is unauthenticated.
+fn own_requests(keys: &Keyring, frame: pb::Frame) -> Result<Bodies, FaultKind> {
+    let Ok(pb::body::Kind::Requests(r)) = decode_body(&frame.body) else { return Err(FaultKind::BadMac) };
+    let client = crate::order::header(&r.body).map(|(client, _)| client);
+    if client != Some(frame.sender) || !keys.verify_request_from(frame.sender, &r.body, &r.authenticator) {
+        return Err(FaultKind::BadMac);
+    }
+    let body = pb::body::Kind::Requests(r);
+    Ok(Bodies::Lone(Some(Opened { sender: frame.sender, body, raw_body: frame.body, macs: frame.macs })))
 }
 
 /// Whether `bytes` is a frame from `from` with a valid MAC to this node, what it carries
@@ -281,6 +297,9 @@ pub struct Unsealed {
     pub to: NodeId,
     pub body: Bytes,
     pub macs: Vec<pb::Mac>,
+    /// Whether a frame of this body alone needs a hop MAC: not a client's own `Requests`,
+    /// which its authenticator covers ([`open`]).
+    pub hop: bool,
 }
 
 impl Unsealed {
@@ -298,8 +317,10 @@ pub const BUNDLE_OVERHEAD: usize = 64;
 pub fn seal(keys: &Keyring, mut bodies: Vec<Unsealed>) -> Vec<u8> {
     let to = bodies.first().expect("something to seal").to;
     if bodies.len() == 1 {
-        let Unsealed { body, mut macs, .. } = bodies.pop().expect("one body");
-        macs.extend(keys.mac_to(to, &body));
+        let Unsealed { body, mut macs, hop, .. } = bodies.pop().expect("one body");
+        if hop {
+            macs.extend(keys.mac_to(to, &body));
+        }
         return frame(keys.me, &body, &macs);
     }
     // The bundle is encoded in place in the frame, and MACed there.
@@ -330,7 +351,7 @@ mod tests {
     }
 
     fn queued(to: NodeId, kind: pb::body::Kind) -> Unsealed {
-        Unsealed { to, body: encode_body(kind), macs: Vec::new() }
+        Unsealed { to, body: encode_body(kind), macs: Vec::new(), hop: true }
     }
 
     fn bodies(opened: Bodies) -> Vec<pb::body::Kind> {
@@ -445,6 +466,44 @@ mod tests {
             for len in 0..bytes.len() {
                 assert!(open(&b, 1, bytes[..len].to_vec(), 1 << 20).is_err());
             }
+        }
+    }
+
+    /// Client 1's requests for replica 2 (as `keys` authenticates them), naming `client`.
+    fn requests(keys: &Keyring, client: NodeId) -> pb::body::Kind {
+        let ops = vec![Bytes::from_static(b"op")];
+        let body = Bytes::from(pb::RequestsBody { client, first: 1, ops, completed_below: 0 }.encode_to_vec());
+        let authenticator = keys.request_authenticator([2], &body);
+        pb::body::Kind::Requests(pb::Requests { body, authenticator })
+    }
+
+    #[test]
+    fn a_clients_own_requests_travel_without_a_hop_mac_under_their_authenticator() {
+        let (a, b) = rings();
+        let own = || Unsealed { hop: false, ..queued(2, requests(&a, 1)) };
+        let lone = seal(&a, vec![own()]);
+        assert!(pb::Frame::decode(&lone[..]).unwrap().macs.is_empty());
+        assert_eq!(bodies(open(&b, 1, lone.clone(), 1 << 20).unwrap()), [requests(&a, 1)]);
+        // Bundled, it travels under the bundle's hop MAC like any body.
+        let bundle = seal(&a, vec![own(), queued(2, subscribe())]);
+        assert_eq!(pb::Frame::decode(&bundle[..]).unwrap().macs.len(), 1);
+        assert_eq!(bodies(open(&b, 1, bundle, 1 << 20).unwrap()), [requests(&a, 1), subscribe()]);
+        // Without a hop MAC nothing else opens: requests naming another client, a body of
+        // another kind, a changed authenticator entry or body, or a sender it is not from.
+        let bare = |kind| frame(1, &encode_body(kind), &[]);
+        let mut forged = requests(&a, 1);
+        let pb::body::Kind::Requests(r) = &mut forged else { unreachable!() };
+        let mut tampered = r.clone();
+        r.authenticator[0].tag = Bytes::from(vec![0; 16]);
+        tampered.body = Bytes::from(pb::RequestsBody { client: 1, first: 2, ..Default::default() }.encode_to_vec());
+        for kind in [requests(&a, 3), subscribe(), forged, pb::body::Kind::Requests(tampered)] {
+            assert_eq!(open(&b, 1, bare(kind), 1 << 20).unwrap_err(), FaultKind::BadMac);
+        }
+        assert_eq!(open(&b, 3, lone.clone(), 1 << 20).unwrap_err(), FaultKind::ForgedSender);
+        for i in 0..lone.len() {
+            let mut c = lone.clone();
+            c[i] ^= 0x20;
+            assert!(open(&b, 1, c, 1 << 20).is_err(), "flip at {i} accepted");
         }
     }
 }
