@@ -11,7 +11,7 @@ use phalanx_core::sim::adversary::Behavior;
 use phalanx_core::sim::order_scenario::{Expectations, Liveness, Outcome, Scenario, check};
 use phalanx_core::sim::{Applied, NetConfig, Sim};
 use phalanx_core::trace::{Trace, dump};
-use phalanx_core::{ClusterSpec, FaultKind, Nanos, NodeId, Params, Request, generate_cluster};
+use phalanx_core::{ClusterSpec, Nanos, NodeId, Params, Request, generate_cluster};
 use phalanx_tests::pbft::{assert_clean, assert_completed};
 
 const MS: Nanos = 1_000_000;
@@ -33,11 +33,6 @@ fn highest_new_view(s: &Scenario, outcome: &Outcome, r: NodeId) -> u64 {
     let bytes = outcome.traces.get(&r).unwrap_or_else(|| panic!("{s}: replica {r} not recorded"));
     let text = dump(&Trace::parse(bytes).expect("the simulator records valid traces"));
     text.split("NewView view ").skip(1).filter_map(|rest| rest.split(' ').next()?.parse().ok()).max().unwrap_or(0)
-}
-
-/// How many `kinds` faults were reported against `node`.
-fn faults_against(outcome: &Outcome, node: NodeId, kinds: &[FaultKind]) -> u64 {
-    outcome.log.faults.iter().filter(|((n, k), _)| *n == node && kinds.contains(k)).map(|(_, c)| c).sum()
 }
 
 /// The first time any correct client saw a request complete.
