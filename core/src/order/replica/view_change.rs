@@ -568,21 +568,29 @@ impl Replica {
         self.propose(ctx, now);
     }
 
-    /// The view ends: requests waiting here that were in one of its proposals (taken or
-    /// parked) that did not commit failed once more, and their clients are suspected.
-    /// After two such views they are dropped: a correct client sends them again, while a
-    /// faulty one's lie would stall every view that proposed it.
+    /// The view ends: requests waiting here that were in one of its proposals that did
+    /// not commit failed once more, and their clients are suspected. After two such views
+    /// they are dropped: a correct client sends them again, while a faulty one's lie would
+    /// stall every view that proposed it. Of a proposal parked here, only the requests
+    /// this replica could not authenticate count: they are why it could not vote. Their
+    /// clients are suspected even if no request of theirs waits here (a lying client may
+    /// have sent this replica another bundle), and the correct clients batched with them
+    /// are not.
     fn note_failed_proposals(&mut self, ctx: &mut Ctx) {
         let taken = self.log.values().filter(|s| !s.committed).filter_map(|s| s.proposal.as_ref());
-        let in_failed: BTreeSet<(NodeId, u64)> = taken
-            .flat_map(|b| b.bundles.iter().map(|b| (b.client, b.first)))
-            .chain(self.parked.values().flat_map(|p| {
-                p.requests.iter().map(|r| match r {
-                    Ok(b) => (b.client, b.first),
-                    Err(b) => (b.client, b.first),
-                })
-            }))
+        let unauthenticated: BTreeSet<(NodeId, u64)> = self
+            .parked
+            .values()
+            .flat_map(|p| p.requests.iter().filter_map(|r| r.as_ref().err()))
+            .map(|b| (b.client, b.first))
             .collect();
+        for &(client, _) in &unauthenticated {
+            if self.submitter(ctx, client) {
+                self.suspected.insert(client);
+            }
+        }
+        let in_failed: BTreeSet<(NodeId, u64)> =
+            taken.flat_map(|b| b.bundles.iter().map(|b| (b.client, b.first))).chain(unauthenticated).collect();
         let mut dropped = Vec::new();
         for (client, first) in in_failed {
             if let Some(w) = self.queues.get_mut(&client).and_then(|q| q.pending.get_mut(&first)) {
