@@ -83,11 +83,19 @@ test('authentic: whether a frame carries a valid MAC from its sender to this nod
   const client = new phalanx.Node(configs[4]);
   client.handle(0n, { type: 'submit', op: Buffer.from('x') });
   client.handle(1n, { type: 'persisted', token: client.poll().token });
-  const frame = client.drain().find((o) => o.type === 'send' && o.to === 0).bytes;
+  const requests = client.drain().find((o) => o.type === 'send' && o.to === 0).bytes;
+  client.handle(2n, { type: 'read', op: Buffer.from('y') });
+  const read = client.drain().find((o) => o.type === 'send' && o.to === 0).bytes;
   const replica = new phalanx.Node(configs[0]);
-  assert.equal(replica.authentic(4, frame), true);
-  assert.equal(replica.authentic(3, frame), false);
-  assert.equal(new phalanx.Node(configs[1]).authentic(4, frame), false);
+  assert.equal(replica.authentic(4, read), true);
+  assert.equal(replica.authentic(3, read), false);
+  // Its hop MAC is for replica 0 alone.
+  assert.equal(new phalanx.Node(configs[1]).authentic(4, read), false);
+  // A client's lone requests carry no hop MAC: their authenticator has an entry for
+  // every replica.
+  assert.equal(replica.authentic(4, requests), true);
+  assert.equal(new phalanx.Node(configs[1]).authentic(4, requests), true);
+  assert.equal(replica.authentic(3, requests), false);
   assert.equal(replica.authentic(4, Buffer.from('junk')), false);
   assert.throws(() => replica.authentic(4, 'junk'), TypeError);
 });
