@@ -378,3 +378,29 @@ fn memory_stays_flat_over_many_checkpoints() {
         assert!(*live <= 2 * s.params.checkpoint_interval as usize, "{s}: host {host} still holds {live} at the end");
     }
 }
+
+/// PHALANX_DEBUG="f seed [node...]": one adversarial seed as the sweep runs it (its syncs
+/// drawn from the seed, real crypto on every 25th; PHALANX_INSTANT_SYNCS set for the
+/// seeds pinned before syncs took time), with its violations, every host's status and
+/// counters, and the traces of the nodes named.
+#[test]
+#[ignore]
+fn debug_seed() {
+    let v: Vec<u64> = std::env::var("PHALANX_DEBUG").unwrap().split(' ').map(|x| x.parse().unwrap()).collect();
+    let (f, seed) = (v[0] as u32, v[1]);
+    let crypto = if seed % 25 == 0 { CryptoMode::Real } else { CryptoMode::InsecureTest };
+    let mut s = Scenario::adversarial(f, seed, crypto);
+    let syncs = if std::env::var_os("PHALANX_INSTANT_SYNCS").is_some() { Syncs::Instant } else { Syncs::Drawn };
+    s.net.max_sync_latency = syncs.max_latency(seed);
+    s.record = v[2..].iter().map(|&id| id as u32).collect();
+    println!("{s}");
+    let out = s.run();
+    for (id, bytes) in &out.traces {
+        let trace = phalanx_core::trace::Trace::parse(bytes).unwrap();
+        println!("--- trace of node {id}\n{}", phalanx_core::trace::dump(&trace));
+    }
+    for host in out.status.keys() {
+        println!("host {host}: {:?}\n  {:?}", out.status[host], out.stats[host]);
+    }
+    println!("{:#?}", out.violations);
+}
