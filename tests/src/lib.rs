@@ -5,6 +5,21 @@ pub fn seed_count(default: u64) -> u64 {
     std::env::var("PHALANX_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(default)
 }
 
+/// The numbers `PHALANX_DEBUG` holds, for a `debug_seed` test: the seed's coordinates,
+/// then the nodes whose traces to print.
+pub fn debug_numbers() -> Vec<u64> {
+    let var = std::env::var("PHALANX_DEBUG").expect("PHALANX_DEBUG names the seed");
+    var.split(' ').map(|x| x.parse().expect("PHALANX_DEBUG holds numbers")).collect()
+}
+
+/// Prints the traces a `debug_seed` run recorded, dumped.
+pub fn print_traces(traces: &std::collections::BTreeMap<u32, Vec<u8>>) {
+    for (id, bytes) in traces {
+        let trace = phalanx_core::trace::Trace::parse(bytes).expect("a recorded trace parses");
+        println!("--- trace of node {id}\n{}", phalanx_core::trace::dump(&trace));
+    }
+}
+
 /// PBFT scenario helpers shared by the test files.
 pub mod pbft {
     use std::sync::mpsc;

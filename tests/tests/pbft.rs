@@ -386,7 +386,7 @@ fn memory_stays_flat_over_many_checkpoints() {
 #[test]
 #[ignore]
 fn debug_seed() {
-    let v: Vec<u64> = std::env::var("PHALANX_DEBUG").unwrap().split(' ').map(|x| x.parse().unwrap()).collect();
+    let v = phalanx_tests::debug_numbers();
     let (f, seed) = (v[0] as u32, v[1]);
     let crypto = if seed % 25 == 0 { CryptoMode::Real } else { CryptoMode::InsecureTest };
     let mut s = Scenario::adversarial(f, seed, crypto);
@@ -395,10 +395,7 @@ fn debug_seed() {
     s.record = v[2..].iter().map(|&id| id as u32).collect();
     println!("{s}");
     let out = s.run();
-    for (id, bytes) in &out.traces {
-        let trace = phalanx_core::trace::Trace::parse(bytes).unwrap();
-        println!("--- trace of node {id}\n{}", phalanx_core::trace::dump(&trace));
-    }
+    phalanx_tests::print_traces(&out.traces);
     for host in out.status.keys() {
         println!("host {host}: {:?}\n  {:?}", out.status[host], out.stats[host]);
     }

@@ -330,7 +330,7 @@ fn seeds() {
 #[test]
 #[ignore]
 fn debug_seed() {
-    let v: Vec<u64> = std::env::var("PHALANX_DEBUG").unwrap().split(' ').map(|x| x.parse().unwrap()).collect();
+    let v = phalanx_tests::debug_numbers();
     let mut s = Scenario::adversarial(v[0] as u32, v[1] as u32, v[2]).compromising();
     s.net.max_sync_latency = std::env::var("PHALANX_SYNC_NS").map_or(0, |ns| ns.parse().unwrap());
     if std::env::var_os("PHALANX_REAL_CRYPTO").is_some() {
@@ -339,10 +339,7 @@ fn debug_seed() {
     s.record = v[3..].iter().map(|&id| id as u32).collect();
     println!("{s}");
     let out = s.run();
-    for (id, bytes) in &out.traces {
-        let trace = phalanx_core::trace::Trace::parse(bytes).unwrap();
-        println!("--- trace of node {id}\n{}", phalanx_core::trace::dump(&trace));
-    }
+    phalanx_tests::print_traces(&out.traces);
     for e in &out.log.perpetual.events {
         println!("{:>8}us node {} inc {}: {:?}", e.at / 1000, e.node, e.incarnation, e.event);
     }

@@ -571,9 +571,8 @@ impl Forge<'_> {
         // A lie about its own completed requests harms only the client: it may say any.
         let completed_below = if self.rng.chance(500_000) { self.number() } else { 0 };
         let body = Bytes::from(pb::RequestsBody { client, first, ops, completed_below }.encode_to_vec());
-        let replicas = self.coalition.everyone.clone();
         let authenticator = match self.coalition.members.get(&client) {
-            Some(m) => m.keys.request_authenticator(replicas.iter().copied(), &body),
+            Some(m) => m.keys.request_authenticator(self.coalition.everyone.iter().copied(), &body),
             None => vec![],
         };
         pb::Requests { body, authenticator }

@@ -194,24 +194,13 @@ pub fn open(keys: &Keyring, from: NodeId, bytes: Vec<u8>, max_bytes: u32) -> Res
         return Err(FaultKind::Oversized);
     }
     let frame = pb::Frame::decode(Bytes::from(bytes)).map_err(|_| FaultKind::Malformed)?;
-    if frame.macs.is_empty() && frame.sender == from {
-        let body = pb::body::Kind::Requests(own_requests(keys, &frame)?);
-        return Ok(Bodies::Lone(Some(Opened { sender: from, body, raw_body: frame.body, macs: frame.macs })));
+    match authenticate(keys, from, &frame)? {
+        Some(requests) => {
+            let body = pb::body::Kind::Requests(requests);
+            Ok(Bodies::Lone(Some(Opened { sender: from, body, raw_body: frame.body, macs: frame.macs })))
+        }
+        None => bodies(frame),
     }
-    authenticate(keys, from, &frame)?;
-    bodies(frame)
-}
-
-/// A frame without MACs: only a client's own lone `Requests`, which its authenticator
-/// entry for this node authenticates as a hop MAC would (so a client hashes its requests
-/// once for every replica, not once more per frame). Anything else is unauthenticated.
-fn own_requests(keys: &Keyring, frame: &pb::Frame) -> Result<pb::Requests, FaultKind> {
-    let Ok(pb::body::Kind::Requests(r)) = decode_body(&frame.body) else { return Err(FaultKind::BadMac) };
-    let client = crate::order::header(&r.body).map(|(client, _)| client);
-    if client != Some(frame.sender) || !keys.verify_request_from(frame.sender, &r.body, &r.authenticator) {
-        return Err(FaultKind::BadMac);
-    }
-    Ok(r)
 }
 
 /// Whether `bytes` is a frame from `from` with a valid MAC to this node (its hop MAC, or a
@@ -221,10 +210,7 @@ fn own_requests(keys: &Keyring, frame: &pb::Frame) -> Result<pb::Requests, Fault
 pub fn authentic(keys: &Keyring, from: NodeId, bytes: &[u8]) -> bool {
     // Frames from a node without a key here (signed, not MAC'd) are not decoded at all.
     keys.keys.contains_key(&from)
-        && pb::Frame::decode(bytes).is_ok_and(|frame| match frame.macs.is_empty() && frame.sender == from {
-            true => own_requests(keys, &frame).is_ok(),
-            false => authenticate(keys, from, &frame).is_ok(),
-        })
+        && pb::Frame::decode(bytes).is_ok_and(|frame| authenticate(keys, from, &frame).is_ok())
 }
 
 /// A frame that carries nothing, with this node's MAC for `to`: what a host sends first
@@ -236,14 +222,26 @@ pub fn proof(keys: &Keyring, to: NodeId) -> Option<Vec<u8>> {
     Some(frame(keys.me, &body, &[mac]))
 }
 
-fn authenticate(keys: &Keyring, from: NodeId, frame: &pb::Frame) -> Result<(), FaultKind> {
+/// Authenticates a frame from `from` by its hop MAC. A frame without MACs authenticates
+/// only as a client's own lone `Requests`, by its authenticator entry for this node (so a
+/// client hashes its requests once for every replica, not once more per frame): those
+/// are returned, decoded.
+fn authenticate(keys: &Keyring, from: NodeId, frame: &pb::Frame) -> Result<Option<pb::Requests>, FaultKind> {
     if frame.sender != from {
         return Err(FaultKind::ForgedSender);
     }
-    if !keys.verify_from(from, &frame.body, &frame.macs) {
+    if !frame.macs.is_empty() {
+        return match keys.verify_from(from, &frame.body, &frame.macs) {
+            true => Ok(None),
+            false => Err(FaultKind::BadMac),
+        };
+    }
+    let Ok(pb::body::Kind::Requests(r)) = decode_body(&frame.body) else { return Err(FaultKind::BadMac) };
+    let client = crate::order::header(&r.body).map(|(client, _)| client);
+    if client != Some(from) || !keys.verify_request_from(from, &r.body, &r.authenticator) {
         return Err(FaultKind::BadMac);
     }
-    Ok(())
+    Ok(Some(r))
 }
 
 /// The bodies a frame carries, in order, without authenticating it: for reading a node's
