@@ -264,3 +264,21 @@ fn finding_9_a_publisher_mixing_algorithms_cannot_split_subscribers() {
     }
     assert!(delivered > 100, "the mixed publications must mostly arrive: {delivered}");
 }
+
+/// PHALANX_DEBUG="protocol f seed [node...]" (protocol 0 AB, 1 Bracha, 2 Chain, 3 pub/sub):
+/// one adversarial seed as the sweep runs it (real crypto on every 25th), with its
+/// violations and the traces of the nodes named.
+#[test]
+#[ignore]
+fn debug_seed() {
+    let v = phalanx_tests::debug_numbers();
+    let protocol = [Protocol::Ab, Protocol::Bracha, Protocol::Chain, Protocol::PubSub][v[0] as usize];
+    let (f, seed) = (v[1] as u32, v[2]);
+    let crypto = if seed % 25 == 0 { CryptoMode::Real } else { CryptoMode::InsecureTest };
+    let mut s = Scenario::adversarial(protocol, f, seed, crypto);
+    s.record = v[3..].iter().map(|&id| id as u32).collect();
+    println!("{s}");
+    let out = s.run();
+    phalanx_tests::print_traces(&out.traces);
+    println!("{:#?}", out.violations);
+}

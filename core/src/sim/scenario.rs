@@ -331,13 +331,13 @@ impl Scenario {
                 exp.agreement_publishers.insert(p);
             }
             // Bracha's totality holds for any publisher that does not itself abandon its
-            // instances by numbering publications a window or more ahead (a lying or
-            // inventing one may).
+            // instances by numbering publications a window or more ahead. A lying or
+            // inventing one may; so may a lying or inventing broker of its coalition,
+            // which holds its keys and forges Chain hops in its name.
             let behavior = &self.publisher_behaviors[(p - self.n()) as usize];
-            if self.protocol == Protocol::Bracha
-                && reliable
-                && !matches!(behavior, Behavior::Lie(_) | Behavior::Inject(_))
-            {
+            let numbers_ahead = |b: &Behavior| matches!(b, Behavior::Lie(_) | Behavior::Inject(_));
+            let forged = behavior.colludes() && self.brokers.iter().any(numbers_ahead);
+            if self.protocol == Protocol::Bracha && reliable && !numbers_ahead(behavior) && !forged {
                 exp.totality_publishers.insert(p);
             }
             if !correct.contains(&p) {
