@@ -52,3 +52,47 @@ fn the_same_seed_records_identical_traces() {
         assert!(a == b, "{name}: two recordings of one seed differ");
     }
 }
+
+/// Recording a node changes nothing in its run: a recorded node is polled when its host
+/// polls, not after every input, so it bundles what it sends as it would unrecorded. (A
+/// recorder that drained every input's outputs at once made every one of these seeds run
+/// differently, so a recorded `debug_seed` did not reproduce the sweep's run.) Every
+/// trace recorded replays.
+#[test]
+fn recording_changes_nothing_in_the_run() {
+    use phalanx_core::crypto::CryptoMode;
+    use phalanx_core::sim::{order_scenario, perpetual, scenario};
+
+    let replays = |traces: &std::collections::BTreeMap<u32, Vec<u8>>, s: &dyn std::fmt::Display| {
+        for (id, bytes) in traces {
+            let trace = Trace::parse(bytes).unwrap_or_else(|e| panic!("{s}: node {id}: {e}"));
+            replay(&trace).unwrap_or_else(|e| panic!("{s}: node {id}: {e}"));
+        }
+    };
+    for seed in 1..=12 {
+        let mut s = order_scenario::Scenario::adversarial(1, seed, CryptoMode::InsecureTest);
+        let plain = s.run();
+        s.record = (0..s.n() + s.clients).collect();
+        let recorded = s.run();
+        let run = |o: &order_scenario::Outcome| format!("{} {:?} {:?} {:?}", o.sim_time, o.log, o.status, o.stats);
+        assert_eq!(run(&plain), run(&recorded), "{s}: recording changed the run");
+        replays(&recorded.traces, &s);
+    }
+    for seed in 1..=4 {
+        let mut s = perpetual::Scenario::adversarial(4, 4, seed);
+        let plain = s.run();
+        s.record = (0..s.n_c + s.n_t).collect();
+        let recorded = s.run();
+        assert_eq!(format!("{:?}", plain.log), format!("{:?}", recorded.log), "{s}: recording changed the run");
+        replays(&recorded.traces, &s);
+    }
+    for (protocol, seed) in [(scenario::Protocol::Bracha, 3), (scenario::Protocol::PubSub, 5)] {
+        let mut s = scenario::Scenario::adversarial(protocol, 1, seed, CryptoMode::InsecureTest);
+        let plain = s.run();
+        s.record = (0..s.n() + s.publishers + s.subscribers).collect();
+        let recorded = s.run();
+        let run = |o: &scenario::Outcome| format!("{} {:?}", o.sim_time, o.log);
+        assert_eq!(run(&plain), run(&recorded), "{s}: recording changed the run");
+        replays(&recorded.traces, &s);
+    }
+}

@@ -41,8 +41,9 @@ class Node {
   }
 
   /**
-   * Feeds every `{ now, input }` in order (a trace's records will do) and returns every
-   * output they produced, in order, in one call. A refused input does not stop the
+   * Feeds every `{ now, input }` in order as one round (a host's gathered inputs, or a
+   * trace's round), then drains: every output they produced, in order, in one call (the
+   * sends of the round to one receiver share frames). A refused input does not stop the
    * others: the refusals are appended to `refusals` when it is given, and thrown
    * otherwise, after the whole batch, as a `HandleError` carrying `outputs` and `refusals`.
    * @param {readonly TimedInput[]} inputs

@@ -417,8 +417,8 @@ const decodeOutput = (buf) => readOutput(new Reader(buf), buf.length);
 const decodeInput = (buf) => readInput(new Reader(buf), buf.length);
 
 /**
- * A `TraceRecord`: the input, its outputs, and the next deadline and the refusal when
- * there are (absent otherwise).
+ * A `TraceRecord`: the input, its outputs, and the next deadline, the refusal and
+ * `deferred` when there are (absent otherwise).
  * @param {Buffer} buf
  * @returns {TraceRecord}
  */
@@ -438,6 +438,7 @@ function decodeTraceRecord(buf) {
         if (error !== '') record.error = error;
         break;
       }
+      case 6: if (r.uint() !== 0) record.deferred = true; break;
       default: r.skip(tag & 7);
     }
   }

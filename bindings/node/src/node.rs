@@ -119,8 +119,8 @@ impl Node {
         Ok(())
     }
 
-    /// Feeds an encoded `InputBatch` in order, draining the node after each input (as
-    /// `handle` then `drain` would), in one call. Its outputs, a `RoundRecord`, go into
+    /// Feeds an encoded `InputBatch` in order as one round, then drains the node (as
+    /// `feedRaw` then `drainRaw` would), in one call. Its outputs, a `RoundRecord`, go into
     /// `out` (`refused` counts the inputs refused); returns their length, which is more
     /// than `out` holds when they did not fit (then `takeRaw` gives them).
     #[napi(js_name = "roundRaw")]
@@ -130,15 +130,10 @@ impl Node {
         #[napi(ts_arg_type = "Uint8Array")] batch: Unknown,
         #[napi(ts_arg_type = "Uint8Array")] out: Unknown,
     ) -> Result<u32> {
-        self.refused.clear();
-        let mut round = pb::RoundRecord::default();
-        for (i, (now, input)) in input_batch(&env, batch)?.into_iter().enumerate() {
-            if let Err(e) = self.node.handle(now, input) {
-                self.refused.push(Refusal::new(i, e));
-            }
-            round.outputs.extend(std::iter::from_fn(|| self.node.poll()).map(pb::OutputRecord::from));
-        }
-        self.answer(&env, out, &round)
+        let round = boundary::Round::run(&mut self.node, input_batch(&env, batch)?);
+        self.refused = round.results.into_iter().enumerate().filter_map(|(i, r)| Some(Refusal::new(i, r.err()?))).collect();
+        let outputs = round.outputs.into_iter().map(pb::OutputRecord::from).collect();
+        self.answer(&env, out, &pb::RoundRecord { outputs, ..Default::default() })
     }
 
     /// The next output, an encoded `OutputRecord`, into `out`: its length (0: drained),

@@ -255,6 +255,8 @@ pub struct TimedInput {
 
 /// One record: the input fed at `now`, the outputs it produced in order, the deadline
 /// `pollTimeout` gave afterwards, and the error message if `handle` refused the input.
+/// `deferred` (when true): an input of a round (one `handleMany`) other than its last,
+/// without outputs or deadline; the round's come with its last record.
 #[napi(object, object_to_js = false, object_from_js = false)]
 pub struct TraceRecord {
     #[napi(ts_type = "bigint")]
@@ -264,4 +266,5 @@ pub struct TraceRecord {
     #[napi(ts_type = "bigint | null")]
     pub next_timeout: Option<U64>,
     pub error: Option<String>,
+    pub deferred: Option<bool>,
 }

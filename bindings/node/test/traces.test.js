@@ -1,6 +1,6 @@
 'use strict';
 // Every reference trace in tests/traces/ replays through the JavaScript API (record by
-// record, and in one handleMany call) with the summary and digest `phalanxd trace
+// record, and round by round through handleMany) with the summary and digest `phalanxd trace
 // replay` prints for it.
 const test = require('node:test');
 const assert = require('node:assert/strict');
@@ -53,6 +53,7 @@ for (const file of files) {
         assert.ok(e instanceof phalanx.HandleError);
         assert.equal(e.message, r.error);
       }
+      if (r.deferred) continue; // its round's outputs come with the round's last record
       assert.deepEqual([...node], r.outputs);
       assert.equal(node.pollTimeout(), r.nextTimeout ?? null);
     }
@@ -68,5 +69,5 @@ test('a replay that diverges says where', () => {
   assert.throws(() => trace.replay({ batch: true }), phalanx.DivergenceError);
   assert.throws(() => phalanx.Trace.parse(fs.readFileSync(files[0]).subarray(0, 7)), (e) => e instanceof phalanx.TraceError && e.code === 'PHALANX_TRACE');
   assert.throws(() => phalanx.Trace.load('/nonexistent.trace'), (e) => e instanceof phalanx.PhalanxError && e.code === 'PHALANX_IO');
-  assert.match(other.dump(), /^phalanx-trace version 2/);
+  assert.match(other.dump(), /^phalanx-trace version 3/);
 });

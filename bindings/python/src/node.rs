@@ -1,7 +1,7 @@
 //! The node: the core's `Node` behind the sans-IO shape, as a Python class.
 
 use phalanx_core::Node as CoreNode;
-use phalanx_core::boundary::{StatusValue, stats_fields, status_fields};
+use phalanx_core::boundary::{Round, StatusValue, stats_fields, status_fields};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
@@ -35,11 +35,11 @@ impl Node {
         self.node.handle(now, input).map_err(handle_error)
     }
 
-    /// Feeds `(now, input)` pairs in order and returns every output they produced, in
-    /// order, in one call. An input the node refuses does not stop the batch: the
-    /// refusals are returned when `errors` is a list (`(index, message)` appended), and
-    /// otherwise raised as `HandleError` after the whole batch, with the outputs on its
-    /// `outputs` attribute.
+    /// Feeds `(now, input)` pairs in order as one round, then drains: every output they
+    /// produced, in order, in one call (the round's sends to one receiver share frames).
+    /// An input the node refuses does not stop the batch: the refusals are returned when
+    /// `errors` is a list (`(index, message)` appended), and otherwise raised as
+    /// `HandleError` after the whole batch, with the outputs on its `outputs` attribute.
     #[pyo3(signature = (inputs, errors = None))]
     fn handle_many<'py>(
         &mut self,
@@ -47,15 +47,9 @@ impl Node {
         inputs: &Bound<'py, PyAny>,
         errors: Option<&Bound<'py, PyList>>,
     ) -> PyResult<Bound<'py, PyList>> {
-        let mut refused = Vec::new();
-        let mut outputs = Vec::new();
-        for (i, (now, input)) in extract_inputs(inputs)?.into_iter().enumerate() {
-            if let Err(e) = self.node.handle(now, input) {
-                refused.push((i, e.to_string()));
-            }
-            outputs.extend(std::iter::from_fn(|| self.node.poll()));
-        }
-        let out = output_list(py, outputs)?;
+        let round = Round::run(&mut self.node, extract_inputs(inputs)?);
+        let refused = round.results.into_iter().enumerate().filter_map(|(i, r)| Some((i, r.err()?.to_string()))).collect();
+        let out = output_list(py, round.outputs)?;
         report_refusals(py, refused, errors, &out)?;
         Ok(out)
     }

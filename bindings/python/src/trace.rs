@@ -15,6 +15,8 @@ use crate::io::{Input, Output};
 
 /// One record of a trace: the input fed at `now`, the outputs it produced in order, the
 /// deadline `poll_timeout` gave afterwards, and the `HandleError` text if refused.
+/// `deferred`: an input of a round (one `handle_many`) other than its last, without
+/// outputs or deadline; the round's come with its last record.
 #[pyclass(module = "phalanx._native", frozen, get_all)]
 pub struct TraceRecord {
     pub now: u64,
@@ -22,18 +24,20 @@ pub struct TraceRecord {
     pub outputs: Py<PyList>,
     pub next_timeout: Option<u64>,
     pub error: Option<String>,
+    pub deferred: bool,
 }
 
 #[pymethods]
 impl TraceRecord {
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
         Ok(format!(
-            "TraceRecord(now={}, input={}, outputs={}, next_timeout={:?}, error={:?})",
+            "TraceRecord(now={}, input={}, outputs={}, next_timeout={:?}, error={:?}, deferred={})",
             self.now,
             self.input.bind(py).repr()?,
             self.outputs.bind(py).len(),
             self.next_timeout,
-            self.error
+            self.error,
+            if self.deferred { "True" } else { "False" }
         ))
     }
 }
@@ -73,6 +77,7 @@ impl Trace {
                     outputs: outputs.unbind(),
                     next_timeout: r.next_timeout,
                     error: (!r.error.is_empty()).then(|| r.error.clone()),
+                    deferred: r.deferred,
                 },
             )?);
         }

@@ -11,6 +11,8 @@ use crate::errors::PhalanxError;
 
 /// One record: the input fed at `now`, every output it produced in order, the deadline
 /// `pollTimeout` gave afterwards, and the refusal's text if `handle` refused the input.
+/// `deferred`: an input of a round (one `handleMany`) other than its last, without
+/// outputs or deadline; the round's come with its last record.
 #[derive(Clone, Debug, PartialEq, Eq, uniffi::Record)]
 pub struct TraceRecord {
     pub now: u64,
@@ -18,6 +20,7 @@ pub struct TraceRecord {
     pub outputs: Vec<Output>,
     pub next_timeout: Option<u64>,
     pub error: Option<String>,
+    pub deferred: bool,
 }
 
 /// What a replay went through: records, refusals, outputs by kind, and the BLAKE3 digest
@@ -94,6 +97,7 @@ impl Trace {
                         .map_err(in_record)?,
                     next_timeout: r.next_timeout,
                     error: (!r.error.is_empty()).then(|| r.error.clone()),
+                    deferred: r.deferred,
                 })
             })
             .collect::<Result<_, PhalanxError>>()?;

@@ -134,6 +134,13 @@ impl Machine for SimMachine {
         }
     }
 
+    fn handle_many(&mut self, inputs: Vec<(Nanos, Input)>) -> Vec<Result<(), HandleError>> {
+        match self {
+            SimMachine::Plain(n) => n.handle_many(inputs),
+            SimMachine::Recording(r) => r.handle_many(inputs),
+        }
+    }
+
     fn poll_timeout(&mut self) -> Option<Nanos> {
         self.node().poll_timeout()
     }
@@ -621,15 +628,17 @@ impl Sim {
             }
             Event::Requests { host, requests } => {
                 if !self.hosts[host].crashed {
-                    for request in requests {
-                        let op = match &request {
+                    let ops: Vec<_> = requests
+                        .iter()
+                        .map(|request| match request {
                             Request::Submit { op } => Some((op.clone(), false)),
                             Request::Read { op } => Some((op.clone(), true)),
                             _ => None,
-                        };
-                        if self.feed(host, Input::Request(request))
-                            && let Some((op, read)) = op
-                        {
+                        })
+                        .collect();
+                    let accepted = self.feed_round(host, requests);
+                    for (op, accepted) in ops.into_iter().zip(accepted) {
+                        if accepted && let Some((op, read)) = op {
                             let (node, incarnation) = (self.hosts[host].id, self.incarnations[host]);
                             self.log.submitted.push(Submission { at: self.now, host, node, incarnation, op, read });
                         }
@@ -746,6 +755,17 @@ impl Sim {
         result.is_ok()
     }
 
+    /// Feeds requests as one round ([`Machine::handle_many`]) without draining the
+    /// outputs, as a host hands over what it gathered; whether the node took each.
+    fn feed_round(&mut self, host: usize, requests: Vec<Request>) -> Vec<bool> {
+        let id = self.hosts[host].id;
+        let inputs = requests.into_iter().map(|r| (self.now, Input::Request(r))).collect();
+        let results = self.hosts[host].run.handle_many(inputs);
+        let refusals = results.iter().filter_map(|r| r.as_ref().err()).map(|e| (id, e.to_string()));
+        self.log.rejected_requests.extend(refusals);
+        results.iter().map(Result::is_ok).collect()
+    }
+
     /// Notes an error of a host's loop (the core refused a record it persisted, say).
     fn check(&mut self, host: usize, result: Result<(), HostError>) {
         if let Err(e) = result {
@@ -773,17 +793,20 @@ impl Sim {
         self.schedule(0, Event::Requests { host, requests: start });
     }
 
-    /// A host's executor's requests, fed in order (calls numbered, logged and maybe
-    /// aborted later).
+    /// A host's executor's requests, fed in order as one round (calls numbered, logged
+    /// and maybe aborted later).
     fn feed_executor(&mut self, host: usize, requests: Vec<Request>) {
-        for request in requests {
-            let (node, incarnation, at) = (self.hosts[host].id, self.incarnations[host], self.now);
-            let call = self.hosts[host].run.machine().node().next_request().unwrap_or(0);
-            let logged = request.clone();
-            if !self.feed(host, Input::Request(request)) {
+        let (node, incarnation, at) = (self.hosts[host].id, self.incarnations[host], self.now);
+        // Each accepted call takes the next number.
+        let mut next_call = self.hosts[host].run.machine().node().next_request().unwrap_or(0);
+        let accepted = self.feed_round(host, requests.clone());
+        for (logged, accepted) in requests.into_iter().zip(accepted) {
+            if !accepted {
                 continue;
             }
             if let Request::Call { target, op } = &logged {
+                let call = next_call;
+                next_call += 1;
                 let entry = perpetual::Issued { at, host, node, incarnation, call, target: *target, op: op.clone() };
                 self.log.perpetual.issued.push(entry);
                 if let Some(after) = self.hosts[host].executor.as_ref().and_then(|e| e.abort_after) {

@@ -52,6 +52,9 @@ impl fmt::Display for Dump<'_> {
             if !r.error.is_empty() {
                 writeln!(f, "    refused: {}", r.error.escape_debug())?;
             }
+            if r.deferred {
+                writeln!(f, "    (deferred: the round's outputs come with its last input)")?;
+            }
             for o in &r.outputs {
                 match &o.kind {
                     Some(pb::output_record::Kind::Send(s)) => {

@@ -2,7 +2,7 @@
 
 use prost::Message;
 
-use super::{FORMAT, MAX_RECORD_BYTES, TraceError, VERSION, input_to_pb, malformed, output_to_pb};
+use super::{FORMAT, MAX_RECORD_BYTES, OLDEST_VERSION, TraceError, VERSION, input_to_pb, malformed, output_to_pb};
 use crate::wire::pb;
 use crate::{HandleError, Input, Nanos, Output};
 
@@ -43,14 +43,14 @@ impl TraceWriter {
         outputs: &[Output],
         next_timeout: Option<Nanos>,
     ) {
-        let record = pb::TraceRecord {
-            now,
-            input: Some(input_to_pb(input)),
-            outputs: outputs.iter().map(output_to_pb).collect(),
-            next_timeout,
-            error: result.as_ref().err().map(ToString::to_string).unwrap_or_default(),
-        };
-        append(&mut self.buf, &record);
+        let outputs = outputs.iter().map(output_to_pb).collect();
+        append(&mut self.buf, &pb::TraceRecord { outputs, next_timeout, ..input_record(now, input, result) });
+    }
+
+    /// Records an input of a round (one `handle_many` call) other than its last: what
+    /// the round produced is recorded with its last input.
+    pub fn record_deferred(&mut self, now: Nanos, input: &Input, result: &Result<(), HandleError>) {
+        append(&mut self.buf, &pb::TraceRecord { deferred: true, ..input_record(now, input, result) });
     }
 
     pub fn bytes(&self) -> &[u8] {
@@ -65,6 +65,16 @@ impl TraceWriter {
 
     pub fn into_bytes(self) -> Vec<u8> {
         self.buf
+    }
+}
+
+/// A record of `input` and its result, without outputs.
+fn input_record(now: Nanos, input: &Input, result: &Result<(), HandleError>) -> pb::TraceRecord {
+    pb::TraceRecord {
+        now,
+        input: Some(input_to_pb(input)),
+        error: result.as_ref().err().map(ToString::to_string).unwrap_or_default(),
+        ..Default::default()
     }
 }
 
@@ -89,7 +99,7 @@ impl Trace {
         if header.format != FORMAT {
             return Err(malformed(format!("format is {:?}, not {FORMAT:?}", header.format)));
         }
-        if header.version != VERSION {
+        if !(OLDEST_VERSION..=VERSION).contains(&header.version) {
             return Err(TraceError::Version { found: header.version, expected: VERSION });
         }
         let mut records = Vec::new();

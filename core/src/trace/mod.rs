@@ -2,19 +2,24 @@
 //! outputs and next deadline it answered each with, so that the core alone can replay a
 //! run and check it byte for byte.
 //!
-//! # File format, version 2
+//! # File format, version 3
 //!
-//! Version 2 (this one) names PBFT's roles `REPLICA` and `CLIENT` in the header's
-//! configuration and marks each `Execute` that asks for a snapshot; version 1 traces are
+//! Version 2 named PBFT's roles `REPLICA` and `CLIENT` in the header's configuration and
+//! marked each `Execute` that asks for a snapshot. Version 3 (this one) records a round
+//! of inputs (one `handle_many` call, then the host polls) as a round: each of its inputs
+//! but the last is *deferred*, with no outputs, and the last holds all the round's. So
+//! a recorded node bundles what it sends as it does unrecorded.
+//! Version 2 traces (no record deferred) are read as they are; version 1 traces are
 //! refused with a version error (re-record them).
 //!
 //! A sequence of length-delimited protobuf messages from `proto/phalanx.proto` (a varint
 //! length, then that many bytes): one `TraceHeader` (format `"phalanx-trace"`, version,
 //! the node's encoded `NodeConfig`, a free-form label), then one `TraceRecord` per input:
-//! `now`, the input, every output the node produced for it in order, the deadline
-//! `poll_timeout` gave afterwards, and the `HandleError` text if `handle` refused the
-//! input. Inputs and outputs use `InputRecord` / `OutputRecord`, the language-neutral
-//! encoding that bindings share ([`input_to_pb`], [`output_to_pb`]). No message may
+//! `now`, the input, every output the node produced for it in order (for the last input
+//! of a round, the whole round's), the deadline `poll_timeout` gave afterwards, the
+//! `HandleError` text if `handle` refused the input, and whether it is deferred. Inputs
+//! and outputs use `InputRecord` / `OutputRecord`, the language-neutral encoding that
+//! bindings share ([`input_to_pb`], [`output_to_pb`]). No message may
 //! exceed [`MAX_RECORD_BYTES`]. There is no trailer: a file cut at a record boundary
 //! (a host that crashed while appending) is a valid, shorter trace.
 //!
@@ -43,8 +48,11 @@ use crate::{Algorithm, Delivery, Event, FaultKind, Input, Operation, Output, Req
 
 /// The `format` string of every trace header.
 pub const FORMAT: &str = "phalanx-trace";
-/// The file format version this build writes and reads.
-pub const VERSION: u32 = 2;
+/// The file format version this build writes.
+pub const VERSION: u32 = 3;
+/// The oldest version this build reads: a version 2 file is a version 3 file without
+/// deferred records.
+pub const OLDEST_VERSION: u32 = 2;
 /// Largest header or record [`Trace::parse`] accepts, so a corrupt length prefix cannot
 /// make it allocate without bound. Far above any frame (`max_message_bytes`).
 pub const MAX_RECORD_BYTES: usize = 64 << 20;
@@ -86,7 +94,10 @@ impl fmt::Display for TraceError {
                 write!(f, "trace format version {found} is newer than this build reads (version {expected})")
             }
             TraceError::Version { found, expected } => {
-                write!(f, "trace format version {found} is not supported (this build reads version {expected})")
+                write!(
+                    f,
+                    "trace format version {found} is not supported (this build reads versions {OLDEST_VERSION} to {expected})"
+                )
             }
             TraceError::Config(why) => write!(f, "trace header: {why}"),
             TraceError::Divergence { record, detail } => write!(f, "replay diverged at record {record}: {detail}"),

@@ -53,11 +53,21 @@ impl<M: Machine> Machine for Recorder<M> {
     /// which are drained at once so the record is complete, then handed out by `poll`.
     fn handle(&mut self, now: Nanos, input: Input) -> Result<(), HandleError> {
         let result = self.machine.handle(now, input.clone());
-        let outputs: Vec<Output> = iter::from_fn(|| self.machine.poll()).collect();
-        let deadline = self.machine.poll_timeout();
-        self.writer.record(now, &input, &result, &outputs, deadline);
-        self.pending.extend(outputs);
+        self.record_round(vec![(now, input, result.clone())]);
         result
+    }
+
+    /// Feeds a round of inputs to the machine in one call and records them as a round:
+    /// every input but the last deferred, the last with all the outputs. So the machine
+    /// bundles the round's sends to one receiver as it does unrecorded (a host polls
+    /// after the round), and a machine that drains at each call (a sandbox running one
+    /// round per call) is recorded as it ran.
+    fn handle_many(&mut self, inputs: Vec<(Nanos, Input)>) -> Vec<Result<(), HandleError>> {
+        let results = self.machine.handle_many(inputs.clone());
+        self.record_round(
+            inputs.into_iter().zip(results.iter().cloned()).map(|((now, input), r)| (now, input, r)).collect(),
+        );
+        results
     }
 
     fn poll(&mut self) -> Option<Output> {
@@ -70,5 +80,20 @@ impl<M: Machine> Machine for Recorder<M> {
 
     fn failure(&self) -> Option<String> {
         self.machine.failure()
+    }
+}
+
+impl<M: Machine> Recorder<M> {
+    /// Drains the machine and records a round: its inputs with their results, the
+    /// outputs and the next deadline with the last.
+    fn record_round(&mut self, mut round: Vec<(Nanos, Input, Result<(), HandleError>)>) {
+        let Some((now, input, result)) = round.pop() else { return };
+        for (now, input, result) in &round {
+            self.writer.record_deferred(*now, input, result);
+        }
+        let outputs: Vec<Output> = iter::from_fn(|| self.machine.poll()).collect();
+        let deadline = self.machine.poll_timeout();
+        self.writer.record(now, &input, &result, &outputs, deadline);
+        self.pending.extend(outputs);
     }
 }

@@ -100,24 +100,46 @@ pub fn replay(trace: &Trace) -> Result<ReplaySummary, TraceError> {
 }
 
 /// [`replay`] on a machine the caller built from `trace.header.node_config` (a node in a
-/// sandbox, say). A machine that fails is a [`TraceError::Machine`].
+/// sandbox, say). A machine that fails is a [`TraceError::Machine`]. Each round (deferred
+/// records and the one after them) goes in with one `handle_many`, as it was recorded.
 pub fn replay_on(trace: &Trace, node: &mut dyn Machine) -> Result<ReplaySummary, TraceError> {
     let mut summary = SummaryBuilder::new(trace.records.len());
-    for (i, record) in trace.records.iter().enumerate() {
-        let diverged = |detail: String| TraceError::Divergence { record: i, detail };
-        let input = record.input.clone().ok_or_else(|| malformed("no input")).and_then(input_from_pb);
-        let result = node.handle(record.now, input.map_err(|e| e.in_record(i))?);
+    let mut first = 0;
+    while first < trace.records.len() {
+        let last =
+            trace.records[first..].iter().position(|r| !r.deferred).map_or(trace.records.len() - 1, |p| first + p);
+        let round = &trace.records[first..=last];
+        let mut inputs = Vec::with_capacity(round.len());
+        for (i, record) in (first..).zip(round) {
+            let input = record.input.clone().ok_or_else(|| malformed("no input")).and_then(input_from_pb);
+            inputs.push((record.now, input.map_err(|e| e.in_record(i))?));
+            if record.deferred && (!record.outputs.is_empty() || record.next_timeout.is_some()) {
+                return Err(malformed("a deferred record with outputs or a next timeout").in_record(i));
+            }
+        }
+        let results = node.handle_many(inputs);
         if let Some(why) = node.failure() {
-            return Err(TraceError::Machine { record: i, detail: why });
+            return Err(TraceError::Machine { record: last, detail: why });
         }
-        let error = result.err().map(|e| e.to_string()).unwrap_or_default();
-        if error != record.error {
-            let (expected, got) = (show_result(&record.error), show_result(&error));
-            return Err(diverged(format!("handle: expected {expected}, got {got}")));
+        for ((i, record), result) in (first..).zip(round).zip(results) {
+            let error = result.err().map(|e| e.to_string()).unwrap_or_default();
+            if error != record.error {
+                let (expected, got) = (show_result(&record.error), show_result(&error));
+                return Err(TraceError::Divergence {
+                    record: i,
+                    detail: format!("handle: expected {expected}, got {got}"),
+                });
+            }
+            if !error.is_empty() {
+                summary.refused();
+            }
         }
-        if !error.is_empty() {
-            summary.refused();
+        first = last + 1;
+        let record = &trace.records[last];
+        if record.deferred {
+            break; // the file ends inside a round (its host stopped): nothing was polled
         }
+        let diverged = |detail: String| TraceError::Divergence { record: last, detail };
         let mut produced = 0;
         while let Some(output) = node.poll() {
             let got = output_to_pb(&output);
@@ -136,7 +158,7 @@ pub fn replay_on(trace: &Trace, node: &mut dyn Machine) -> Result<ReplaySummary,
             produced += 1;
         }
         if let Some(why) = node.failure() {
-            return Err(TraceError::Machine { record: i, detail: why });
+            return Err(TraceError::Machine { record: last, detail: why });
         }
         if let Some(missing) = record.outputs.get(produced) {
             let (n, missing) = (record.outputs.len(), describe_output(missing));

@@ -193,13 +193,62 @@ fn truncation_and_garbage_are_errors_not_panics() {
     }
 }
 
+/// A round fed in one `handle_many` is recorded as one: its inputs deferred but for the
+/// last, which holds all the outputs. The node bundles the round's sends to a receiver
+/// in one frame as it does unrecorded, where draining after each input would not.
+#[test]
+fn a_round_is_recorded_deferred_but_for_its_last_input() {
+    let mut publisher = Node::new(cluster()[4].clone()).unwrap();
+    let mut frames = Vec::new();
+    for _ in 0..2 {
+        publisher.handle(0, publish()).unwrap();
+        frames.extend(iter::from_fn(|| publisher.poll()).filter_map(|o| match o {
+            Output::Send { to: 0, bytes } => Some((1_000_000, Input::Message { from: 4, bytes })),
+            _ => None,
+        }));
+    }
+    let broker = || Node::new(cluster()[0].clone()).unwrap();
+    let round = |m: &mut dyn Machine| {
+        assert!(m.handle_many(frames.clone()).iter().all(Result::is_ok));
+        iter::from_fn(|| m.poll()).collect::<Vec<_>>()
+    };
+    let sends = |outputs: &[Output]| outputs.iter().filter(|o| matches!(o, Output::Send { .. })).count();
+    let plain = round(&mut broker());
+    let mut one_by_one = broker();
+    let mut drained = Vec::new();
+    for (now, input) in &frames {
+        one_by_one.handle(*now, input.clone()).unwrap();
+        drained.extend(iter::from_fn(|| one_by_one.poll()));
+    }
+    assert!(sends(&plain) < sends(&drained), "the round's forwards share frames");
+
+    let mut recorder = Recorder::new(broker(), &cluster()[0].encode(), "broker-0");
+    assert_eq!(round(&mut recorder), plain);
+    let trace = Trace::parse(&recorder.into_trace()).unwrap();
+    assert_eq!(trace.records.iter().map(|r| r.deferred).collect::<Vec<_>>(), [true, false]);
+    assert!(trace.records[0].outputs.is_empty() && trace.records[0].next_timeout.is_none());
+    assert_eq!(trace.records[1].outputs.len(), plain.len());
+    assert_eq!(replay(&trace).unwrap().outputs, plain.len());
+    assert!(dump(&trace).contains("(deferred: the round's outputs come with its last input)"));
+
+    let mut bad = trace.clone();
+    bad.records[0].outputs = bad.records[1].outputs.clone();
+    assert!(matches!(replay(&bad), Err(TraceError::Malformed(m)) if m.contains("deferred")));
+}
+
 #[test]
 fn header_checks_name_the_problem() {
     let mut trace = Trace::parse(&recorded().0).unwrap();
-    trace.header.version = 3;
+    trace.header.version = 4;
     let err = Trace::parse(&trace.to_bytes()).unwrap_err();
-    assert_eq!(err, TraceError::Version { found: 3, expected: 2 });
-    assert_eq!(err.to_string(), "trace format version 3 is newer than this build reads (version 2)");
+    assert_eq!(err, TraceError::Version { found: 4, expected: 3 });
+    assert_eq!(err.to_string(), "trace format version 4 is newer than this build reads (version 3)");
+    trace.header.version = 1;
+    let err = Trace::parse(&trace.to_bytes()).unwrap_err();
+    assert_eq!(err.to_string(), "trace format version 1 is not supported (this build reads versions 2 to 3)");
+    // Version 2 is version 3 without deferred records.
+    trace.header.version = 2;
+    assert!(replay(&Trace::parse(&trace.to_bytes()).unwrap()).is_ok());
 
     trace.header.version = VERSION;
     trace.header.format = "pcap".into();
@@ -220,7 +269,7 @@ fn dump_shows_every_record_decoded() {
     let trace = Trace::parse(&recorded().0).unwrap();
     let text = dump(&trace);
     for needle in [
-        "phalanx-trace version 2, label \"broker-0\"",
+        "phalanx-trace version 3, label \"broker-0\"",
         "node 0 (broker) of 7 nodes, 4 brokers, f = 1",
         "4 records",
         "#0 1.000 ms Message from 4",

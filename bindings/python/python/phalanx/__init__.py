@@ -96,32 +96,47 @@ Delivered = Output.Delivered
 
 class Trace(_native.Trace):
     """A trace file (DESIGN §3). ``Trace.load(path)`` or ``Trace(data)``; iterate for
-    ``TraceRecord(now, input, outputs, next_timeout, error)``."""
+    ``TraceRecord(now, input, outputs, next_timeout, error, deferred)``."""
 
     def replay(self, *, batch: bool = False) -> int:
         """Replays the trace through the Python API (``Node``, ``handle``/``poll`` or
         ``handle_many``) and checks every record: the refusal, each output (equal
-        field by field, in order) and the next deadline. Returns the number of outputs
-        compared; raises ``DivergenceError`` naming the first differing record.
+        field by field, in order) and the next deadline (a deferred record's input goes
+        in without a poll: its round's outputs come with the round's last record).
+        Returns the number of outputs compared; raises ``DivergenceError`` naming the
+        first differing record.
 
-        ``batch=True`` feeds every input with one ``handle_many`` call and compares the
-        concatenated outputs (and the refusals) instead of record by record.
+        ``batch=True`` feeds each round (the deferred records and the one after them)
+        with one ``handle_many`` call and compares its outputs and refusals instead.
         """
         node = Node(self.node_config)
         records = self.records
         if batch:
-            errors: List[Tuple[int, str]] = []
-            got = node.handle_many([(r.now, r.input) for r in records], errors)
-            expected = [o for r in records for o in r.outputs]
-            want_errors = [(i, r.error) for i, r in enumerate(records) if r.error is not None]
-            if errors != want_errors:
-                raise DivergenceError(f"refusals: expected {want_errors!r}, got {errors!r}")
-            if got != expected:
-                i = next((i for i, (a, b) in enumerate(zip(expected, got)) if a != b), min(len(got), len(expected)))
-                exp = expected[i] if i < len(expected) else None
-                g = got[i] if i < len(got) else None
-                raise DivergenceError(f"output {i}: expected {exp!r}, got {g!r}")
-            return len(got)
+            compared, first = 0, 0
+            while first < len(records):
+                last = next((i for i in range(first, len(records)) if not records[i].deferred), len(records) - 1)
+                round_ = records[first : last + 1]
+                where = f"records {first}..{last}"
+                errors: List[Tuple[int, str]] = []
+                got = node.handle_many([(r.now, r.input) for r in round_], errors)
+                want_errors = [(i, r.error) for i, r in enumerate(round_) if r.error is not None]
+                if errors != want_errors:
+                    raise DivergenceError(f"{where}: refusals: expected {want_errors!r}, got {errors!r}")
+                first = last + 1
+                if records[last].deferred:  # a trace cut inside a round: never polled
+                    break
+                expected = records[last].outputs
+                if got != expected:
+                    i = next((i for i, (a, b) in enumerate(zip(expected, got)) if a != b), min(len(got), len(expected)))
+                    exp = expected[i] if i < len(expected) else None
+                    g = got[i] if i < len(got) else None
+                    raise DivergenceError(f"{where}: output {i}: expected {exp!r}, got {g!r}")
+                if node.poll_timeout() != records[last].next_timeout:
+                    raise DivergenceError(
+                        f"{where}: next timeout: expected {records[last].next_timeout!r}, got {node.poll_timeout()!r}"
+                    )
+                compared += len(got)
+            return compared
         compared = 0
         for i, r in enumerate(records):
             try:
@@ -131,6 +146,10 @@ class Trace(_native.Trace):
                 error = str(e)
             if error != r.error:
                 raise DivergenceError(f"record {i}: handle: expected {r.error or 'Ok'!r}, got {error or 'Ok'!r}")
+            if r.deferred:
+                if r.outputs or r.next_timeout is not None:
+                    raise DivergenceError(f"record {i}: a deferred record with outputs or a next timeout")
+                continue
             got = node.drain()
             if got != r.outputs:
                 j = next((j for j, (a, b) in enumerate(zip(r.outputs, got)) if a != b), min(len(got), len(r.outputs)))

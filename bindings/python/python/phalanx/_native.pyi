@@ -282,6 +282,7 @@ class TraceRecord:
     outputs: List[Output]
     next_timeout: Optional[int]
     error: Optional[str]
+    deferred: bool
 
 class Trace:
     def __init__(self, data: _Bytes) -> None: ...

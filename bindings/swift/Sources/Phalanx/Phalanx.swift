@@ -40,7 +40,9 @@ extension HandleError: CustomStringConvertible {
 extension Trace {
     /// Replays the trace through this API: `node` (by default a fresh one from the
     /// trace's configuration) is fed every recorded input with `handle` and drained with
-    /// `poll`; each refusal, output and next deadline must equal the recorded one. Throws
+    /// `poll` (but after a deferred record's: its round's outputs come with the round's
+    /// last record); each
+    /// refusal, output and next deadline must equal the recorded one. Throws
     /// `PhalanxError.Divergence` at the first difference. The summary equals
     /// `replayNative()`'s, digest included.
     public func replay(on node: Node? = nil) throws -> ReplaySummary {
@@ -61,6 +63,12 @@ extension Trace {
             }
             if error != record.error {
                 throw diverged("handle: expected \(record.error ?? "Ok"), got \(error ?? "Ok")")
+            }
+            if record.deferred {
+                guard record.outputs.isEmpty, record.nextTimeout == nil else {
+                    throw diverged("a deferred record with outputs or a next timeout")
+                }
+                continue
             }
             var produced = 0
             while let output = node.poll() {

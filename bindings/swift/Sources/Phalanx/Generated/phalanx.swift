@@ -4467,6 +4467,8 @@ public func FfiConverterTypeTimedInput_lower(_ value: TimedInput) -> RustBuffer 
 /**
  * One record: the input fed at `now`, every output it produced in order, the deadline
  * `pollTimeout` gave afterwards, and the refusal's text if `handle` refused the input.
+ * `deferred`: an input of a round (one `handleMany`) other than its last, without
+ * outputs or deadline; the round's come with its last record.
  */
 public struct TraceRecord: Equatable, Hashable {
     public var now: UInt64
@@ -4474,15 +4476,17 @@ public struct TraceRecord: Equatable, Hashable {
     public var outputs: [Output]
     public var nextTimeout: UInt64?
     public var error: String?
+    public var deferred: Bool
 
     // Default memberwise initializers are never public by default, so we
     // declare one manually.
-    public init(now: UInt64, input: Input, outputs: [Output], nextTimeout: UInt64?, error: String?) {
+    public init(now: UInt64, input: Input, outputs: [Output], nextTimeout: UInt64?, error: String?, deferred: Bool) {
         self.now = now
         self.input = input
         self.outputs = outputs
         self.nextTimeout = nextTimeout
         self.error = error
+        self.deferred = deferred
     }
 
     
@@ -4505,7 +4509,8 @@ public struct FfiConverterTypeTraceRecord: FfiConverterRustBuffer {
                 input: FfiConverterTypeInput.read(from: &buf), 
                 outputs: FfiConverterSequenceTypeOutput.read(from: &buf), 
                 nextTimeout: FfiConverterOptionUInt64.read(from: &buf), 
-                error: FfiConverterOptionString.read(from: &buf)
+                error: FfiConverterOptionString.read(from: &buf), 
+                deferred: FfiConverterBool.read(from: &buf)
         )
     }
 
@@ -4515,6 +4520,7 @@ public struct FfiConverterTypeTraceRecord: FfiConverterRustBuffer {
         FfiConverterSequenceTypeOutput.write(value.outputs, into: &buf)
         FfiConverterOptionUInt64.write(value.nextTimeout, into: &buf)
         FfiConverterOptionString.write(value.error, into: &buf)
+        FfiConverterBool.write(value.deferred, into: &buf)
     }
 }
 
