@@ -316,3 +316,24 @@ fn correct_clients_batched_with_a_liars_request_are_not_suspected_for_it() {
     s.partition = Some((MS, 5 * MS, vec![4]));
     assert_clean(&s);
 }
+
+/// A batch is prepared at every correct backup, but only one of them gathers a commit
+/// quorum (with a faulty replica's COMMIT the others never get); the primary, cut off,
+/// has meanwhile started a view change on its own. The other correct backups held no
+/// request of the batch in their queues (a colluding client sent it to the primary
+/// only), so no request timer ran: they waited for the slot forever, and the lone
+/// replica changing view waited for them (the sweep's seed 8,203,833 at f = 2). Now a
+/// proposal a replica accepted and has not executed keeps its request timer running, so
+/// a view that cannot commit it changes.
+#[test]
+fn a_prepared_batch_that_cannot_commit_in_its_view_makes_the_view_change() {
+    let mut s = drawn(2, 8_203_833, 8, (1, 2, 4), 2_449_426, (4, 710_860, 8, 1), (2200, 50_000, 0, 44));
+    s.params.batch_max_bytes = 64;
+    s.reads = true;
+    s.colluders = 3;
+    s.replicas[1] = Behavior::Lie((0..9).collect());
+    s.replicas[5] = Behavior::ForgeSender(3);
+    s.restarts = vec![(3, 2 * MS, 16 * MS)];
+    s.partition = Some((18 * MS, 626 * MS, vec![0]));
+    assert_clean(&s);
+}

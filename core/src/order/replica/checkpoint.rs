@@ -310,6 +310,12 @@ impl Replica {
         self.log.range(self.delivered + 1..).next().is_some()
     }
 
+    /// When this replica first saw the earliest of the proposals it accepted above what
+    /// it handed over, if there are any.
+    pub(super) fn proposal_waiting_since(&self) -> Option<Nanos> {
+        self.log.range(self.delivered + 1..).filter(|(_, slot)| slot.proposal.is_some()).map(|(_, s)| s.seen_at).min()
+    }
+
     /// Whether this replica executed less than it knows is settled: the stable checkpoint,
     /// or a slot it knows committed elsewhere.
     pub(super) fn short_of_known(&self) -> bool {

@@ -194,21 +194,31 @@ impl Replica {
     /// the slots must be settled anew by a view change — after a whole-cluster restart, a
     /// slot committed before it commits again only if a quorum can still vote for it in
     /// this view, which a faulty primary that equivocated can prevent, and an idle cluster
-    /// has no request waiting to start the timer.
+    /// has no request waiting to start the timer. It runs as well while a proposal this
+    /// replica accepted waits to execute: its requests may have come in the PRE-PREPARE
+    /// only (none waits in the queues), and a view in which it cannot commit (too few
+    /// replicas still vote in it) must change.
     pub(super) fn rearm(&mut self, ctx: &Ctx) {
         let timeout = self.backed_off(ctx);
         let waiting = self.changing.is_none() && self.waiting > 0;
         let forwarded = self.forwarded.filter(|(progress_at, _)| *progress_at == self.progress_at).map(|(_, at)| at);
         self.forward_at = (waiting && forwarded.is_none() && !self.is_primary(ctx))
             .then(|| self.progress_at.saturating_add(timeout / 2));
+        let proposed = self.proposal_waiting_since();
         self.suspect = match &self.changing {
             Some(c) => Some(c.deadline.map_or(c.retry_at, |d| d.min(c.retry_at))),
-            None if self.waiting == 0 && !self.short_of_known() => None,
+            None if self.waiting == 0 && !self.short_of_known() && proposed.is_none() => None,
             // Half the timeout after the first stage at the soonest: a backup whose first
             // stage ran late (it was paused, say) gets what queued meanwhile in first, or it
-            // would suspect a working primary the moment it runs again.
+            // would suspect a working primary the moment it runs again. With no request
+            // waiting here, a proposal waits from when it came (an idle spell before it is
+            // no fault of the primary's).
             None => {
-                Some(self.progress_at.saturating_add(timeout)).max(forwarded.map(|at| at.saturating_add(timeout / 2)))
+                let since = match proposed {
+                    Some(at) if self.waiting == 0 => self.progress_at.max(at),
+                    _ => self.progress_at,
+                };
+                Some(since.saturating_add(timeout)).max(forwarded.map(|at| at.saturating_add(timeout / 2)))
             }
         };
         self.watch_slots(ctx);
