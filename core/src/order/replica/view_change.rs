@@ -204,7 +204,8 @@ impl Replica {
         let forwarded = self.forwarded.filter(|(progress_at, _)| *progress_at == self.progress_at).map(|(_, at)| at);
         self.forward_at = (waiting && forwarded.is_none() && !self.is_primary(ctx))
             .then(|| self.progress_at.saturating_add(timeout / 2));
-        let proposed = self.proposal_waiting_since();
+        // Only read while no request waits here (the log is not scanned under load).
+        let proposed = (self.changing.is_none() && self.waiting == 0).then(|| self.proposal_waiting_since()).flatten();
         self.suspect = match &self.changing {
             Some(c) => Some(c.deadline.map_or(c.retry_at, |d| d.min(c.retry_at))),
             None if self.waiting == 0 && !self.short_of_known() && proposed.is_none() => None,
@@ -214,10 +215,7 @@ impl Replica {
             // waiting here, a proposal waits from when it came (an idle spell before it is
             // no fault of the primary's).
             None => {
-                let since = match proposed {
-                    Some(at) if self.waiting == 0 => self.progress_at.max(at),
-                    _ => self.progress_at,
-                };
+                let since = proposed.map_or(self.progress_at, |at| self.progress_at.max(at));
                 Some(since.saturating_add(timeout)).max(forwarded.map(|at| at.saturating_add(timeout / 2)))
             }
         };
