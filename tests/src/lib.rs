@@ -13,10 +13,12 @@ pub fn debug_numbers() -> Vec<u64> {
 }
 
 /// Prints the traces a `debug_seed` run recorded, dumped.
-pub fn print_traces(traces: &std::collections::BTreeMap<u32, Vec<u8>>) {
-    for (id, bytes) in traces {
-        let trace = phalanx_core::trace::Trace::parse(bytes).expect("a recorded trace parses");
-        println!("--- trace of node {id}\n{}", phalanx_core::trace::dump(&trace));
+pub fn print_traces(traces: &std::collections::BTreeMap<u32, Vec<Vec<u8>>>) {
+    for (id, incarnations) in traces {
+        for (incarnation, bytes) in incarnations.iter().enumerate() {
+            let trace = phalanx_core::trace::Trace::parse(bytes).expect("a recorded trace parses");
+            println!("--- trace of node {id}, incarnation {incarnation}\n{}", phalanx_core::trace::dump(&trace));
+        }
     }
 }
 

@@ -30,9 +30,12 @@ fn last_applied(outcome: &Outcome, host: usize) -> u64 {
 /// The highest view replica `r` saw a NEW-VIEW for (sent or received), from its recorded
 /// trace: the scenario must have `r` in `record`.
 fn highest_new_view(s: &Scenario, outcome: &Outcome, r: NodeId) -> u64 {
-    let bytes = outcome.traces.get(&r).unwrap_or_else(|| panic!("{s}: replica {r} not recorded"));
-    let text = dump(&Trace::parse(bytes).expect("the simulator records valid traces"));
-    text.split("NewView view ").skip(1).filter_map(|rest| rest.split(' ').next()?.parse().ok()).max().unwrap_or(0)
+    let traces = outcome.traces.get(&r).unwrap_or_else(|| panic!("{s}: replica {r} not recorded"));
+    let texts = traces.iter().map(|bytes| dump(&Trace::parse(bytes).expect("the simulator records valid traces")));
+    let views = |text: String| -> Vec<u64> {
+        text.split("NewView view ").skip(1).filter_map(|rest| rest.split(' ').next()?.parse().ok()).collect()
+    };
+    texts.flat_map(views).max().unwrap_or(0)
 }
 
 /// The first time any correct client saw a request complete.

@@ -63,10 +63,12 @@ fn recording_changes_nothing_in_the_run() {
     use phalanx_core::crypto::CryptoMode;
     use phalanx_core::sim::{order_scenario, perpetual, scenario};
 
-    let replays = |traces: &std::collections::BTreeMap<u32, Vec<u8>>, s: &dyn std::fmt::Display| {
-        for (id, bytes) in traces {
-            let trace = Trace::parse(bytes).unwrap_or_else(|e| panic!("{s}: node {id}: {e}"));
-            replay(&trace).unwrap_or_else(|e| panic!("{s}: node {id}: {e}"));
+    let replays = |traces: &std::collections::BTreeMap<u32, Vec<Vec<u8>>>, s: &dyn std::fmt::Display| {
+        for (id, incarnations) in traces {
+            for (i, bytes) in incarnations.iter().enumerate() {
+                let trace = Trace::parse(bytes).unwrap_or_else(|e| panic!("{s}: node {id}, incarnation {i}: {e}"));
+                replay(&trace).unwrap_or_else(|e| panic!("{s}: node {id}, incarnation {i}: {e}"));
+            }
         }
     };
     for seed in 1..=12 {
@@ -95,4 +97,27 @@ fn recording_changes_nothing_in_the_run() {
         assert_eq!(run(&plain), run(&recorded), "{s}: recording changed the run");
         replays(&recorded.traces, &s);
     }
+}
+
+/// A recorded replica that crashes and restarts leaves a trace per incarnation: the
+/// second starts from what its storage handed back, and both replay byte for byte.
+#[test]
+fn a_restarted_node_is_recorded_in_a_trace_per_incarnation() {
+    use phalanx_core::crypto::CryptoMode;
+    use phalanx_core::sim::order_scenario::Scenario;
+
+    const MS: u64 = 1_000_000;
+    let mut s = Scenario { crypto: CryptoMode::InsecureTest, record: vec![2], ..Scenario::new(1, 7) };
+    s.crash = Some((2, 300 * MS, 600 * MS));
+    let out = s.run();
+    assert!(out.violations.is_empty(), "{s}: {:?}", out.violations);
+    let incarnations = &out.traces[&2];
+    assert_eq!(incarnations.len(), 2, "{s}: one trace before the crash, one after the restart");
+    for (i, bytes) in incarnations.iter().enumerate() {
+        let trace = Trace::parse(bytes).unwrap_or_else(|e| panic!("incarnation {i}: {e}"));
+        let summary = replay(&trace).unwrap_or_else(|e| panic!("incarnation {i}: {e}"));
+        assert!(summary.records > 0, "incarnation {i}: empty");
+    }
+    let restarted = Trace::parse(&incarnations[1]).expect("parses");
+    assert!(restarted.header.label.ends_with("incarnation 1"), "{:?}", restarted.header.label);
 }

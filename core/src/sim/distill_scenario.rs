@@ -219,7 +219,7 @@ impl Scenario {
         sim.run(self.horizon);
         let check = DistillCheck { log: &sim.log, correct_servers, correct_ids, submitted, expect_all: true };
         let stats = check.run().map_err(|e| format!("seed {} f {}: {e} ({self:?})", self.seed, self.f))?;
-        let traces = self.record.iter().filter_map(|id| Some((*id, sim.trace(hosts[id])?.to_vec()))).collect();
+        let traces = self.record.iter().filter_map(|id| Some((*id, sim.traces(hosts[id])?))).collect();
         Ok(Outcome { stats, sim, traces })
     }
 }
@@ -227,8 +227,8 @@ impl Scenario {
 pub struct Outcome {
     pub stats: Stats,
     pub sim: Sim,
-    /// The recorded traces, by node.
-    pub traces: BTreeMap<NodeId, Vec<u8>>,
+    /// Each recorded node's traces, one per incarnation (a restart starts another).
+    pub traces: BTreeMap<NodeId, Vec<Vec<u8>>>,
 }
 
 /// The reference traces of distillation, with real crypto at f = 1: a client, a broker
@@ -248,7 +248,7 @@ pub fn reference_traces() -> Vec<(String, Vec<u8>)> {
     let mut traces = s.run().expect("the reference run passes its checks").traces;
     [("distill-n4f1-client", client), ("distill-n4f1-broker", broker), ("distill-n4f1-server", 1)]
         .into_iter()
-        .map(|(name, id)| (format!("{name}.trace"), traces.remove(&id).expect("recorded")))
+        .map(|(name, id)| (format!("{name}.trace"), super::scenario::only_incarnation(traces.remove(&id))))
         .collect()
 }
 

@@ -111,6 +111,15 @@ enum SimMachine {
 }
 
 impl SimMachine {
+    /// A fresh node of `config`, recording its trace under `record` if given.
+    fn new(config: &NodeConfig, record: Option<&str>) -> Self {
+        let node = Node::new(config.clone()).expect("simulated configs are generated valid");
+        match record {
+            Some(label) => SimMachine::Recording(Recorder::new(node, &config.encode(), label)),
+            None => SimMachine::Plain(node),
+        }
+    }
+
     fn node(&self) -> &Node {
         match self {
             SimMachine::Plain(n) => n,
@@ -205,6 +214,10 @@ struct Host {
     seen: Vec<(NodeId, Vec<u8>)>,
     /// A Perpetual member's executor.
     executor: Option<perpetual::Executor>,
+    /// The label its traces are recorded under, if they are.
+    record: Option<String>,
+    /// The traces of its earlier incarnations, each ended by a crash.
+    ended_traces: Vec<Vec<u8>>,
 }
 
 /// What happens at a simulated time. Storage syncs complete as events of their own, for
@@ -438,11 +451,7 @@ impl Sim {
         record: Option<&str>,
         serves: Option<Vec<NodeId>>,
     ) -> usize {
-        let node = Node::new(config.clone()).expect("simulated configs are generated valid");
-        let machine = match record {
-            Some(label) => SimMachine::Recording(Recorder::new(node, &config.encode(), label)),
-            None => SimMachine::Plain(node),
-        };
+        let machine = SimMachine::new(&config, record);
         let (id, host) = (config.id, self.hosts.len());
         let faulty = behavior.colludes();
         match behavior {
@@ -465,6 +474,8 @@ impl Sim {
             timer_at: None,
             seen: Vec::new(),
             executor: None,
+            record: record.map(str::to_string),
+            ended_traces: Vec::new(),
         });
         self.incarnations.push(0);
         if faulty {
@@ -488,10 +499,13 @@ impl Sim {
         self.hosts[host].id
     }
 
-    /// The trace recorded by a host added with `record`.
-    pub fn trace(&self, host: usize) -> Option<&[u8]> {
-        match self.hosts[host].run.machine() {
-            SimMachine::Recording(r) => Some(r.trace()),
+    /// The traces recorded by a host added with `record`, one per incarnation: the first
+    /// from the start, each later one from a restart (replayed, it recovers from the
+    /// records the storage handed back); `None` if it records none.
+    pub fn traces(&self, host: usize) -> Option<Vec<Vec<u8>>> {
+        let h = &self.hosts[host];
+        match h.run.machine() {
+            SimMachine::Recording(r) => Some(h.ended_traces.iter().cloned().chain([r.trace().to_vec()]).collect()),
             SimMachine::Plain(_) => None,
         }
     }
@@ -666,9 +680,13 @@ impl Sim {
                 let h = &mut self.hosts[host];
                 // A fresh node and an empty application; only what it synced survives
                 // (the broadcast family persists nothing), handed back before any input.
-                let node = Node::new(h.config.clone()).expect("valid config");
+                if let SimMachine::Recording(r) = h.run.machine() {
+                    h.ended_traces.push(r.trace().to_vec());
+                }
+                let label = h.record.as_ref().map(|l| format!("{l}, incarnation {}", self.incarnations[host] + 1));
+                let machine = SimMachine::new(&h.config, label.as_deref());
                 let storage = std::mem::take(h.run.storage_mut());
-                h.run = HostLoop::new(SimMachine::Plain(node), storage, SimApp::default());
+                h.run = HostLoop::new(machine, storage, SimApp::default());
                 h.crashed = false;
                 self.incarnations[host] += 1;
                 self.log.restarts.push(host);

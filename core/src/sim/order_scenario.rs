@@ -79,7 +79,8 @@ pub struct Scenario {
 pub struct Outcome {
     pub log: Log,
     pub violations: Vec<String>,
-    pub traces: BTreeMap<NodeId, Vec<u8>>,
+    /// Each recorded node's traces, one per incarnation (a restart starts another).
+    pub traces: BTreeMap<NodeId, Vec<Vec<u8>>>,
     /// Simulated time of the last event.
     pub sim_time: Nanos,
     /// Requests correct clients submitted that must complete (0 where liveness is not
@@ -411,7 +412,7 @@ impl Scenario {
             stats: (0..sim.hosts()).map(|h| (h, sim.node(h).stats().clone())).collect(),
             status: (0..sim.hosts()).map(|h| (h, sim.node(h).status())).collect(),
             states: replica_hosts.into_iter().map(|h| (h, sim.app(h).clone())).collect(),
-            traces: self.record.iter().filter_map(|&id| Some((id, sim.trace(id as usize)?.to_vec()))).collect(),
+            traces: self.record.iter().filter_map(|&id| Some((id, sim.traces(id as usize)?))).collect(),
             log: std::mem::take(&mut sim.log),
             violations,
         }

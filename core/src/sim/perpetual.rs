@@ -302,7 +302,8 @@ pub struct Scenario {
 pub struct Outcome {
     pub log: super::Log,
     pub violations: Vec<String>,
-    pub traces: BTreeMap<NodeId, Vec<u8>>,
+    /// Each recorded node's traces, one per incarnation (a restart starts another).
+    pub traces: BTreeMap<NodeId, Vec<Vec<u8>>>,
     pub sim_time: Nanos,
     /// Each executor's state at the end, by host.
     pub executors: BTreeMap<usize, State>,
@@ -503,7 +504,7 @@ impl Scenario {
         let violations = self.check(&sim);
         Outcome {
             sim_time: sim.now(),
-            traces: self.record.iter().filter_map(|&id| Some((id, sim.trace(id as usize)?.to_vec()))).collect(),
+            traces: self.record.iter().filter_map(|&id| Some((id, sim.traces(id as usize)?))).collect(),
             executors,
             status: (0..sim.hosts()).map(|h| (h, sim.node(h).status())).collect(),
             peak_live_instances: peak,

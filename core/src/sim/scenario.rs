@@ -82,7 +82,8 @@ pub struct Scenario {
 pub struct Outcome {
     pub log: Log,
     pub violations: Vec<String>,
-    pub traces: BTreeMap<NodeId, Vec<u8>>,
+    /// Each recorded node's traces, one per incarnation (a restart starts another).
+    pub traces: BTreeMap<NodeId, Vec<Vec<u8>>>,
     /// Simulated time of the last event.
     pub sim_time: Nanos,
     pub expected_deliveries: usize,
@@ -299,7 +300,7 @@ impl Scenario {
         sim.run(600_000 * MS);
         let exp = self.expectations(&hosts);
         let violations = check(&sim.log, &exp);
-        let traces = self.record.iter().filter_map(|id| Some((*id, sim.trace(hosts[id])?.to_vec()))).collect();
+        let traces = self.record.iter().filter_map(|id| Some((*id, sim.traces(hosts[id])?))).collect();
         Outcome {
             sim_time: sim.now(),
             expected_deliveries: exp.validity.len() * exp.correct_subscribers.len(),
@@ -427,14 +428,22 @@ pub fn reference_traces() -> Vec<(String, Vec<u8>)> {
     cases.push(("pubsub-n4f1-publisher", s, 4));
     let broadcast = cases.into_iter().map(|(name, mut s, node)| {
         s.record = vec![node];
-        (name.to_string(), s.run().traces.remove(&node).expect("recorded"))
+        (name.to_string(), only_incarnation(s.run().traces.remove(&node)))
     });
     let pbft = pbft_reference_cases().into_iter().map(|(name, mut s, node)| {
         s.record = vec![node];
-        (name.to_string(), s.run().traces.remove(&node).expect("recorded"))
+        (name.to_string(), only_incarnation(s.run().traces.remove(&node)))
     });
     let traces = broadcast.chain(pbft).map(|(name, trace)| (format!("{name}.trace"), trace));
     traces.chain(super::distill_scenario::reference_traces()).chain(perpetual_reference_traces()).collect()
+}
+
+/// The trace of a recorded node that never restarted, as every reference node is.
+pub(crate) fn only_incarnation(traces: Option<Vec<Vec<u8>>>) -> Vec<u8> {
+    match traces.expect("recorded").as_mut_slice() {
+        [only] => std::mem::take(only),
+        more => panic!("a reference node restarted: {} incarnations", more.len()),
+    }
 }
 
 /// Perpetual's reference traces: two groups of n = 4, f = 1 with real crypto, the caller
@@ -453,7 +462,7 @@ fn perpetual_reference_traces() -> Vec<(String, Vec<u8>)> {
     let mut traces = out.traces;
     [("perpetual-n4f1-caller-member", caller), ("perpetual-n4f1-target-member", target)]
         .into_iter()
-        .map(|(name, id)| (format!("{name}.trace"), traces.remove(&id).expect("recorded")))
+        .map(|(name, id)| (format!("{name}.trace"), only_incarnation(traces.remove(&id))))
         .collect()
 }
 

@@ -72,7 +72,8 @@ fn record(args: &EngineBenchArgs) -> Result<(Trace, Workload), String> {
     if !outcome.violations.is_empty() {
         return Err(format!("the simulated workload violated PBFT: {:?}", outcome.violations));
     }
-    let trace = Trace::parse(&outcome.traces[&1]).map_err(|e| e.to_string())?;
+    // The backup never restarts: its one incarnation's trace.
+    let trace = Trace::parse(&outcome.traces[&1][0]).map_err(|e| e.to_string())?;
     let mut rounds: Vec<Round> = Vec::new();
     let mut inputs = 0;
     for r in &trace.records {
