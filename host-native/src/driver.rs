@@ -86,15 +86,43 @@ pub struct TraceSink {
     pub path: PathBuf,
 }
 
+/// How often a replica that keeps executing exports its state digest (hashing what was
+/// written since): every batch would hash every value written, a few percent of a
+/// replica's time with 1 KiB values.
+const STATE_EVERY: Duration = Duration::from_secs(1);
+/// How long after its last batch a replica exports the digest of the state it left off
+/// at (what the fault-injection suite compares once the clients stop).
+const STATE_SETTLED: Duration = Duration::from_millis(20);
+
 /// The replica's key-value store, timed for the metrics.
 pub struct MeteredKv {
     kv: Kv,
     metrics: Arc<Metrics>,
+    /// The last batch executed (or restored) and when, while its state digest is not
+    /// exported yet.
+    unexported: Option<(u64, Instant)>,
+    exported_at: Instant,
 }
 
 impl MeteredKv {
     pub fn new(metrics: Arc<Metrics>) -> Self {
-        MeteredKv { kv: Kv::new(), metrics }
+        MeteredKv { kv: Kv::new(), metrics, unexported: None, exported_at: Instant::now() }
+    }
+
+    /// When the state digest is next due, if one is owed: [`STATE_SETTLED`] after the
+    /// last batch, or [`STATE_EVERY`] after the last export, whichever comes first.
+    fn state_due(&self) -> Option<Instant> {
+        self.unexported.map(|(_, at)| (at + STATE_SETTLED).min(self.exported_at + STATE_EVERY))
+    }
+
+    /// Exports the state digest if it is due.
+    fn export_state(&mut self, now: Instant) {
+        if let Some((seq, _)) = self.unexported
+            && self.state_due().is_some_and(|due| due <= now)
+        {
+            self.metrics.state(seq, self.kv.digest());
+            (self.unexported, self.exported_at) = (None, now);
+        }
     }
 }
 
@@ -104,7 +132,7 @@ impl Application for MeteredKv {
         let results = Application::execute(&mut self.kv, seq, ops);
         self.metrics.execution_time(started.elapsed(), ops.len());
         self.metrics.batch_size(ops.len());
-        self.metrics.state(seq, self.kv.digest());
+        self.unexported = Some((seq, started));
         results
     }
 
@@ -117,7 +145,7 @@ impl Application for MeteredKv {
             // A quorum certified this state, so ours must be the faulty side.
             .map_err(|e| format!("a certified snapshot at batch {seq} does not decode: {e}"))?;
         tracing::info!("state transfer: restored the application at batch {seq} ({} keys)", self.kv.len());
-        self.metrics.state(seq, self.kv.digest());
+        self.unexported = Some((seq, Instant::now()));
         Ok(())
     }
 
@@ -274,7 +302,11 @@ impl Driver {
             None => Duration::from_secs(1),
         };
         let service = self.executor.as_ref().and_then(Executor::deadline);
-        service.map_or(core, |at| core.min(at.saturating_duration_since(Instant::now())))
+        let state = self.host.app().state_due();
+        [service, state]
+            .into_iter()
+            .flatten()
+            .fold(core, |wait, at| wait.min(at.saturating_duration_since(Instant::now())))
     }
 
     /// Feeds back what storage kept, then serves events until `Stop` or every sender is
@@ -483,6 +515,7 @@ impl Driver {
     }
 
     fn export_gauges(&mut self) {
+        self.host.app_mut().export_state(Instant::now());
         let (status, stats) = self.host.machine_mut().status();
         self.metrics.set_core(&status, &stats);
         if let Some(counters) = self.host.machine_mut().distill_counters() {
