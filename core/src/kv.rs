@@ -531,7 +531,7 @@ mod tests {
                 _ => put(&key, &[(x >> 20) as u8 % 3]),
             };
             kv.execute(&op);
-            if (x >> 8) % 5 == 0 {
+            if (x >> 8).is_multiple_of(5) {
                 let fresh = Kv::restore(&kv.snapshot()).expect("snapshots restore").digest();
                 assert_eq!(kv.digest(), fresh, "after write {i}");
             }
