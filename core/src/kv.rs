@@ -27,12 +27,12 @@
 //! canonical form, so equal snapshots mean equal states and equal digests.
 //!
 //! [`Kv::digest`] names the state without encoding it: the XOR of
-//! BLAKE3(field(key) field(value)) over the entries. A write only notes its key; the
+//! BLAKE3(field(key) field(value)) over the entries. A write leaves its entry unhashed; the
 //! digest hashes the entries written since it was last asked for, each once however often
 //! it was written, so a host that reports it now and then (phalanxd's metrics, which the
 //! fault-injection suite compares replicas by) does not hash every value it stores.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use crate::Operation;
 use crate::crypto::Digest;
@@ -215,10 +215,11 @@ impl Reply {
 #[derive(Clone, Debug, Default)]
 pub struct Kv {
     map: BTreeMap<Vec<u8>, Entry>,
-    /// The XOR of the hashes of the entries not in `unhashed`.
+    /// The XOR of the hashes of the entries that have one.
     hashed: Digest,
-    /// Keys written since the digest was last asked for: their entries are not hashed yet.
-    unhashed: BTreeSet<Vec<u8>>,
+    /// How many entries were written since the digest was last asked for: they have no
+    /// hash yet.
+    unhashed: usize,
 }
 
 /// Equal entries are equal stores, however far each has hashed them.
@@ -293,47 +294,38 @@ impl Kv {
     }
 
     fn insert(&mut self, key: Vec<u8>, value: Vec<u8>) -> Option<Vec<u8>> {
-        let entry = Entry { value, hash: None };
-        let old = match self.map.get_mut(&key) {
-            Some(e) => Some(std::mem::replace(e, entry)),
-            None => {
-                self.map.insert(key.clone(), entry);
-                None
-            }
-        };
-        match old.as_ref().map(|o| o.hash) {
-            // Written since the digest last hashed: its key is noted already.
-            Some(None) => {}
-            Some(Some(hash)) => {
-                xor(&mut self.hashed, &hash);
-                self.unhashed.insert(key);
-            }
-            None => {
-                self.unhashed.insert(key);
-            }
-        }
-        old.map(|o| o.value)
+        self.unhashed += 1;
+        let old = self.map.insert(key, Entry { value, hash: None })?;
+        self.forget(old.hash);
+        Some(old.value)
     }
 
     fn remove(&mut self, key: &[u8]) -> Option<Vec<u8>> {
         let old = self.map.remove(key)?;
-        match old.hash {
-            Some(hash) => xor(&mut self.hashed, &hash),
-            None => {
-                self.unhashed.remove(key);
-            }
-        }
+        self.forget(old.hash);
         Some(old.value)
     }
 
+    /// Takes a replaced or removed entry out of the digest: its hash if the digest took it
+    /// in, else out of the count of entries it has yet to.
+    fn forget(&mut self, hash: Option<Digest>) {
+        match hash {
+            Some(hash) => xor(&mut self.hashed, &hash),
+            None => self.unhashed -= 1,
+        }
+    }
+
     /// A digest of the whole state ([module docs](self)): equal states have equal digests,
-    /// whatever writes led to them. Hashes the entries written since the last call.
+    /// whatever writes led to them. Hashes the entries written since the last call,
+    /// walking the store to find them.
     pub fn digest(&mut self) -> Digest {
-        for key in std::mem::take(&mut self.unhashed) {
-            let entry = self.map.get_mut(&key).expect("an unhashed key is in the map");
-            let hash = entry_hash(&key, &entry.value);
-            xor(&mut self.hashed, &hash);
-            entry.hash = Some(hash);
+        if self.unhashed > 0 {
+            for (key, entry) in self.map.iter_mut().filter(|(_, e)| e.hash.is_none()) {
+                let hash = entry_hash(key, &entry.value);
+                xor(&mut self.hashed, &hash);
+                entry.hash = Some(hash);
+            }
+            self.unhashed = 0;
         }
         self.hashed
     }
