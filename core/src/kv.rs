@@ -225,8 +225,7 @@ pub struct Kv {
 /// Equal entries are equal stores, however far each has hashed them.
 impl PartialEq for Kv {
     fn eq(&self, other: &Self) -> bool {
-        self.map.len() == other.map.len()
-            && self.map.iter().zip(&other.map).all(|((k, a), (l, b))| k == l && a.value == b.value)
+        self.entries().eq(other.entries())
     }
 }
 
@@ -330,6 +329,11 @@ impl Kv {
         self.hashed
     }
 
+    /// Every key with its value, in key order.
+    fn entries(&self) -> impl Iterator<Item = (&Vec<u8>, &Vec<u8>)> {
+        self.map.iter().map(|(k, e)| (k, &e.value))
+    }
+
     pub fn get(&self, key: &[u8]) -> Option<&[u8]> {
         self.map.get(key).map(|e| e.value.as_slice())
     }
@@ -345,9 +349,9 @@ impl Kv {
     /// The canonical encoding of the whole state.
     pub fn snapshot(&self) -> Vec<u8> {
         let mut out = Vec::new();
-        for (k, e) in &self.map {
+        for (k, v) in self.entries() {
             field(&mut out, k);
-            field(&mut out, &e.value);
+            field(&mut out, v);
         }
         out
     }
