@@ -128,16 +128,15 @@ impl BlsPublicKey {
 }
 
 /// Aggregates signatures (on the same message, for [`fast_aggregate_verify`]). None if
-/// empty or any is not a valid, non-identity point of the signature group.
+/// empty or any is not a point of the curve. The points are not checked to be in the
+/// signature group, as the IETF scheme's `Aggregate` does not: what an aggregate proves
+/// rests on its verification, which checks the sum (one subgroup check, where one per
+/// signature cost a tenth of a checkpoint's BLS time).
 pub fn aggregate(mode: CryptoMode, sigs: &[BlsSignature]) -> Option<BlsSignature> {
     let (first, rest) = sigs.split_first()?;
     match mode {
         CryptoMode::Real => {
-            let parse = |s: &BlsSignature| {
-                let sig = Signature::uncompress(&s.0).ok()?;
-                sig.validate(true).ok()?;
-                Some(sig)
-            };
+            let parse = |s: &BlsSignature| Signature::uncompress(&s.0).ok();
             let mut acc = AggregateSignature::from_signature(&parse(first)?);
             for s in rest {
                 acc.add_signature(&parse(s)?, false).ok()?;
@@ -624,9 +623,11 @@ mod tests {
                 assert!(!pk.verify(mode, b"m", &bad), "{mode:?} {bad:?}");
                 assert!(!pk.validate_with_pop(mode, &bad), "{mode:?} {bad:?}");
                 assert!(!fast_aggregate_verify(mode, &[pk], b"m", &bad), "{mode:?} {bad:?}");
-                if mode == CryptoMode::Real {
-                    assert_eq!(aggregate(mode, &[bad]), None, "{bad:?}");
-                    assert_eq!(aggregate(mode, &[good, bad]), None, "{bad:?}");
+                // An aggregate that takes it in never verifies.
+                for sigs in [vec![bad], vec![good, bad], vec![bad, good]] {
+                    let agg = aggregate(mode, &sigs);
+                    let pks = vec![pk; sigs.len()];
+                    assert!(agg.is_none_or(|agg| !fast_aggregate_verify(mode, &pks, b"m", &agg)), "{mode:?} {bad:?}");
                 }
             }
         }
