@@ -101,7 +101,7 @@ impl Default for Params {
             batch_max_count: 1000,
             batch_max_bytes: 128 << 10,
             batch_timeout_ns: 1_000_000,
-            checkpoint_interval: 64,
+            checkpoint_interval: 128,
             pipeline: 16,
             request_timeout_ns: 500_000_000,
             client_queue: 256,

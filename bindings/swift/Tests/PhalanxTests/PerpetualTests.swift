@@ -231,7 +231,7 @@ final class PerpetualTests: XCTestCase {
     }
 
     /// A member of the target group is stopped while its group serves calls, after it
-    /// took part in checkpoints (every 64 batches, a call a batch here); restarted with a
+    /// took part in a checkpoint (every 128 batches, a call a batch here); restarted with a
     /// fresh Swift ledger, it takes its last stable checkpoint's Swift snapshot from its own
     /// storage through `restore`, catches up, and ends at the balance the others reached.
     func testARestartedMemberRestoresItsSwiftStateFromACheckpointAndCatchesUp() throws {
@@ -247,7 +247,7 @@ final class PerpetualTests: XCTestCase {
                 Thread.sleep(forTimeInterval: 0.02)
             }
         }
-        // Past three checkpoints: the one at 128 is stable at every member by then.
+        // More than half an interval past the checkpoint at 128: every member certified it.
         try waitFor("200 calls") { caller.done >= 200 }
         try members[4].stop()
         XCTAssertEqual(ledgers[3].state.restores, 0)
