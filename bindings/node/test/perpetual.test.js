@@ -181,6 +181,8 @@ test('a JavaScript ledger member in a group of phalanxd members, another ledger 
   const base = await freePortBlock(8);
   execFileSync(binary, ['keygen', '--protocol', 'perpetual', '--groups', '4,4', '--ops', '40', '--dir', dir, '--insecure-test-crypto', '--base-port', String(base), '--metrics-base-port', '0'], { timeout: 60_000 });
   const config = path.join(dir, 'cluster.toml');
+  // Checkpoints within the 80 batches served (by default one every 128).
+  fs.writeFileSync(config, fs.readFileSync(config, 'utf8').replace('[params]\n', '[params]\ncheckpoint_interval = 32\n'));
   const cluster = phalanx.ClusterFile.load(config);
   // Member 6, a ledger member, stays down: the ledger group's checkpoints need the
   // JavaScript member's vote, so they become stable only if its executor state is

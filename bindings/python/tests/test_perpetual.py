@@ -250,6 +250,8 @@ def test_a_python_ledger_member_in_a_group_of_phalanxd_members(phalanxd, tmp_pat
         check=True, capture_output=True, timeout=60,
     )
     config = tmp_path / "cluster.toml"
+    # Checkpoints within the 80 batches served (by default one every 128).
+    config.write_text(config.read_text().replace("[params]\n", "[params]\ncheckpoint_interval = 32\n", 1))
     cluster = phalanx.load_cluster(config)
     procs = []
     try:
