@@ -8,7 +8,9 @@ use std::fmt;
 use prost::Message;
 
 use crate::NodeId;
-use crate::crypto::{BlsPublicKey, BlsSecretKey, BlsSignature, CryptoMode, MacKey, bls_key_material, pairwise_mac_key};
+use crate::crypto::{
+    BlsBackend, BlsPublicKey, BlsSecretKey, BlsSignature, CryptoMode, MacKey, bls_key_material, pairwise_mac_key,
+};
 pub use crate::role::{Protocol, Role};
 use crate::wire::{Keyring, pb};
 
@@ -325,15 +327,7 @@ impl ClusterConfig {
 
     /// Each of `nodes`' BLS key with its proof of possession (a pairing check each).
     pub fn verify_keys<'a>(&self, nodes: impl IntoIterator<Item = &'a NodeInfo>) -> Result<(), ConfigError> {
-        for node in nodes {
-            if !node.bls_public_key.validate_with_pop(self.crypto, &node.bls_pop) {
-                return err(format!(
-                    "node {}: BLS public key is invalid or its proof of possession does not verify",
-                    node.id
-                ));
-            }
-        }
-        Ok(())
+        verify_keys_by(nodes, |pk, pop| pk.validate_with_pop(self.crypto, pop))
     }
 
     /// The rules on f, the number of replicas and the parameters, without the keys: what a
@@ -495,6 +489,19 @@ impl Params {
     }
 }
 
+/// Each of `nodes`' BLS key with its proof of possession, by `check`.
+fn verify_keys_by<'a>(
+    nodes: impl IntoIterator<Item = &'a NodeInfo>,
+    check: impl Fn(&BlsPublicKey, &BlsSignature) -> bool,
+) -> Result<(), ConfigError> {
+    match nodes.into_iter().find(|node| !check(&node.bls_public_key, &node.bls_pop)) {
+        Some(node) => {
+            err(format!("node {}: BLS public key is invalid or its proof of possession does not verify", node.id))
+        }
+        None => Ok(()),
+    }
+}
+
 impl NodeConfig {
     /// The MAC keys this node seals and opens frames with.
     pub fn keyring(&self) -> Keyring {
@@ -549,6 +556,25 @@ impl NodeConfig {
     /// Decodes and validates a node's configuration ([`NodeConfig::validate`]: of the
     /// cluster's BLS keys, only those the node relies on are checked).
     pub fn decode(bytes: &[u8]) -> Result<Self, ConfigError> {
+        let cfg = NodeConfig::decode_fields(bytes)?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// [`NodeConfig::decode`] with the proofs of possession checked by `backend` (a
+    /// sandboxed core's host, natively), unless the cluster's crypto is insecure.
+    pub fn decode_by(bytes: &[u8], backend: &dyn BlsBackend) -> Result<Self, ConfigError> {
+        let cfg = NodeConfig::decode_fields(bytes)?;
+        if cfg.cluster.crypto != CryptoMode::Real {
+            cfg.validate()?;
+            return Ok(cfg);
+        }
+        cfg.validate_trusting_keys()?;
+        verify_keys_by(cfg.keys_relied_on(), |pk, pop| backend.validate_with_pop(pk, pop))?;
+        Ok(cfg)
+    }
+
+    fn decode_fields(bytes: &[u8]) -> Result<Self, ConfigError> {
         let pb = pb::NodeConfig::decode(bytes)
             .map_err(|e| ConfigError(format!("node configuration is not valid protobuf: {e}")))?;
         let cluster = ClusterConfig::from_pb(pb.cluster.unwrap_or_default())?;
@@ -566,14 +592,12 @@ impl NodeConfig {
             .as_slice()
             .try_into()
             .map_err(|_| ConfigError("bls_secret_key must be 32 bytes".into()))?;
-        let cfg = NodeConfig {
+        Ok(NodeConfig {
             bls_secret: BlsSecretKey::from_key_material(cluster.crypto, &material),
             cluster,
             id: pb.id,
             mac_keys,
-        };
-        cfg.validate()?;
-        Ok(cfg)
+        })
     }
 
     pub fn encode(&self) -> Vec<u8> {

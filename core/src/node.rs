@@ -823,17 +823,21 @@ impl Node {
 
     /// From an encoded `NodeConfig` (what keygen writes and bindings pass).
     pub fn from_config_bytes(bytes: &[u8]) -> Result<Node, ConfigError> {
-        Node::new(NodeConfig::decode(bytes)?)
+        // Decoding validates it.
+        Node::build(NodeConfig::decode(bytes)?)
+    }
+
+    /// [`Node::from_config_bytes`] running the node's BLS operations through `backend`
+    /// instead of the core's own code (a sandboxed core handing them to its host), the
+    /// proofs of possession checked now included. With insecure crypto, the core's own.
+    pub fn from_config_bytes_by(bytes: &[u8], backend: Box<dyn BlsBackend>) -> Result<Node, ConfigError> {
+        let mut node = Node::build(NodeConfig::decode_by(bytes, backend.as_ref())?)?;
+        node.ctx.bls = Some(backend);
+        Ok(node)
     }
 
     pub fn id(&self) -> NodeId {
         self.ctx.me()
-    }
-
-    /// Runs this node's BLS operations through `backend` instead of the core's own code
-    /// (a sandboxed core handing them to its host). No effect with insecure crypto.
-    pub fn set_bls_backend(&mut self, backend: Box<dyn BlsBackend>) {
-        self.ctx.bls = Some(backend);
     }
 
     pub fn role(&self) -> Role {

@@ -83,7 +83,7 @@ fn every_trace_replays_through_the_wasm_engine_as_through_the_native_core() {
 #[test]
 fn the_guest_imports_nothing_but_host_crypto() {
     for component in [common::component(), common::fault_injection_component()] {
-        assert_eq!(runtime(options(component)).imports(), ["phalanx:node/host-crypto@0.2.0"], "no WASI at all");
+        assert_eq!(runtime(options(component)).imports(), ["phalanx:node/host-crypto@0.3.0"], "no WASI at all");
     }
 }
 
@@ -91,8 +91,8 @@ fn the_guest_imports_nothing_but_host_crypto() {
 fn the_engine_reports_who_runs_bls() {
     let real = cluster(Protocol::Pbft, CryptoMode::Real, Params::default())[0].encode();
     let insecure = cluster(Protocol::Pbft, CryptoMode::InsecureTest, Params::default())[0].encode();
-    // No time per call: creating a node (which verifies every proof of possession
-    // in the guest's own code) has a budget of its own.
+    // No time per call: creating a node (which verifies the replicas' proofs of
+    // possession, in the guest's own code without host crypto) has a budget of its own.
     let tiny = |host_crypto| WasmOptions { host_crypto, ms_per_call: 0, ..options(common::component()) };
     let (with_host, without_host) = (runtime(tiny(true)), runtime(tiny(false)));
     let info = |rt: &WasmRuntime, config: &[u8]| rt.instantiate(config).unwrap_or_else(|e| panic!("{e}")).info();
@@ -106,6 +106,20 @@ fn the_engine_reports_who_runs_bls() {
         assert_eq!(info(rt, config).crypto, crypto);
     }
     assert_eq!(info(&with_host, &real).to_string(), "wasm engine, BLS run by host");
+}
+
+#[test]
+fn a_replica_key_whose_proof_of_possession_fails_is_refused_by_whoever_runs_bls() {
+    let mut config = cluster(Protocol::Pbft, CryptoMode::Real, Params::default()).swap_remove(0);
+    let nodes = &mut config.cluster.nodes;
+    // Replica 2's key with replica 1's proof: both well-formed, the pair false.
+    nodes[2].bls_pop = nodes[1].bls_pop;
+    let native = Node::new(config.clone()).err().expect("the native core refuses it").0;
+    assert!(native.contains("node 2: BLS public key is invalid or its proof of possession"), "{native}");
+    let without_host = runtime(WasmOptions { host_crypto: false, ..options(common::component()) });
+    for rt in [default_runtime(), &without_host] {
+        assert_eq!(rt.instantiate(&config.encode()).err(), Some(EngineFailure::Config(native.clone())));
+    }
 }
 
 /// One step of a machine: the result of `handle`, then every output, the deadline, the

@@ -14,3 +14,4 @@ export const sign = notOffered("sign");
 export const verify = notOffered("verify");
 export const aggregate = notOffered("aggregate");
 export const fastAggregateVerify = notOffered("fastAggregateVerify");
+export const verifyPossession = notOffered("verifyPossession");

@@ -45,7 +45,8 @@ impl CryptoMode {
 /// default the core's own code; a core inside a sandbox can hand them to its host, which
 /// runs them natively (the wasm engine's `host-crypto` import). Answers must be those of
 /// [`BlsSecretKey::sign`], [`BlsPublicKey::verify`], [`aggregate`] and
-/// [`fast_aggregate_verify`]: signatures are deterministic, so traces stay identical.
+/// [`fast_aggregate_verify`] and [`BlsPublicKey::validate_with_pop`]: signatures are
+/// deterministic, so traces stay identical.
 pub trait BlsBackend: Send + Sync {
     fn sign(&self, sk: &BlsSecretKey, msg: &[u8]) -> BlsSignature;
     /// `sig` on `msg` under `pk`, which has not been validated: the backend checks it.
@@ -54,6 +55,8 @@ pub trait BlsBackend: Send + Sync {
     fn aggregate(&self, sigs: &[BlsSignature]) -> Option<BlsSignature>;
     /// An aggregate by `pks` (validated with their proof of possession) on `msg`.
     fn fast_aggregate_verify(&self, pks: &[BlsPublicKey], msg: &[u8], agg: &BlsSignature) -> bool;
+    /// `pk` is a valid key and `pop` proves its possession (key registration).
+    fn validate_with_pop(&self, pk: &BlsPublicKey, pop: &BlsSignature) -> bool;
 }
 
 /// BLAKE3 digest.

@@ -136,6 +136,9 @@ struct Contender {
     best: Duration,
     /// CPU time of each timed run.
     cpu: Vec<Duration>,
+    /// Time to create the machine before each timed run (the config decoded, the keys it
+    /// relies on verified).
+    created: Vec<Duration>,
 }
 
 impl Contender {
@@ -145,6 +148,12 @@ impl Contender {
         cpu.sort_by(f64::total_cmp);
         let n = cpu.len();
         [cpu[n / 4], cpu[n / 2], cpu[(3 * n / 4).min(n - 1)]]
+    }
+
+    fn median_creation(&self) -> Duration {
+        let mut created = self.created.clone();
+        created.sort();
+        created[created.len() / 2]
     }
 }
 
@@ -172,13 +181,21 @@ pub fn run(args: EngineBenchArgs) -> Result<(), String> {
         move || Ok(Box::new(rt.instantiate(&config).map_err(|e| e.to_string())?) as Box<dyn Engine>)
     };
     let mut contenders = [
-        Contender { name: "native", key: "native", make: Box::new(native), best: Duration::MAX, cpu: vec![] },
+        Contender {
+            name: "native",
+            key: "native",
+            make: Box::new(native),
+            best: Duration::MAX,
+            cpu: vec![],
+            created: vec![],
+        },
         Contender {
             name: "wasm, host crypto",
             key: "wasm-host",
             make: Box::new(in_wasm(with_host)),
             best: Duration::MAX,
             cpu: vec![],
+            created: vec![],
         },
         Contender {
             name: "wasm, guest crypto",
@@ -186,6 +203,7 @@ pub fn run(args: EngineBenchArgs) -> Result<(), String> {
             make: Box::new(in_wasm(without_host)),
             best: Duration::MAX,
             cpu: vec![],
+            created: vec![],
         },
     ];
     if let Some(only) = &args.only
@@ -212,7 +230,10 @@ pub fn run(args: EngineBenchArgs) -> Result<(), String> {
     eprintln!("every engine gives the native core's outputs, round by round ({outputs} outputs)");
     for round in 1..=args.rounds {
         for c in contenders.iter_mut().filter(|c| args.only.as_ref().is_none_or(|only| c.key == only)) {
-            let (engine, rounds) = ((c.make)()?, workload.rounds.clone());
+            let started = Instant::now();
+            let engine = (c.make)()?;
+            c.created.push(started.elapsed());
+            let rounds = workload.rounds.clone();
             let (took, cpu) = drive(engine, rounds, |_, o| {
                 std::hint::black_box(o);
                 Ok(())
@@ -233,8 +254,8 @@ pub fn run(args: EngineBenchArgs) -> Result<(), String> {
         args.rounds
     );
     println!(
-        "{:<20} {:>8} {:>10} {:>9} {:>9} {:>9} {:>19}",
-        "engine", "seconds", "inputs/s", "ops/s", "× native", "CPU s", "× native by CPU"
+        "{:<20} {:>8} {:>10} {:>9} {:>9} {:>9} {:>19} {:>10}",
+        "engine", "seconds", "inputs/s", "ops/s", "× native", "CPU s", "× native by CPU", "create ms"
     );
     // With --only, native may not have been timed: no ratio then.
     let native = (contenders[0].best < Duration::MAX).then(|| (contenders[0].best, contenders[0].cpu_quartiles()));
@@ -247,14 +268,15 @@ pub fn run(args: EngineBenchArgs) -> Result<(), String> {
             (format!("{:.2}", n.as_secs_f64() / s), format!("{:.2} ({spread})", nm / median))
         });
         println!(
-            "{:<20} {:>8.3} {:>10.0} {:>9.0} {:>9} {:>9.4} {:>19}",
+            "{:<20} {:>8.3} {:>10.0} {:>9.0} {:>9} {:>9.4} {:>19} {:>10.1}",
             c.name,
             s,
             inputs / s,
             ops / s,
             ratio,
             median,
-            cpu_ratio
+            cpu_ratio,
+            c.median_creation().as_secs_f64() * 1e3
         );
     }
     Ok(())

@@ -146,6 +146,13 @@ impl phalanx::node::host_crypto::Host for HostState {
         let (Some(keys), Ok(sig)) = (keys, <[u8; 96]>::try_from(signature)) else { return false };
         fast_aggregate_verify(CryptoMode::Real, &keys, &message, &BlsSignature(sig))
     }
+
+    fn verify_possession(&mut self, public_key: Vec<u8>, proof: Vec<u8>) -> bool {
+        let (Ok(pk), Ok(proof)) = (<[u8; 48]>::try_from(public_key), <[u8; 96]>::try_from(proof)) else {
+            return false;
+        };
+        BlsPublicKey(pk).validate_with_pop(CryptoMode::Real, &BlsSignature(proof))
+    }
 }
 
 impl ResourceLimiter for HostState {

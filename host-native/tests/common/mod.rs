@@ -1,8 +1,12 @@
-//! The wasm component for the tests, built once per test process by `scripts/build-wasm`.
+//! The wasm component for the tests, built once per test process by `scripts/build-wasm`
+//! and compiled.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
+
+use phalanx_host::engine::WasmOptions;
+use phalanx_host::engine::wasm::WasmRuntime;
 
 /// Runs `scripts/build-wasm ARGS` and returns the component path it prints last.
 fn build(args: &[&str]) -> PathBuf {
@@ -15,7 +19,14 @@ fn build(args: &[&str]) -> PathBuf {
         .expect("running scripts/build-wasm");
     assert!(out.status.success(), "scripts/build-wasm {args:?} failed:\n{}", String::from_utf8_lossy(&out.stderr));
     let stdout = String::from_utf8(out.stdout).unwrap();
-    PathBuf::from(stdout.lines().last().expect("scripts/build-wasm prints the component's path").trim())
+    let component =
+        PathBuf::from(stdout.lines().last().expect("scripts/build-wasm prints the component's path").trim());
+    // Compiled once here, and cached beside it: replicas a test starts read the compiled
+    // code, rather than compiling it each at once (tens of seconds on a loaded machine).
+    let options =
+        WasmOptions { component: component.clone(), ms_per_call: 10_000, memory_bytes: 1 << 30, host_crypto: true };
+    WasmRuntime::load(&options).unwrap_or_else(|e| panic!("{e}"));
+    component
 }
 
 /// The component `phalanxd run --engine wasm` runs.
