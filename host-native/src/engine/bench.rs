@@ -142,19 +142,17 @@ struct Contender {
 }
 
 impl Contender {
-    /// The median CPU time, and the quartiles around it.
-    fn cpu_quartiles(&self) -> [f64; 3] {
-        let mut cpu: Vec<f64> = self.cpu.iter().map(Duration::as_secs_f64).collect();
-        cpu.sort_by(f64::total_cmp);
-        let n = cpu.len();
-        [cpu[n / 4], cpu[n / 2], cpu[(3 * n / 4).min(n - 1)]]
+    fn new(name: &'static str, key: &'static str, make: Box<dyn Fn() -> Result<Box<dyn Engine>, String>>) -> Self {
+        Contender { name, key, make, best: Duration::MAX, cpu: vec![], created: vec![] }
     }
+}
 
-    fn median_creation(&self) -> Duration {
-        let mut created = self.created.clone();
-        created.sort();
-        created[created.len() / 2]
-    }
+/// The median of `samples` in seconds, and the quartiles around it.
+fn quartiles(samples: &[Duration]) -> [f64; 3] {
+    let mut s: Vec<f64> = samples.iter().map(Duration::as_secs_f64).collect();
+    s.sort_by(f64::total_cmp);
+    let n = s.len();
+    [s[n / 4], s[n / 2], s[(3 * n / 4).min(n - 1)]]
 }
 
 pub fn run(args: EngineBenchArgs) -> Result<(), String> {
@@ -181,30 +179,9 @@ pub fn run(args: EngineBenchArgs) -> Result<(), String> {
         move || Ok(Box::new(rt.instantiate(&config).map_err(|e| e.to_string())?) as Box<dyn Engine>)
     };
     let mut contenders = [
-        Contender {
-            name: "native",
-            key: "native",
-            make: Box::new(native),
-            best: Duration::MAX,
-            cpu: vec![],
-            created: vec![],
-        },
-        Contender {
-            name: "wasm, host crypto",
-            key: "wasm-host",
-            make: Box::new(in_wasm(with_host)),
-            best: Duration::MAX,
-            cpu: vec![],
-            created: vec![],
-        },
-        Contender {
-            name: "wasm, guest crypto",
-            key: "wasm-guest",
-            make: Box::new(in_wasm(without_host)),
-            best: Duration::MAX,
-            cpu: vec![],
-            created: vec![],
-        },
+        Contender::new("native", "native", Box::new(native)),
+        Contender::new("wasm, host crypto", "wasm-host", Box::new(in_wasm(with_host))),
+        Contender::new("wasm, guest crypto", "wasm-guest", Box::new(in_wasm(without_host))),
     ];
     if let Some(only) = &args.only
         && !contenders.iter().any(|c| c.key == only)
@@ -258,9 +235,9 @@ pub fn run(args: EngineBenchArgs) -> Result<(), String> {
         "engine", "seconds", "inputs/s", "ops/s", "× native", "CPU s", "× native by CPU", "create ms"
     );
     // With --only, native may not have been timed: no ratio then.
-    let native = (contenders[0].best < Duration::MAX).then(|| (contenders[0].best, contenders[0].cpu_quartiles()));
+    let native = (contenders[0].best < Duration::MAX).then(|| (contenders[0].best, quartiles(&contenders[0].cpu)));
     for c in contenders.iter().filter(|c| c.best < Duration::MAX) {
-        let (s, [q1, median, q3]) = (c.best.as_secs_f64(), c.cpu_quartiles());
+        let (s, [q1, median, q3]) = (c.best.as_secs_f64(), quartiles(&c.cpu));
         let (ratio, cpu_ratio) = native.map_or(("-".into(), "-".into()), |(n, [n1, nm, n3])| {
             // The spread: the slow quartile of this engine against the fast one of native,
             // and the other way round.
@@ -276,7 +253,7 @@ pub fn run(args: EngineBenchArgs) -> Result<(), String> {
             ratio,
             median,
             cpu_ratio,
-            c.median_creation().as_secs_f64() * 1e3
+            quartiles(&c.created)[1] * 1e3
         );
     }
     Ok(())
