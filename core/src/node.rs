@@ -13,7 +13,7 @@ use crate::config::{ConfigError, NodeConfig, Role};
 use crate::crypto::{BlsBackend, BlsPublicKey, BlsSignature, CryptoMode, aggregate, fast_aggregate_verify};
 use crate::quorum::Quorums;
 use crate::role::{self, RoleMachine};
-use crate::wire::{self, Keyring, Unsealed, pb};
+use crate::wire::{self, BodyDigests, Keyring, Unsealed, pb};
 
 pub type NodeId = u32;
 /// Nanoseconds from the host's monotonic clock.
@@ -351,6 +351,9 @@ enum Queued {
 pub(crate) struct Ctx {
     pub cfg: NodeConfig,
     pub keys: Keyring,
+    /// Long bodies sent or received lately, with their digests: the MACs over each are
+    /// computed from one hash.
+    digests: BodyDigests,
     /// The replicas' ids in ascending order (pub/sub: the first 2f+1 form the Chain).
     pub replicas: Vec<NodeId>,
     /// The replicas other than this node, for sending to all of them without a fresh list.
@@ -496,7 +499,7 @@ impl Ctx {
         if *queued == 0 {
             self.sends_out.remove(&to);
         }
-        Some(Output::Send { to, bytes: wire::seal(&self.keys, bodies) })
+        Some(Output::Send { to, bytes: wire::seal(&self.keys, &mut self.digests, bodies) })
     }
 
     pub fn fault(&mut self, node: NodeId, kind: FaultKind) {
@@ -805,6 +808,7 @@ impl Node {
             replicas,
             other_replicas,
             keys,
+            digests: BodyDigests::default(),
             cfg,
             stats: Stats::default(),
             counters: Status::default(),
@@ -899,7 +903,7 @@ impl Node {
             return self.role.on_unkeyed(&mut self.ctx, now, from, bytes);
         }
         let max = self.ctx.cfg.cluster.params.max_message_bytes;
-        let opened = wire::open(&self.ctx.keys, from, bytes, max);
+        let opened = wire::open(&self.ctx.keys, &mut self.ctx.digests, from, bytes, max);
         // The hop MAC was checked unless the frame failed before (size, decoding, sender).
         if matches!(opened, Ok(_) | Err(FaultKind::BadMac)) {
             self.ctx.counters.macs_verified += 1;

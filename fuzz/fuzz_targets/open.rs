@@ -3,7 +3,7 @@
 //! for every frame that opens.
 #![no_main]
 
-use phalanx_core::wire::{self, Keyring};
+use phalanx_core::wire::{self, BodyDigests, Keyring};
 use phalanx_fuzz_harness::{pbft, pubsub};
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
@@ -12,7 +12,8 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
         let cfg = &cluster.configs[0];
         let keys = Keyring::new(cfg.cluster.crypto, cfg.id, cfg.mac_keys.clone());
         let authentic = wire::authentic(&keys, from as u32, bytes);
-        if let Ok(bodies) = wire::open(&keys, from as u32, bytes.to_vec(), cfg.cluster.params.max_message_bytes) {
+        let max = cfg.cluster.params.max_message_bytes;
+        if let Ok(bodies) = wire::open(&keys, &mut BodyDigests::default(), from as u32, bytes.to_vec(), max) {
             assert!(authentic, "a frame that opens is authentic");
             bodies.for_each(drop);
         }

@@ -16,7 +16,7 @@
 
 use crate::NodeId;
 use crate::quorum::Quorums;
-use crate::wire::{Keyring, pb};
+use crate::wire::{Covered, Keyring, pb};
 
 #[derive(Clone, Debug)]
 pub struct ChainPath {
@@ -80,10 +80,11 @@ impl ChainPath {
         checked: &mut u64,
     ) -> bool {
         let x = self.pos(keys.me, source);
+        let covered = Covered::of(keys.mode, body);
         (x.saturating_sub(self.f + 1)..x.saturating_sub(1)).all(|i| {
             let from = if i == 0 { source } else { self.member_at(i).expect("upstream positions are members") };
             *checked += 1;
-            keys.verify_from(from, body, macs)
+            keys.verify_covering(from, &covered, macs)
         })
     }
 
@@ -113,12 +114,15 @@ impl ChainPath {
                 })
                 .cloned(),
         );
+        // Hashed once for all the MACs, if any.
+        let covered = std::cell::OnceCell::new();
+        let covered = || covered.get_or_init(|| Covered::of(keys.mode, body));
         for j in x + 1..=(x + self.f + 1).min(self.dest_pos()) {
             match self.member_at(j) {
-                Some(member) if member != to => macs.extend(keys.mac_to(member, body)),
+                Some(member) if member != to => macs.extend(keys.mac_covering(member, covered())),
                 Some(_) => {}
                 None if to_dest => {}
-                None => macs.extend(destinations.iter().filter_map(|&d| keys.mac_to(d, body))),
+                None => macs.extend(destinations.iter().filter_map(|&d| keys.mac_covering(d, covered()))),
             }
         }
     }

@@ -2,20 +2,22 @@
 //! authenticated `Frame` around every message between nodes.
 //!
 //! A frame's MAC entries each authenticate
-//! `body || from (u32 LE) || to (u32 LE) || zeros || len(body) (u64 LE)` under the frame
-//! key of `from` and `to`, derived from their pairwise key K as
-//! keyed-BLAKE3(K, "phalanx/v1/mac"): the domain lives in the key, so it costs nothing per
-//! MAC. The length comes last and fixes where the body ends, so no two different
-//! (from, to, body) triples share an input, and a tag for A→B is not a tag for B→A
-//! although the key is shared. `zeros` is empty for an input of one BLAKE3 chunk (1 KiB)
-//! or less; a longer one is padded so that BLAKE3 hashes it in parallel ([`padded_len`]).
+//! `covered || from (u32 LE) || to (u32 LE) || len(body) (u64 LE)` under the frame key of
+//! `from` and `to`, derived from their pairwise key K as keyed-BLAKE3(K, "phalanx/v1/mac"):
+//! the domain lives in the key, so it costs nothing per MAC. `covered` is the body itself
+//! while the input fits in one BLAKE3 chunk (1 KiB), and the body's BLAKE3 digest beyond
+//! ([`Covered`]): a long body sent to several peers, or received alike from several (a
+//! client's replies), is hashed once, and each MAC costs one compression. The length
+//! comes last and fixes where the body ends, and tells a digest from a body (a digest
+//! covers more than a chunk's worth), so no two different (from, to, body) triples share
+//! an input, and a tag for A→B is not a tag for B→A although the key is shared.
 
 use std::collections::BTreeMap;
 
 use bytes::Bytes;
 use prost::Message;
 
-use crate::crypto::{CryptoMode, MacKey, MacTag};
+use crate::crypto::{CryptoMode, Digest, MacKey, MacTag};
 use crate::{FaultKind, NodeId};
 
 /// Generated protobuf types.
@@ -46,13 +48,15 @@ struct PeerKeys {
     result: MacKey,
 }
 
+/// One BLAKE3 chunk: MAC inputs up to this long cover the body itself.
+const CHUNK: usize = 1024;
+
 /// BLAKE3 hashes whole 1 KiB chunks in parallel groups of 8, 4 or 2, and a partial or
-/// leftover single chunk sequentially, several times slower per byte. A MAC input longer
-/// than a chunk is zero-padded to whole chunks, and a remainder beyond groups of 8 that
-/// would need three sequential steps to one group of 4 or 8: a 7 KB bundle then costs
-/// 2.1 µs instead of 3.9 µs.
+/// leftover single chunk sequentially, several times slower per byte. A digested body is
+/// zero-padded to whole chunks, and a remainder beyond groups of 8 that would need three
+/// sequential steps to one group of 4 or 8: a 7 KB bundle then costs 2.1 µs instead of
+/// 3.9 µs.
 fn padded_len(len: usize) -> usize {
-    const CHUNK: usize = 1024;
     if len <= CHUNK {
         return len;
     }
@@ -68,14 +72,73 @@ fn padded_len(len: usize) -> usize {
 /// Enough for any padding [`padded_len`] adds: under four chunks.
 static ZEROS: [u8; 4096] = [0; 4096];
 
-/// The MAC input for `body` from `from` to `to`, as the parts [`MacKey::tag`] hashes.
-fn mac_input<'a>(from: NodeId, to: NodeId, body: &'a [u8], ends: &'a mut [u8; 16]) -> [&'a [u8]; 4] {
+/// What a MAC entry authenticates of a body: the body itself while the MAC input fits in
+/// one chunk, or else its digest (BLAKE3 of `body || zeros || len(body) (u64 LE)`,
+/// padded as [`padded_len`] says). Test crypto covers bodies whole.
+#[derive(Clone, Copy, Debug)]
+pub enum Covered<'a> {
+    Whole(&'a [u8]),
+    Digest { len: usize, digest: Digest },
+}
+
+impl<'a> Covered<'a> {
+    pub fn of(mode: CryptoMode, body: &'a [u8]) -> Self {
+        if !digested(mode, body.len()) {
+            return Covered::Whole(body);
+        }
+        let len = (body.len() as u64).to_le_bytes();
+        let zeros = padded_len(body.len() + len.len()) - body.len() - len.len();
+        Covered::Digest { len: body.len(), digest: crate::crypto::digest(&[body, &ZEROS[..zeros], &len].concat()) }
+    }
+}
+
+fn digested(mode: CryptoMode, len: usize) -> bool {
+    mode == CryptoMode::Real && len + 16 > CHUNK
+}
+
+/// How many digests [`BodyDigests`] keeps.
+const RECENT_DIGESTS: usize = 4;
+
+/// The digests of the last few long bodies a node sent or received, with the bodies: a
+/// body multicast goes to each receiver as the same `Bytes`, and the replies of replicas
+/// that agree are equal byte for byte, so each is hashed once. A body counts as seen only
+/// if its bytes are equal, never by address alone.
+#[derive(Debug, Default)]
+pub struct BodyDigests {
+    recent: [Option<(Bytes, Digest)>; RECENT_DIGESTS],
+    next: usize,
+}
+
+impl BodyDigests {
+    /// What MACs over `body` cover, hashed here only if it was not seen lately.
+    pub fn cover<'a>(&mut self, mode: CryptoMode, body: &'a Bytes) -> Covered<'a> {
+        if !digested(mode, body.len()) {
+            return Covered::Whole(body);
+        }
+        let seen = |b: &Bytes| b.len() == body.len() && (b.as_ptr() == body.as_ptr() || b == body);
+        if let Some((_, digest)) = self.recent.iter().flatten().find(|(b, _)| seen(b)) {
+            return Covered::Digest { len: body.len(), digest: *digest };
+        }
+        let covered = Covered::of(mode, body);
+        if let Covered::Digest { digest, .. } = covered {
+            self.recent[self.next] = Some((body.clone(), digest));
+            self.next = (self.next + 1) % RECENT_DIGESTS;
+        }
+        covered
+    }
+}
+
+/// The MAC input for `covered` from `from` to `to`, as the parts [`MacKey::tag`] hashes.
+fn mac_input<'a>(from: NodeId, to: NodeId, covered: &'a Covered<'a>, ends: &'a mut [u8; 16]) -> [&'a [u8]; 3] {
+    let (covered, len) = match covered {
+        Covered::Whole(body) => (*body, body.len()),
+        Covered::Digest { len, digest } => (&digest[..], *len),
+    };
     ends[..4].copy_from_slice(&from.to_le_bytes());
     ends[4..8].copy_from_slice(&to.to_le_bytes());
-    ends[8..].copy_from_slice(&(body.len() as u64).to_le_bytes());
-    let zeros = padded_len(body.len() + ends.len()) - body.len() - ends.len();
+    ends[8..].copy_from_slice(&(len as u64).to_le_bytes());
     let (ids, len) = ends.split_at(8);
-    [body, ids, &ZEROS[..zeros], len]
+    [covered, ids, len]
 }
 
 impl Keyring {
@@ -98,12 +161,23 @@ impl Keyring {
 
     /// The MAC entry from this node to `to` over `body`; `None` if we share no key.
     pub fn mac_to(&self, to: NodeId, body: &[u8]) -> Option<pb::Mac> {
-        self.tag_to(to, body, |k| &k.frame)
+        self.mac_covering(to, &Covered::of(self.mode, body))
+    }
+
+    /// The MAC entry from this node to `to` over a body of which MACs cover `covered`: for
+    /// one body to several receivers, hashed once.
+    pub fn mac_covering(&self, to: NodeId, covered: &Covered) -> Option<pb::Mac> {
+        self.tag_to(to, covered, |k| &k.frame)
     }
 
     /// Whether `macs` holds a valid entry from `from` to this node over `body`.
     pub fn verify_from(&self, from: NodeId, body: &[u8], macs: &[pb::Mac]) -> bool {
-        self.verify_with(from, body, macs, |k| &k.frame)
+        self.verify_covering(from, &Covered::of(self.mode, body), macs)
+    }
+
+    /// [`Keyring::verify_from`] for a body of which MACs cover `covered`.
+    pub fn verify_covering(&self, from: NodeId, covered: &Covered, macs: &[pb::Mac]) -> bool {
+        self.verify_with(from, covered, macs, |k| &k.frame)
     }
 
     /// A PBFT client's authenticator for `replicas` over a `Requests` body: one entry per
@@ -111,37 +185,38 @@ impl Keyring {
     /// many replicas there are.
     pub fn request_authenticator(&self, replicas: impl IntoIterator<Item = NodeId>, body: &[u8]) -> Vec<pb::Mac> {
         let digest = blake3::hash(body);
-        replicas.into_iter().filter_map(|to| self.tag_to(to, digest.as_bytes(), |k| &k.request)).collect()
+        let covered = Covered::Whole(digest.as_bytes());
+        replicas.into_iter().filter_map(|to| self.tag_to(to, &covered, |k| &k.request)).collect()
     }
 
     /// Whether a `Requests` authenticator holds a valid entry from client `from` to this
     /// node over `body`.
     pub fn verify_request_from(&self, from: NodeId, body: &[u8], macs: &[pb::Mac]) -> bool {
-        self.verify_with(from, blake3::hash(body).as_bytes(), macs, |k| &k.request)
+        self.verify_with(from, &Covered::Whole(blake3::hash(body).as_bytes()), macs, |k| &k.request)
     }
 
     /// Perpetual: this target member's MAC entry for caller member `to` over a result
     /// statement.
     pub fn result_mac_to(&self, to: NodeId, statement: &[u8]) -> Option<pb::Mac> {
-        self.tag_to(to, statement, |k| &k.result)
+        self.tag_to(to, &Covered::of(self.mode, statement), |k| &k.result)
     }
 
     /// Perpetual: whether `macs` holds a valid entry from target member `from` to this
     /// node over a result statement.
     pub fn verify_result_from(&self, from: NodeId, statement: &[u8], macs: &[pb::Mac]) -> bool {
-        self.verify_with(from, statement, macs, |k| &k.result)
+        self.verify_with(from, &Covered::of(self.mode, statement), macs, |k| &k.result)
     }
 
-    fn tag_to(&self, to: NodeId, body: &[u8], key: impl Fn(&PeerKeys) -> &MacKey) -> Option<pb::Mac> {
-        let tag: MacTag = key(self.keys.get(&to)?).tag(self.mode, &mac_input(self.me, to, body, &mut [0; 16]));
+    fn tag_to(&self, to: NodeId, covered: &Covered, key: impl Fn(&PeerKeys) -> &MacKey) -> Option<pb::Mac> {
+        let tag: MacTag = key(self.keys.get(&to)?).tag(self.mode, &mac_input(self.me, to, covered, &mut [0; 16]));
         Some(pb::Mac { from: self.me, to, tag: Bytes::copy_from_slice(&tag) })
     }
 
-    fn verify_with(&self, from: NodeId, body: &[u8], macs: &[pb::Mac], key: impl Fn(&PeerKeys) -> &MacKey) -> bool {
+    fn verify_with(&self, from: NodeId, covered: &Covered, macs: &[pb::Mac], key: impl Fn(&PeerKeys) -> &MacKey) -> bool {
         let Some(keys) = self.keys.get(&from) else { return false };
         macs.iter()
             .find(|m| m.from == from && m.to == self.me)
-            .is_some_and(|m| key(keys).verify(self.mode, &mac_input(from, self.me, body, &mut [0; 16]), &m.tag))
+            .is_some_and(|m| key(keys).verify(self.mode, &mac_input(from, self.me, covered, &mut [0; 16]), &m.tag))
     }
 }
 
@@ -189,12 +264,18 @@ impl Iterator for Bodies {
 /// Decodes and authenticates a frame that the host received from `from`, and returns the
 /// bodies it carries. Total: any failure is a [`FaultKind`] naming what was wrong, never
 /// a panic.
-pub fn open(keys: &Keyring, from: NodeId, bytes: Vec<u8>, max_bytes: u32) -> Result<Bodies, FaultKind> {
+pub fn open(
+    keys: &Keyring,
+    digests: &mut BodyDigests,
+    from: NodeId,
+    bytes: Vec<u8>,
+    max_bytes: u32,
+) -> Result<Bodies, FaultKind> {
     if bytes.len() > max_bytes as usize {
         return Err(FaultKind::Oversized);
     }
     let frame = pb::Frame::decode(Bytes::from(bytes)).map_err(|_| FaultKind::Malformed)?;
-    match authenticate(keys, from, &frame)? {
+    match authenticate(keys, digests, from, &frame)? {
         Some(requests) => {
             let body = pb::body::Kind::Requests(requests);
             Ok(Bodies::Lone(Some(Opened { sender: from, body, raw_body: frame.body, macs: frame.macs })))
@@ -210,7 +291,8 @@ pub fn open(keys: &Keyring, from: NodeId, bytes: Vec<u8>, max_bytes: u32) -> Res
 pub fn authentic(keys: &Keyring, from: NodeId, bytes: &[u8]) -> bool {
     // Frames from a node without a key here (signed, not MAC'd) are not decoded at all.
     keys.keys.contains_key(&from)
-        && pb::Frame::decode(bytes).is_ok_and(|frame| authenticate(keys, from, &frame).is_ok())
+        && pb::Frame::decode(bytes)
+            .is_ok_and(|frame| authenticate(keys, &mut BodyDigests::default(), from, &frame).is_ok())
 }
 
 /// A frame that carries nothing, with this node's MAC for `to`: what a host sends first
@@ -226,12 +308,17 @@ pub fn proof(keys: &Keyring, to: NodeId) -> Option<Vec<u8>> {
 /// only as a client's own lone `Requests`, by its authenticator entry for this node (so a
 /// client hashes its requests once for every replica, not once more per frame): those
 /// are returned, decoded.
-fn authenticate(keys: &Keyring, from: NodeId, frame: &pb::Frame) -> Result<Option<pb::Requests>, FaultKind> {
+fn authenticate(
+    keys: &Keyring,
+    digests: &mut BodyDigests,
+    from: NodeId,
+    frame: &pb::Frame,
+) -> Result<Option<pb::Requests>, FaultKind> {
     if frame.sender != from {
         return Err(FaultKind::ForgedSender);
     }
     if !frame.macs.is_empty() {
-        return match keys.verify_from(from, &frame.body, &frame.macs) {
+        return match keys.verify_covering(from, &digests.cover(keys.mode, &frame.body), &frame.macs) {
             true => Ok(None),
             false => Err(FaultKind::BadMac),
         };
@@ -316,12 +403,12 @@ pub const BUNDLE_OVERHEAD: usize = 64;
 
 /// Seals bodies queued for one receiver into one frame, a lone body as itself and
 /// several as a [`pb::Bundle`], with this node's hop MAC to the receiver last.
-pub fn seal(keys: &Keyring, mut bodies: Vec<Unsealed>) -> Vec<u8> {
+pub fn seal(keys: &Keyring, digests: &mut BodyDigests, mut bodies: Vec<Unsealed>) -> Vec<u8> {
     let to = bodies.first().expect("something to seal").to;
     if bodies.len() == 1 {
         let Unsealed { body, mut macs, hop, .. } = bodies.pop().expect("one body");
         if hop {
-            macs.extend(keys.mac_to(to, &body));
+            macs.extend(keys.mac_covering(to, &digests.cover(keys.mode, &body)));
         }
         return frame(keys.me, &body, &macs);
     }
@@ -375,15 +462,17 @@ mod tests {
     }
 
     #[test]
-    fn long_mac_inputs_are_padded_before_the_length() {
+    fn long_bodies_are_macd_by_their_padded_digest() {
         let (a, b) = rings();
         let body = vec![0x42u8; 5000];
         let mac = a.mac_to(2, &body).unwrap();
-        // 5016 bytes of input make five chunks, hashed as eight.
-        let mut input = body.clone();
+        // 5008 bytes of digest input make five chunks, hashed as eight.
+        let mut padded = body.clone();
+        padded.resize(8 * 1024 - 8, 0);
+        padded.extend_from_slice(&5000u64.to_le_bytes());
+        let mut input = blake3::hash(&padded).as_bytes().to_vec();
         input.extend_from_slice(&1u32.to_le_bytes());
         input.extend_from_slice(&2u32.to_le_bytes());
-        input.resize(8 * 1024 - 8, 0);
         input.extend_from_slice(&5000u64.to_le_bytes());
         let key = pairwise_mac_key(&[9; 32], 1, 2);
         let frame_key = blake3::keyed_hash(key.as_bytes(), MAC_DOMAIN);
@@ -393,14 +482,39 @@ mod tests {
     }
 
     #[test]
+    fn a_remembered_digest_serves_equal_bytes_only() {
+        let (a, b) = rings();
+        let body = Bytes::from(vec![7u8; 3000]);
+        let mac = a.mac_to(2, &body).unwrap();
+        let mut digests = BodyDigests::default();
+        let check = |digests: &mut BodyDigests, body: &Bytes| {
+            b.verify_covering(1, &digests.cover(CryptoMode::Real, body), std::slice::from_ref(&mac))
+        };
+        assert!(check(&mut digests, &body));
+        // The same bytes in another buffer (a second replica's reply) hit; other bytes of
+        // the same length, even where the first ones were, do not.
+        assert!(check(&mut digests, &Bytes::from(body.to_vec())));
+        let mut other = body.to_vec();
+        other[2999] = 8;
+        assert!(!check(&mut digests, &Bytes::from(other)));
+        assert!(digests.recent.iter().flatten().count() == 2);
+        for i in 0..RECENT_DIGESTS {
+            digests.cover(CryptoMode::Real, &Bytes::from(vec![i as u8; 2000]));
+        }
+        assert!(digests.recent.iter().flatten().all(|(b, _)| b.len() == 2000));
+        assert!(check(&mut digests, &body));
+    }
+
+
+    #[test]
     fn sealed_frame_opens_at_the_receiver_only() {
         let (a, b) = rings();
-        let bytes = seal(&a, vec![queued(2, subscribe())]);
-        assert_eq!(bodies(open(&b, 1, bytes.clone(), 1 << 20).unwrap()), [subscribe()]);
+        let bytes = seal(&a, &mut BodyDigests::default(), vec![queued(2, subscribe())]);
+        assert_eq!(bodies(open(&b, &mut BodyDigests::default(), 1, bytes.clone(), 1 << 20).unwrap()), [subscribe()]);
         // The same tag does not authenticate the reverse direction.
         let frame = pb::Frame::decode(bytes.as_slice()).unwrap();
         let reversed = super::frame(2, &frame.body, &frame.macs);
-        assert_eq!(open(&a, 2, reversed, 1 << 20).unwrap_err(), FaultKind::BadMac);
+        assert_eq!(open(&a, &mut BodyDigests::default(), 2, reversed, 1 << 20).unwrap_err(), FaultKind::BadMac);
     }
 
     /// A host's check of who sent a frame agrees with the core's, without decoding what
@@ -410,7 +524,7 @@ mod tests {
         let (a, b) = rings();
         let proof = super::proof(&a, 2).expect("a key for node 2");
         assert!(authentic(&b, 1, &proof));
-        assert_eq!(bodies(open(&b, 1, proof.clone(), 1 << 20).expect("opens")), Vec::new());
+        assert_eq!(bodies(open(&b, &mut BodyDigests::default(), 1, proof.clone(), 1 << 20).expect("opens")), Vec::new());
         assert!(!authentic(&a, 1, &proof), "not a proof to its own sender");
         assert_eq!(super::proof(&a, 3), None, "no key for node 3");
     }
@@ -418,7 +532,7 @@ mod tests {
     #[test]
     fn authentic_frames_are_those_that_open() {
         let (a, b) = rings();
-        let bytes = seal(&a, vec![queued(2, subscribe())]);
+        let bytes = seal(&a, &mut BodyDigests::default(), vec![queued(2, subscribe())]);
         assert!(authentic(&b, 1, &bytes));
         assert!(!authentic(&b, 3, &bytes), "another sender's claim");
         assert!(!authentic(&a, 1, &bytes), "not a frame to its own sender");
@@ -427,7 +541,7 @@ mod tests {
         for i in 0..bytes.len() {
             let mut c = bytes.clone();
             c[i] ^= 0x20;
-            assert_eq!(authentic(&b, 1, &c), open(&b, 1, c, 1 << 20).is_ok(), "flip at {i}");
+            assert_eq!(authentic(&b, 1, &c), open(&b, &mut BodyDigests::default(), 1, c, 1 << 20).is_ok(), "flip at {i}");
         }
     }
 
@@ -439,7 +553,7 @@ mod tests {
             (0..3).map(|t| pb::body::Kind::Subscribe(pb::Subscribe { topics: vec![t] })).collect();
         let mut queue: Vec<Unsealed> = kinds.iter().map(|k| queued(2, k.clone())).collect();
         queue[1].macs.push(carried.clone());
-        let opened: Vec<Opened> = open(&b, 1, seal(&a, queue), 1 << 20).unwrap().map(Result::unwrap).collect();
+        let opened: Vec<Opened> = open(&b, &mut BodyDigests::default(), 1, seal(&a, &mut BodyDigests::default(), queue), 1 << 20).unwrap().map(Result::unwrap).collect();
         assert_eq!(opened.iter().map(|o| o.macs.clone()).collect::<Vec<_>>(), [vec![], vec![carried], vec![]]);
         assert_eq!(opened.into_iter().map(|o| o.body).collect::<Vec<_>>(), kinds);
 
@@ -447,26 +561,26 @@ mod tests {
         let inner = pb::BundledBody { body: encode_body(pb::body::Kind::Bundle(pb::Bundle::default())), macs: vec![] };
         let nested = encode_body(pb::body::Kind::Bundle(pb::Bundle { bodies: vec![inner] }));
         let bytes = frame(1, &nested, &[a.mac_to(2, &nested).unwrap()]);
-        let mut opened = open(&b, 1, bytes, 1 << 20).unwrap();
+        let mut opened = open(&b, &mut BodyDigests::default(), 1, bytes, 1 << 20).unwrap();
         assert_eq!(opened.next().unwrap().unwrap_err(), FaultKind::Malformed);
     }
 
     #[test]
     fn every_corruption_is_a_fault_not_a_panic() {
         let (a, b) = rings();
-        let lone = seal(&a, vec![queued(2, subscribe())]);
-        let bundle = seal(&a, vec![queued(2, subscribe()), queued(2, subscribe())]);
-        assert_eq!(open(&b, 3, lone.clone(), 1 << 20).unwrap_err(), FaultKind::ForgedSender);
-        assert_eq!(open(&b, 1, lone.clone(), 4).unwrap_err(), FaultKind::Oversized);
-        assert_eq!(open(&b, 1, vec![0xff; 9], 1 << 20).unwrap_err(), FaultKind::Malformed);
+        let lone = seal(&a, &mut BodyDigests::default(), vec![queued(2, subscribe())]);
+        let bundle = seal(&a, &mut BodyDigests::default(), vec![queued(2, subscribe()), queued(2, subscribe())]);
+        assert_eq!(open(&b, &mut BodyDigests::default(), 3, lone.clone(), 1 << 20).unwrap_err(), FaultKind::ForgedSender);
+        assert_eq!(open(&b, &mut BodyDigests::default(), 1, lone.clone(), 4).unwrap_err(), FaultKind::Oversized);
+        assert_eq!(open(&b, &mut BodyDigests::default(), 1, vec![0xff; 9], 1 << 20).unwrap_err(), FaultKind::Malformed);
         for bytes in [lone, bundle] {
             for i in 0..bytes.len() {
                 let mut c = bytes.clone();
                 c[i] ^= 0x20;
-                assert!(open(&b, 1, c, 1 << 20).is_err(), "flip at {i} accepted");
+                assert!(open(&b, &mut BodyDigests::default(), 1, c, 1 << 20).is_err(), "flip at {i} accepted");
             }
             for len in 0..bytes.len() {
-                assert!(open(&b, 1, bytes[..len].to_vec(), 1 << 20).is_err());
+                assert!(open(&b, &mut BodyDigests::default(), 1, bytes[..len].to_vec(), 1 << 20).is_err());
             }
         }
     }
@@ -483,13 +597,13 @@ mod tests {
     fn a_clients_own_requests_travel_without_a_hop_mac_under_their_authenticator() {
         let (a, b) = rings();
         let own = || Unsealed { hop: false, ..queued(2, requests(&a, 1)) };
-        let lone = seal(&a, vec![own()]);
+        let lone = seal(&a, &mut BodyDigests::default(), vec![own()]);
         assert!(pb::Frame::decode(&lone[..]).unwrap().macs.is_empty());
-        assert_eq!(bodies(open(&b, 1, lone.clone(), 1 << 20).unwrap()), [requests(&a, 1)]);
+        assert_eq!(bodies(open(&b, &mut BodyDigests::default(), 1, lone.clone(), 1 << 20).unwrap()), [requests(&a, 1)]);
         // Bundled, it travels under the bundle's hop MAC like any body.
-        let bundle = seal(&a, vec![own(), queued(2, subscribe())]);
+        let bundle = seal(&a, &mut BodyDigests::default(), vec![own(), queued(2, subscribe())]);
         assert_eq!(pb::Frame::decode(&bundle[..]).unwrap().macs.len(), 1);
-        assert_eq!(bodies(open(&b, 1, bundle, 1 << 20).unwrap()), [requests(&a, 1), subscribe()]);
+        assert_eq!(bodies(open(&b, &mut BodyDigests::default(), 1, bundle, 1 << 20).unwrap()), [requests(&a, 1), subscribe()]);
         // Without a hop MAC nothing else opens: requests naming another client, a body of
         // another kind, a changed authenticator entry or body, or a sender it is not from.
         let bare = |kind| frame(1, &encode_body(kind), &[]);
@@ -499,15 +613,15 @@ mod tests {
         r.authenticator[0].tag = Bytes::from(vec![0; 16]);
         tampered.body = Bytes::from(pb::RequestsBody { client: 1, first: 2, ..Default::default() }.encode_to_vec());
         for kind in [requests(&a, 3), subscribe(), forged, pb::body::Kind::Requests(tampered)] {
-            assert_eq!(open(&b, 1, bare(kind), 1 << 20).unwrap_err(), FaultKind::BadMac);
+            assert_eq!(open(&b, &mut BodyDigests::default(), 1, bare(kind), 1 << 20).unwrap_err(), FaultKind::BadMac);
         }
-        assert_eq!(open(&b, 3, lone.clone(), 1 << 20).unwrap_err(), FaultKind::ForgedSender);
+        assert_eq!(open(&b, &mut BodyDigests::default(), 3, lone.clone(), 1 << 20).unwrap_err(), FaultKind::ForgedSender);
         // It proves its sender to a host as a hop MAC would.
         assert!(authentic(&b, 1, &lone) && !authentic(&b, 3, &lone));
         for i in 0..lone.len() {
             let mut c = lone.clone();
             c[i] ^= 0x20;
-            assert!(!authentic(&b, 1, &c) && open(&b, 1, c, 1 << 20).is_err(), "flip at {i} accepted");
+            assert!(!authentic(&b, 1, &c) && open(&b, &mut BodyDigests::default(), 1, c, 1 << 20).is_err(), "flip at {i} accepted");
         }
     }
 }
