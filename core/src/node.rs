@@ -351,9 +351,9 @@ enum Queued {
 pub(crate) struct Ctx {
     pub cfg: NodeConfig,
     pub keys: Keyring,
-    /// Long bodies sent or received lately, with their digests: the MACs over each are
-    /// computed from one hash.
-    digests: BodyDigests,
+    /// Long bodies sent or received lately, and clients' requests verified lately, with
+    /// their digests: the MACs over each are computed from one hash.
+    pub digests: BodyDigests,
     /// The replicas' ids in ascending order (pub/sub: the first 2f+1 form the Chain).
     pub replicas: Vec<NodeId>,
     /// The replicas other than this node, for sending to all of them without a fresh list.

@@ -475,7 +475,7 @@ impl Replica {
                 return ctx.fault(from, FaultKind::Unexpected);
             }
             ctx.counters.macs_verified += 1;
-            if !bundle.authentic(&ctx.keys) {
+            if !bundle.authentic(&ctx.keys, &mut ctx.digests) {
                 return ctx.stats.stale += 1;
             }
         } else if bundle.client != from {
@@ -1354,7 +1354,7 @@ fn authenticate(
     }
     let bundle = Bundle::parse(r).filter(|b| submitter(ctx, b.client))?;
     ctx.counters.macs_verified += 1;
-    Some(if bundle.authentic(&ctx.keys) { Ok(Arc::new(bundle)) } else { Err(bundle) })
+    Some(if bundle.authentic(&ctx.keys, &mut ctx.digests) { Ok(Arc::new(bundle)) } else { Err(bundle) })
 }
 
 /// Whether `bundles` form a batch `cut_batch` could have made: within the caps on

@@ -4,7 +4,7 @@
 use bytes::Bytes;
 use prost::Message;
 
-use crate::wire::{Keyring, pb};
+use crate::wire::{BodyDigests, Keyring, pb};
 use crate::{NodeId, Operation};
 
 /// A parsed `Requests`: requests `first ..= last()` of `client`. Immutable once made, and
@@ -68,8 +68,8 @@ impl Bundle {
     }
 
     /// Whether the client's authenticator entry for this node verifies.
-    pub fn authentic(&self, keys: &Keyring) -> bool {
-        keys.verify_request_from(self.client, &self.body, &self.authenticator)
+    pub fn authentic(&self, keys: &Keyring, digests: &mut BodyDigests) -> bool {
+        keys.verify_request_from(self.client, &digests.request(&self.body), &self.authenticator)
     }
 
     pub fn to_pb(&self) -> pb::Requests {
@@ -114,16 +114,16 @@ mod tests {
         let requests: Vec<u64> = b.operations().map(|o| o.request).collect();
         assert_eq!(requests, [7, 8, 9]);
         for r in 0..4 {
-            assert!(b.authentic(&keyring(r)), "replica {r}");
+            assert!(b.authentic(&keyring(r), &mut BodyDigests::default()), "replica {r}");
         }
         // Not for a node outside the vector, nor as a frame MAC, nor over another body.
-        assert!(!b.authentic(&keyring(5)));
+        assert!(!b.authentic(&keyring(5), &mut BodyDigests::default()));
         assert!(!keyring(0).verify_from(4, &b.body, &b.authenticator));
         let mut other = Bundle::parse(b.to_pb()).unwrap();
         other.body = Bytes::from(
             pb::RequestsBody { client: 4, first: 8, ops: other.ops.clone(), completed_below: 0 }.encode_to_vec(),
         );
-        assert!(!other.authentic(&keyring(0)));
+        assert!(!other.authentic(&keyring(0), &mut BodyDigests::default()));
     }
 
     #[test]

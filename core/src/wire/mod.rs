@@ -12,7 +12,7 @@
 //! covers more than a chunk's worth), so no two different (from, to, body) triples share
 //! an input, and a tag for A→B is not a tag for B→A although the key is shared.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use bytes::Bytes;
 use prost::Message;
@@ -99,6 +99,14 @@ fn digested(mode: CryptoMode, len: usize) -> bool {
 /// How many digests [`BodyDigests`] keeps.
 const RECENT_DIGESTS: usize = 4;
 
+/// How many `Requests` digests [`BodyDigests`] keeps: a few batches' worth of bundles.
+const REQUEST_DIGESTS: usize = 256;
+
+/// The longest `Requests` body whose digest [`BodyDigests`] keeps, with a copy: so that
+/// the copies take at most 1 MiB. Longer ones are hashed in parallel chunks, at several
+/// times the speed per byte.
+const REQUEST_KEPT_BYTES: usize = 4096;
+
 /// The digests of the last few long bodies a node sent or received, with the bodies: a
 /// body multicast goes to each receiver as the same `Bytes`, and the replies of replicas
 /// that agree are equal byte for byte, so each is hashed once. A body counts as seen only
@@ -107,6 +115,12 @@ const RECENT_DIGESTS: usize = 4;
 pub struct BodyDigests {
     recent: [Option<(Bytes, Digest)>; RECENT_DIGESTS],
     next: usize,
+    /// Digests of `Requests` bodies lately verified, by client and first request, with a
+    /// copy of each: a PBFT backup often checks a client's requests in a PRE-PREPARE
+    /// before the client's own copy arrives, and then hashes that copy no more.
+    requests: BTreeMap<(NodeId, u64), (Vec<u8>, Digest)>,
+    /// The keys of `requests`, oldest first.
+    request_order: VecDeque<(NodeId, u64)>,
 }
 
 impl BodyDigests {
@@ -125,6 +139,30 @@ impl BodyDigests {
             self.next = (self.next + 1) % RECENT_DIGESTS;
         }
         covered
+    }
+
+    /// The BLAKE3 digest of a `Requests` body, which its authenticator's entries cover:
+    /// hashed here unless a body equal byte for byte with the same client and first
+    /// request was lately.
+    pub fn request(&mut self, body: &[u8]) -> Digest {
+        let Some(key) = crate::order::header(body).filter(|_| body.len() <= REQUEST_KEPT_BYTES) else {
+            return crate::crypto::digest(body);
+        };
+        if let Some((kept, digest)) = self.requests.get_mut(&key) {
+            if kept.as_slice() != body {
+                // Another body under the same numbers (a faulty node's): it replaces the copy.
+                *digest = crate::crypto::digest(body);
+                kept.clear();
+                kept.extend_from_slice(body);
+            }
+            return *digest;
+        }
+        if self.request_order.len() == REQUEST_DIGESTS {
+            let oldest = self.request_order.pop_front().expect("full");
+            self.requests.remove(&oldest);
+        }
+        self.request_order.push_back(key);
+        self.requests.entry(key).or_insert((body.to_vec(), crate::crypto::digest(body))).1
     }
 }
 
@@ -190,9 +228,9 @@ impl Keyring {
     }
 
     /// Whether a `Requests` authenticator holds a valid entry from client `from` to this
-    /// node over `body`.
-    pub fn verify_request_from(&self, from: NodeId, body: &[u8], macs: &[pb::Mac]) -> bool {
-        self.verify_with(from, &Covered::Whole(blake3::hash(body).as_bytes()), macs, |k| &k.request)
+    /// node over the body of digest `body` ([`BodyDigests::request`]).
+    pub fn verify_request_from(&self, from: NodeId, body: &Digest, macs: &[pb::Mac]) -> bool {
+        self.verify_with(from, &Covered::Whole(body), macs, |k| &k.request)
     }
 
     /// Perpetual: this target member's MAC entry for caller member `to` over a result
@@ -212,7 +250,13 @@ impl Keyring {
         Some(pb::Mac { from: self.me, to, tag: Bytes::copy_from_slice(&tag) })
     }
 
-    fn verify_with(&self, from: NodeId, covered: &Covered, macs: &[pb::Mac], key: impl Fn(&PeerKeys) -> &MacKey) -> bool {
+    fn verify_with(
+        &self,
+        from: NodeId,
+        covered: &Covered,
+        macs: &[pb::Mac],
+        key: impl Fn(&PeerKeys) -> &MacKey,
+    ) -> bool {
         let Some(keys) = self.keys.get(&from) else { return false };
         macs.iter()
             .find(|m| m.from == from && m.to == self.me)
@@ -325,7 +369,7 @@ fn authenticate(
     }
     let Ok(pb::body::Kind::Requests(r)) = decode_body(&frame.body) else { return Err(FaultKind::BadMac) };
     let client = crate::order::header(&r.body).map(|(client, _)| client);
-    if client != Some(from) || !keys.verify_request_from(from, &r.body, &r.authenticator) {
+    if client != Some(from) || !keys.verify_request_from(from, &digests.request(&r.body), &r.authenticator) {
         return Err(FaultKind::BadMac);
     }
     Ok(Some(r))
@@ -505,6 +549,40 @@ mod tests {
         assert!(check(&mut digests, &body));
     }
 
+    #[test]
+    fn a_remembered_request_digest_serves_the_same_body_only() {
+        let (a, b) = rings();
+        let requests = |first, op: Vec<u8>| {
+            let body = pb::RequestsBody { client: 1, first, ops: vec![op.into()], completed_below: 0 };
+            Bytes::from(body.encode_to_vec())
+        };
+        let body = requests(5, vec![1; 1000]);
+        let authenticator = a.request_authenticator([2], &body);
+        let mut digests = BodyDigests::default();
+        let verify =
+            |digests: &mut BodyDigests, body: &[u8]| b.verify_request_from(1, &digests.request(body), &authenticator);
+        assert!(verify(&mut digests, &body));
+        let kept = |digests: &BodyDigests, body: &[u8]| digests.requests.values().any(|(k, _)| k == body);
+        assert!(kept(&digests, &body));
+        // Another body with the same client and first request: hashed
+        // itself, never served the digest kept there.
+        let forged = requests(5, vec![2; 1000]);
+        assert!(!verify(&mut digests, &forged));
+        assert!(kept(&digests, &forged) && !kept(&digests, &body));
+        assert!(verify(&mut digests, &body));
+        let long = requests(6, vec![3; REQUEST_KEPT_BYTES]);
+        for body in [&body, &forged, &long, &Bytes::from_static(b"no requests")] {
+            assert_eq!(digests.request(body), crate::crypto::digest(body));
+            assert_eq!(digests.request(body), crate::crypto::digest(body));
+        }
+        assert!(!kept(&digests, &long));
+        // The oldest copies go first, so that at most a bounded number are kept.
+        for first in 10..10 + REQUEST_DIGESTS as u64 {
+            digests.request(&requests(first, vec![4; 10]));
+        }
+        assert_eq!(digests.requests.len(), REQUEST_DIGESTS);
+        assert!(!kept(&digests, &body) && kept(&digests, &requests(10, vec![4; 10])));
+    }
 
     #[test]
     fn sealed_frame_opens_at_the_receiver_only() {
@@ -524,7 +602,10 @@ mod tests {
         let (a, b) = rings();
         let proof = super::proof(&a, 2).expect("a key for node 2");
         assert!(authentic(&b, 1, &proof));
-        assert_eq!(bodies(open(&b, &mut BodyDigests::default(), 1, proof.clone(), 1 << 20).expect("opens")), Vec::new());
+        assert_eq!(
+            bodies(open(&b, &mut BodyDigests::default(), 1, proof.clone(), 1 << 20).expect("opens")),
+            Vec::new()
+        );
         assert!(!authentic(&a, 1, &proof), "not a proof to its own sender");
         assert_eq!(super::proof(&a, 3), None, "no key for node 3");
     }
@@ -541,7 +622,11 @@ mod tests {
         for i in 0..bytes.len() {
             let mut c = bytes.clone();
             c[i] ^= 0x20;
-            assert_eq!(authentic(&b, 1, &c), open(&b, &mut BodyDigests::default(), 1, c, 1 << 20).is_ok(), "flip at {i}");
+            assert_eq!(
+                authentic(&b, 1, &c),
+                open(&b, &mut BodyDigests::default(), 1, c, 1 << 20).is_ok(),
+                "flip at {i}"
+            );
         }
     }
 
@@ -553,7 +638,11 @@ mod tests {
             (0..3).map(|t| pb::body::Kind::Subscribe(pb::Subscribe { topics: vec![t] })).collect();
         let mut queue: Vec<Unsealed> = kinds.iter().map(|k| queued(2, k.clone())).collect();
         queue[1].macs.push(carried.clone());
-        let opened: Vec<Opened> = open(&b, &mut BodyDigests::default(), 1, seal(&a, &mut BodyDigests::default(), queue), 1 << 20).unwrap().map(Result::unwrap).collect();
+        let opened: Vec<Opened> =
+            open(&b, &mut BodyDigests::default(), 1, seal(&a, &mut BodyDigests::default(), queue), 1 << 20)
+                .unwrap()
+                .map(Result::unwrap)
+                .collect();
         assert_eq!(opened.iter().map(|o| o.macs.clone()).collect::<Vec<_>>(), [vec![], vec![carried], vec![]]);
         assert_eq!(opened.into_iter().map(|o| o.body).collect::<Vec<_>>(), kinds);
 
@@ -570,7 +659,10 @@ mod tests {
         let (a, b) = rings();
         let lone = seal(&a, &mut BodyDigests::default(), vec![queued(2, subscribe())]);
         let bundle = seal(&a, &mut BodyDigests::default(), vec![queued(2, subscribe()), queued(2, subscribe())]);
-        assert_eq!(open(&b, &mut BodyDigests::default(), 3, lone.clone(), 1 << 20).unwrap_err(), FaultKind::ForgedSender);
+        assert_eq!(
+            open(&b, &mut BodyDigests::default(), 3, lone.clone(), 1 << 20).unwrap_err(),
+            FaultKind::ForgedSender
+        );
         assert_eq!(open(&b, &mut BodyDigests::default(), 1, lone.clone(), 4).unwrap_err(), FaultKind::Oversized);
         assert_eq!(open(&b, &mut BodyDigests::default(), 1, vec![0xff; 9], 1 << 20).unwrap_err(), FaultKind::Malformed);
         for bytes in [lone, bundle] {
@@ -603,7 +695,10 @@ mod tests {
         // Bundled, it travels under the bundle's hop MAC like any body.
         let bundle = seal(&a, &mut BodyDigests::default(), vec![own(), queued(2, subscribe())]);
         assert_eq!(pb::Frame::decode(&bundle[..]).unwrap().macs.len(), 1);
-        assert_eq!(bodies(open(&b, &mut BodyDigests::default(), 1, bundle, 1 << 20).unwrap()), [requests(&a, 1), subscribe()]);
+        assert_eq!(
+            bodies(open(&b, &mut BodyDigests::default(), 1, bundle, 1 << 20).unwrap()),
+            [requests(&a, 1), subscribe()]
+        );
         // Without a hop MAC nothing else opens: requests naming another client, a body of
         // another kind, a changed authenticator entry or body, or a sender it is not from.
         let bare = |kind| frame(1, &encode_body(kind), &[]);
@@ -615,13 +710,19 @@ mod tests {
         for kind in [requests(&a, 3), subscribe(), forged, pb::body::Kind::Requests(tampered)] {
             assert_eq!(open(&b, &mut BodyDigests::default(), 1, bare(kind), 1 << 20).unwrap_err(), FaultKind::BadMac);
         }
-        assert_eq!(open(&b, &mut BodyDigests::default(), 3, lone.clone(), 1 << 20).unwrap_err(), FaultKind::ForgedSender);
+        assert_eq!(
+            open(&b, &mut BodyDigests::default(), 3, lone.clone(), 1 << 20).unwrap_err(),
+            FaultKind::ForgedSender
+        );
         // It proves its sender to a host as a hop MAC would.
         assert!(authentic(&b, 1, &lone) && !authentic(&b, 3, &lone));
         for i in 0..lone.len() {
             let mut c = lone.clone();
             c[i] ^= 0x20;
-            assert!(!authentic(&b, 1, &c) && open(&b, &mut BodyDigests::default(), 1, c, 1 << 20).is_err(), "flip at {i} accepted");
+            assert!(
+                !authentic(&b, 1, &c) && open(&b, &mut BodyDigests::default(), 1, c, 1 << 20).is_err(),
+                "flip at {i} accepted"
+            );
         }
     }
 }
