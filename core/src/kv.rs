@@ -348,7 +348,8 @@ impl Kv {
 
     /// The canonical encoding of the whole state.
     pub fn snapshot(&self) -> Vec<u8> {
-        let mut out = Vec::new();
+        // Sized up front: a state of megabytes would otherwise be copied as it grows.
+        let mut out = Vec::with_capacity(self.entries().map(|(k, v)| 8 + k.len() + v.len()).sum());
         for (k, v) in self.entries() {
             field(&mut out, k);
             field(&mut out, v);
