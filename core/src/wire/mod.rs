@@ -148,21 +148,27 @@ impl BodyDigests {
         let Some(key) = crate::order::header(body).filter(|_| body.len() <= REQUEST_KEPT_BYTES) else {
             return crate::crypto::digest(body);
         };
-        if let Some((kept, digest)) = self.requests.get_mut(&key) {
-            if kept.as_slice() != body {
-                // Another body under the same numbers (a faulty node's): it replaces the copy.
-                *digest = crate::crypto::digest(body);
-                kept.clear();
-                kept.extend_from_slice(body);
-            }
+        if let Some((kept, digest)) = self.requests.get(&key)
+            && kept.as_slice() == body
+        {
             return *digest;
         }
-        if self.request_order.len() == REQUEST_DIGESTS {
-            let oldest = self.request_order.pop_front().expect("full");
-            self.requests.remove(&oldest);
+        // New numbers, or another body under the same ones (a faulty node's, which
+        // replaces the copy): hashed, and kept in the oldest entry's buffer once full.
+        let digest = crate::crypto::digest(body);
+        let mut spare = None;
+        if !self.requests.contains_key(&key) {
+            if self.request_order.len() == REQUEST_DIGESTS {
+                let oldest = self.request_order.pop_front().expect("full");
+                spare = self.requests.remove(&oldest).map(|(buffer, _)| buffer);
+            }
+            self.request_order.push_back(key);
         }
-        self.request_order.push_back(key);
-        self.requests.entry(key).or_insert((body.to_vec(), crate::crypto::digest(body))).1
+        let (kept, kept_digest) = self.requests.entry(key).or_insert_with(|| (spare.unwrap_or_default(), digest));
+        kept.clear();
+        kept.extend_from_slice(body);
+        *kept_digest = digest;
+        digest
     }
 }
 
