@@ -298,6 +298,13 @@ fn seeds_found_by_the_sweep() {
     for (n_c, n_t, seed) in seeds {
         run(Scenario::adversarial(n_c, n_t, seed));
     }
+    // Found by `seeds` (compromised groups, drawn syncs) and rerun as it ran them. 9583:
+    // the faulty caller member had used number 6 for a lie, so its copy of call 6, let
+    // through with a correct member's, never executed; the others' were held back.
+    for (n_c, n_t, seed) in [(4, 4, 9583)] {
+        let result = sweep(n_c, n_t, seed..seed + 1, 25, Syncs::Drawn);
+        assert!(result.failures.is_empty(), "{}", result.failures.join("\n"));
+    }
 }
 
 /// Adversarial seeds, 1,000 per pair of group sizes (`PHALANX_SEEDS`, from

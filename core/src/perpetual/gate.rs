@@ -59,6 +59,11 @@ impl Gate {
     /// goes on again, alone: the PBFT drops it if it holds it still, and takes it again
     /// if it dropped it (its batches failed in two view changes); members send theirs
     /// again until the call is decided, and nothing else gets a dropped one ordered.
+    ///
+    /// A member counted after the release that sends its vote again (the call is still
+    /// undecided a retry later) gets its request through too, once: a faulty member's
+    /// released request may never execute (its number already used by one of its own
+    /// lies), and the f+1 must then come from members held back.
     pub fn hold(&mut self, key: CallKey, vote: Vote, bundle: Bundle, f: usize) -> Vec<Bundle> {
         let Vote { member, abort, value } = vote;
         let held = self.held.entry(key).or_default();
@@ -68,7 +73,12 @@ impl Gate {
             return vec![bundle];
         }
         if count == 0 {
-            return vec![];
+            let Some(released) = held.released.as_mut() else { return vec![] };
+            if released.iter().any(|&(client, _)| client == bundle.client) {
+                return vec![];
+            }
+            released.insert((bundle.client, bundle.first));
+            return vec![bundle];
         }
         let mut out = vec![];
         if held.released.is_none() && count <= f {
@@ -128,5 +138,46 @@ impl Gate {
     /// Calls with votes held.
     pub fn len(&self) -> usize {
         self.held.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn copy(member: NodeId, first: u64) -> (Vote, Bundle) {
+        let value = Bytes::from_static(b"op");
+        let ops = vec![value.clone()];
+        let bundle = Bundle {
+            client: member,
+            first,
+            completed_below: 0,
+            op_bytes: 2,
+            ops,
+            body: Bytes::new(),
+            authenticator: vec![],
+        };
+        (Vote { member, abort: false, value }, bundle)
+    }
+
+    fn hold(gate: &mut Gate, member: NodeId, first: u64) -> Vec<(NodeId, u64)> {
+        let (vote, bundle) = copy(member, first);
+        gate.hold((0, 6), vote, bundle, 1).iter().map(|b| (b.client, b.first)).collect()
+    }
+
+    #[test]
+    fn a_member_held_back_gets_its_request_through_when_it_sends_again() {
+        let mut gate = Gate::new(8);
+        assert_eq!(hold(&mut gate, 0, 6), vec![], "fewer than f+1 are held");
+        assert_eq!(hold(&mut gate, 0, 6), vec![], "a resend before the release stays held");
+        assert_eq!(hold(&mut gate, 1, 6), vec![(0, 6), (1, 6)], "f+1 go together");
+        assert_eq!(hold(&mut gate, 2, 6), vec![], "after the release a first vote is only counted");
+        // Member 0's request may never execute (it used number 6 for a lie before):
+        // member 2, still without an outcome a retry later, sends again.
+        assert_eq!(hold(&mut gate, 2, 6), vec![(2, 6)]);
+        assert_eq!(hold(&mut gate, 2, 6), vec![(2, 6)], "then like any request let through");
+        assert_eq!(hold(&mut gate, 2, 7), vec![], "one request per member");
+        assert_eq!(hold(&mut gate, 0, 6), vec![(0, 6)]);
+        assert_eq!(hold(&mut gate, 0, 9), vec![], "a released member's other number is not");
     }
 }
