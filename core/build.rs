@@ -29,6 +29,10 @@ fn main() {
             ".phalanx.v1.PerpetualVouch",
             ".phalanx.v1.PerpetualVote",
             ".phalanx.v1.PerpetualResult",
+            // Checkpoint states (a megabyte or more) are shared, not copied, between the
+            // replica's checkpoints, its storage records and state transfer.
+            ".phalanx.v1.State",
+            ".phalanx.v1.StableState",
         ])
         // The rare large bodies are boxed, so the hot ones (publications, votes,
         // requests) move through decoding and dispatch as 72 bytes rather than 144.

@@ -100,7 +100,7 @@ pub(crate) struct Replica {
     /// Stable checkpoint: the log starts after it.
     low: u64,
     stable: Option<pb::Certificate>,
-    stable_snapshot: Option<Vec<u8>>,
+    stable_snapshot: Option<Bytes>,
     /// The lease on this replica's own request numbers ([`super::OwnNumbers`]): numbers
     /// below it may have been used. Recovered here, and persisted again with each stable
     /// checkpoint: a compaction could otherwise take its last copy, and a restart would
@@ -140,7 +140,7 @@ pub(crate) struct Replica {
     /// Requests (client, first, count) of each delivered batch awaiting their results.
     executing: BTreeMap<u64, Vec<(NodeId, u64, u64)>>,
     /// Snapshots this replica took at checkpoints not yet stable.
-    snapshots: BTreeMap<u64, (Digest, Vec<u8>)>,
+    snapshots: BTreeMap<u64, (Digest, Bytes)>,
     /// Checkpoint votes: per replica, its latest few (seq → digest, signature).
     checkpoint_votes: BTreeMap<NodeId, BTreeMap<u64, (Digest, Vec<u8>)>>,
     /// A checkpoint a quorum voted for, and when this replica's turn to certify it comes
@@ -176,7 +176,7 @@ pub(crate) struct Replica {
     /// Catch-up answers: committed batches per seq by replica, and uncertified
     /// checkpoint states by replica; f+1 matching ones are adopted.
     catch_up: BTreeMap<u64, BTreeMap<NodeId, (Digest, Bytes)>>,
-    offered_states: BTreeMap<NodeId, (u64, Digest, Vec<u8>)>,
+    offered_states: BTreeMap<NodeId, (u64, Digest, Bytes)>,
     /// Per slot above the stable checkpoint: the latest view it prepared in here, and
     /// its digest (what this replica sent COMMIT for).
     prepared: BTreeMap<u64, (u64, Digest)>,
@@ -1233,7 +1233,7 @@ impl Replica {
                 if cert.seq < self.low || cert.seq <= self.executed {
                     return Ok(());
                 }
-                let state = pb::CheckpointState::decode(s.state.as_slice())
+                let state = pb::CheckpointState::decode(s.state.clone())
                     .map_err(|e| invalid(format!("a stable state that does not decode: {e}")))?;
                 self.install_state(ctx, cert.seq, state);
                 self.low = cert.seq;

@@ -808,7 +808,7 @@ fn a_state_offered_at_the_last_sequence_number_is_refused() {
     net.run();
     let state = pb::CheckpointState { app: vec![], clients: vec![] }.encode_to_vec();
     for from in [2, 3] {
-        let offer = pb::State { seq: u64::MAX, checkpoint: None, state: state.clone() };
+        let offer = pb::State { seq: u64::MAX, checkpoint: None, state: state.clone().into() };
         let bytes = coalition.seal(from, 1, &wire::encode_body(pb::body::Kind::State(Box::new(offer))), vec![]);
         net.input(1, Input::Message { from, bytes });
     }

@@ -355,7 +355,7 @@ pub struct Pool {
     certificates: Recent<pb::Certificate>,
     view_changes: Recent<pb::SignedViewChange>,
     new_views: Recent<pb::NewView>,
-    states: Recent<Vec<u8>>,
+    states: Recent<Bytes>,
     payloads: Recent<Bytes>,
     /// The highest view, checkpoint and publication correct nodes sent: where the
     /// windows now are (a lie's would move them anywhere).
@@ -765,7 +765,7 @@ impl Forge<'_> {
             12 => {
                 let state = match self.pool.states.pick(self.rng) {
                     Some(s) if self.rng.chance(500_000) => s,
-                    _ => pb::CheckpointState { app: self.bytes().to_vec(), clients: vec![] }.encode_to_vec(),
+                    _ => pb::CheckpointState { app: self.bytes().to_vec(), clients: vec![] }.encode_to_vec().into(),
                 };
                 let checkpoint = self.rng.chance(600_000).then(|| self.certificate());
                 Kind::State(Box::new(pb::State { seq: self.seq(), checkpoint, state }))
@@ -914,7 +914,7 @@ impl Forge<'_> {
             Kind::State(s) => match pick {
                 0 => s.seq = self.seq(),
                 1 => s.checkpoint = self.rng.chance(500_000).then(|| self.certificate()),
-                _ => s.state = self.bytes().to_vec(),
+                _ => s.state = self.bytes(),
             },
             Kind::Committed(c) => match pick {
                 0 => c.seq = self.seq(),

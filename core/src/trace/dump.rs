@@ -299,7 +299,7 @@ fn body(kind: &pb::body::Kind) -> String {
             format!("Bundle of {}: {}", bodies.len(), bodies.join("; "))
         }
         Kind::State(x) => {
-            let state = match pb::CheckpointState::decode(x.state.as_slice()) {
+            let state = match pb::CheckpointState::decode(x.state.clone()) {
                 Ok(s) => format!("app {} bytes, {} clients", s.app.len(), s.clients.len()),
                 Err(_) => undecodable(x.state.len()),
             };

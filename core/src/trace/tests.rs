@@ -387,7 +387,7 @@ fn dump_shows_pbft_messages() {
         view_changes: [0, 2, 3].map(|sender| pb::SignedViewChange { sender, view_change: vec![] }).to_vec(),
     };
     let state = pb::CheckpointState { app: vec![5; 10], clients: vec![pb::ClientRecord::default()] };
-    let state = pb::State { seq: 128, checkpoint: Some(cert(128, vec![1, 2, 3])), state: state.encode_to_vec() };
+    let state = pb::State { seq: 128, checkpoint: Some(cert(128, vec![1, 2, 3])), state: state.encode_to_vec().into() };
     let record = |kind| pb::ReplicaRecord { kind: Some(kind) }.encode_to_vec();
     let bodies = [
         B::Requests(requests),
@@ -403,7 +403,7 @@ fn dump_shows_pbft_messages() {
         B::Committed(pb::Committed { seq: 7, batch: batch.clone() }),
         B::FetchState(pb::FetchState { seq: 256 }),
         B::State(Box::new(state)),
-        B::State(Box::new(pb::State { seq: 0, checkpoint: None, state: vec![0xff] })),
+        B::State(Box::new(pb::State { seq: 0, checkpoint: None, state: vec![0xff].into() })),
     ];
     let mut writer = TraceWriter::new(&cfgs[0].encode(), "replica-0");
     for (i, body) in bodies.into_iter().enumerate() {
@@ -417,7 +417,7 @@ fn dump_shows_pbft_messages() {
         ],
         snapshot: true,
     };
-    let stable_state = pb::StableState { certificate: Some(cert(128, vec![0, 1, 2])), state: vec![0; 12] };
+    let stable_state = pb::StableState { certificate: Some(cert(128, vec![0, 1, 2])), state: vec![0; 12].into() };
     let mut persists = [
         R::View(2),
         R::Entered(pb::EnteredView { view: 2, reproposed: 9 }),

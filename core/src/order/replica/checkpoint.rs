@@ -12,6 +12,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use bytes::Bytes;
 use prost::Message;
 
 use super::clients::Executed;
@@ -58,7 +59,7 @@ impl Replica {
     /// wanted any more; the state completes the stable record instead (so storage can
     /// compact, and peers that fetch the state get it), if it is the certified one.
     pub(super) fn take_checkpoint(&mut self, ctx: &mut Ctx, now: Nanos, seq: u64, app: Vec<u8>) {
-        let state = self.checkpoint_state(app);
+        let state = Bytes::from(self.checkpoint_state(app));
         if seq > self.low {
             self.vote_checkpoint(ctx, now, seq, state);
         } else if self.stable_snapshot.is_none()
@@ -69,7 +70,7 @@ impl Replica {
     }
 
     /// The state of the stable checkpoint, which this replica saw become stable without it.
-    fn complete_stable(&mut self, ctx: &mut Ctx, state: Vec<u8>) {
+    fn complete_stable(&mut self, ctx: &mut Ctx, state: Bytes) {
         self.stable_snapshot = Some(state);
         self.persist_stable(ctx);
     }
@@ -78,7 +79,7 @@ impl Replica {
     /// after batch `seq`: executed itself, or installed by state transfer (a replica that
     /// caught up that way votes too, or a checkpoint most correct replicas reached by
     /// state transfer would never become stable).
-    fn vote_checkpoint(&mut self, ctx: &mut Ctx, now: Nanos, seq: u64, state: Vec<u8>) {
+    fn vote_checkpoint(&mut self, ctx: &mut Ctx, now: Nanos, seq: u64, state: Bytes) {
         let d = digest(&state);
         self.snapshots.insert(seq, (d, state));
         let signature = ctx.sign_statement(checkpoint(seq, &d)).0.to_vec();
@@ -193,7 +194,7 @@ impl Replica {
     /// A checkpoint certificate newer than ours: frees the log below it, persists it with
     /// its state if known (`state`, or this replica's own snapshot), and fetches the state
     /// if this replica has not executed that far.
-    pub(super) fn adopt_stable(&mut self, ctx: &mut Ctx, cert: pb::Certificate, state: Option<Vec<u8>>) {
+    pub(super) fn adopt_stable(&mut self, ctx: &mut Ctx, cert: pb::Certificate, state: Option<Bytes>) {
         let seq = cert.seq;
         // Never an older checkpoint's state, nor this replica's own if its digest is not
         // the certified one: either would be served, and persisted, with this certificate.
@@ -459,7 +460,7 @@ impl Replica {
             }
         }
         self.offered_states.clear();
-        let Ok(state) = pb::CheckpointState::decode(s.state.as_slice()) else {
+        let Ok(state) = pb::CheckpointState::decode(s.state.clone()) else {
             return ctx.fault(from, FaultKind::Malformed);
         };
         let newer = certified.filter(|c| c.seq > self.low);
