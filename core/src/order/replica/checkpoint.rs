@@ -211,7 +211,8 @@ impl Replica {
     /// Drops everything about slots at or below `seq`, now settled by a checkpoint.
     pub(super) fn free_below(&mut self, seq: u64) {
         let above = seq + 1;
-        self.log = self.log.split_off(&above);
+        let kept = self.log.split_off(&above);
+        self.settled = std::mem::replace(&mut self.log, kept);
         self.parked = self.parked.split_off(&above);
         self.snapshots = self.snapshots.split_off(&above);
         self.prepared = self.prepared.split_off(&above);
