@@ -1104,6 +1104,14 @@ impl Replica {
         Ok(())
     }
 
+    /// What every message and timeout starts with: the time, one settled slot dropped,
+    /// and the first step's resumption.
+    fn step(&mut self, ctx: &mut Ctx, now: Nanos) {
+        self.last_now = now;
+        self.settled.pop_first();
+        self.resume(ctx);
+    }
+
     /// Once every persisted record is back (at the first input after them; a deadline is
     /// due from the start, so it comes even in an idle cluster): asks the others what they
     /// committed (`START_ASKS` times, and until it has executed as far as it may have
@@ -1266,18 +1274,14 @@ impl RoleMachine for Replica {
     }
 
     fn on_message(&mut self, ctx: &mut Ctx, now: Nanos, msg: Opened) {
-        self.last_now = now;
-        self.settled.pop_first();
-        self.resume(ctx);
+        self.step(ctx, now);
         self.dispatch(ctx, now, msg);
         self.certify_if_due(ctx, now);
         self.rearm(ctx);
     }
 
     fn on_timeout(&mut self, ctx: &mut Ctx, now: Nanos) {
-        self.last_now = now;
-        self.settled.pop_first();
-        self.resume(ctx);
+        self.step(ctx, now);
         if self.fetch_at.is_some_and(|d| d <= now) {
             if self.stalled() {
                 self.asks_owed = self.asks_owed.max(1);
@@ -1323,6 +1327,7 @@ impl RoleMachine for Replica {
 
     fn live_instances(&self) -> usize {
         self.log.len()
+            + self.settled.len()
             + self.parked.len()
             + self.executing.len()
             + self.snapshots.len()
