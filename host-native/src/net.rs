@@ -50,7 +50,7 @@
 //! the protocol thread in messages of up to [`DELIVER_FRAMES`].
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::io::{self, IoSlice, Read, Write};
+use std::io::{self, IoSlice, Read};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -295,7 +295,7 @@ impl SendQueue {
                 .filter(|s| !s.is_empty())
                 .map(IoSlice::new)
                 .collect();
-            let mut written = match stream.write_vectored(&slices) {
+            let mut written = match send_vectored(stream, &slices) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
@@ -325,6 +325,21 @@ impl SendQueue {
         self.offset = 0;
         std::mem::take(self)
     }
+}
+
+/// `writev` on a socket, but a peer that closed it is an error, not a SIGPIPE: a process
+/// that embeds a node (a Swift program) may not ignore that signal, as Rust binaries do.
+fn send_vectored(stream: &TcpStream, slices: &[IoSlice]) -> io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: `IoSlice` is ABI-compatible with `iovec` on Unix, and `msghdr` only borrows
+    // `slices` for the call.
+    let sent = unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = slices.as_ptr() as *mut libc::iovec;
+        msg.msg_iovlen = slices.len().min(libc::c_int::MAX as usize) as _;
+        libc::sendmsg(stream.as_raw_fd(), &msg, libc::MSG_NOSIGNAL)
+    };
+    if sent < 0 { Err(io::Error::last_os_error()) } else { Ok(sent as usize) }
 }
 
 /// Who is at the other end of a connection.
@@ -1113,6 +1128,7 @@ impl Network {
 
 #[cfg(test)]
 mod tests {
+    use std::io::Write;
     use std::sync::mpsc;
     use std::thread;
 
@@ -1159,6 +1175,39 @@ mod tests {
         (outbox, rx, thread::spawn(move || net.run(move |frames| tx.send(frames).is_ok())))
     }
 
+    /// A write to a peer that closed its end is an error, not a SIGPIPE: a process that
+    /// embeds a node may leave that signal's action at its default, which kills it (a
+    /// Swift program does). Runs again in a child process with the default action.
+    #[test]
+    fn a_write_to_a_closed_peer_is_an_error_not_a_signal() {
+        const CHILD: &str = "PHALANX_TEST_SIGPIPE_DEFAULT";
+        if std::env::var_os(CHILD).is_none() {
+            let name = "net::tests::a_write_to_a_closed_peer_is_an_error_not_a_signal";
+            let status = std::process::Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", name, "--test-threads=1"])
+                .env(CHILD, "1")
+                .status()
+                .expect("the test binary runs again");
+            assert!(status.success(), "the child with SIGPIPE at its default action: {status}");
+            return;
+        }
+        // SAFETY: this child process runs this one test on one thread.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+        let listener = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
+        let mut stream = TcpStream::from_std(std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap());
+        drop(listener.accept().unwrap());
+        let metrics = Metrics::new(0, &[0]);
+        let mut queue = SendQueue::default();
+        let error = (0..1000)
+            .find_map(|_| {
+                queue.push(Queued::data(vec![7; 4096], None), usize::MAX, &metrics);
+                let result = queue.flush(&mut stream, &mut |_| {}).err();
+                thread::sleep(Duration::from_millis(5));
+                result
+            })
+            .expect("writes to a closed peer fail within 1000 tries");
+        assert!(matches!(error.kind(), io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset), "{error}");
+    }
     /// A process hosting many clients shares one connection to a replica among them: the
     /// replica hears each client's frames as that client's, reaches a client that only
     /// announced itself, and tells apart the clients it answers by the id each frame
