@@ -13,7 +13,7 @@
 //! per replica among them: its hello is `PHXM` and a node id (ignored), and each frame
 //! on it carries, after the length, a client's id (u32 LE): the sender's on the way to
 //! the replica, the recipient's on the way back. So the requests and replies of many
-//! clients leave in one `writev` and arrive in one read. A replica learns which clients
+//! clients leave in one `sendmsg` and arrive in one read. A replica learns which clients
 //! a shared connection carries from the frames that arrive on it (the MACs still decide
 //! who sent them): each client's proof, sent after the hello and when a client joins, or
 //! an empty frame naming a client without a key for that replica (as untrusted as a
@@ -46,7 +46,7 @@
 //! a stranger claiming its id, or a key holder naming it on a shared connection of its
 //! own, then gets none of them, and cannot make this node queue them for a reader that
 //! never reads.
-//! Frames leave in coalesced `writev` calls of up to [`WRITEV_FRAMES`] frames, and reach
+//! Frames leave in coalesced `sendmsg` calls of up to [`SEND_FRAMES`] frames, and reach
 //! the protocol thread in messages of up to [`DELIVER_FRAMES`].
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -75,7 +75,7 @@ pub const MAX_PER_ID: usize = 4;
 /// Most bytes a frame takes in a send queue beside its body: its length and, on a shared
 /// connection, its client's id (or a whole hello).
 pub const FRAME_HEADER_BYTES: usize = 8;
-const WRITEV_FRAMES: usize = 64;
+const SEND_FRAMES: usize = 64;
 const READ_CHUNK: usize = 64 << 10;
 /// Most room a connection keeps for reading between frames (batches of requests fit it,
 /// so their frames do not make it grow again each time).
@@ -210,7 +210,7 @@ struct SendQueue {
 
 /// A frame as queued: its header (a data frame's length prefix and, on a shared
 /// connection, its client's id; or the whole hello) and its body, written as separate
-/// `writev` slices so the core's bytes are never copied.
+/// `sendmsg` slices so the core's bytes are never copied.
 struct Queued {
     header: [u8; FRAME_HEADER_BYTES],
     /// The client a frame on a shared connection names.
@@ -289,7 +289,7 @@ impl SendQueue {
             let slices: Vec<IoSlice> = self
                 .frames
                 .iter()
-                .take(WRITEV_FRAMES)
+                .take(SEND_FRAMES)
                 .enumerate()
                 .flat_map(|(i, f)| f.unwritten(if i == 0 { self.offset } else { 0 }))
                 .filter(|s| !s.is_empty())
@@ -336,7 +336,8 @@ fn send_vectored(stream: &TcpStream, slices: &[IoSlice]) -> io::Result<usize> {
     let sent = unsafe {
         let mut msg: libc::msghdr = std::mem::zeroed();
         msg.msg_iov = slices.as_ptr() as *mut libc::iovec;
-        msg.msg_iovlen = slices.len().min(libc::c_int::MAX as usize) as _;
+        // At most 2 × SEND_FRAMES slices, far below IOV_MAX.
+        msg.msg_iovlen = slices.len() as _;
         libc::sendmsg(stream.as_raw_fd(), &msg, libc::MSG_NOSIGNAL)
     };
     if sent < 0 { Err(io::Error::last_os_error()) } else { Ok(sent as usize) }
@@ -1208,6 +1209,7 @@ mod tests {
             .expect("writes to a closed peer fail within 1000 tries");
         assert!(matches!(error.kind(), io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset), "{error}");
     }
+
     /// A process hosting many clients shares one connection to a replica among them: the
     /// replica hears each client's frames as that client's, reaches a client that only
     /// announced itself, and tells apart the clients it answers by the id each frame
