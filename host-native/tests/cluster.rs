@@ -430,6 +430,30 @@ fn a_trace_recorded_by_phalanxd_replays_byte_for_byte() {
     }
 }
 
+/// The figure on the line of `phalanxd bench`'s report that starts with `label`, just
+/// before `unit`.
+fn figure(report: &str, label: &str, unit: &str) -> f64 {
+    let line = report.lines().find(|l| l.starts_with(label)).unwrap_or_else(|| panic!("no {label} in {report}"));
+    let before = line.split(unit).next().unwrap();
+    before.split_whitespace().last().and_then(|f| f.parse().ok()).unwrap_or_else(|| panic!("{line}"))
+}
+
+#[test]
+fn the_bench_reports_its_throughput_and_what_making_rounds_durable_cost() {
+    let out_dir = test_dir("bench");
+    let args = ["bench", "--insecure-test-crypto", "--duration", "1", "--warmup", "1", "--clients", "2"];
+    let out = Command::new(BINARY).args(args).args(["--outstanding", "4", "--out"]).arg(&out_dir).output().unwrap();
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{report}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(figure(&report, "throughput", "ops/s") > 0.0, "{report}");
+    // Every put was made durable by some round's fdatasync, which took time.
+    assert!(figure(&report, "persist", "rounds/s made durable (fdatasync per round)") > 0.0, "{report}");
+    assert!(figure(&report, "persist", "ms mean per round") > 0.0, "{report}");
+    let written: Vec<_> = std::fs::read_dir(&out_dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(written.len(), 2, "a .csv and an .svg: {written:?}");
+    std::fs::remove_dir_all(&out_dir).unwrap();
+}
+
 #[test]
 fn the_client_command_works_across_invocations_of_one_client_id() {
     let c = cluster("cli", &[]);

@@ -293,6 +293,9 @@ pub(super) struct ReplicaCounters {
     pub(super) consensus_s: f64,
     pub(super) view: f64,
     pub(super) view_changes: f64,
+    /// Rounds whose records were made durable, and the time that took in all.
+    pub(super) persists: f64,
+    pub(super) persist_s: f64,
 }
 
 /// The counters of the first replica whose metrics answer, and its id.
@@ -308,6 +311,8 @@ fn replica_counters(cluster: &ClusterFile, only: Option<NodeId>) -> Option<(Node
                 consensus_s: get("phalanx_consensus_latency_seconds_sum")?,
                 view: get("phalanx_view")?,
                 view_changes: get("phalanx_view_changes_total")?,
+                persists: get("phalanx_persist_latency_seconds_count")?,
+                persist_s: get("phalanx_persist_latency_seconds_sum")?,
             },
         ))
     })

@@ -307,6 +307,14 @@ fn bench(
                 e.view,
                 e.view_changes - b.view_changes
             );
+            // The disk's share of the latency: the same build differs several-fold
+            // between machines whose fdatasync does.
+            let persists = e.persists - b.persists;
+            let persist = if persists > 0.0 { (e.persist_s - b.persist_s) / persists * 1e3 } else { 0.0 };
+            println!(
+                "persist     replica {id}: {:.0} rounds/s made durable ({durability}), {persist:.3} ms mean per round",
+                persists / secs
+            );
         }
         None => println!("replicas    no metrics endpoint answered"),
     }
