@@ -115,17 +115,24 @@ fn submit_all(cluster: &ClusterFile, dir: &Path, clients: u64, from: u32, messag
     }
 }
 
-/// Every batch server `id` delivered and still keeps, by height (gaps: heights it did
-/// not deliver itself).
-fn delivered(c: &LocalCluster, id: NodeId) -> BTreeMap<u64, FedBatch> {
+/// What a server delivered: every batch it still keeps, by height, and the ranges of
+/// heights it did not deliver itself (it caught up past them by state transfer).
+struct Delivered {
+    id: NodeId,
+    batches: BTreeMap<u64, FedBatch>,
+    gaps: Vec<(u64, u64)>,
+}
+
+fn delivered(c: &LocalCluster, id: NodeId) -> Delivered {
     let mut follower = Follower::new(c.metrics_addr(id).unwrap(), 0);
-    let mut batches = BTreeMap::new();
+    let (mut batches, mut gaps) = (BTreeMap::new(), Vec::new());
     loop {
         let feed = follower.poll().unwrap();
         if feed.batches.is_empty() && feed.gaps.is_empty() {
-            return batches;
+            return Delivered { id, batches, gaps };
         }
         batches.extend(feed.batches.into_iter().map(|b| (b.height, b)));
+        gaps.extend(feed.gaps);
     }
 }
 
@@ -147,22 +154,37 @@ fn wait_equal_heights(c: &LocalCluster, ids: &[NodeId]) -> u64 {
     }
 }
 
-/// At every server: the same batch at every height it delivered, and the messages of
-/// `clients` x `0..messages` each delivered exactly once (over the heights all of them
-/// delivered from `full`, the servers that delivered every batch).
+/// Agreement and exactly-once over what the servers delivered: every server that
+/// delivered a height delivered the same batch there; every height up to the top was
+/// delivered by some server, and each server in `full` (never stopped) delivered it or
+/// caught up past it by state transfer (a gap in its feed, which a correct server that
+/// fell behind may take); and over all heights, the messages of `clients` x
+/// `0..messages` each delivered exactly once and nothing else.
 fn check_exactly_once(c: &LocalCluster, full: &[NodeId], clients: u64, messages: u32) {
-    let views: Vec<(NodeId, BTreeMap<u64, FedBatch>)> = (0..SERVERS).map(|id| (id, delivered(c, id))).collect();
-    let reference = &views.iter().find(|(id, _)| *id == full[0]).unwrap().1;
-    for (id, view) in &views {
-        for (h, b) in view {
-            assert_eq!(Some(b), reference.get(h), "server {id} delivered another batch at height {h}");
-        }
-        if full.contains(id) {
-            assert_eq!(view.len(), reference.len(), "server {id} delivered fewer batches");
+    let views: Vec<Delivered> = (0..SERVERS).map(|id| delivered(c, id)).collect();
+    let gaps: Vec<(NodeId, &Vec<(u64, u64)>)> = views.iter().map(|v| (v.id, &v.gaps)).collect();
+    let mut agreed: BTreeMap<u64, (NodeId, &FedBatch)> = BTreeMap::new();
+    for v in &views {
+        for (h, b) in &v.batches {
+            let (first, theirs) = *agreed.entry(*h).or_insert((v.id, b));
+            assert_eq!(b, theirs, "servers {first} and {} delivered other batches at height {h}", v.id);
         }
     }
+    let top = agreed.keys().next_back().copied().unwrap_or(0);
+    for h in 1..=top {
+        assert!(agreed.contains_key(&h), "no server delivered height {h}; gaps {gaps:?}");
+    }
+    for v in views.iter().filter(|v| full.contains(&v.id)) {
+        let skipped: u64 = v.gaps.iter().map(|(from, to)| to + 1 - from).sum();
+        let id = v.id;
+        assert_eq!(
+            v.batches.len() as u64 + skipped,
+            top,
+            "server {id} neither delivered nor skipped some of {top} heights; gaps {gaps:?}"
+        );
+    }
     let mut count: BTreeMap<(u64, Vec<u8>), usize> = BTreeMap::new();
-    for b in reference.values() {
+    for (_, b) in agreed.values() {
         for (id, _, msg) in &b.entries {
             *count.entry((*id, msg.clone())).or_default() += 1;
         }
