@@ -175,11 +175,10 @@ fn check_exactly_once(c: &LocalCluster, full: &[NodeId], clients: u64, messages:
     for h in 1..=top {
         assert!(agreed.contains_key(&h), "no server delivered height {h}; gaps {gaps:?}");
     }
-    for v in views.iter().filter(|v| full.contains(&v.id)) {
-        let skipped: u64 = v.gaps.iter().map(|(from, to)| to + 1 - from).sum();
-        let id = v.id;
+    for Delivered { id, batches, gaps: skips } in views.iter().filter(|v| full.contains(&v.id)) {
+        let skipped: u64 = skips.iter().map(|(from, to)| to + 1 - from).sum();
         assert_eq!(
-            v.batches.len() as u64 + skipped,
+            batches.len() as u64 + skipped,
             top,
             "server {id} neither delivered nor skipped some of {top} heights; gaps {gaps:?}"
         );
@@ -216,14 +215,13 @@ fn clients_through_two_brokers_are_delivered_exactly_once_at_every_server() {
     for b in [FIRST_BROKER, FIRST_BROKER + 1] {
         assert!(TcpStream::connect_timeout(&broker_addr(&c, b), Duration::from_secs(1)).is_err(), "broker {b}");
     }
-    for v in &views {
-        let id = v.id;
-        let m = |name| distill_metric(&c, id, name);
+    for Delivered { id, batches, .. } in &views {
+        let m = |name| distill_metric(&c, *id, name);
         // Every reference it ordered it delivered, one height each, as its feed shows (a
         // server that caught up by state transfer ordered and delivered fewer).
-        let messages: usize = v.batches.values().map(|b| b.entries.len()).sum();
-        assert_eq!(m("batches_ordered_total"), v.batches.len() as f64, "server {id}");
-        assert_eq!(m("batches_delivered_total"), v.batches.len() as f64, "server {id}");
+        let messages: usize = batches.values().map(|b| b.entries.len()).sum();
+        assert_eq!(m("batches_ordered_total"), batches.len() as f64, "server {id}");
+        assert_eq!(m("batches_delivered_total"), batches.len() as f64, "server {id}");
         assert_eq!(m("messages_delivered_total"), messages as f64, "server {id}");
         // Correct clients never send a seq below their last: nothing to drop.
         assert_eq!(m("dedup_dropped_total"), 0.0, "server {id}");
