@@ -373,6 +373,10 @@ fn clients_resend(f: u32, retry_ns: Nanos, replay: bool) -> Outcome {
     let mut s = Scenario { clients: 2, ops: 16, ..Scenario::new(f, 29) };
     s.net = NetConfig { min_latency: 2 * MS, max_latency: 5 * MS, ..NetConfig::default() };
     s.params.client_retry_ns = retry_ns;
+    // Wide enough that no replica sees votes far ahead of what it executed, which makes it
+    // ask its peers and count their offers stale: `replaying_client_executes_once` counts
+    // the stale frames replays cause.
+    s.params.pipeline = 8;
     if replay {
         s.client_behaviors[0] = Behavior::Replay;
     }

@@ -362,14 +362,15 @@ fn debug_seed() {
 
 /// With every link taking the same time L, a call costs exactly the protocol's message
 /// delays and waits on no timer (a batch timer or a lost proposal would show as more):
-/// from one agreed reply to the next, 6 L with a single caller (the copy to the target's
-/// primary, PRE-PREPARE, PREPARE, COMMIT, the result to the responder, the bundle to the
-/// caller) and 10 L with a replicated one (the bundle forwarded to the caller's primary,
-/// then its own three phases), whatever the groups' sizes.
+/// from one agreed reply to the next, 5 L with a single caller (the copy to the target's
+/// primary, PRE-PREPARE, PREPARE — every replica's, so no COMMIT round —, the result to
+/// the responder, the bundle to the caller) and 8 L with a replicated one (the bundle
+/// forwarded to the caller's primary, then its own two phases), whatever the groups'
+/// sizes.
 #[test]
 fn a_call_costs_the_protocols_message_delays_and_no_timer() {
     const L: u64 = 200_000;
-    for (n_c, n_t, delays) in [(1, 1, 2), (1, 4, 6), (4, 4, 10), (1, 7, 6), (7, 7, 10), (4, 1, 6)] {
+    for (n_c, n_t, delays) in [(1, 1, 2), (1, 4, 5), (4, 4, 8), (1, 7, 5), (7, 7, 8), (4, 1, 5)] {
         let mut s = Scenario::new(n_c, n_t, 1);
         s.ops = 40;
         s.params = Params { call_window: 16, ..Params::default() };

@@ -5,7 +5,9 @@
 //! share a correct replica. The primary of view v is replica `v mod n`; it proposes a
 //! batch per sequence number (PRE-PREPARE), backups that authenticated every request in it
 //! themselves PREPARE, and a quorum of matching PREPAREs (the primary's PRE-PREPARE
-//! counting as one) then a quorum of COMMITs commit it. Committed batches go to the host
+//! counting as one) then a quorum of COMMITs commit it; PREPAREs from every replica commit
+//! it at once, without the COMMIT round (the view change keeps such a batch too:
+//! `replica/view_change.rs` says why). Committed batches go to the host
 //! in sequence order (`Output::Execute`); the host answers with the results and, every K
 //! sequence numbers, a snapshot whose digest a quorum of replicas sign into a stable
 //! checkpoint, below which the log is freed.

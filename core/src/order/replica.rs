@@ -43,6 +43,9 @@ struct Slot {
     committed: bool,
     /// When this replica first saw the proposal, for the consensus time in `Status`.
     seen_at: Nanos,
+    /// Prepared here but not every replica's PREPARE in yet: until when it waits for the
+    /// rest (then commits on them alone) before it takes the COMMIT round.
+    unanimity_until: Option<Nanos>,
 }
 
 /// Adds `from`'s vote unless it has one; `Err` if that one was for another digest.
@@ -63,6 +66,11 @@ impl Slot {
         (self.prepares.iter().filter(|(_, x)| *x == d).count() >= quorum).then_some(d)
     }
 
+    /// Whether every one of `n` replicas voted for the proposal here.
+    fn unanimous(&self, n: usize) -> bool {
+        self.prepared(n).is_some()
+    }
+
     /// The batch this replica sent COMMIT for, if it did.
     fn own_commit(&self, me: NodeId) -> Option<Digest> {
         self.commits.iter().find(|&&(r, _)| r == me).map(|&(_, d)| d)
@@ -79,6 +87,10 @@ struct Voted {
 /// Batches kept per slot in `voted`: a correct replica votes for one per view, and a slot
 /// sees another view only when a view change fails to settle it.
 pub(crate) const VOTED_KEPT: usize = 4;
+
+/// The least a prepared slot waits for unanimous PREPAREs: where preparing took no
+/// time (votes that came in one read), the rest may be right behind.
+const UNANIMITY_WAIT_MIN_NS: Nanos = 1_000;
 
 /// Catch-up requests a replica sends when it starts (`request_timeout_ns / 4` apart) even
 /// if nothing it recovered says it is behind: it may have been down while the others
@@ -170,6 +182,8 @@ pub(crate) struct Replica {
     forwarded: Option<(Nanos, Nanos)>,
     /// When this replica next suspects the primary (the second stage).
     suspect: Option<Nanos>,
+    /// Slots waiting for unanimous PREPAREs, by the end of their wait.
+    unanimity_waits: BTreeSet<(Nanos, u64)>,
     /// When to ask again for the state of a stable checkpoint not executed here, or to
     /// check that the slots above what executed here moved.
     fetch_at: Option<Nanos>,
@@ -286,6 +300,7 @@ impl Replica {
             forward_at: None,
             forwarded: None,
             suspect: None,
+            unanimity_waits: BTreeSet::new(),
             // At once: `resume` asks the others what they committed, without waiting for
             // an input (an idle cluster sends none).
             fetch_at: Some(0),
@@ -891,6 +906,7 @@ impl Replica {
             return ctx.stats.beyond_window += 1;
         }
         kept.push(m);
+        self.arm_change_deadline(ctx, self.last_now);
     }
 
     fn on_prepare(&mut self, ctx: &mut Ctx, now: Nanos, from: NodeId, v: pb::Vote) {
@@ -904,7 +920,21 @@ impl Replica {
     fn on_commit(&mut self, ctx: &mut Ctx, now: Nanos, from: NodeId, v: pb::Vote) {
         let seq = v.seq;
         self.on_vote(ctx, now, from, v, |s| &mut s.commits);
+        self.join_commit_round(ctx, seq);
         self.fetch_committed(ctx, seq);
+    }
+
+    /// Another replica took the COMMIT round for a slot that committed here on every
+    /// replica's PREPARE, without one: some PREPARE did not reach it, so this replica
+    /// sends its COMMIT too, once (no record needed, the votes keep the batch).
+    fn join_commit_round(&mut self, ctx: &mut Ctx, seq: u64) {
+        let (n, me, view) = (self.replicas.len(), ctx.me(), self.view);
+        let Some(slot) = self.log.get_mut(&seq).filter(|s| s.committed && s.own_commit(me).is_none()) else {
+            return;
+        };
+        let Some(d) = slot.prepared(n) else { return };
+        let _ = add_vote(&mut slot.commits, me, d);
+        ctx.send_to_replicas(pb::body::Kind::Commit(pb::Vote { view, seq, digest: d.to_vec() }), &[]);
     }
 
     /// A slot f+1 replicas sent COMMIT for, whose PRE-PREPARE this replica never got (a
@@ -966,13 +996,25 @@ impl Replica {
         self.progress(ctx, now, v.seq);
     }
 
-    /// Moves a slot forward: COMMIT once prepared (durably noted first, for the view
-    /// change), committed on 2f+1 matching COMMITs, then execution in order.
+    /// Moves a slot forward, then executes in order. Committed on every replica's PREPARE
+    /// for its proposal (each vote durable before it left, so any 2f+1 VIEW-CHANGEs show
+    /// f+1 votes for it and the view change keeps it: one fsync on a request's path), or
+    /// on 2f+1 matching COMMITs. A replica sends COMMIT once prepared (durably noted first,
+    /// for the view change) and, where all PREPAREs may come, after waiting for them as
+    /// long again as preparing took.
     fn progress(&mut self, ctx: &mut Ctx, now: Nanos, seq: u64) {
-        let (quorum, view, me) = (ctx.quorums.intersecting(), self.view, ctx.me());
+        let (quorum, n, view, me) = (ctx.quorums.intersecting(), self.replicas.len(), self.view, ctx.me());
+        let expect_unanimity = self.expect_unanimity(seq, n);
         let Some(slot) = self.log.get_mut(&seq) else { return };
         let Some(d) = slot.prepared(quorum) else { return };
-        if slot.own_commit(me).is_none() {
+        let unanimous = slot.unanimous(n);
+        if !unanimous && slot.unanimity_until.is_none() && expect_unanimity {
+            let until = now.saturating_add(now.saturating_sub(slot.seen_at).max(UNANIMITY_WAIT_MIN_NS));
+            slot.unanimity_until = Some(until);
+            self.unanimity_waits.insert((until, seq));
+        }
+        let waiting = slot.unanimity_until.is_some_and(|until| until > now);
+        if !unanimous && !waiting && slot.own_commit(me).is_none() {
             let _ = add_vote(&mut slot.commits, me, d);
             self.prepared.insert(seq, (view, d));
             let vote = pb::SlotVote { seq, view, digest: d.to_vec() };
@@ -980,13 +1022,31 @@ impl Replica {
             ctx.send_to_replicas(pb::body::Kind::Commit(pb::Vote { view, seq, digest: d.to_vec() }), &[]);
         }
         let slot = self.log.get_mut(&seq).expect("present");
-        if !slot.committed && slot.commits.iter().filter(|(_, x)| *x == d).count() >= quorum {
+        if !slot.committed && (unanimous || slot.commits.iter().filter(|(_, x)| *x == d).count() >= quorum) {
             slot.committed = true;
+            if let Some(until) = slot.unanimity_until {
+                self.unanimity_waits.remove(&(until, seq));
+            }
             ctx.counters.batches += 1;
             ctx.counters.batched_requests += slot.proposal.as_ref().map_or(0, |b| b.requests());
             ctx.counters.consensus_ns_total += now.saturating_sub(slot.seen_at);
             self.execute_ready(ctx);
             self.propose(ctx, now);
+        }
+    }
+
+    /// Whether slot `seq` may see all `n` replicas' PREPAREs: the slot before it did (as far
+    /// as they came), or is not in the log. A replica that stopped voting (crashed, or
+    /// faulty) so costs one wait, not one per batch.
+    fn expect_unanimity(&self, seq: u64, n: usize) -> bool {
+        seq.checked_sub(1).and_then(|s| self.log.get(&s)).is_none_or(|before| before.unanimous(n))
+    }
+
+    /// Slots whose wait for unanimous PREPAREs ended: they take the COMMIT round.
+    fn end_unanimity_waits(&mut self, ctx: &mut Ctx, now: Nanos) {
+        while let Some(&(until, seq)) = self.unanimity_waits.first().filter(|(until, _)| *until <= now) {
+            self.unanimity_waits.remove(&(until, seq));
+            self.progress(ctx, now, seq);
         }
     }
 
@@ -1015,9 +1075,10 @@ impl Replica {
                 running.push((b.client, b.first, b.count()));
                 ops.extend(b.operations());
             }
-            // Executed without preparing here (caught up): noted first, so that after a
-            // restart this replica knows how far it may have answered.
-            if self.prepared.get(&seq).is_none_or(|(_, d)| *d != batch.digest) {
+            // Executed neither prepared nor voted for here (caught up): noted first, so
+            // that after a restart this replica knows how far it may have answered.
+            let voted = self.voted.get(&seq).is_some_and(|vs| vs.iter().any(|v| v.batch.digest == batch.digest));
+            if !voted && self.prepared.get(&seq).is_none_or(|(_, d)| *d != batch.digest) {
                 ctx.persist(record(Record::Delivered(seq)));
             }
             self.executing.insert(seq, running);
@@ -1209,6 +1270,9 @@ impl Replica {
                 }
             }
             Some(Record::Accepted(pp)) if pp.seq > self.low => {
+                // Every replica's vote commits a batch without preparing here, so this
+                // replica may have answered as far as it voted.
+                self.answer_from = self.answer_from.max(pp.seq);
                 let batch = EncodedBatch::vouched(pp.batch)
                     .ok_or_else(|| invalid("an accepted batch that does not decode".into()))?;
                 self.note_voted(pp.seq, pp.view, batch.clone());
@@ -1292,6 +1356,7 @@ impl RoleMachine for Replica {
             self.forward_waiting(ctx, now);
             self.rearm(ctx);
         }
+        self.end_unanimity_waits(ctx, now);
         if self.batch_deadline.is_some_and(|d| d <= now) {
             self.propose(ctx, now);
         }
@@ -1310,6 +1375,7 @@ impl RoleMachine for Replica {
             .chain(self.suspect)
             .chain(self.fetch_at)
             .chain(certify)
+            .chain(self.unanimity_waits.first().map(|&(until, _)| until))
             .min()
     }
 

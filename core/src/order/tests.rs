@@ -184,6 +184,9 @@ fn params() -> Params {
     Params { checkpoint_interval: 4, pipeline: 4, batch_max_count: 3, batch_timeout_ns: 1_000, ..Params::default() }
 }
 
+/// Past a prepared slot's wait for unanimous PREPAREs where messages take no time.
+const UNANIMITY_WAIT: u64 = 1_000;
+
 /// Past every replica's turn to certify a checkpoint, and before any request timer.
 const SETTLED: u64 = 100_000_000;
 
@@ -630,7 +633,9 @@ fn a_restarted_replica_answers_no_read_from_before_what_it_executed() {
     let mut lost = Vec::new();
     for i in 5..=7 {
         net.submit(4, format!("op{i}").as_bytes());
-        pump(&mut net, &mut lost, &deaf_3);
+        // Past the wait for replica 3's PREPARE.
+        let until = net.now + UNANIMITY_WAIT;
+        timers(&mut net, &mut lost, until, &deaf_3);
     }
     // Then it hears batch 8's votes, far ahead of what it executed, and asks; the primary's
     // frames to it and the batch itself are lost, the backups' answers arrive: it catches
@@ -714,7 +719,8 @@ fn a_replica_restarted_after_an_uncertified_state_transfer_answers_no_older_read
     let without_3 = |from: NodeId, to: NodeId, bodies: &[Kind]| to == 3 || checkpoints(from, to, bodies);
     for i in 1..=4 {
         net.submit(4, format!("op{i}").as_bytes());
-        pump(&mut net, &mut lost, &without_3);
+        let until = net.now + UNANIMITY_WAIT;
+        timers(&mut net, &mut lost, until, &without_3);
     }
     assert_eq!(net.executed[0].len(), 4);
     assert!(net.executed[3].is_empty());
@@ -846,4 +852,69 @@ fn a_replica_that_could_not_certify_its_window_takes_a_peers_certificate() {
     timers(&mut net, &mut held, until, &no_votes_to_3);
     assert_eq!(net.nodes[3].status().executed, 9);
     assert_eq!(net.nodes[3].status().stable, 8);
+}
+
+/// How many of the records replica `replica`'s storage kept are `Prepared` ones.
+fn prepared_records(net: &Net, replica: NodeId) -> usize {
+    use crate::wire::pb::{ReplicaRecord, replica_record::Kind};
+    use prost::Message;
+    net.stored[replica as usize]
+        .iter()
+        .filter(|(_, r)| ReplicaRecord::decode(r.as_slice()).is_ok_and(|r| matches!(r.kind, Some(Kind::Prepared(_)))))
+        .count()
+}
+
+/// With every replica's PREPARE in, a batch commits without the COMMIT round: no replica
+/// persists a `Prepared` record (one fsync on a request's path, its vote's) or sends a
+/// COMMIT.
+#[test]
+fn a_batch_every_replica_voted_for_commits_without_the_commit_round() {
+    use crate::wire::pb::body::Kind;
+    use std::cell::Cell;
+    let mut net = Net::new(1, 1, Params { checkpoint_interval: 64, ..params() });
+    net.run_timers(2_000_000_000);
+    let commits = Cell::new(0);
+    let count = |_: NodeId, _: NodeId, bodies: &[Kind]| {
+        commits.set(commits.get() + bodies.iter().filter(|b| matches!(b, Kind::Commit(_))).count());
+        false
+    };
+    for i in 0..3u8 {
+        net.submit(4, &[b'a' + i]);
+        let until = net.now + 10_000_000;
+        timers(&mut net, &mut vec![], until, &count);
+    }
+    assert_eq!(net.completed.len(), 3);
+    assert_eq!(commits.get(), 0, "COMMITs were sent");
+    for r in 0..4 {
+        assert_eq!(net.executed[r].len(), 3, "replica {r}");
+        assert_eq!(prepared_records(&net, r as NodeId), 0, "replica {r} persisted a prepared record");
+    }
+}
+
+/// A PREPARE that does not reach replica 3: it prepares on the others' but waits in vain
+/// for unanimity, then takes the COMMIT round (its `Prepared` record first), and the
+/// replicas that committed on unanimous PREPAREs join it, so it commits without a view
+/// change.
+#[test]
+fn a_replica_that_missed_a_prepare_commits_on_the_commit_round_the_others_join() {
+    use crate::wire::pb::body::Kind;
+    let mut net = Net::new(1, 1, Params { checkpoint_interval: 64, ..params() });
+    net.run_timers(2_000_000_000);
+    net.submit(4, b"op");
+    let lost = |from: NodeId, to: NodeId, bodies: &[Kind]| {
+        (from, to) == (1, 3) && bodies.iter().any(|b| matches!(b, Kind::Prepare(_)))
+    };
+    let mut held = vec![];
+    let until = net.now + 10_000_000;
+    timers(&mut net, &mut held, until, &lost);
+    assert_eq!(held.len(), 1, "one PREPARE held");
+    assert_eq!(net.completed.len(), 1);
+    assert_eq!(net.executed[3], net.executed[0], "replica 3 did not commit");
+    assert_eq!(prepared_records(&net, 3), 1);
+    for r in 0..3 {
+        assert_eq!(prepared_records(&net, r), 0, "replica {r}");
+    }
+    for r in 0..4 {
+        assert_eq!(net.nodes[r].status().view_changes, 0, "replica {r} changed view");
+    }
 }

@@ -8,8 +8,9 @@
 //! f+1 replicas ask for one.
 //!
 //! PBFT's timer rule: a replica gives up on the view it changes to, and moves to the next,
-//! only once a quorum of VIEW-CHANGEs for it is in and the timeout (doubled for every view
-//! change in a row that made no progress) passes without its NEW-VIEW. Before that quorum
+//! only once a quorum is at that view (VIEW-CHANGEs for it are in, or votes in it from
+//! replicas that entered it) and the timeout (doubled for every view change in a row that
+//! made no progress) passes without its NEW-VIEW. Before that quorum
 //! it waits, however long: alone, or with fewer than a quorum, it cannot depose a working
 //! primary, and no restart or lost message can carry it views ahead of the others. While
 //! it waits it takes part in no vote of the old view (its VIEW-CHANGE already told what it
@@ -25,7 +26,10 @@
 //! `d` in view `v` or later (so a correct replica did, and the claim is no invention).
 //! With no binding claim, 2f+1 that claim nothing prepared there, or a claim `(v, d)`
 //! that f+1 contradict (they voted for another batch there in a view after `v`), settle
-//! it as an empty batch; otherwise the primary waits for more VIEW-CHANGEs. This is the
+//! it as an empty batch; otherwise the primary waits for more VIEW-CHANGEs. A claim f+1
+//! contradict does not bind either, and with no binding claim the slot gets the batch f+1
+//! voted for in the highest view `v` (the (f+1)-th highest of their latest votes for it),
+//! unless some replica claims another batch prepared at `v` or later. This is the
 //! epoch change of Cachin, Guerraoui and Rodrigues' Byzantine read/write epoch consensus,
 //! and PBFT's MAC-based view change (Castro's thesis), with signed VIEW-CHANGEs in place
 //! of acknowledgements.
@@ -41,6 +45,17 @@
 //! any 2f+1 VIEW-CHANGEs for a view u choose at s whatever committed there before u: a
 //! replica that prepared `d` at s before u withdraws that claim once it sees a valid
 //! NEW-VIEW for u (entered, or relayed to it) that did not choose `d`.
+//!
+//! A batch `d` may also commit at s in view v on every replica's PREPARE, with no prepared
+//! claim anywhere (each vote was durable before it left). Then every correct replica voted
+//! for `d` at v and votes for nothing else at s after v, so any 2f+1 VIEW-CHANGEs hold
+//! f+1 votes for `d` in view v or later, and another batch at most f votes (the faulty
+//! replicas') in any view from v on: `d` is the batch voted for in the highest view. A
+//! claim of another batch needs a view before v (at v or later it would need f+1 correct
+//! votes), so f+1 contradict it and it does not bind. Conversely the voted-for batch is
+//! chosen only where no claim of another batch is as high: a batch that committed through
+//! COMMITs has a claim at its view in any 2f+1 VIEW-CHANGEs, and after that view correct
+//! replicas vote for nothing else there, so no other batch has f+1 votes that high.
 //!
 //! Liveness: once the VIEW-CHANGEs of all correct replicas are in, the highest claim
 //! among correct replicas binds, or 2f+1 of them claim nothing. A replica reports at most
@@ -148,7 +163,10 @@ fn decide(claims: &[&Claims], q: Quorums) -> Option<Decision> {
     let quorum = q.intersecting();
     let stable = claims.iter().filter_map(|c| c.stable.as_ref()).max_by_key(|c| c.seq).cloned();
     let low = stable.as_ref().map_or(0, |c| c.seq);
-    let last = claims.iter().filter_map(|c| c.prepared.range(low + 1..).next_back().map(|(&s, _)| s)).max();
+    let last_claimed = claims.iter().filter_map(|c| c.prepared.range(low + 1..).next_back().map(|(&s, _)| s)).max();
+    let voted: BTreeSet<u64> = claims.iter().flat_map(|c| c.voted.range(low + 1..).map(|(&s, _)| s)).collect();
+    let last_voted = voted.into_iter().rev().find(|&seq| most_voted(claims, seq, q).is_some());
+    let last = last_claimed.max(last_voted);
     let mut choices = BTreeMap::new();
     for seq in low + 1..=last.unwrap_or(low) {
         let mut candidates: Vec<(u64, Digest)> = claims.iter().filter_map(|c| c.prepared.get(&seq).copied()).collect();
@@ -172,16 +190,50 @@ fn decide(claims: &[&Claims], q: Quorums) -> Option<Decision> {
                 |c: &&&Claims| c.voted.get(&seq).is_some_and(|vs| vs.iter().any(|&(v, x)| v > view && x != d));
             claims.iter().filter(later_other).count() >= q.one_correct()
         };
-        let choice = match candidates.iter().find(|c| binds(c)) {
+        // A batch every replica voted for committed without prepared claims: f+1 of any
+        // 2f+1 voted for it, in its view or later, and nobody claims another there.
+        let unclaimed_other = |&(view, d): &(u64, Digest)| {
+            claims.iter().all(|c| c.prepared.get(&seq).is_none_or(|&(v, x)| x == d || v < view))
+        };
+        let choice = match candidates.iter().find(|c| binds(c) && !defeated(c)) {
             Some(&(_, d)) => Choice::Batch(d),
-            None if claims.iter().filter(|c| c.prepared.get(&seq).is_none_or(defeated)).count() >= quorum => {
-                Choice::Empty
-            }
-            None => return None,
+            None => match most_voted(claims, seq, q).filter(unclaimed_other) {
+                Some((_, d)) => Choice::Batch(d),
+                None if claims.iter().filter(|c| c.prepared.get(&seq).is_none_or(defeated)).count() >= quorum => {
+                    Choice::Empty
+                }
+                None => return None,
+            },
         };
         choices.insert(seq, choice);
     }
     Some(Decision { stable, choices })
+}
+
+/// The batch f+1 of `claims` voted for at `seq` in the highest view, and that view: the
+/// (f+1)-th highest of their latest votes for it (the lowest digest among equals).
+fn most_voted(claims: &[&Claims], seq: u64, q: Quorums) -> Option<(u64, Digest)> {
+    let mut views: BTreeMap<Digest, Vec<u64>> = BTreeMap::new();
+    for c in claims {
+        let mut latest: BTreeMap<Digest, u64> = BTreeMap::new();
+        for &(v, d) in c.voted.get(&seq).into_iter().flatten() {
+            let view = latest.entry(d).or_insert(v);
+            *view = (*view).max(v);
+        }
+        for (d, v) in latest {
+            views.entry(d).or_default().push(v);
+        }
+    }
+    let mut best: Option<(u64, Digest)> = None;
+    for (d, mut vs) in views {
+        vs.sort_unstable_by(|a, b| b.cmp(a));
+        if let Some(&view) = vs.get(q.one_correct() - 1)
+            && best.is_none_or(|(b, _)| view > b)
+        {
+            best = Some((view, d));
+        }
+    }
+    best
 }
 
 impl Replica {
@@ -432,14 +484,7 @@ impl Replica {
             let join = higher.iter().copied().find(|&v| v > current).expect("some view is higher");
             self.start_view_change(ctx, now, join);
         }
-        // A quorum wants the view this replica changes to: its timer starts.
-        let quorum = ctx.quorums.intersecting();
-        let timeout = self.backed_off(ctx);
-        if let Some(c) = self.changing.as_mut().filter(|c| c.deadline.is_none())
-            && self.view_changes.values().filter(|r| r.view == c.target).count() >= quorum
-        {
-            c.deadline = Some(now.saturating_add(timeout));
-        }
+        self.arm_change_deadline(ctx, now);
         // The next primary announces the view once the VIEW-CHANGEs for it settle it.
         let Some(target) = self.changing.as_ref().map(|c| c.target) else { return };
         if primary(&self.replicas, target) != ctx.me() {
@@ -453,6 +498,22 @@ impl Replica {
         let Some(decision) = decide(&claims, ctx.quorums) else { return };
         let nv = pb::NewView { view: target, view_changes: proofs.iter().map(|r| r.signed.clone()).collect() };
         self.enter_view(ctx, now, nv, decision, true);
+    }
+
+    /// Starts the timer of the view this replica changes to once a quorum is at that view:
+    /// replicas that sent a VIEW-CHANGE for it, or a vote in it (they entered it, from a
+    /// NEW-VIEW a faulty primary may have sent them alone, and send no VIEW-CHANGE).
+    pub(super) fn arm_change_deadline(&mut self, ctx: &Ctx, now: Nanos) {
+        let Some(target) = self.changing.as_ref().filter(|c| c.deadline.is_none()).map(|c| c.target) else {
+            return;
+        };
+        let changing = self.view_changes.iter().filter(|(_, r)| r.view == target).map(|(&from, _)| from);
+        let entered = self.early.keys().filter(|&&(view, _)| view == target).map(|&(_, from)| from);
+        let at_target: BTreeSet<NodeId> = changing.chain(entered).collect();
+        if at_target.len() >= ctx.quorums.intersecting() {
+            let timeout = self.backed_off(ctx);
+            self.changing.as_mut().expect("checked").deadline = Some(now.saturating_add(timeout));
+        }
     }
 
     /// A NEW-VIEW: valid if it relays valid VIEW-CHANGEs for its view from 2f+1 distinct
@@ -522,6 +583,7 @@ impl Replica {
         self.view_changes.retain(|_, r| r.view > view);
         self.note_failed_proposals(ctx);
         self.log.clear();
+        self.unanimity_waits.clear();
         self.parked.clear();
         self.withdraw_unchosen(view, &decision);
         self.entered = Some(Entered { new_view, decision: decision.clone(), relayed_to: BTreeSet::new() });
@@ -786,7 +848,8 @@ mod tests {
     /// other batches, none of which prepared; 3 re-proposed D alone as primary of view 7.
     /// Keeping `VOTED_KEPT` = 4 votes per slot, 1 and 2 no longer report their vote for D,
     /// so D binds nowhere (one vote behind it). But both voted for another batch at slot 5
-    /// after view 1: D cannot have committed, and the slot is settled empty.
+    /// after view 1: D cannot have committed, and the slot is settled with the batch all
+    /// three voted for last (it may have committed on every replica's vote).
     #[test]
     fn the_correct_replicas_view_changes_settle_a_slot_whose_old_votes_were_pushed_out() {
         const D: Digest = [9; 32];
@@ -797,7 +860,33 @@ mod tests {
             claims(&[], &others),
             claims(&[(5, 1, D)], &[(5, 9, x9), (5, 7, D), (5, 6, x6), (5, 5, x5)]),
         ];
-        assert_eq!(choices(&correct, 1), Some(vec![(5, Choice::Empty)]));
+        assert_eq!(choices(&correct, 1), Some(vec![(5, Choice::Batch(x9))]));
+    }
+
+    /// A batch every replica voted for commits without a prepared claim anywhere (f = 1):
+    /// any 2f+1 VIEW-CHANGEs, a faulty one that tells nothing among them, show f+1 votes
+    /// for it, and it is chosen.
+    #[test]
+    fn a_batch_every_replica_voted_for_is_chosen_without_a_prepared_claim() {
+        let all = vec![claims(&[], &[(5, 1, A)]), claims(&[], &[(5, 1, A)]), claims(&[], &[])];
+        assert_eq!(choices(&all, 1), Some(vec![(5, Choice::Batch(A))]));
+        // One vote may be a faulty replica's word alone: the slot stays open.
+        let lone = vec![claims(&[], &[(5, 1, A)]), claims(&[], &[]), claims(&[], &[])];
+        assert_eq!(choices(&lone, 1), Some(vec![]));
+    }
+
+    /// B prepared at slot 5 in view 1 at replica 0 without committing, then every replica
+    /// voted for A there in view 2, which so committed. B's claim still has f+1 votes
+    /// behind it and nothing higher claimed, but f+1 later votes for A contradict it: A is
+    /// chosen, not B.
+    #[test]
+    fn a_claim_that_later_unanimous_votes_contradict_does_not_bind() {
+        let all = vec![
+            claims(&[(5, 1, B)], &[(5, 2, A), (5, 1, B)]),
+            claims(&[], &[(5, 2, A), (5, 1, B)]),
+            claims(&[], &[(5, 2, A)]),
+        ];
+        assert_eq!(choices(&all, 1), Some(vec![(5, Choice::Batch(A))]));
     }
 
     /// A committed batch's claim is never set aside by f replicas that say they voted for
