@@ -75,6 +75,12 @@ impl Slot {
     fn own_commit(&self, me: NodeId) -> Option<Digest> {
         self.commits.iter().find(|&&(r, _)| r == me).map(|&(_, d)| d)
     }
+
+    /// Counts this replica's COMMIT for `d` at `seq` in `view` and sends it.
+    fn send_commit(&mut self, ctx: &mut Ctx, view: u64, seq: u64, d: Digest) {
+        let _ = add_vote(&mut self.commits, ctx.me(), d);
+        ctx.send_to_replicas(pb::body::Kind::Commit(pb::Vote { view, seq, digest: d.to_vec() }), &[]);
+    }
 }
 
 /// A batch this replica voted for (its PREPARE), in the latest view it did: what a
@@ -933,8 +939,7 @@ impl Replica {
             return;
         };
         let Some(d) = slot.prepared(n) else { return };
-        let _ = add_vote(&mut slot.commits, me, d);
-        ctx.send_to_replicas(pb::body::Kind::Commit(pb::Vote { view, seq, digest: d.to_vec() }), &[]);
+        slot.send_commit(ctx, view, seq, d);
     }
 
     /// A slot f+1 replicas sent COMMIT for, whose PRE-PREPARE this replica never got (a
@@ -1015,11 +1020,10 @@ impl Replica {
         }
         let waiting = slot.unanimity_until.is_some_and(|until| until > now);
         if !unanimous && !waiting && slot.own_commit(me).is_none() {
-            let _ = add_vote(&mut slot.commits, me, d);
             self.prepared.insert(seq, (view, d));
             let vote = pb::SlotVote { seq, view, digest: d.to_vec() };
             ctx.persist(record(Record::Prepared(vote)));
-            ctx.send_to_replicas(pb::body::Kind::Commit(pb::Vote { view, seq, digest: d.to_vec() }), &[]);
+            slot.send_commit(ctx, view, seq, d);
         }
         let slot = self.log.get_mut(&seq).expect("present");
         if !slot.committed && (unanimous || slot.commits.iter().filter(|(_, x)| *x == d).count() >= quorum) {

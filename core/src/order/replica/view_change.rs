@@ -165,8 +165,9 @@ fn decide(claims: &[&Claims], q: Quorums) -> Option<Decision> {
     let low = stable.as_ref().map_or(0, |c| c.seq);
     let last_claimed = claims.iter().filter_map(|c| c.prepared.range(low + 1..).next_back().map(|(&s, _)| s)).max();
     let voted: BTreeSet<u64> = claims.iter().flat_map(|c| c.voted.range(low + 1..).map(|(&s, _)| s)).collect();
-    let last_voted = voted.into_iter().rev().find(|&seq| most_voted(claims, seq, q).is_some());
-    let last = last_claimed.max(last_voted);
+    let voted_for: BTreeMap<u64, (u64, Digest)> =
+        voted.into_iter().filter_map(|seq| Some((seq, most_voted(claims, seq, q)?))).collect();
+    let last = last_claimed.max(voted_for.keys().next_back().copied());
     let mut choices = BTreeMap::new();
     for seq in low + 1..=last.unwrap_or(low) {
         let mut candidates: Vec<(u64, Digest)> = claims.iter().filter_map(|c| c.prepared.get(&seq).copied()).collect();
@@ -197,7 +198,7 @@ fn decide(claims: &[&Claims], q: Quorums) -> Option<Decision> {
         };
         let choice = match candidates.iter().find(|c| binds(c) && !defeated(c)) {
             Some(&(_, d)) => Choice::Batch(d),
-            None => match most_voted(claims, seq, q).filter(unclaimed_other) {
+            None => match voted_for.get(&seq).copied().filter(unclaimed_other) {
                 Some((_, d)) => Choice::Batch(d),
                 None if claims.iter().filter(|c| c.prepared.get(&seq).is_none_or(defeated)).count() >= quorum => {
                     Choice::Empty
@@ -211,18 +212,12 @@ fn decide(claims: &[&Claims], q: Quorums) -> Option<Decision> {
 }
 
 /// The batch f+1 of `claims` voted for at `seq` in the highest view, and that view: the
-/// (f+1)-th highest of their latest votes for it (the lowest digest among equals).
+/// (f+1)-th highest of their votes for it (a claim holds one per batch, its latest), the
+/// lowest digest among equals.
 fn most_voted(claims: &[&Claims], seq: u64, q: Quorums) -> Option<(u64, Digest)> {
     let mut views: BTreeMap<Digest, Vec<u64>> = BTreeMap::new();
-    for c in claims {
-        let mut latest: BTreeMap<Digest, u64> = BTreeMap::new();
-        for &(v, d) in c.voted.get(&seq).into_iter().flatten() {
-            let view = latest.entry(d).or_insert(v);
-            *view = (*view).max(v);
-        }
-        for (d, v) in latest {
-            views.entry(d).or_default().push(v);
-        }
+    for &(v, d) in claims.iter().flat_map(|c| c.voted.get(&seq)).flatten() {
+        views.entry(d).or_default().push(v);
     }
     let mut best: Option<(u64, Digest)> = None;
     for (d, mut vs) in views {
