@@ -393,7 +393,8 @@ impl Wal {
         if self.pending.is_empty() {
             return Ok(());
         }
-        let end = self.written + self.pending.len() as u64;
+        let len = self.pending.len() as u64;
+        let end = self.written + len;
         if end > self.allocated {
             self.finish_filling().map_err(io_err(&self.path, "write room"))?;
         }
@@ -407,12 +408,10 @@ impl Wal {
             self.synced();
         }
         self.poisoned = false;
-        self.written += self.pending.len() as u64;
-        if durability == Durability::Sync {
-            self.write_mean = self.write_mean - self.write_mean / 8 + self.pending.len() as u64 / 8;
-        }
+        self.written = end;
         self.pending.clear();
         if durability == Durability::Sync {
+            self.write_mean = self.write_mean - self.write_mean / 8 + len / 8;
             self.fill_ahead();
         }
         Ok(())
@@ -1359,6 +1358,14 @@ mod tests {
         assert_ends_at(&d.log(), offset_of(&records, 5));
     }
 
+    /// Lets the thread writing the room ahead, if any, run to its end, and takes its room.
+    fn finish_filling_once_done(wal: &mut Wal) {
+        while wal.filling.as_ref().is_some_and(|f| !f.thread.is_finished()) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        wal.finish_filling().unwrap();
+    }
+
     #[test]
     fn under_sync_the_room_ahead_is_written_zeros_that_never_cover_a_record() {
         let d = TempDir::new("filled");
@@ -1371,10 +1378,7 @@ mod tests {
                 wal.sync().unwrap();
             }
         }
-        while wal.filling.as_ref().is_some_and(|f| !f.thread.is_finished()) {
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-        wal.finish_filling().unwrap();
+        finish_filling_once_done(&mut wal);
         let (written, allocated) = (wal.written, wal.allocated);
         assert!(allocated - written >= PREALLOCATE_MIN, "room {written}..{allocated}");
         // Room that is only reserved reads as a hole where the filesystem keeps unwritten
@@ -1400,10 +1404,7 @@ mod tests {
         }
         assert!(wal.write_mean >= FILL_BELOW, "mean {}", wal.write_mean);
         // A thread the first writes started, while their mean was small, may still run.
-        while wal.filling.as_ref().is_some_and(|f| !f.thread.is_finished()) {
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-        wal.finish_filling().unwrap();
+        finish_filling_once_done(&mut wal);
         // 6 MiB more, past the room many times over: reserved, never written ahead.
         for r in late {
             wal.append(r).unwrap();
