@@ -454,6 +454,17 @@ pub struct Links {
     unread: BTreeSet<usize>,
 }
 
+/// How far [`Links::on_readable`] reads.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Drain {
+    /// Until the socket has nothing more (`WouldBlock`).
+    UntilBlocked,
+    /// Until a read returns less than it had room for: the socket held no more then, and
+    /// what arrives after it raises a new edge-triggered event, so the read that would
+    /// only say `WouldBlock` is saved.
+    UntilShort,
+}
+
 impl Links {
     pub fn new(cfg: NetConfig, metrics: Arc<Metrics>, first_token: usize, token_step: usize) -> Self {
         let now = Instant::now();
@@ -542,7 +553,7 @@ impl Links {
     /// Reads on, each within its budget, the connections [`Links::take_unread`] gave.
     pub fn read_unread(&mut self, registry: &Registry, conns: BTreeSet<usize>, deliver: &mut Deliver) {
         for t in conns {
-            if !self.on_readable(registry, t, deliver) {
+            if !self.on_readable(registry, t, Drain::UntilBlocked, deliver) {
                 self.close(registry, t);
             }
         }
@@ -556,7 +567,10 @@ impl Links {
             alive = self.on_writable(t);
         }
         if alive && (event.is_readable() || event.is_read_closed()) {
-            alive = self.on_readable(registry, t, deliver);
+            // A close or error this event reports would raise no further event.
+            let drain =
+                if event.is_read_closed() || event.is_error() { Drain::UntilBlocked } else { Drain::UntilShort };
+            alive = self.on_readable(registry, t, drain, deliver);
         }
         if !alive {
             self.close(registry, t);
@@ -782,7 +796,7 @@ impl Links {
 
     /// Reads what arrived, up to [`READ_BUDGET`], and delivers whole frames; false if the
     /// connection is done.
-    fn on_readable(&mut self, registry: &Registry, t: usize, deliver: &mut Deliver) -> bool {
+    fn on_readable(&mut self, registry: &Registry, t: usize, drain: Drain, deliver: &mut Deliver) -> bool {
         let mut taken = 0;
         loop {
             if taken >= READ_BUDGET {
@@ -805,6 +819,7 @@ impl Links {
             if c.rbuf.len() < wanted {
                 c.rbuf.resize(wanted, 0);
             }
+            let room = c.rbuf.len() - c.rend;
             let read = c.stream.read(&mut c.rbuf[c.rend..]);
             match read {
                 Ok(0) => return false,
@@ -814,6 +829,9 @@ impl Links {
                     taken += n;
                     if !self.parse(registry, t, deliver) {
                         return false;
+                    }
+                    if n < room && drain == Drain::UntilShort {
+                        return true;
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
@@ -1420,6 +1438,32 @@ mod tests {
             got += turn(&mut links, &mut poll).len();
         }
         drop(flooding.join().expect("the flood was written"));
+    }
+
+    /// A read that took less than it had room for ends the turn's reading without a read
+    /// that only says `WouldBlock`: what arrives later raises an event of its own, and a
+    /// close that comes with the last frame is seen too.
+    #[test]
+    fn reading_stops_at_a_short_read_and_hears_what_comes_after() {
+        let (mut links, mut poll, listener) = accepting(1 << 20);
+        let mut peer = dial_in(&mut links, &poll, &listener, 1);
+        let frame = |b: &[u8]| [&(b.len() as u32).to_le_bytes()[..], b].concat();
+        for body in [&b"one"[..], b"two"] {
+            peer.write_all(&frame(body)).unwrap();
+            let mut frames = Vec::new();
+            while frames.is_empty() {
+                frames = turn(&mut links, &mut poll);
+            }
+            assert_eq!(frames, vec![(1, body.to_vec())]);
+        }
+        peer.write_all(&frame(b"last")).unwrap();
+        drop(peer);
+        std::thread::sleep(Duration::from_millis(100));
+        let mut frames = Vec::new();
+        while !links.conns.is_empty() {
+            frames.extend(turn(&mut links, &mut poll));
+        }
+        assert_eq!(frames, vec![(1, b"last".to_vec())]);
     }
 
     /// A connection's read buffer grows to take a large frame and gives the room back
