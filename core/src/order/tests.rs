@@ -918,3 +918,66 @@ fn a_replica_that_missed_a_prepare_commits_on_the_commit_round_the_others_join()
         assert_eq!(net.nodes[r].status().view_changes, 0, "replica {r} changed view");
     }
 }
+
+/// A closed-loop load that came apart into two groups (a hiccup held the second group's
+/// requests until the first's batch was in flight) merges into one batch a round again:
+/// the primary holds a batch that is not full while one is in flight, counts both groups
+/// as its load, and after an execution gives the clients it answered the batch timeout to
+/// send again. (Cut at the timeout while the other group's batch was in flight, each group
+/// went in a batch of its own, round after round.)
+#[test]
+fn a_closed_loop_load_that_came_apart_merges_again() {
+    const CLIENTS: u32 = 8;
+    const HICCUP: u64 = 3_000;
+    let params = Params {
+        checkpoint_interval: 64,
+        pipeline: 4,
+        batch_max_count: 100,
+        batch_timeout_ns: 1_000,
+        ..Params::default()
+    };
+    let mut net = Net::new(1, CLIENTS, params);
+    let clients: Vec<NodeId> = (4..4 + CLIENTS).collect();
+    // (due, client): each client's next op, sent when due.
+    let mut next: Vec<(u64, NodeId)> = clients.iter().map(|&c| (0, c)).collect();
+    let mut answered = 0;
+    let mut ops = 0;
+    let mut split_at = None;
+    let mut late: std::collections::BTreeSet<NodeId> = std::collections::BTreeSet::new();
+    while net.executed[1].len() < 40 {
+        let now = net.now;
+        for (_, c) in next.extract_if(.., |(due, _)| *due <= now).collect::<Vec<_>>() {
+            ops += 1;
+            net.submit(c, format!("op{ops}").as_bytes());
+        }
+        // Frames between replicas take 100 ns, so a round takes longer than the batch
+        // timeout; clients answer at once.
+        if let Some((from, to)) = net.step() {
+            if from < 4 && to < 4 {
+                net.now += 100;
+            }
+        } else {
+            let timers = net.nodes.iter().filter_map(|n| n.poll_timeout());
+            net.now = timers.chain(next.iter().map(|&(due, _)| due)).min().expect("something is due").max(net.now);
+        }
+        for id in 0..net.nodes.len() as NodeId {
+            if net.nodes[id as usize].poll_timeout().is_some_and(|d| d <= net.now) {
+                net.input(id, Input::Timeout);
+            }
+        }
+        // The hiccup: after ten batches, the upper half of the clients sends late once.
+        if split_at.is_none() && net.executed[1].len() >= 10 {
+            split_at = Some(net.executed[1].len());
+            late.extend(&clients[clients.len() / 2..]);
+        }
+        for &(client, _, _) in &net.completed[answered..] {
+            let delay = if late.remove(&client) { HICCUP } else { 0 };
+            next.push((net.now + delay, client));
+        }
+        answered = net.completed.len();
+    }
+    let sizes: Vec<usize> = net.executed[1].iter().map(|(_, ops)| ops.len()).collect();
+    let split_at = split_at.expect("the hiccup happened");
+    assert!(sizes[split_at..].iter().any(|&n| n < CLIENTS as usize), "the hiccup split no batch: {sizes:?}");
+    assert!(sizes[sizes.len() - 10..].iter().all(|&n| n == CLIENTS as usize), "the load stayed apart: {sizes:?}");
+}
