@@ -121,19 +121,14 @@ impl Net {
             match next {
                 Some(t) if t <= until => {
                     self.now = self.now.max(t);
-                    self.fire_due_timers();
+                    for id in 0..self.nodes.len() as NodeId {
+                        if self.nodes[id as usize].poll_timeout().is_some_and(|d| d <= self.now) {
+                            self.input(id, Input::Timeout);
+                        }
+                    }
                     self.run();
                 }
                 _ => return,
-            }
-        }
-    }
-
-    /// Gives every node whose deadline has come a timeout.
-    fn fire_due_timers(&mut self) {
-        for id in 0..self.nodes.len() as NodeId {
-            if self.nodes[id as usize].poll_timeout().is_some_and(|d| d <= self.now) {
-                self.input(id, Input::Timeout);
             }
         }
     }
@@ -948,7 +943,7 @@ fn a_closed_loop_load_that_came_apart_merges_again() {
     let mut answered = 0;
     let mut ops = 0;
     let mut split_at = None;
-    let mut late = std::collections::BTreeSet::<NodeId>::new();
+    let mut late: std::collections::BTreeSet<NodeId> = std::collections::BTreeSet::new();
     while net.executed[1].len() < 40 {
         let now = net.now;
         for (_, c) in next.extract_if(.., |(due, _)| *due <= now).collect::<Vec<_>>() {
@@ -965,7 +960,11 @@ fn a_closed_loop_load_that_came_apart_merges_again() {
             let timers = net.nodes.iter().filter_map(|n| n.poll_timeout());
             net.now = timers.chain(next.iter().map(|&(due, _)| due)).min().expect("something is due").max(net.now);
         }
-        net.fire_due_timers();
+        for id in 0..net.nodes.len() as NodeId {
+            if net.nodes[id as usize].poll_timeout().is_some_and(|d| d <= net.now) {
+                net.input(id, Input::Timeout);
+            }
+        }
         // The hiccup: after ten batches, the upper half of the clients sends late once.
         if split_at.is_none() && net.executed[1].len() >= 10 {
             split_at = Some(net.executed[1].len());
