@@ -44,14 +44,12 @@ pub struct Params {
     pub batch_max_count: u32,
     /// PBFT: most operation bytes in one batch.
     pub batch_max_bytes: u32,
-    /// PBFT: with no batch in flight, a partial batch is proposed once its oldest request
-    /// and the last execution are this old (sooner once as many requests wait as recent
-    /// batches held); while one is in flight, only full batches are.
+    /// PBFT: a partial batch is proposed when its oldest request waited this long (with
+    /// none in flight, sooner once as many requests wait as recent batches held).
     pub batch_timeout_ns: u64,
     /// PBFT: K, the distance between checkpoints.
     pub checkpoint_interval: u32,
-    /// PBFT: instances in flight at once (bounded by the 2K watermark window); all but
-    /// the first hold full batches.
+    /// PBFT: instances in flight at once (bounded by the 2K watermark window).
     pub pipeline: u32,
     /// PBFT: a backup suspects the primary when a request waits this long.
     pub request_timeout_ns: u64,

@@ -135,13 +135,6 @@ pub(crate) struct Replica {
     /// by an eighth a batch (rounded up, so small values decay too), so one small batch
     /// does not make the next small too.
     recent_batch_requests: usize,
-    /// Primary: the clients of the last batch it proposed, and how many requests of each.
-    last_batch_clients: BTreeMap<NodeId, usize>,
-    /// Primary: requests the batch before the last held from clients the last did not
-    /// hold, if the last was cut without waiting out the batch timer: a closed-loop load
-    /// whose groups are proposed in turn, each as the other commits. The next batch waits
-    /// for them too, so the groups merge.
-    apart_requests: usize,
     /// The NEW-VIEW that started this view chose the batches up to here; the primary
     /// proposes above.
     reproposed: u64,
@@ -177,8 +170,6 @@ pub(crate) struct Replica {
     /// (see `checkpoint::CERTIFY_TURN_NS`).
     quorum_checkpoint: Option<checkpoint::QuorumCheckpoint>,
     batch_deadline: Option<Nanos>,
-    /// Primary: when a batch last executed here, its clients answered.
-    executed_at: Nanos,
     /// Requests pending (received, not executed): the request timer runs while any are.
     waiting: usize,
     /// The last time a batch executed, or requests started waiting after none did: the
@@ -294,8 +285,6 @@ impl Replica {
             own_lease: 0,
             next_seq: 1,
             recent_batch_requests: 0,
-            last_batch_clients: BTreeMap::new(),
-            apart_requests: 0,
             reproposed: 0,
             delivered: 0,
             executed: 0,
@@ -309,7 +298,6 @@ impl Replica {
             checkpoint_votes: BTreeMap::new(),
             quorum_checkpoint: None,
             batch_deadline: None,
-            executed_at: 0,
             waiting: 0,
             progress_at: 0,
             unproposed: BTreeSet::new(),
@@ -590,16 +578,12 @@ impl Replica {
         Ok(())
     }
 
-    /// Primary: cuts batches while the pipeline has room and a batch is full — or, with
-    /// nothing in flight, as soon as as many requests wait as recent batches held (a
-    /// closed-loop load sends about that many after each batch, so waiting longer adds
-    /// latency, and a lone client's request goes at once), or once the oldest request and
-    /// the last execution are both `batch_timeout_ns` old; otherwise arms the batch timer.
-    ///
-    /// A batch that is not full waits while one is in flight, and after an execution gives
-    /// the clients it answered the timeout to send again: cut sooner, a closed-loop load
-    /// whose requests came apart in a hiccup would stay apart, each part proposed while
-    /// or as soon as the other commits, one round and one sync each.
+    /// Primary: cuts batches while the pipeline has room and a batch is full or its oldest
+    /// request has waited `batch_timeout_ns` — or, with nothing in flight, as soon as as
+    /// many requests wait as recent batches held: a closed-loop load sends about that many
+    /// after each batch, so waiting longer adds latency (a lone client's request goes at
+    /// once) while proposing sooner would cut a run of small batches; otherwise arms the
+    /// batch timer.
     fn propose(&mut self, ctx: &mut Ctx, now: Nanos) {
         // Cleared first: a timer armed in an earlier view must not outlive primaryship,
         // or it would fire at once, forever.
@@ -622,17 +606,10 @@ impl Replica {
             }
             let oldest = self.unproposed.first().map_or(Nanos::MAX, |(t, _, _)| *t);
             let full = self.unproposed_requests >= max_count || self.unproposed_bytes >= max_bytes;
-            let load = (self.recent_batch_requests + self.apart_requests).min(max_count);
-            let caught_up = in_flight == 0 && self.unproposed_requests >= load;
-            if !full && !caught_up {
-                if in_flight > 0 {
-                    return;
-                }
-                let due = oldest.max(self.executed_at).saturating_add(timeout);
-                if due > now {
-                    self.batch_deadline = Some(due);
-                    return;
-                }
+            let caught_up = in_flight == 0 && self.unproposed_requests >= self.recent_batch_requests;
+            if !full && !caught_up && oldest.saturating_add(timeout) > now {
+                self.batch_deadline = Some(oldest.saturating_add(timeout));
+                return;
             }
             // (A group of one sends its proposals to nobody.)
             if self.proposing != Some(self.view) && self.replicas.len() > 1 {
@@ -640,7 +617,7 @@ impl Replica {
                 self.proposing = Some(self.view);
             }
             let bundles = self.cut_batch(now, patience, max_count, max_bytes);
-            self.pre_prepare(ctx, now, bundles, full || caught_up);
+            self.pre_prepare(ctx, now, bundles);
         }
     }
 
@@ -688,9 +665,8 @@ impl Replica {
         }
     }
 
-    /// Primary: proposes a batch of `bundles` at the next sequence number; `in_turn` if it
-    /// was cut without waiting out the batch timer.
-    fn pre_prepare(&mut self, ctx: &mut Ctx, now: Nanos, bundles: Vec<Arc<Bundle>>, in_turn: bool) {
+    /// Primary: proposes a batch of `bundles` at the next sequence number.
+    fn pre_prepare(&mut self, ctx: &mut Ctx, now: Nanos, bundles: Vec<Arc<Bundle>>) {
         let seq = self.next_seq;
         self.next_seq += 1;
         let requests: usize = bundles.iter().map(|b| b.ops.len()).sum();
@@ -699,14 +675,7 @@ impl Replica {
         if !self.may_vote(ctx, seq, &batch) {
             return;
         }
-        let mut clients = BTreeMap::new();
-        for b in &batch.bundles {
-            *clients.entry(b.client).or_insert(0) += b.ops.len();
-        }
-        let apart = self.last_batch_clients.iter().filter(|(c, _)| !clients.contains_key(c)).map(|(_, n)| n);
-        self.apart_requests = if in_turn { apart.sum() } else { 0 };
         self.recent_batch_requests = requests.max(self.recent_batch_requests - self.recent_batch_requests.div_ceil(8));
-        self.last_batch_clients = clients;
         // The proposal is no vote, so it does not wait for the records before it: the
         // backups persist their votes while the primary persists its own, which follows as
         // a PREPARE.
@@ -1195,7 +1164,6 @@ impl Replica {
             self.execute_ready(ctx);
         }
         self.certify_if_due(ctx, now);
-        self.executed_at = now;
         self.propose(ctx, now);
         self.rearm(ctx);
         Ok(())

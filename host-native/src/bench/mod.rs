@@ -74,12 +74,11 @@ pub struct BenchArgs {
     /// Fresh cluster: most requests in one batch (default: the protocol's, 1000).
     #[arg(long, conflicts_with = "config")]
     batch_max_count: Option<u32>,
-    /// Fresh cluster: microseconds a partial batch waits, with none in flight, before it is
-    /// proposed (default: the protocol's, 1000).
+    /// Fresh cluster: microseconds a partial batch waits before it is proposed (default:
+    /// the protocol's, 1000).
     #[arg(long, conflicts_with = "config")]
     batch_timeout_us: Option<u64>,
-    /// Fresh cluster: consensus instances in flight at once, all but one with full batches
-    /// (default: the protocol's, 16).
+    /// Fresh cluster: consensus instances in flight at once (default: the protocol's, 16).
     #[arg(long, conflicts_with = "config")]
     pipeline: Option<u32>,
     /// Directory for `bench-<op size>B-<UTC time>.csv` and `.svg`.
